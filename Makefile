@@ -1,0 +1,36 @@
+# velvetrope — see README.md.  `make test` and `make demo` work on a fresh machine.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: test demo install lint typecheck pytest bench clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check velvetrope tests bench
+	$(BIN)/ruff format --check velvetrope tests bench
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+pytest: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test: lint typecheck pytest
+
+demo: $(STAMP)
+	$(BIN)/velvetrope demo
+
+bench: $(STAMP)
+	$(BIN)/python bench/core_bench.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis
