@@ -1,0 +1,86 @@
+"""Builders shared by the core tests."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from velvetrope.clock import ManualClock
+from velvetrope.core import AdmissionController, Job, PolicyConfig
+
+_ids = itertools.count()
+
+
+def make_job(
+    tenant: str = "t",
+    tier: str = "default",
+    prompt: int = 100,
+    max_tokens: int = 100,
+    predicted: int | None = None,
+    **kw: Any,
+) -> Job:
+    """A job with a fresh id."""
+    return Job(
+        id=f"j{next(_ids)}",
+        tenant=tenant,
+        tier=tier,
+        prompt_tokens=prompt,
+        max_tokens=max_tokens,
+        predicted_output=predicted,
+        **kw,
+    )
+
+
+def controller(config: dict[str, Any] | None = None) -> tuple[AdmissionController, ManualClock]:
+    clock = ManualClock()
+    return AdmissionController(PolicyConfig.model_validate(config or {}), clock), clock
+
+
+def run_fleet(
+    ctl: AdmissionController,
+    clock: ManualClock,
+    arrivals: list[tuple[float, Job]],
+    service_s: Any,
+    until: float = float("inf"),
+) -> list[Job]:
+    """Drive ``ctl`` in virtual time: jobs arrive at their times, each dispatched job runs
+    for ``service_s(job)`` seconds and completes with its predicted output.  Returns the
+    jobs in dispatch order.  Capacity comes from the controller's pool config."""
+    import heapq
+
+    from velvetrope.core import Usage
+
+    arrivals = sorted(arrivals, key=lambda a: a[0])
+    running: list[tuple[float, int, Job]] = []
+    order: list[Job] = []
+    i = 0
+    seq = 0
+
+    def start(jobs: list[Job]) -> None:
+        nonlocal seq
+        for j in jobs:
+            order.append(j)
+            seq += 1
+            heapq.heappush(running, (clock.now() + service_s(j), seq, j))
+
+    while i < len(arrivals) or running:
+        t_arr = arrivals[i][0] if i < len(arrivals) else float("inf")
+        t_done = running[0][0] if running else float("inf")
+        t = min(t_arr, t_done)
+        if t > until:
+            break
+        clock.set(max(t, clock.now()))
+        if t_done <= t_arr:
+            _, _, j = heapq.heappop(running)
+            out = j.predicted_output or 1
+            ctl.complete(j.id, Usage(j.prompt_tokens, out))
+        else:
+            j = arrivals[i][1]
+            i += 1
+            d = ctl.arrive(j)
+            from velvetrope.core import Admitted
+
+            if isinstance(d, Admitted):
+                start([j])
+        start(ctl.dispatchable())
+    return order

@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from velvetrope.core.bucket import BucketLedger, Claim, Denial, Grant, TokenBucket
+from velvetrope.errors import PolicyError
+
+
+def test_reserve_grants_until_empty_then_says_when() -> None:
+    b = TokenBucket(100, 10)  # 10 tokens/s
+    assert b.reserve(60, 0.0) == 0.0
+    assert b.level == 40
+    wait = b.reserve(60, 0.0)
+    assert wait == pytest.approx(2.0)
+    assert b.level == 40  # nothing taken on a denial
+    assert b.reserve(60, 2.0) == 0.0
+
+
+def test_cost_above_capacity_is_never_granted() -> None:
+    b = TokenBucket(100, 10)
+    assert math.isinf(b.reserve(101, 0.0))
+    assert b.level == 100
+
+
+def test_settle_refunds_unused_and_charges_overrun() -> None:
+    b = TokenBucket(1000, 1)
+    b.reserve(500, 0.0)
+    b.settle(500, 200, 0.0)  # used 200 of 500: refund 300
+    assert b.level == pytest.approx(800)
+    b.reserve(800, 0.0)
+    b.settle(800, 1500, 0.0)  # overran by 700: balance goes negative
+    assert b.level == pytest.approx(-700)
+    # a negative balance delays the next request: 100 tokens need 800 s of refill
+    assert b.wait_for(100, 0.0) == pytest.approx(800)
+
+
+def test_debt_is_clamped_at_the_floor() -> None:
+    b = TokenBucket(100, 1, floor=-50)
+    b.reserve(100, 0.0)
+    b.settle(100, 10_000, 0.0)
+    assert b.level == -50
+
+
+def test_refill_caps_at_capacity() -> None:
+    b = TokenBucket(100, 10)
+    b.reserve(100, 0.0)
+    assert b.refill(1000.0) == 100
+
+
+def test_bad_parameters_are_refused() -> None:
+    with pytest.raises(PolicyError):
+        TokenBucket(0, 1)
+    with pytest.raises(PolicyError):
+        TokenBucket(10, 0)
+    with pytest.raises(PolicyError):
+        TokenBucket(10, 1, floor=5)
+
+
+def test_ledger_reserves_all_or_nothing() -> None:
+    led = BucketLedger()
+    claims = [Claim("a", 60, 100, 1), Claim("b", 60, 50, 1)]
+    res = led.reserve(claims, 0.0)
+    assert isinstance(res, Denial)
+    assert res.key == "b"
+    assert res.retry_after_s == math.inf  # 60 > capacity 50
+    a = led.get("a")
+    assert a is not None
+    assert a.level == 100  # 'a' was not touched
+    ok = led.reserve([Claim("a", 60, 100, 1), Claim("b", 40, 50, 1)], 0.0)
+    assert isinstance(ok, Grant)
+    assert ok.lines == (("a", 60), ("b", 40))
+    led.settle([("a", 60, 10), ("b", 40, 40)], 0.0)
+    assert led.levels(0.0) == {"a": 90, "b": 10}
+
+
+def test_ledger_denial_reports_the_longest_wait() -> None:
+    led = BucketLedger()
+    led.reserve([Claim("a", 90, 100, 10), Claim("b", 10, 100, 1)], 0.0)
+    res = led.reserve([Claim("a", 30, 100, 10), Claim("b", 95, 100, 1)], 0.0)
+    assert isinstance(res, Denial)
+    assert res.key == "b"
+    assert res.retry_after_s == pytest.approx(5.0)
+    snap = {s.key: s for s in res.snapshots}
+    assert snap["a"].remaining == pytest.approx(10)
+    assert snap["a"].limit == 100

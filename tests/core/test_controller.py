@@ -1,0 +1,283 @@
+from __future__ import annotations
+
+import pytest
+
+from velvetrope.core import (
+    AdmissionController,
+    Admitted,
+    Grant,
+    JobState,
+    PolicyConfig,
+    Queued,
+    Reason,
+    Rejected,
+    Usage,
+)
+from velvetrope.errors import LifecycleError, PolicyError, UnknownJobError
+
+from .helpers import controller, make_job
+
+ONE_SLOT = {"pools": [{"name": "default", "max_in_flight": 1}]}
+
+
+def test_admits_at_once_when_idle_then_queues() -> None:
+    ctl, _ = controller(ONE_SLOT)
+    a = make_job()
+    assert isinstance(ctl.arrive(a), Admitted)
+    assert a.state is JobState.DISPATCHED
+    b = make_job()
+    d = ctl.arrive(b)
+    assert isinstance(d, Queued)
+    assert d.position == 0
+    assert ctl.dispatchable() == []
+    ctl.complete(a.id, Usage(100, 50))
+    assert ctl.dispatchable() == [b]
+    assert b.state is JobState.DISPATCHED
+    ctl.complete(b.id, Usage(100, 50))
+    assert ctl.in_flight == 0 and ctl.queued == 0
+
+
+def test_tenant_over_its_token_limit_gets_429_with_retry_after() -> None:
+    cfg = {
+        "tenants": [{"name": "acme", "tier": "default", "limits": {"tokens_per_minute": 600}}],
+    }
+    ctl, clock = controller(cfg)
+    # cost = prompt 100 + predicted 200 = 300; 600 tokens/min = 10 tokens/s
+    j1 = make_job("acme", predicted=200)
+    j2 = make_job("acme", predicted=200)
+    assert isinstance(ctl.arrive(j1), Admitted)
+    assert isinstance(ctl.arrive(j2), Admitted)
+    j3 = make_job("acme", predicted=200)
+    d = ctl.arrive(j3)
+    assert isinstance(d, Rejected)
+    assert d.reason is Reason.RATE_LIMITED and d.status == 429
+    assert d.retry_after_s == pytest.approx(30.0)
+    assert {s.key for s in d.snapshots} == {"tenant:acme:tok"}
+    # settle j1 with only 150 tokens used: 150 refunded
+    ctl.complete(j1.id, Usage(100, 50))
+    assert ctl.status()["buckets"]["tenant:acme:tok"] == pytest.approx(150)
+    clock.advance(15)  # 150 + 150 refilled = 300
+    assert isinstance(ctl.arrive(make_job("acme", predicted=200)), Admitted)
+
+
+def test_request_larger_than_the_bucket_is_refused_for_good() -> None:
+    cfg = {"tenants": [{"name": "a", "tier": "default", "limits": {"tokens_per_minute": 100}}]}
+    ctl, _ = controller(cfg)
+    d = ctl.arrive(make_job("a", prompt=500, predicted=10))
+    assert isinstance(d, Rejected)
+    assert d.reason is Reason.REQUEST_TOO_LARGE and d.retry_after_s is None
+
+
+def test_request_per_minute_bucket() -> None:
+    cfg = {"tenants": [{"name": "a", "tier": "default", "limits": {"requests_per_minute": 2}}]}
+    ctl, _ = controller(cfg)
+    assert not isinstance(ctl.arrive(make_job("a")), Rejected)
+    assert not isinstance(ctl.arrive(make_job("a")), Rejected)
+    d = ctl.arrive(make_job("a"))
+    assert isinstance(d, Rejected) and d.reason is Reason.RATE_LIMITED
+    assert d.retry_after_s == pytest.approx(30.0)
+
+
+def test_global_and_band_and_tenant_bounds() -> None:
+    cfg = {
+        "pools": [{"name": "default", "max_in_flight": 1}],
+        "queue": {"max_queued": 3},
+        "tiers": [{"name": "hi", "max_queued": 2}, {"name": "lo"}],
+        "tenants": [{"name": "greedy", "tier": "lo", "max_queued": 1}],
+    }
+    ctl, _ = controller(cfg)
+    assert isinstance(ctl.arrive(make_job("x", "hi")), Admitted)
+    assert isinstance(ctl.arrive(make_job("x", "hi")), Queued)
+    assert isinstance(ctl.arrive(make_job("x", "hi")), Queued)
+    d = ctl.arrive(make_job("x", "hi"))
+    assert isinstance(d, Rejected) and d.reason is Reason.QUEUE_FULL and d.status == 503
+    assert isinstance(ctl.arrive(make_job("greedy", "lo")), Queued)
+    d = ctl.arrive(make_job("greedy", "lo"))
+    assert isinstance(d, Rejected) and d.reason is Reason.TENANT_QUEUE_FULL and d.status == 429
+    assert ctl.queued == 3
+    d = ctl.arrive(make_job("other", "lo"))
+    assert isinstance(d, Rejected) and d.reason is Reason.QUEUE_FULL
+    assert d.retry_after_s is not None and d.retry_after_s >= 1.0
+
+
+def test_rejection_after_grant_refunds_the_reservation() -> None:
+    cfg = {
+        "pools": [{"name": "default", "max_in_flight": 1}],
+        "queue": {"max_queued": 0},
+        "tenants": [{"name": "a", "tier": "default", "limits": {"tokens_per_minute": 6000}}],
+    }
+    ctl, _ = controller(cfg)
+    ctl.arrive(make_job("a", predicted=100))
+    before = ctl.status()["buckets"]["tenant:a:tok"]
+    d = ctl.arrive(make_job("a", predicted=100))
+    assert isinstance(d, Rejected) and d.reason is Reason.QUEUE_FULL
+    assert ctl.status()["buckets"]["tenant:a:tok"] == pytest.approx(before)
+
+
+def test_predicted_wait_beyond_max_wait_is_shed_with_retry_after() -> None:
+    cfg = {
+        "pools": [{"name": "default", "max_in_flight": 1, "initial_drain_tokens_per_s": 100}],
+        "tiers": [{"name": "default", "max_wait_s": 5}],
+    }
+    ctl, _ = controller(cfg)
+    ctl.arrive(make_job(prompt=100, predicted=100))  # dispatched
+    # each queued job is 200 tokens = 2 s of drain at 100 tok/s
+    for _ in range(3):
+        assert isinstance(ctl.arrive(make_job(prompt=100, predicted=100)), Queued)
+    d = ctl.arrive(make_job(prompt=100, predicted=100))
+    assert isinstance(d, Rejected)
+    assert d.reason is Reason.WAIT_EXCEEDS_SLO and d.status == 503
+    assert d.retry_after_s == pytest.approx(1.0)  # predicted 6 s vs 5 s allowed
+
+
+def test_queued_jobs_expire_at_their_deadline() -> None:
+    cfg = {**ONE_SLOT, "tiers": [{"name": "default", "max_wait_s": 10}]}
+    ctl, clock = controller(cfg)
+    ctl.arrive(make_job())
+    late = make_job(deadline=4.0)
+    ctl.arrive(late)
+    patient = make_job()
+    ctl.arrive(patient)
+    assert ctl.next_deadline() == 4.0
+    clock.set(4.0)
+    out = ctl.tick()
+    assert [o.job for o in out] == [late]
+    assert out[0].reason is Reason.EXPIRED and late.state is JobState.EXPIRED
+    clock.set(10.0)
+    assert ctl.dispatchable() == []  # expiry happens inside dispatchable too
+    assert patient.state is JobState.EXPIRED
+    assert [o.job for o in ctl.tick()] == [patient]
+    assert ctl.queued == 0
+
+
+def test_cancel_queued_and_dispatched() -> None:
+    cfg = {
+        **ONE_SLOT,
+        "tenants": [{"name": "a", "tier": "default", "limits": {"tokens_per_minute": 6000}}],
+    }
+    ctl, _ = controller(cfg)
+    a = make_job("a", predicted=100)
+    b = make_job("a", predicted=100)
+    ctl.arrive(a)
+    ctl.arrive(b)
+    assert ctl.status()["buckets"]["tenant:a:tok"] == pytest.approx(6000 - 400)
+    out = ctl.cancel(b.id)
+    assert out.reason is Reason.CANCELLED and b.state is JobState.CANCELLED
+    assert ctl.status()["buckets"]["tenant:a:tok"] == pytest.approx(6000 - 200)
+    out = ctl.cancel(a.id, Usage(100, 30))
+    assert ctl.status()["buckets"]["tenant:a:tok"] == pytest.approx(6000 - 130)
+    assert ctl.in_flight == 0 and ctl.queued == 0
+    with pytest.raises(UnknownJobError):
+        ctl.cancel(a.id)
+
+
+def test_illegal_transitions_raise() -> None:
+    ctl, _ = controller(ONE_SLOT)
+    a = make_job()
+    ctl.arrive(a)
+    b = make_job()
+    ctl.arrive(b)
+    with pytest.raises(LifecycleError):
+        ctl.complete(b.id, Usage(1, 1))  # queued, not dispatched
+    with pytest.raises(LifecycleError):
+        ctl.arrive(a)  # already dispatched
+    with pytest.raises(LifecycleError):
+        a.move(JobState.QUEUED)
+    ctl.complete(a.id, Usage(1, 1))
+    with pytest.raises(UnknownJobError):
+        ctl.complete(a.id, Usage(1, 1))
+
+
+def test_draining_rejects_new_work_but_finishes_old() -> None:
+    ctl, _ = controller(ONE_SLOT)
+    a = make_job()
+    b = make_job()
+    ctl.arrive(a)
+    ctl.arrive(b)
+    ctl.start_draining()
+    d = ctl.arrive(make_job())
+    assert isinstance(d, Rejected) and d.reason is Reason.DRAINING and d.status == 503
+    ctl.complete(a.id, Usage(1, 1))
+    assert ctl.dispatchable() == [b]
+
+
+def test_priority_comes_only_from_tenant_config() -> None:
+    cfg = {
+        "tiers": [{"name": "gold"}, {"name": "silver"}, {"name": "bronze"}],
+        "tenants": [
+            {"name": "vip", "tier": "silver", "allowed_tiers": ["gold"]},
+            {"name": "pleb", "tier": "bronze"},
+        ],
+    }
+    ctl, _ = controller(cfg)
+    assert ctl.resolve_tier("pleb", "gold") == "bronze"
+    assert ctl.resolve_tier("vip", "gold") == "gold"
+    assert ctl.resolve_tier("vip", None) == "silver"
+    assert ctl.resolve_tier("stranger", "gold") == "bronze"
+
+
+def test_unknown_tier_or_pool_and_bad_sizes() -> None:
+    ctl, _ = controller()
+    with pytest.raises(PolicyError, match="tier"):
+        ctl.arrive(make_job(tier="nope"))
+    with pytest.raises(PolicyError, match="pool"):
+        ctl.arrive(make_job(pool="nope"))
+    with pytest.raises(PolicyError, match="max_tokens"):
+        ctl.arrive(make_job(max_tokens=0))
+
+
+def test_external_buckets_take_a_grant_and_return_settlements() -> None:
+    cfg = PolicyConfig.model_validate(
+        {"tenants": [{"name": "a", "tier": "default", "limits": {"tokens_per_minute": 600}}]}
+    )
+    from velvetrope.clock import ManualClock
+
+    ctl = AdmissionController(cfg, ManualClock(), external_buckets=True)
+    j = make_job("a", predicted=50)
+    claims = ctl.claims(j)
+    assert [(c.key, c.amount) for c in claims] == [("tenant:a:tok", 150)]
+    with pytest.raises(PolicyError, match="grant"):
+        ctl.arrive(make_job("a", predicted=50))
+    assert isinstance(ctl.arrive(j, Grant((("tenant:a:tok", 150.0),))), Admitted)
+    out = ctl.complete(j.id, Usage(100, 20))
+    assert out.settlement.lines == (("tenant:a:tok", 150.0, 120.0),)
+
+
+def test_observers_see_every_terminal_outcome_once() -> None:
+    seen: list[tuple[str, Reason]] = []
+    ctl, _ = controller({**ONE_SLOT, "queue": {"max_queued": 1}})
+    ctl.observers.append(lambda o: seen.append((o.job.id, o.reason)))
+    a, b, c = make_job(), make_job(), make_job()
+    ctl.arrive(a)
+    ctl.arrive(b)
+    ctl.arrive(c)  # rejected: queue full
+    ctl.cancel(b.id)
+    ctl.complete(a.id, Usage(1, 1))
+    assert seen == [(c.id, Reason.QUEUE_FULL), (b.id, Reason.CANCELLED), (a.id, Reason.COMPLETED)]
+
+
+def test_token_budget_in_flight() -> None:
+    cfg = {"pools": [{"name": "default", "max_in_flight": 10, "max_tokens_in_flight": 500}]}
+    ctl, _ = controller(cfg)
+    a, b, c = (make_job(prompt=100, predicted=100) for _ in range(3))
+    assert isinstance(ctl.arrive(a), Admitted)
+    assert isinstance(ctl.arrive(b), Admitted)
+    assert isinstance(ctl.arrive(c), Queued)  # 600 > 500
+    ctl.complete(a.id, Usage(100, 100))
+    assert ctl.dispatchable() == [c]
+    big = make_job(prompt=5000, predicted=100)
+    ctl.complete(b.id, Usage(100, 100))
+    ctl.complete(c.id, Usage(100, 100))
+    assert isinstance(ctl.arrive(big), Admitted)  # a lone job always fits
+
+
+def test_status_reports_queue_and_in_flight() -> None:
+    cfg = {**ONE_SLOT, "tiers": [{"name": "hi"}, {"name": "lo"}]}
+    ctl, _ = controller(cfg)
+    ctl.arrive(make_job("a", "hi"))
+    ctl.arrive(make_job("a", "lo"))
+    ctl.arrive(make_job("b", "lo"))
+    st = ctl.status()
+    assert st["queued"] == 2 and st["in_flight"] == 1
+    assert st["pools"]["default"]["bands"]["lo"]["queued"] == 2
+    assert st["tenants_queued"] == {"a": 1, "b": 1}

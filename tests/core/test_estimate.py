@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from velvetrope.core.estimate import DrainMeter, P2Quantile, QuantileEstimator
+
+
+@pytest.mark.parametrize("p", [0.5, 0.9, 0.99])
+def test_p2_tracks_the_quantile_of_a_lognormal(p: float) -> None:
+    rng = random.Random(7)
+    xs = [rng.lognormvariate(5, 0.8) for _ in range(20_000)]
+    sk = P2Quantile(p)
+    for x in xs:
+        sk.add(x)
+    exact = float(np.quantile(xs, p))
+    assert sk.value() == pytest.approx(exact, rel=0.05)
+
+
+def test_p2_is_exact_on_few_values() -> None:
+    sk = P2Quantile(0.5)
+    assert np.isnan(sk.value())
+    for x in (5, 1, 3):
+        sk.add(x)
+    assert sk.value() == 3
+
+
+def test_estimator_uses_default_then_quantile_capped_by_max_tokens() -> None:
+    est = QuantileEstimator(quantile=0.5, default=256, min_observations=5)
+    assert est.predict("a", 1000) == 256
+    assert est.predict("a", 100) == 100
+    for _ in range(50):
+        est.observe("a", 40)
+    assert est.predict("a", 1000) == 40
+    assert est.predict("b", 1000) == 256  # per tenant
+    assert est.predict("a", 10) == 10
+
+
+def test_drain_meter_counts_busy_time_only() -> None:
+    m = DrainMeter(alpha=1.0, window_s=1.0)
+    assert m.seconds_for(100) is None
+    m.busy(0.0, 0)
+    m.busy(0.5, 1)  # 0..0.5 busy (one job in flight during it)
+    m.busy(10.0, 0)  # 0.5..10 idle: not counted
+    m.busy(10.5, 1)  # busy again: total 1.0 s busy
+    m.finished(500)
+    assert m.rate == pytest.approx(500.0)
+    assert m.seconds_for(1000) == pytest.approx(2.0)
+
+
+def test_drain_meter_prior() -> None:
+    m = DrainMeter(prior=50.0)
+    assert m.seconds_for(100) == pytest.approx(2.0)

@@ -1,0 +1,53 @@
+"""The sans-IO admission core: every admission decision, no I/O, time passed in.
+
+Dependencies: this package imports nothing of velvetrope but :mod:`velvetrope.clock` and
+:mod:`velvetrope.errors`.  See :class:`~velvetrope.core.controller.AdmissionController`.
+"""
+
+from velvetrope.core.bucket import BucketLedger, BucketSnapshot, Claim, Denial, Grant, TokenBucket
+from velvetrope.core.controller import AdmissionController, Admitted, Decision, Queued, Rejected
+from velvetrope.core.estimate import OutputEstimator, P2Quantile, QuantileEstimator
+from velvetrope.core.policy import (
+    BucketLimits,
+    EstimatorPolicy,
+    PolicyConfig,
+    PoolPolicy,
+    QueuePolicy,
+    TenantPolicy,
+    TierPolicy,
+)
+from velvetrope.core.presets import PRESETS, apply_preset, preset_names
+from velvetrope.core.request import Job, JobState, Outcome, Reason, Settlement, Usage
+
+__all__ = [
+    "PRESETS",
+    "AdmissionController",
+    "Admitted",
+    "BucketLedger",
+    "BucketLimits",
+    "BucketSnapshot",
+    "Claim",
+    "Decision",
+    "Denial",
+    "EstimatorPolicy",
+    "Grant",
+    "Job",
+    "JobState",
+    "Outcome",
+    "OutputEstimator",
+    "P2Quantile",
+    "PolicyConfig",
+    "PoolPolicy",
+    "QuantileEstimator",
+    "QueuePolicy",
+    "Queued",
+    "Reason",
+    "Rejected",
+    "Settlement",
+    "TenantPolicy",
+    "TierPolicy",
+    "TokenBucket",
+    "Usage",
+    "apply_preset",
+    "preset_names",
+]

@@ -1,0 +1,578 @@
+"""The admission controller: the single policy surface of velvetrope.
+
+It takes events and returns decisions; it never reads the wall clock (time comes from the
+injected :class:`~velvetrope.clock.Clock`), never awaits and never does I/O::
+
+    ctl = AdmissionController(policy, clock)
+    decision = ctl.arrive(job)       # Admitted | Queued(position, eta_s) | Rejected(...)
+    for job in ctl.dispatchable():   # queued jobs that may start now, in policy order
+        ...
+    ctl.first_token(job.id)
+    ctl.complete(job.id, usage)      # also: cancel(), fail(); tick() expires deadlines
+
+Admission of one job: draining? → edge buckets (429) → start at once if the pool is idle
+enough → queue bounds (global 503, tenant 429, band 503) → predicted wait against the tier's
+``max_wait_s`` (503) → queue.  A job rejected after its buckets granted is refunded in full.
+
+Invariant: every job reaches exactly one terminal state, and at that moment, exactly once,
+its slot and token budget are released and its bucket reservation is settled against the
+tokens actually used.  Each terminal :class:`~velvetrope.core.request.Outcome` is handed to
+every observer and returned to the caller.
+
+Shared buckets: construct with ``external_buckets=True``, reserve elsewhere with the claims
+from :meth:`AdmissionController.claims` (same math, e.g. a Redis script), pass the
+:class:`~velvetrope.core.bucket.Grant` to :meth:`arrive`, and apply each outcome's
+:class:`~velvetrope.core.request.Settlement` there.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from velvetrope.clock import Clock
+from velvetrope.core.bucket import (
+    BucketLedger,
+    BucketSnapshot,
+    Claim,
+    Denial,
+    Grant,
+    TokenBucket,
+)
+from velvetrope.core.capacity import PoolCapacity
+from velvetrope.core.estimate import DrainMeter, OutputEstimator, QuantileEstimator
+from velvetrope.core.policy import BucketLimits, PolicyConfig, TenantPolicy
+from velvetrope.core.presets import apply_preset
+from velvetrope.core.request import Job, JobState, Outcome, Reason, Settlement, Usage
+from velvetrope.core.scheduler import Scheduler
+from velvetrope.errors import LifecycleError, PolicyError, UnknownJobError
+
+__all__ = ["AdmissionController", "Admitted", "Decision", "Queued", "Rejected"]
+
+_QUEUED = JobState.QUEUED
+_DISPATCHED = JobState.DISPATCHED
+_DEFAULT_RETRY_S = 1.0
+_NO_SETTLEMENT = Settlement(())
+
+
+class Admitted(NamedTuple):
+    """The job was dispatched at once: start it now."""
+
+    job: Job
+
+
+class Queued(NamedTuple):
+    """The job waits; ``position`` jobs (at most) are ahead, ``eta_s`` is the predicted
+    wait (``None`` before a drain rate is known)."""
+
+    job: Job
+    position: int
+    eta_s: float | None
+
+
+class Rejected(NamedTuple):
+    """The job was turned away.  ``retry_after_s`` is ``None`` when retrying cannot help."""
+
+    job: Job
+    reason: Reason
+    retry_after_s: float | None
+    message: str
+    snapshots: tuple[BucketSnapshot, ...] = ()
+
+    @property
+    def status(self) -> int:
+        return self.reason.status
+
+
+Decision = Admitted | Queued | Rejected
+
+
+_Spec = tuple[str, bool, float, float, float | None]
+
+
+def _limit_claims(scope: str, lim: BucketLimits | None) -> list[_Spec]:
+    """Static bucket specs ``(key, is_tokens, capacity, rate, floor)`` for ``lim``."""
+    out: list[_Spec] = []
+    if lim is None:
+        return out
+    if lim.tokens_per_minute is not None:
+        rate = lim.tokens_per_minute / 60.0
+        cap = lim.token_burst if lim.token_burst is not None else lim.tokens_per_minute
+        out.append((f"{scope}:tok", True, cap, rate, lim.token_debt_floor))
+    if lim.requests_per_minute is not None:
+        rate = lim.requests_per_minute / 60.0
+        cap = lim.request_burst if lim.request_burst is not None else lim.requests_per_minute
+        out.append((f"{scope}:req", False, cap, rate, None))
+    return out
+
+
+class _Pool:
+    __slots__ = ("capacity", "drain", "name", "sched")
+
+    def __init__(self, name: str, sched: Scheduler, capacity: PoolCapacity, drain: DrainMeter):
+        self.name = name
+        self.sched = sched
+        self.capacity = capacity
+        self.drain = drain
+
+
+class AdmissionController:
+    """Every admission decision for one gateway (or one simulated gateway)."""
+
+    def __init__(
+        self,
+        config: PolicyConfig,
+        clock: Clock,
+        *,
+        estimator: OutputEstimator | None = None,
+        external_buckets: bool = False,
+        observers: list[Callable[[Outcome], None]] | None = None,
+    ) -> None:
+        config = apply_preset(config)
+        self.config = config
+        self.clock = clock
+        est = config.estimator
+        self.estimator: OutputEstimator = estimator or QuantileEstimator(
+            est.quantile, est.default_output_tokens, est.min_observations
+        )
+        self._reserve_max = est.reserve == "max_tokens"
+        self.ledger: BucketLedger | None = None if external_buckets else BucketLedger()
+        self.observers: list[Callable[[Outcome], None]] = list(observers or [])
+        self._tenants = {t.name: t for t in config.tenants}
+        self._tier_index = {t.name: i for i, t in enumerate(config.tiers)}
+        self._tier_max_wait = [t.max_wait_s for t in config.tiers]
+        self._tier_claims = [_limit_claims(f"tier:{t.name}", t.limits) for t in config.tiers]
+        self._model_claims = {
+            m: _limit_claims(f"model:{m}", lim) for m, lim in config.models.items()
+        }
+        self._spec_cache: dict[tuple[str, str, str | None], list[_Spec]] = {}
+        self._plan_cache: dict[
+            tuple[str, str, str | None], list[tuple[str, TokenBucket, bool]]
+        ] = {}
+        self._bounds: dict[str, int | None] = {}
+        self._pools: dict[str, _Pool] = {}
+        for p in config.pools:
+            self._pools[p.name] = _Pool(
+                p.name,
+                Scheduler(config, self._weight),
+                PoolCapacity(p.name, p.max_in_flight, p.max_tokens_in_flight),
+                DrainMeter(
+                    config.drain_ewma_alpha, config.drain_window_s, p.initial_drain_tokens_per_s
+                ),
+            )
+        self._pool_list = list(self._pools.values())
+        self._jobs: dict[str, Job] = {}
+        self._deadlines: list[tuple[float, int, Job]] = []
+        self._tenant_queued: dict[str, int] = {}
+        self._unreported: list[Outcome] = []
+        self._seq = 0
+        self.queued = 0
+        self.in_flight = 0
+        self.draining = False
+
+    # -- configuration lookups -------------------------------------------------------
+
+    def tenant_policy(self, tenant: str) -> TenantPolicy:
+        """The policy of ``tenant``: its own, the default one, or a synthesised one in the
+        lowest tier with no limits."""
+        p = self._tenants.get(tenant)
+        if p is not None:
+            return p
+        d = self.config.default_tenant
+        if d is not None:
+            return d.model_copy(update={"name": tenant})
+        return TenantPolicy(name=tenant, tier=self.config.tiers[-1].name)
+
+    def resolve_tier(self, tenant: str, requested: str | None = None) -> str:
+        """The tier a request runs in: the tenant's own, or ``requested`` if the tenant's
+        config allows it.  Anything else asked for is ignored."""
+        p = self.tenant_policy(tenant)
+        if requested is not None and requested in p.allowed_tiers:
+            return requested
+        return p.tier
+
+    def _tenant_bound(self, tenant: str) -> int | None:
+        try:
+            return self._bounds[tenant]
+        except KeyError:
+            b = self._bounds[tenant] = self.tenant_policy(tenant).max_queued
+            return b
+
+    def _weight(self, tenant: str) -> float:
+        p = self._tenants.get(tenant)
+        if p is not None:
+            return p.weight
+        d = self.config.default_tenant
+        return d.weight if d is not None else 1.0
+
+    def _specs(self, job: Job) -> list[_Spec]:
+        """Static bucket specs for ``job``'s (tenant, tier, model), cached."""
+        k = (job.tenant, job.tier, job.model)
+        specs = self._spec_cache.get(k)
+        if specs is None:
+            specs = _limit_claims(f"tenant:{job.tenant}", self.tenant_policy(job.tenant).limits)
+            tier = self._tier_index.get(job.tier)
+            if tier is not None:
+                specs = specs + self._tier_claims[tier]
+            if job.model is not None and job.model in self._model_claims:
+                specs = specs + self._model_claims[job.model]
+            self._spec_cache[k] = specs
+        return specs
+
+    def claims(self, job: Job) -> list[Claim]:
+        """The bucket claims ``job`` must reserve (tenant, tier, model), sized by its cost.
+
+        Fills ``predicted_output``, ``reserved_output`` and ``cost`` if not done yet.
+        """
+        self._size(job)
+        return [
+            Claim(k, job.cost if tok else 1.0, cap, rate, floor)
+            for k, tok, cap, rate, floor in self._specs(job)
+        ]
+
+    def _plan(self, job: Job, now: float) -> list[tuple[str, TokenBucket, float]]:
+        """``(key, bucket, amount)`` for the in-memory ledger, buckets created on first use."""
+        ledger = self.ledger
+        assert ledger is not None
+        k = (job.tenant, job.tier, job.model)
+        plan = self._plan_cache.get(k)
+        if plan is None:
+            plan = [
+                (key, ledger.bucket(Claim(key, 0.0, cap, rate, floor), now), tok)
+                for key, tok, cap, rate, floor in self._specs(job)
+            ]
+            self._plan_cache[k] = plan
+        cost = float(job.cost)
+        return [(key, b, cost if tok else 1.0) for key, b, tok in plan]
+
+    def _size(self, job: Job) -> None:
+        if job.cost:
+            return
+        if job.max_tokens < 1 or job.prompt_tokens < 0:
+            raise PolicyError(
+                f"job {job.id!r}: max_tokens must be >= 1 and prompt_tokens >= 0 "
+                f"(got {job.max_tokens}, {job.prompt_tokens})"
+            )
+        if job.predicted_output is None:
+            job.predicted_output = self.estimator.predict(job.tenant, job.max_tokens)
+        job.reserved_output = job.max_tokens if self._reserve_max else job.predicted_output
+        job.cost = job.prompt_tokens + job.reserved_output
+
+    # -- events ----------------------------------------------------------------------
+
+    def reserve(self, job: Job) -> Grant | Denial:
+        """The bucket step alone, against the in-memory ledger."""
+        if self.ledger is None:
+            raise PolicyError("this controller uses external buckets: reserve them there")
+        claims = self.claims(job)
+        if not claims:
+            return Grant(())
+        return self.ledger.reserve(claims, self.clock.now())
+
+    def arrive(self, job: Job, grant: Grant | None = None) -> Decision:
+        """Admit, queue or reject ``job`` (state ARRIVED).  ``grant``: buckets reserved
+        elsewhere (required with external buckets when the job has claims)."""
+        now = self.clock.now()
+        if job.state is not JobState.ARRIVED:
+            raise LifecycleError(f"job {job.id!r} already {job.state.value}")
+        if job.id in self._jobs:
+            raise LifecycleError(f"job id {job.id!r} is already live")
+        if math.isnan(job.arrival):
+            job.arrival = now
+        tier = self._tier_index.get(job.tier)
+        if tier is None:
+            raise PolicyError(f"job {job.id!r}: unknown tier {job.tier!r}")
+        pool = self._pools.get(job.pool)
+        if pool is None:
+            raise PolicyError(f"job {job.id!r}: unknown pool {job.pool!r}")
+        self._seq += 1
+        job.seq = self._seq
+        if self.draining:
+            return self._reject(job, Reason.DRAINING, None, "the gateway is draining", now)
+        # 1. edge buckets
+        self._size(job)
+        if grant is not None:
+            job.claims = grant.lines
+        elif self.ledger is not None:
+            plan = self._plan(job, now)
+            if plan:
+                res = self.ledger.reserve_in(plan, now)
+                if isinstance(res, Denial):
+                    return self._deny(job, res, now)
+                job.claims = res.lines
+        elif self._specs(job):
+            raise PolicyError(f"job {job.id!r}: external buckets need a grant")
+        # 2. start at once when nothing is waiting and capacity allows
+        sched = pool.sched
+        cap = pool.capacity
+        if sched.queued == 0 and cap.fits(job, now):
+            self._jobs[job.id] = job
+            self._start(job, pool, now)
+            return Admitted(job)
+        # 3. queue bounds: the tenant's own (429), then the band's and the global one (503)
+        band = sched.band_of(tier)
+        job.band = band
+        tq = self._tenant_queued.get(job.tenant, 0)
+        tbound = self._tenant_bound(job.tenant)
+        if tbound is not None and tq >= tbound:
+            return self._reject(
+                job,
+                Reason.TENANT_QUEUE_FULL,
+                self._drain_s(pool, sched.tokens),
+                f"tenant {job.tenant!r} already has {tq} requests queued (limit {tbound})",
+                now,
+            )
+        if sched.band_full(band):
+            return self._reject(
+                job,
+                Reason.QUEUE_FULL,
+                self._drain_s(pool, sched.tokens),
+                f"the {sched.bands[band].name!r} band is full",
+                now,
+            )
+        if self.queued >= self.config.queue.max_queued:
+            return self._reject(
+                job, Reason.QUEUE_FULL, self._drain_s(pool, sched.tokens), "the queue is full", now
+            )
+        # 4. predicted wait against the tier's max_wait
+        ahead_n, ahead_tokens = sched.ahead(band)
+        eta = pool.drain.seconds_for(ahead_tokens)
+        max_wait = self._tier_max_wait[tier]
+        if max_wait is not None and eta is not None and eta > max_wait:
+            return self._reject(
+                job,
+                Reason.WAIT_EXCEEDS_SLO,
+                max(_DEFAULT_RETRY_S, eta - max_wait),
+                f"predicted wait {eta:.2f}s exceeds the {job.tier!r} tier's max_wait {max_wait:g}s",
+                now,
+            )
+        # 5. queue
+        job.move(_QUEUED)
+        self._jobs[job.id] = job
+        sched.push(job)
+        self.queued += 1
+        self._tenant_queued[job.tenant] = tq + 1
+        deadline = job.deadline
+        if max_wait is not None:
+            limit = job.arrival + max_wait
+            deadline = limit if deadline is None or limit < deadline else deadline
+        if deadline is not None:
+            heapq.heappush(self._deadlines, (deadline, job.seq, job))
+        return Queued(job, ahead_n, eta)
+
+    def dispatchable(self) -> list[Job]:
+        """Queued jobs that may start now, in policy order; each is moved to DISPATCHED.
+
+        Expires overdue jobs first (their outcomes go to observers and the next
+        :meth:`tick`)."""
+        now = self.clock.now()
+        if self._deadlines and self._deadlines[0][0] <= now:
+            self._unreported.extend(self._expire(now))
+        out: list[Job] = []
+        for pool in self._pool_list:
+            sched = pool.sched
+            cap = pool.capacity
+            while sched.queued:
+                job = sched.peek()
+                if job is None or not cap.fits(job, now):
+                    break
+                sched.pop()
+                self.queued -= 1
+                self._tenant_queued[job.tenant] -= 1
+                self._start(job, pool, now)
+                out.append(job)
+        return out
+
+    def first_token(self, job_id: str) -> None:
+        """Record the first token of a dispatched job."""
+        job = self._live(job_id)
+        if job.state is not _DISPATCHED:
+            raise LifecycleError(f"job {job_id!r} is {job.state.value}, not dispatched")
+        if job.first_token_at is None:
+            job.first_token_at = self.clock.now()
+
+    def complete(self, job_id: str, usage: Usage) -> Outcome:
+        """A dispatched job finished: settle with ``usage`` and release its capacity."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise UnknownJobError(f"no live job {job_id!r}")
+        if job.state is not _DISPATCHED:
+            raise LifecycleError(f"job {job_id!r} is {job.state.value}, not dispatched")
+        self.estimator.observe(job.tenant, usage.completion_tokens)
+        return self._end_dispatched(job, JobState.COMPLETED, Reason.COMPLETED, usage)
+
+    def fail(
+        self, job_id: str, reason: Reason = Reason.UPSTREAM_ERROR, usage: Usage | None = None
+    ) -> Outcome:
+        """A dispatched job failed upstream.  Without ``usage`` nothing is charged."""
+        job = self._live(job_id)
+        if job.state is not _DISPATCHED:
+            raise LifecycleError(f"job {job_id!r} is {job.state.value}, not dispatched")
+        return self._end_dispatched(job, JobState.FAILED, reason, usage or Usage(0, 0))
+
+    def cancel(self, job_id: str, usage: Usage | None = None) -> Outcome:
+        """The client went away.  A queued job is refunded in full; a dispatched one is
+        charged ``usage`` (default: its prompt tokens only)."""
+        job = self._live(job_id)
+        now = self.clock.now()
+        if job.state is _QUEUED:
+            return self._end_queued(job, JobState.CANCELLED, Reason.CANCELLED, now)
+        return self._end_dispatched(
+            job, JobState.CANCELLED, Reason.CANCELLED, usage or Usage(job.prompt_tokens, 0)
+        )
+
+    def tick(self) -> list[Outcome]:
+        """Expire queued jobs whose deadline passed; return them (and any expired earlier
+        by :meth:`dispatchable` and not yet returned)."""
+        out = self._unreported
+        self._unreported = []
+        out.extend(self._expire(self.clock.now()))
+        return out
+
+    def next_deadline(self) -> float | None:
+        """The earliest deadline among queued jobs, for a driver's timer."""
+        d = self._deadlines
+        while d and d[0][2].state is not _QUEUED:
+            heapq.heappop(d)
+        return d[0][0] if d else None
+
+    def start_draining(self) -> None:
+        """Reject every new arrival with ``draining``; queued and in-flight work goes on."""
+        self.draining = True
+
+    # -- introspection -------------------------------------------------------------
+
+    def job(self, job_id: str) -> Job | None:
+        """A live (queued or dispatched) job, or ``None``."""
+        return self._jobs.get(job_id)
+
+    def status(self) -> dict[str, Any]:
+        """Queue by pool, band and tenant; in-flight work; bucket levels."""
+        now = self.clock.now()
+        pools: dict[str, Any] = {}
+        for p in self._pool_list:
+            pools[p.name] = {
+                "queued": p.sched.queued,
+                "queued_tokens": p.sched.tokens,
+                "bands": {b.name: {"queued": len(b), "tokens": b.tokens} for b in p.sched.bands},
+                "in_flight": p.capacity.in_flight,
+                "tokens_in_flight": p.capacity.tokens,
+                "max_in_flight": p.capacity.max_in_flight,
+                "drain_tokens_per_s": p.drain.rate,
+            }
+        return {
+            "draining": self.draining,
+            "queued": self.queued,
+            "in_flight": self.in_flight,
+            "tenants_queued": {t: n for t, n in self._tenant_queued.items() if n},
+            "pools": pools,
+            "buckets": {} if self.ledger is None else self.ledger.levels(now),
+        }
+
+    def pool_capacity(self, pool: str) -> PoolCapacity:
+        """The capacity object of ``pool`` (to attach saturation signals or change limits)."""
+        return self._pools[pool].capacity
+
+    # -- internals -------------------------------------------------------------------
+
+    def _live(self, job_id: str) -> Job:
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise UnknownJobError(f"no live job {job_id!r}")
+        return job
+
+    def _drain_s(self, pool: _Pool, tokens: float) -> float:
+        s = pool.drain.seconds_for(tokens)
+        return _DEFAULT_RETRY_S if s is None else max(_DEFAULT_RETRY_S, s)
+
+    def _start(self, job: Job, pool: _Pool, now: float) -> None:
+        job.move(_DISPATCHED)
+        job.dispatched_at = now
+        cap = pool.capacity
+        pool.drain.busy(now, cap.in_flight)
+        cap.acquire(job)
+        self.in_flight += 1
+
+    def _settlement(self, job: Job, actual_tokens: int) -> Settlement:
+        claims = job.claims
+        if not claims:
+            return _NO_SETTLEMENT
+        actual = float(actual_tokens)
+        return Settlement(
+            tuple(
+                [
+                    (k, amt, actual if k.endswith(":tok") else amt if actual_tokens else 0.0)
+                    for k, amt in claims
+                ]
+            )
+        )
+
+    def _emit(
+        self, job: Job, state: JobState, reason: Reason, settlement: Settlement, now: float
+    ) -> Outcome:
+        job.reason = reason
+        job.finished_at = now
+        lines = settlement.lines
+        if lines and self.ledger is not None:
+            self.ledger.settle(lines, now)
+        out = Outcome(job, state, reason, settlement, now)
+        for obs in self.observers:
+            obs(out)
+        return out
+
+    def _reject(
+        self, job: Job, reason: Reason, retry: float | None, message: str, now: float
+    ) -> Rejected:
+        job.move(JobState.REJECTED)
+        self._emit(job, JobState.REJECTED, reason, self._settlement(job, 0), now)
+        snaps = (
+            () if self.ledger is None else self.ledger.snapshots((k for k, _ in job.claims), now)
+        )
+        return Rejected(job, reason, retry, message, snaps)
+
+    def _deny(self, job: Job, denial: Denial, now: float) -> Rejected:
+        job.move(JobState.REJECTED)
+        if denial.never:
+            reason, retry = Reason.REQUEST_TOO_LARGE, None
+            msg = (
+                f"request needs {job.cost} tokens, more than the capacity of bucket {denial.key!r}"
+            )
+        else:
+            reason, retry = Reason.RATE_LIMITED, denial.retry_after_s
+            msg = f"rate limit of bucket {denial.key!r} reached; retry in {retry:.2f}s"
+        self._emit(job, JobState.REJECTED, reason, Settlement(()), now)
+        return Rejected(job, reason, retry, msg, denial.snapshots)
+
+    def _end_queued(self, job: Job, state: JobState, reason: Reason, now: float) -> Outcome:
+        job.move(state)
+        pool = self._pools[job.pool]
+        pool.sched.discard(job)
+        self.queued -= 1
+        self._tenant_queued[job.tenant] -= 1
+        del self._jobs[job.id]
+        return self._emit(job, state, reason, self._settlement(job, 0), now)
+
+    def _end_dispatched(self, job: Job, state: JobState, reason: Reason, usage: Usage) -> Outcome:
+        now = self.clock.now()
+        job.move(state)
+        job.usage = usage
+        pool = self._pools[job.pool]
+        cap = pool.capacity
+        pool.drain.finish(now, cap.in_flight, usage.prompt_tokens + usage.completion_tokens)
+        cap.in_flight -= 1
+        cap.tokens -= job.cost
+        self.in_flight -= 1
+        pool.sched.on_complete(job, usage.completion_tokens)
+        del self._jobs[job.id]
+        return self._emit(job, state, reason, self._settlement(job, usage.total), now)
+
+    def _expire(self, now: float) -> list[Outcome]:
+        out: list[Outcome] = []
+        d = self._deadlines
+        while d and d[0][0] <= now:
+            job = heapq.heappop(d)[2]
+            if job.state is _QUEUED:
+                out.append(self._end_queued(job, JobState.EXPIRED, Reason.EXPIRED, now))
+        return out

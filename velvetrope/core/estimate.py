@@ -1,0 +1,185 @@
+"""Output-length estimation and drain-rate measurement.
+
+:class:`P2Quantile` is the P² algorithm of Jain & Chlamtac (CACM 1985): a running
+quantile in five markers, O(1) memory and time per observation.  :class:`QuantileEstimator`
+keeps one per tenant and predicts ``min(max_tokens, quantile)``.  Any object with the
+:class:`OutputEstimator` shape can replace it (a learned predictor, an oracle).
+
+:class:`DrainMeter` measures how fast a pool drains work: tokens finished per *busy* second,
+smoothed by an EWMA, so that idle gaps do not make a busy pool look slow.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+__all__ = ["DrainMeter", "OutputEstimator", "P2Quantile", "QuantileEstimator"]
+
+
+class P2Quantile:
+    """Running estimate of the ``p``-quantile (Jain & Chlamtac's P², five markers).
+
+    Exact for the first five observations; afterwards the middle marker tracks the
+    quantile with piecewise-parabolic adjustment.
+    """
+
+    __slots__ = ("_dn", "_n", "_np", "_q", "count", "p")
+
+    def __init__(self, p: float) -> None:
+        if not 0 < p < 1:
+            raise ValueError(f"quantile must be in (0, 1), got {p}")
+        self.p = p
+        self.count = 0
+        self._q: list[float] = []
+        self._n = [0, 1, 2, 3, 4]
+        self._np = [0.0, 2 * p, 4 * p, 2 + 2 * p, 4.0]
+        self._dn = [0.0, p / 2, p, (1 + p) / 2, 1.0]
+
+    def add(self, x: float) -> None:
+        """Observe one value."""
+        self.count += 1
+        q = self._q
+        if self.count <= 5:
+            q.append(float(x))
+            if self.count == 5:
+                q.sort()
+            return
+        n = self._n
+        if x < q[0]:
+            q[0] = float(x)
+            k = 1
+        elif x >= q[4]:
+            q[4] = float(x)
+            k = 4
+        elif x < q[2]:
+            k = 1 if x < q[1] else 2
+        else:
+            k = 3 if x < q[3] else 4
+        # markers above the cell that received x move up by one
+        if k <= 1:
+            n[1] += 1
+        if k <= 2:
+            n[2] += 1
+        if k <= 3:
+            n[3] += 1
+        n[4] += 1
+        np_ = self._np
+        dn = self._dn
+        np_[1] += dn[1]
+        np_[2] += dn[2]
+        np_[3] += dn[3]
+        np_[4] += 1.0
+        for i in (1, 2, 3):
+            d = np_[i] - n[i]
+            ni = n[i]
+            if (d >= 1 and n[i + 1] - ni > 1) or (d <= -1 and n[i - 1] - ni < -1):
+                s = 1 if d > 0 else -1
+                qi = q[i]
+                qp = qi + s / (n[i + 1] - n[i - 1]) * (
+                    (ni - n[i - 1] + s) * (q[i + 1] - qi) / (n[i + 1] - ni)
+                    + (n[i + 1] - ni - s) * (qi - q[i - 1]) / (ni - n[i - 1])
+                )
+                if q[i - 1] < qp < q[i + 1]:
+                    q[i] = qp
+                else:
+                    q[i] = qi + s * (q[i + s] - qi) / (n[i + s] - ni)
+                n[i] = ni + s
+
+    def value(self) -> float:
+        """The current estimate; ``nan`` before any observation."""
+        if self.count == 0:
+            return math.nan
+        if self.count < 5:
+            s = sorted(self._q)
+            return s[min(len(s) - 1, int(self.p * len(s)))]
+        return self._q[2]
+
+
+class OutputEstimator(Protocol):
+    """Predicts a job's output tokens from what was seen of its tenant."""
+
+    def predict(self, tenant: str, max_tokens: int) -> int:
+        """Predicted output tokens, in ``[1, max_tokens]``."""
+        ...
+
+    def observe(self, tenant: str, output_tokens: int) -> None:
+        """Record a finished job's real output length."""
+        ...
+
+
+class QuantileEstimator:
+    """``min(max_tokens, per-tenant running quantile)``; a default before enough data."""
+
+    __slots__ = ("_min_obs", "_sketches", "default", "quantile")
+
+    def __init__(self, quantile: float = 0.9, default: int = 256, min_observations: int = 5):
+        self.quantile = quantile
+        self.default = default
+        self._min_obs = min_observations
+        self._sketches: dict[str, P2Quantile] = {}
+
+    def predict(self, tenant: str, max_tokens: int) -> int:
+        sk = self._sketches.get(tenant)
+        few = sk is None or sk.count < self._min_obs
+        guess = self.default if few or sk is None else math.ceil(sk.value())
+        return max(1, min(max_tokens, guess))
+
+    def observe(self, tenant: str, output_tokens: int) -> None:
+        sk = self._sketches.get(tenant)
+        if sk is None:
+            sk = self._sketches[tenant] = P2Quantile(self.quantile)
+        sk.add(output_tokens)
+
+
+class DrainMeter:
+    """Tokens finished per busy second, EWMA-smoothed over windows of ``window_s`` busy time.
+
+    Call :meth:`busy` whenever the number of jobs in flight may change (before the change)
+    and :meth:`finished` when a job ends.  ``rate`` is ``None`` until a first window closes,
+    unless a prior was given.
+    """
+
+    __slots__ = ("_acc", "_alpha", "_busy", "_last", "_window", "rate")
+
+    def __init__(self, alpha: float = 0.3, window_s: float = 1.0, prior: float | None = None):
+        self._alpha = alpha
+        self._window = window_s
+        self._acc = 0.0
+        self._busy = 0.0
+        self._last: float | None = None
+        self.rate: float | None = prior
+
+    def busy(self, now: float, in_flight: int) -> None:
+        """Account the time since the last call as busy if ``in_flight > 0`` during it."""
+        last = self._last
+        if last is not None and in_flight > 0 and now > last:
+            self._busy += now - last
+        self._last = now
+
+    def finished(self, tokens: int) -> None:
+        """Count ``tokens`` of work completed; close a window when enough busy time passed."""
+        self._acc += tokens
+        if self._busy >= self._window:
+            sample = self._acc / self._busy
+            r = self.rate
+            self.rate = sample if r is None else r + self._alpha * (sample - r)
+            self._acc = 0.0
+            self._busy = 0.0
+
+    def finish(self, now: float, in_flight: int, tokens: int) -> None:
+        """:meth:`busy` then :meth:`finished`, for a job ending at ``now``."""
+        last = self._last
+        if last is not None and in_flight > 0 and now > last:
+            self._busy += now - last
+        self._last = now
+        self._acc += tokens
+        if self._busy >= self._window:
+            self.finished(0)
+
+    def seconds_for(self, tokens: float) -> float | None:
+        """Predicted seconds to drain ``tokens`` of work, or ``None`` with no rate yet."""
+        r = self.rate
+        if r is None or r <= 0:
+            return None
+        return tokens / r

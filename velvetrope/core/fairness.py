@@ -1,0 +1,235 @@
+"""Fairness between tenants inside one band.  Each policy is a queue of jobs over tenants.
+
+Registered policies (:data:`FAIRNESS`):
+
+``none``
+    one queue for the band, ordered by the ordering key alone.
+``round_robin``
+    one queue per tenant; backlogged tenants take turns, one dispatch each.
+``vtc``
+    Virtual Token Counters (Sheng et al., "Fairness in Serving Large Language Models",
+    OSDI 2024).  Each tenant has a counter of the service it received,
+    ``(w_in · prompt + w_out · output) / weight``; the backlogged tenant with the smallest
+    counter goes next.  Output is charged at dispatch from the prediction and corrected at
+    completion with the real count.  A tenant that becomes backlogged is lifted to the
+    smallest counter among the backlogged (or to the last served counter when none are),
+    so idle time banks no credit.  Selection scans the backlogged tenants: O(T).
+
+Inside a tenant's queue, jobs are ordered by the ordering key (see :mod:`.ordering`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
+
+from velvetrope.core.jobheap import JobHeap
+from velvetrope.core.policy import QueuePolicy
+from velvetrope.core.request import Job
+from velvetrope.errors import PolicyError
+
+__all__ = ["FAIRNESS", "BandQueue", "NoFairness", "RoundRobin", "VirtualTokenCounter", "make_band"]
+
+WeightFn = Callable[[str], float]
+
+
+class BandQueue(Protocol):
+    """The queue of one band.  ``pop`` removes the job the last ``peek`` returned."""
+
+    def push(self, job: Job, key: float) -> None: ...
+    def peek(self) -> Job | None: ...
+    def pop(self) -> Job: ...
+    def discard(self, job: Job) -> None: ...
+    def on_complete(self, job: Job, output_tokens: int) -> None: ...
+    def __len__(self) -> int: ...
+
+
+class NoFairness:
+    """One heap for the whole band."""
+
+    __slots__ = ("_heap",)
+
+    def __init__(self) -> None:
+        self._heap = JobHeap()
+
+    def push(self, job: Job, key: float) -> None:
+        self._heap.push(key, job)
+
+    def peek(self) -> Job | None:
+        return self._heap.peek()
+
+    def pop(self) -> Job:
+        return self._heap.pop()
+
+    def discard(self, job: Job) -> None:
+        self._heap.discard(job)
+
+    def on_complete(self, job: Job, output_tokens: int) -> None:
+        return None
+
+    def __len__(self) -> int:
+        return self._heap.live
+
+
+class RoundRobin:
+    """Backlogged tenants take turns; each turn dispatches the head of that tenant's heap."""
+
+    __slots__ = ("_heaps", "_live", "_turns")
+
+    def __init__(self) -> None:
+        self._heaps: dict[str, JobHeap] = {}
+        self._turns: deque[str] = deque()
+        self._live = 0
+
+    def push(self, job: Job, key: float) -> None:
+        h = self._heaps.get(job.tenant)
+        if h is None:
+            h = self._heaps[job.tenant] = JobHeap()
+        if h.live == 0:
+            self._turns.append(job.tenant)
+        h.push(key, job)
+        self._live += 1
+
+    def peek(self) -> Job | None:
+        turns = self._turns
+        while turns:
+            job = self._heaps[turns[0]].peek()
+            if job is not None:
+                return job
+            turns.popleft()
+        return None
+
+    def pop(self) -> Job:
+        tenant = self._turns.popleft()
+        h = self._heaps[tenant]
+        job = h.pop()
+        self._live -= 1
+        if h.live > 0:
+            self._turns.append(tenant)
+        return job
+
+    def discard(self, job: Job) -> None:
+        h = self._heaps[job.tenant]
+        h.discard(job)
+        self._live -= 1
+        if h.live == 0:
+            with contextlib.suppress(ValueError):
+                self._turns.remove(job.tenant)
+
+    def on_complete(self, job: Job, output_tokens: int) -> None:
+        return None
+
+    def __len__(self) -> int:
+        return self._live
+
+
+class VirtualTokenCounter:
+    """VTC fair queueing (see the module docstring)."""
+
+    __slots__ = (
+        "_backlogged",
+        "_chosen",
+        "_heaps",
+        "_last",
+        "_live",
+        "_w_in",
+        "_w_out",
+        "_weight",
+        "counters",
+    )
+
+    def __init__(self, policy: QueuePolicy, weight: WeightFn) -> None:
+        self._w_in = policy.vtc_input_weight
+        self._w_out = policy.vtc_output_weight
+        self._weight = weight
+        self.counters: dict[str, float] = {}
+        self._heaps: dict[str, JobHeap] = {}
+        self._backlogged: dict[str, JobHeap] = {}
+        self._chosen: str | None = None
+        self._last = 0.0
+        self._live = 0
+
+    def push(self, job: Job, key: float) -> None:
+        t = job.tenant
+        h = self._backlogged.get(t)
+        if h is None:
+            h = self._heaps.get(t)
+            if h is None:
+                h = self._heaps[t] = JobHeap()
+            c = self.counters.get(t, 0.0)
+            if self._backlogged:
+                floor = min(self.counters[u] for u in self._backlogged)
+            else:
+                floor = self._last
+            self.counters[t] = c if c > floor else floor
+            self._backlogged[t] = h
+        h.push(key, job)
+        self._live += 1
+
+    def peek(self) -> Job | None:
+        counters = self.counters
+        while self._backlogged:
+            best: str | None = None
+            best_c = 0.0
+            for t in self._backlogged:
+                c = counters[t]
+                if best is None or c < best_c:
+                    best, best_c = t, c
+            assert best is not None
+            job = self._backlogged[best].peek()
+            if job is not None:
+                self._chosen = best
+                return job
+            del self._backlogged[best]
+        return None
+
+    def pop(self) -> Job:
+        t = self._chosen
+        assert t is not None, "pop() without a successful peek()"
+        h = self._backlogged[t]
+        job = h.pop()
+        self._live -= 1
+        self._last = self.counters[t]
+        out = job.predicted_output if job.predicted_output is not None else job.max_tokens
+        self.counters[t] += (self._w_in * job.prompt_tokens + self._w_out * out) / self._weight(t)
+        if h.live == 0:
+            del self._backlogged[t]
+        self._chosen = None
+        return job
+
+    def discard(self, job: Job) -> None:
+        h = self._heaps[job.tenant]
+        h.discard(job)
+        self._live -= 1
+        if h.live == 0:
+            self._backlogged.pop(job.tenant, None)
+
+    def on_complete(self, job: Job, output_tokens: int) -> None:
+        predicted = job.predicted_output if job.predicted_output is not None else job.max_tokens
+        t = job.tenant
+        self.counters[t] = self.counters.get(t, 0.0) + self._w_out * (
+            output_tokens - predicted
+        ) / self._weight(t)
+
+    def __len__(self) -> int:
+        return self._live
+
+
+FAIRNESS: dict[str, Callable[[QueuePolicy, WeightFn], BandQueue]] = {
+    "none": lambda policy, weight: NoFairness(),
+    "round_robin": lambda policy, weight: RoundRobin(),
+    "vtc": VirtualTokenCounter,
+}
+
+
+def make_band(policy: QueuePolicy, weight: WeightFn) -> BandQueue:
+    """A band queue for ``policy.fairness``; :class:`PolicyError` if unknown."""
+    try:
+        factory = FAIRNESS[policy.fairness]
+    except KeyError:
+        raise PolicyError(
+            f"unknown fairness {policy.fairness!r}; known: {', '.join(sorted(FAIRNESS))}"
+        ) from None
+    return factory(policy, weight)

@@ -1,0 +1,193 @@
+"""The admission policy: tiers, tenants, pools, limits and queue discipline.
+
+These pydantic models are what the core consumes.  The gateway's YAML config embeds them
+(see :mod:`velvetrope.config`), and the simulator reads the same file, so one policy
+drives both.  Every model forbids unknown keys, and every field is documented.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = [
+    "BandMode",
+    "BucketLimits",
+    "EstimatorPolicy",
+    "PolicyConfig",
+    "PoolPolicy",
+    "QueuePolicy",
+    "TenantPolicy",
+    "TierPolicy",
+]
+
+BandMode = Literal["single", "strict", "weighted"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BucketLimits(_Model):
+    """Edge limits for one key (a tenant, a tier or a model).  Each is optional."""
+
+    tokens_per_minute: float | None = Field(
+        None, gt=0, description="Token refill rate, per minute (prompt + expected output)."
+    )
+    token_burst: float | None = Field(
+        None, gt=0, description="Token bucket capacity; defaults to one minute of refill."
+    )
+    token_debt_floor: float | None = Field(
+        None,
+        le=0,
+        description="Lowest balance an overrun may leave (<= 0); defaults to -token_burst.",
+    )
+    requests_per_minute: float | None = Field(None, gt=0, description="Request refill rate.")
+    request_burst: float | None = Field(
+        None, gt=0, description="Request bucket capacity; defaults to one minute of refill."
+    )
+
+
+class TierPolicy(_Model):
+    """A priority tier.  Tiers are listed highest priority first; each is a queue band."""
+
+    name: str = Field(min_length=1, description="Tier name, referenced by tenants.")
+    weight: float = Field(1.0, gt=0, description="Share weight when bands are 'weighted'.")
+    min_share: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="Guaranteed fraction of dispatches while backlogged ('strict' bands): "
+        "a lower band waits at most ceil(1/min_share) dispatches.",
+    )
+    max_queued: int | None = Field(None, ge=0, description="Bound on this band's queue, per pool.")
+    max_wait_s: float | None = Field(
+        None,
+        gt=0,
+        description="Shed at arrival when the predicted wait exceeds it; expire queued jobs "
+        "that waited this long.",
+    )
+    limits: BucketLimits | None = Field(None, description="A bucket shared by the whole tier.")
+
+
+class TenantPolicy(_Model):
+    """A tenant: who they are, which tier they sit in and what they may use."""
+
+    name: str = Field(min_length=1)
+    tier: str = Field(description="The tenant's tier (its band).")
+    weight: float = Field(1.0, gt=0, description="Fair-share weight inside its band.")
+    limits: BucketLimits | None = Field(None, description="The tenant's own edge buckets.")
+    max_queued: int | None = Field(None, ge=0, description="Bound on this tenant's queued jobs.")
+    allowed_tiers: tuple[str, ...] = Field(
+        (), description="Other tiers this tenant may ask for per request (header/body)."
+    )
+
+
+class PoolPolicy(_Model):
+    """A pool of upstreams and its capacity as the admission core sees it."""
+
+    name: str = Field(min_length=1)
+    max_in_flight: int = Field(64, ge=1, description="Jobs dispatched and not yet finished.")
+    max_tokens_in_flight: int | None = Field(
+        None,
+        ge=1,
+        description="Budget of prompt + reserved output tokens in flight (a KV-cache proxy).",
+    )
+    initial_drain_tokens_per_s: float | None = Field(
+        None,
+        gt=0,
+        description="Prior for the drain rate before one is measured; without it, "
+        "wait-based shedding starts once a rate has been measured.",
+    )
+
+
+class QueuePolicy(_Model):
+    """How the queue orders work: band → fairness → ordering."""
+
+    bands: BandMode = Field(
+        "strict",
+        description="'single': tiers ignored; 'strict': priority by tier with min_share; "
+        "'weighted': bands share dispatched tokens by tier weight.",
+    )
+    fairness: str = Field("none", description="Between tenants in a band: vtc, round_robin, none.")
+    ordering: str = Field("fcfs", description="Inside a tenant: fcfs, sjf, sjf_aging, edf.")
+    max_queued: int = Field(10_000, ge=0, description="Global bound on queued jobs.")
+    vtc_input_weight: float = Field(1.0, ge=0, description="VTC weight of a prompt token.")
+    vtc_output_weight: float = Field(2.0, ge=0, description="VTC weight of an output token.")
+    aging_s: float = Field(
+        15.0,
+        gt=0,
+        description="sjf_aging: a job that has waited this long is ahead of any fresh job.",
+    )
+    aging_ref_tokens: int = Field(
+        1000, ge=1, description="sjf_aging: cost at which a job's size penalty saturates."
+    )
+    short_output_tokens: int | None = Field(
+        None, ge=1, description="Jobs predicted to produce fewer output tokens count as short."
+    )
+    short_boost: float = Field(1.0, ge=1, description="Short jobs' cost is divided by this.")
+    sjf_prompt_weight: float = Field(
+        0.0, ge=0, description="Weight of prompt tokens in the SJF cost (output tokens weigh 1)."
+    )
+
+
+class EstimatorPolicy(_Model):
+    """Output-length estimation and what the buckets reserve."""
+
+    quantile: float = Field(0.9, gt=0, lt=1, description="Per-tenant quantile of observed outputs.")
+    default_output_tokens: int = Field(
+        256, ge=1, description="Estimate before a tenant has enough observations."
+    )
+    min_observations: int = Field(5, ge=5, description="Observations before the sketch is used.")
+    reserve: Literal["estimate", "max_tokens"] = Field(
+        "estimate", description="Reserve the estimate or the declared max_tokens at admission."
+    )
+
+
+class PolicyConfig(_Model):
+    """Everything the admission core needs to decide."""
+
+    preset: str | None = Field(None, description="A named preset applied to 'queue' (see presets).")
+    queue: QueuePolicy = Field(default_factory=QueuePolicy)
+    tiers: tuple[TierPolicy, ...] = Field(
+        (TierPolicy(name="default"),), min_length=1, description="Highest priority first."
+    )
+    tenants: tuple[TenantPolicy, ...] = ()
+    default_tenant: TenantPolicy | None = Field(
+        None, description="Policy for tenants not listed (tier: the lowest tier)."
+    )
+    pools: tuple[PoolPolicy, ...] = Field((PoolPolicy(name="default"),), min_length=1)
+    models: dict[str, BucketLimits] = Field(
+        default_factory=dict, description="Per-model buckets shared by every tenant."
+    )
+    estimator: EstimatorPolicy = Field(default_factory=EstimatorPolicy)
+    drain_ewma_alpha: float = Field(0.3, gt=0, le=1, description="Smoothing of the drain rate.")
+    drain_window_s: float = Field(1.0, gt=0, description="Busy seconds per drain-rate sample.")
+
+    @model_validator(mode="after")
+    def _check_refs(self) -> PolicyConfig:
+        tier_names = [t.name for t in self.tiers]
+        if len(set(tier_names)) != len(tier_names):
+            raise ValueError(f"tier names must be unique: {tier_names}")
+        pool_names = [p.name for p in self.pools]
+        if len(set(pool_names)) != len(pool_names):
+            raise ValueError(f"pool names must be unique: {pool_names}")
+        seen: set[str] = set()
+        for t in self.tenants:
+            if t.name in seen:
+                raise ValueError(f"tenant {t.name!r} is listed twice")
+            seen.add(t.name)
+            for tier in (t.tier, *t.allowed_tiers):
+                if tier not in tier_names:
+                    raise ValueError(f"tenant {t.name!r} names unknown tier {tier!r}")
+        if self.default_tenant is not None and self.default_tenant.tier not in tier_names:
+            raise ValueError(f"default_tenant names unknown tier {self.default_tenant.tier!r}")
+        return self
+
+    def tier_index(self, name: str) -> int:
+        """Position of tier ``name`` (0 = highest priority); KeyError if unknown."""
+        for i, t in enumerate(self.tiers):
+            if t.name == name:
+                return i
+        raise KeyError(name)

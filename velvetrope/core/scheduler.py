@@ -1,0 +1,189 @@
+"""One pool's queue: band → fairness → ordering, with bounds and work accounting.
+
+Bands are the tiers, highest priority first, chosen by ``QueuePolicy.bands``:
+
+``single``
+    every tier shares one band (tiers ignored for ordering).
+``strict``
+    the highest backlogged band goes first, except that a band with ``min_share`` s > 0
+    earns s credit per dispatch while it is backlogged and is served as soon as it holds a
+    full credit: a backlogged band waits at most ``ceil(1/s)`` dispatches.
+``weighted``
+    stride scheduling over dispatched cost tokens: the backlogged band with the smallest
+    virtual pass goes next, and a dispatch advances its pass by ``cost / weight``.  A band
+    that becomes backlogged is lifted to the smallest pass among the backlogged.
+
+Inside a band, a fairness policy (:mod:`.fairness`) picks the tenant and an ordering key
+(:mod:`.ordering`) the job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from velvetrope.core.fairness import BandQueue, make_band
+from velvetrope.core.ordering import make_key
+from velvetrope.core.policy import PolicyConfig
+from velvetrope.core.request import Job
+
+__all__ = ["Band", "Scheduler"]
+
+
+class Band:
+    """A band's queue and its counters."""
+
+    __slots__ = (
+        "count",
+        "credit",
+        "index",
+        "max_queued",
+        "min_share",
+        "name",
+        "queue",
+        "tokens",
+        "vpass",
+        "weight",
+    )
+
+    def __init__(
+        self,
+        index: int,
+        name: str,
+        queue: BandQueue,
+        weight: float,
+        min_share: float,
+        max_queued: int | None,
+    ) -> None:
+        self.index = index
+        self.name = name
+        self.queue = queue
+        self.weight = weight
+        self.min_share = min_share
+        self.max_queued = max_queued
+        self.tokens = 0
+        self.count = 0
+        self.credit = 0.0
+        self.vpass = 0.0
+
+    def __len__(self) -> int:
+        return self.count
+
+
+class Scheduler:
+    """The queue of one pool.  ``pop`` removes the job the last ``peek`` returned."""
+
+    __slots__ = ("_chosen", "_key", "_mode", "_tier_band", "_vtime", "bands", "queued", "tokens")
+
+    def __init__(self, policy: PolicyConfig, weight: Callable[[str], float]) -> None:
+        q = policy.queue
+        self._mode = q.bands
+        self._key = make_key(q)
+        if self._mode == "single":
+            bound = q.max_queued
+            self.bands = [Band(0, "all", make_band(q, weight), 1.0, 0.0, bound)]
+            self._tier_band = [0] * len(policy.tiers)
+        else:
+            self.bands = [
+                Band(i, t.name, make_band(q, weight), t.weight, t.min_share, t.max_queued)
+                for i, t in enumerate(policy.tiers)
+            ]
+            self._tier_band = list(range(len(policy.tiers)))
+        self._chosen: Band | None = None
+        self._vtime = 0.0
+        self.queued = 0
+        self.tokens = 0
+
+    def band_of(self, tier_index: int) -> int:
+        """The band a tier's jobs queue in."""
+        return self._tier_band[tier_index]
+
+    def band_full(self, band: int) -> bool:
+        b = self.bands[band]
+        return b.max_queued is not None and b.count >= b.max_queued
+
+    def push(self, job: Job) -> None:
+        """Queue ``job`` (already QUEUED, with ``band``, ``seq`` and ``cost`` set)."""
+        b = self.bands[job.band]
+        if self._mode == "weighted" and b.count == 0:
+            live = [x.vpass for x in self.bands if x.count]
+            floor = min(live) if live else self._vtime
+            if b.vpass < floor:
+                b.vpass = floor
+        b.queue.push(job, self._key(job))
+        b.count += 1
+        b.tokens += job.cost
+        self.queued += 1
+        self.tokens += job.cost
+
+    def peek(self) -> Job | None:
+        """The job policy would dispatch next, or ``None`` if the queue is empty."""
+        if self.queued == 0:
+            return None
+        chosen: Band | None = None
+        if self._mode == "weighted":
+            for b in self.bands:
+                if b.count and (chosen is None or b.vpass < chosen.vpass):
+                    chosen = b
+        else:
+            for b in self.bands:
+                if (
+                    b.min_share > 0
+                    and b.credit >= 1.0
+                    and b.count
+                    and (chosen is None or b.credit > chosen.credit)
+                ):
+                    chosen = b
+            if chosen is None:
+                for b in self.bands:
+                    if b.count:
+                        chosen = b
+                        break
+        if chosen is None:
+            return None
+        self._chosen = chosen
+        return chosen.queue.peek()
+
+    def pop(self) -> Job:
+        """Dequeue the job the last :meth:`peek` returned and advance the band policy."""
+        b = self._chosen
+        assert b is not None, "pop() without a successful peek()"
+        self._chosen = None
+        job = b.queue.pop()
+        b.count -= 1
+        b.tokens -= job.cost
+        self.queued -= 1
+        self.tokens -= job.cost
+        if self._mode == "weighted":
+            self._vtime = b.vpass
+            b.vpass += job.cost / b.weight
+        elif self._mode == "strict":
+            for x in self.bands:
+                if x.min_share > 0:
+                    if x is b or x.count:
+                        x.credit += x.min_share
+                    else:
+                        x.credit = 0.0
+            b.credit = max(0.0, b.credit - 1.0)
+        return job
+
+    def discard(self, job: Job) -> None:
+        """Account that queued ``job`` left the queue (cancelled or expired)."""
+        b = self.bands[job.band]
+        b.queue.discard(job)
+        b.count -= 1
+        b.tokens -= job.cost
+        self.queued -= 1
+        self.tokens -= job.cost
+
+    def on_complete(self, job: Job, output_tokens: int) -> None:
+        self.bands[job.band].queue.on_complete(job, output_tokens)
+
+    def ahead(self, band: int) -> tuple[int, int]:
+        """``(jobs, tokens)`` queued that a new job in ``band`` would wait behind, at most."""
+        if self._mode == "strict":
+            n = t = 0
+            for b in self.bands[: band + 1]:
+                n += b.count
+                t += b.tokens
+            return n, t
+        return self.queued, self.tokens

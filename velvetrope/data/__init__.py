@@ -1,0 +1,1 @@
+"""Data shipped with velvetrope (built-in traces under ``traces/``)."""

@@ -1,0 +1,259 @@
+"""Engine performance profiles: how long one continuous-batching iteration takes.
+
+An :class:`EngineProfile` is a linear model of one engine iteration (one forward pass of
+the running batch) plus the scheduler limits that shape the batch::
+
+    step_time = step_base_s
+              + per_prefill_token_s * prefill_tokens   # prompt (or recompute) tokens
+              + per_decode_seq_s    * decode_seqs      # sequences producing their next token
+              + per_context_token_s * context_tokens   # KV-cache tokens attended by the batch
+
+``step_base_s`` is the per-iteration floor (reading the weights once, kernel launches),
+``per_prefill_token_s`` the compute cost of a prompt token, ``per_decode_seq_s`` the
+marginal cost of one more decoding sequence and ``per_context_token_s`` the cost of reading
+one cached token's K and V.  The built-in profiles (``profiles/*.yaml``, listed by
+:func:`list_profiles`) derive these from public hardware and model figures; each file
+explains its arithmetic in a ``sources`` comment block.  They are estimates, not
+measurements: fit your own from a benchmark of the real engine for serious planning.
+
+Profiles load from YAML (:func:`load_profile`) and dump back (:func:`profile_to_yaml`)
+losslessly.  Every profile is validated on construction: numbers finite, coefficients
+non-negative, ``step_base_s > 0``, sizes ``>= 1``, ``max_num_batched_tokens >=
+max_num_seqs`` and ``max_model_len <= block_size * num_gpu_blocks`` (like vLLM, which
+refuses to start when one full-length sequence cannot fit its KV cache).  A bad file raises
+:class:`~velvetrope.errors.ConfigError` naming the file and the field; bad values passed in
+code, or an unknown built-in name, raise :class:`~velvetrope.errors.PolicyError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+
+from velvetrope.errors import ConfigError, PolicyError
+
+__all__ = ["EngineProfile", "list_profiles", "load_profile", "profile_to_yaml"]
+
+_PROFILE_DIR = "profiles"
+_SUFFIXES = (".yaml", ".yml")
+
+
+def _reject_bool(value: object) -> object:
+    # YAML's `yes`/`true` would otherwise be read as 1.0 by pydantic's lax float parsing.
+    if isinstance(value, bool):
+        raise ValueError("expected a number, got a boolean")
+    return value
+
+
+_Seconds = Annotated[float, BeforeValidator(_reject_bool), Field(ge=0.0, allow_inf_nan=False)]
+_Count = Annotated[StrictInt, Field(ge=1)]
+
+
+class _ProfileModel(BaseModel):
+    """The validation schema shared by YAML files and :class:`EngineProfile` itself."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: Annotated[StrictStr, Field(min_length=1)]
+    description: StrictStr
+    step_base_s: Annotated[_Seconds, Field(gt=0.0)]
+    per_prefill_token_s: _Seconds
+    per_decode_seq_s: _Seconds
+    per_context_token_s: _Seconds
+    block_size: _Count
+    num_gpu_blocks: _Count
+    max_num_seqs: _Count
+    max_num_batched_tokens: _Count
+    max_model_len: _Count
+
+    @field_validator("max_num_batched_tokens")
+    @classmethod
+    def _budget_covers_seqs(cls, value: int, info: ValidationInfo) -> int:
+        seqs = info.data.get("max_num_seqs")
+        if seqs is not None and value < seqs:
+            raise ValueError(
+                f"must be >= max_num_seqs ({seqs}): every running sequence needs at least "
+                f"one token of the per-step budget"
+            )
+        return value
+
+    @field_validator("max_model_len")
+    @classmethod
+    def _fits_kv_cache(cls, value: int, info: ValidationInfo) -> int:
+        block_size = info.data.get("block_size")
+        blocks = info.data.get("num_gpu_blocks")
+        if block_size is not None and blocks is not None and value > block_size * blocks:
+            raise ValueError(
+                f"must be <= the KV cache capacity block_size * num_gpu_blocks "
+                f"({block_size} * {blocks} = {block_size * blocks} tokens)"
+            )
+        return value
+
+
+_FIELD_NAMES = tuple(_ProfileModel.model_fields)
+_FLOAT_FIELDS = ("step_base_s", "per_prefill_token_s", "per_decode_seq_s", "per_context_token_s")
+
+
+def _describe(exc: ValidationError) -> str:
+    """One line per problem, each naming the field: ``field 'x': message (got v)``."""
+    parts = []
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"]) or "<profile>"
+        if err["type"] == "extra_forbidden":
+            parts.append(f"unknown field {field!r} (known fields: {', '.join(_FIELD_NAMES)})")
+        elif err["type"] == "missing":
+            parts.append(f"field {field!r}: required but missing")
+        else:
+            msg = err["msg"].removeprefix("Value error, ")
+            parts.append(f"field {field!r}: {msg} (got {err['input']!r})")
+    return "; ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineProfile:
+    """A validated engine performance model; see the module docstring for the formula.
+
+    Construction validates every field and raises :class:`~velvetrope.errors.PolicyError`
+    naming the bad field.  Float coefficients are stored as ``float``.
+    """
+
+    name: str
+    description: str
+    step_base_s: float
+    per_prefill_token_s: float
+    per_decode_seq_s: float
+    per_context_token_s: float
+    block_size: int
+    num_gpu_blocks: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+
+    def __post_init__(self) -> None:
+        try:
+            _ProfileModel.model_validate(self._as_dict())
+        except ValidationError as exc:
+            raise PolicyError(f"invalid engine profile {self.name!r}: {_describe(exc)}") from None
+        for field in _FLOAT_FIELDS:
+            object.__setattr__(self, field, float(getattr(self, field)))
+
+    def _as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in _FIELD_NAMES}
+
+    def step_time(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
+        """Seconds one iteration takes for this batch composition (all arguments >= 0).
+
+        Linear in each argument; ``step_base_s`` even for an empty batch, so callers with
+        no work should not call it (the batcher returns a zero-length step instead).
+        """
+        return (
+            self.step_base_s
+            + self.per_prefill_token_s * prefill_tokens
+            + self.per_decode_seq_s * decode_seqs
+            + self.per_context_token_s * context_tokens
+        )
+
+    def kv_capacity_tokens(self) -> int:
+        """Token slots in the KV cache: ``block_size * num_gpu_blocks``."""
+        return self.block_size * self.num_gpu_blocks
+
+    def with_overrides(self, **kw: float | int | str) -> EngineProfile:
+        """A validated copy with some fields replaced.
+
+        Raises :class:`~velvetrope.errors.PolicyError` for a name that is not a field or a
+        value that fails validation (for example ``max_model_len`` beyond the new cache).
+        """
+        unknown = sorted(set(kw) - set(_FIELD_NAMES))
+        if unknown:
+            raise PolicyError(
+                f"unknown engine profile field(s) {', '.join(map(repr, unknown))}; "
+                f"known fields: {', '.join(_FIELD_NAMES)}"
+            )
+        return EngineProfile(**{**self._as_dict(), **kw})
+
+
+def _profile_dir() -> resources.abc.Traversable:
+    return resources.files("velvetrope.engine").joinpath(_PROFILE_DIR)
+
+
+def list_profiles() -> list[str]:
+    """Names of the built-in profiles (the YAML files shipped in the package), sorted."""
+    return sorted(
+        entry.name.rsplit(".", 1)[0]
+        for entry in _profile_dir().iterdir()
+        if entry.is_file() and entry.name.endswith(_SUFFIXES)
+    )
+
+
+def _parse(text: str, source: str) -> EngineProfile:
+    """Validate YAML ``text``; errors are ConfigErrors that start with ``source``."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{source}: an engine profile must be a YAML mapping of fields, "
+            f"got {type(data).__name__}"
+        )
+    try:
+        model = _ProfileModel.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(f"{source}: invalid engine profile: {_describe(exc)}") from None
+    return EngineProfile(**model.model_dump())
+
+
+def load_profile(name_or_path: str) -> EngineProfile:
+    """Load a built-in profile by name, or a profile YAML file by path.
+
+    A built-in name wins over a file of the same name.  Raises
+    :class:`~velvetrope.errors.PolicyError` for a name that is neither a built-in nor an
+    existing file (the message lists the built-ins), and
+    :class:`~velvetrope.errors.ConfigError` naming the file (and field) for a file that
+    cannot be read, is not YAML, or fails validation.
+    """
+    if name_or_path in list_profiles():
+        for suffix in _SUFFIXES:
+            entry = _profile_dir().joinpath(name_or_path + suffix)
+            if entry.is_file():
+                return _parse(entry.read_text(encoding="utf-8"), f"built-in profile {entry.name}")
+    path = Path(name_or_path)
+    if path.is_file():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: cannot read engine profile: {exc}") from None
+        return _parse(text, str(path))
+    if path.suffix in _SUFFIXES or len(path.parts) > 1:
+        raise ConfigError(f"{path}: engine profile file not found")
+    raise PolicyError(
+        f"unknown engine profile {name_or_path!r}: not a built-in "
+        f"({', '.join(list_profiles())}) and not a file"
+    )
+
+
+def profile_to_yaml(profile: EngineProfile) -> str:
+    """Serialise ``profile`` as YAML that :func:`load_profile` reads back equal.
+
+    Floats are written with Python's shortest round-tripping repr, so nothing is lost.
+    """
+    body = yaml.safe_dump(
+        dataclasses.asdict(profile), sort_keys=False, allow_unicode=True, width=100
+    )
+    return f"# velvetrope engine profile {profile.name!r} (see velvetrope.engine.profile)\n{body}"

@@ -1,0 +1,82 @@
+"""The simulator's inputs: workloads, arrival processes and trace files.
+
+See :mod:`velvetrope.sim.workload` (the request record, lengths, tenant mixes, transforms,
+statistics), :mod:`velvetrope.sim.arrivals` (synthetic arrival processes) and
+:mod:`velvetrope.sim.traces` (trace files and the built-in Azure traces).
+"""
+
+from velvetrope.sim.arrivals import (
+    MMPP,
+    ArrivalProcess,
+    Deterministic,
+    GammaRenewal,
+    OnOff,
+    Poisson,
+)
+from velvetrope.sim.traces import (
+    BUILTIN_TRACES,
+    builtin_trace,
+    load_trace,
+    read_azure_csv,
+    read_jsonl,
+    write_jsonl,
+)
+from velvetrope.sim.workload import (
+    Empirical,
+    Exponential,
+    Fixed,
+    IndependentLengths,
+    LengthDist,
+    LengthModel,
+    LogNormal,
+    Seed,
+    TenantMix,
+    TraceLengths,
+    TraceRequest,
+    TraceStats,
+    as_generator,
+    head,
+    index_of_dispersion,
+    merge,
+    rescale_time,
+    scale_to_rate,
+    synthesize,
+    time_window,
+    trace_stats,
+)
+
+__all__ = [
+    "BUILTIN_TRACES",
+    "MMPP",
+    "ArrivalProcess",
+    "Deterministic",
+    "Empirical",
+    "Exponential",
+    "Fixed",
+    "GammaRenewal",
+    "IndependentLengths",
+    "LengthDist",
+    "LengthModel",
+    "LogNormal",
+    "OnOff",
+    "Poisson",
+    "Seed",
+    "TenantMix",
+    "TraceLengths",
+    "TraceRequest",
+    "TraceStats",
+    "as_generator",
+    "builtin_trace",
+    "head",
+    "index_of_dispersion",
+    "load_trace",
+    "merge",
+    "read_azure_csv",
+    "read_jsonl",
+    "rescale_time",
+    "scale_to_rate",
+    "synthesize",
+    "time_window",
+    "trace_stats",
+    "write_jsonl",
+]
