@@ -1,0 +1,209 @@
+"""The gateway's configuration file: one YAML document, validated with pydantic.
+
+The same file drives ``velvetrope serve`` and ``velvetrope simulate``: the ``policy``
+section is the admission core's :class:`~velvetrope.core.policy.PolicyConfig` verbatim.
+Every model forbids unknown keys.  :func:`load_config` reports a bad file as a
+:class:`~velvetrope.errors.ConfigError` naming the file, the field and the reason.
+
+Environment overrides: ``VELVETROPE__<SECTION>__<FIELD>=value`` replaces a field before
+validation (values are parsed as YAML scalars), e.g. ``VELVETROPE__LISTEN__PORT=9000`` or
+``VELVETROPE__ADMIN_TOKEN=...``.  ``admin_token`` may also be given as ``admin_token_env``,
+the name of an environment variable that holds it.
+
+API keys are stored hashed: ``sha256`` is the hex SHA-256 of the key a client sends as
+``Authorization: Bearer <key>``.  ``velvetrope config hash-key KEY`` prints it.  A plain
+``key`` is accepted for local examples and tests only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from velvetrope.core.policy import PolicyConfig
+from velvetrope.errors import ConfigError
+
+__all__ = [
+    "ApiKey",
+    "GatewayConfig",
+    "GatewaySettings",
+    "Listen",
+    "Route",
+    "Upstream",
+    "hash_key",
+    "load_config",
+    "parse_config",
+]
+
+ENV_PREFIX = "VELVETROPE__"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def hash_key(key: str) -> str:
+    """The hex SHA-256 of an API key, as stored in the config."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class Listen(_Model):
+    """Where the gateway listens."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+
+
+class ApiKey(_Model):
+    """One API key and the tenant it authenticates."""
+
+    tenant: str = Field(min_length=1)
+    sha256: str | None = Field(
+        None, pattern=r"^[0-9a-f]{64}$", description="hex SHA-256 of the key"
+    )
+    key: str | None = Field(None, min_length=8, description="plain key: examples and tests only")
+
+    @model_validator(mode="after")
+    def _one_form(self) -> ApiKey:
+        if (self.sha256 is None) == (self.key is None):
+            raise ValueError("give exactly one of 'sha256' and 'key'")
+        return self
+
+    @property
+    def digest(self) -> str:
+        return self.sha256 if self.sha256 is not None else hash_key(self.key or "")
+
+
+class Upstream(_Model):
+    """One OpenAI-compatible engine."""
+
+    url: str = Field(pattern=r"^https?://", description="base URL, e.g. http://10.0.0.5:8000")
+    metrics_url: str | None = Field(None, description="Prometheus endpoint; default url + /metrics")
+
+
+class Route(_Model):
+    """Send requests for ``model`` to ``pool``."""
+
+    model: str
+    pool: str
+
+
+class GatewaySettings(_Model):
+    """Request handling limits and defaults."""
+
+    max_body_bytes: int = Field(1 << 20, ge=1024, description="larger bodies get 413")
+    max_tokens_limit: int = Field(32_768, ge=1, description="larger max_tokens get 400")
+    default_max_tokens: int = Field(1024, ge=1, description="when the request names none")
+    tokenizer: str = Field("approx", description="cl100k_base, o200k_base, approx, hf:PATH")
+    exact_token_count: bool = Field(
+        False, description="count prompt tokens exactly on the request path (costs CPU)"
+    )
+    priority_header: str = Field("x-velvetrope-tier", description="header asking for a tier")
+    upstream_connect_timeout_s: float = Field(5.0, gt=0)
+    upstream_read_timeout_s: float = Field(600.0, gt=0, description="between bytes")
+    drain_grace_s: float = Field(30.0, ge=0, description="SIGTERM: finish in-flight work this long")
+    metrics_tenant_label: bool = Field(False, description="label metrics by tenant (cardinality!)")
+    admission: bool = Field(True, description="false: a pure proxy (for benchmarks)")
+
+
+class GatewayConfig(_Model):
+    """The whole gateway configuration."""
+
+    listen: Listen = Field(default_factory=Listen)
+    admin_token: str | None = Field(None, min_length=8, description="bearer token for /admin")
+    admin_token_env: str | None = Field(None, description="env var holding the admin token")
+    api_keys: tuple[ApiKey, ...] = ()
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    upstreams: dict[str, tuple[Upstream, ...]] = Field(
+        default_factory=dict, description="pool name -> its engines"
+    )
+    routes: tuple[Route, ...] = Field((), description="model -> pool; default: the first pool")
+    gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+
+    @model_validator(mode="after")
+    def _check(self) -> GatewayConfig:
+        pools = {p.name for p in self.policy.pools}
+        for name in self.upstreams:
+            if name not in pools:
+                raise ValueError(f"upstreams names pool {name!r}, not in policy.pools")
+        for r in self.routes:
+            if r.pool not in pools:
+                raise ValueError(f"route for model {r.model!r} names unknown pool {r.pool!r}")
+        digests = [k.digest for k in self.api_keys]
+        if len(set(digests)) != len(digests):
+            raise ValueError("the same API key is listed twice")
+        return self
+
+    def resolved_admin_token(self) -> str | None:
+        """The admin token, from the file or from ``admin_token_env``."""
+        if self.admin_token is not None:
+            return self.admin_token
+        if self.admin_token_env is not None:
+            return os.environ.get(self.admin_token_env) or None
+        return None
+
+    def pool_for(self, model: str | None) -> str:
+        """The pool serving ``model``: a matching route, else the first pool."""
+        for r in self.routes:
+            if r.model == model:
+                return r.pool
+        return self.policy.pools[0].name
+
+
+def _apply_env(data: dict[str, Any], environ: dict[str, str]) -> dict[str, Any]:
+    for name, raw in environ.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        path = [p.lower() for p in name[len(ENV_PREFIX) :].split("__") if p]
+        if not path:
+            continue
+        node = data
+        for part in path[:-1]:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                child = node[part] = {}
+            node = child
+        node[path[-1]] = yaml.safe_load(raw)
+    return data
+
+
+def _describe(err: ValidationError, source: str) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        lines.append(f"{source}: {loc}: {e['msg']}")
+    return "\n".join(lines)
+
+
+def parse_config(
+    data: Any, source: str = "<config>", environ: dict[str, str] | None = None
+) -> GatewayConfig:
+    """Validate an already-parsed document (env overrides applied first)."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping, got {type(data).__name__}")
+    data = _apply_env(dict(data), dict(os.environ if environ is None else environ))
+    try:
+        return GatewayConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_describe(e, source)) from None
+
+
+def load_config(path: str | Path, environ: dict[str, str] | None = None) -> GatewayConfig:
+    """Read and validate a YAML config file; :class:`ConfigError` names file and field."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read: {e.strerror or e}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML: {e}") from None
+    return parse_config(data, str(p), environ)
