@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import typer
 
+from velvetrope.engine.cli import engine_command
+from velvetrope.planner.cli import plan_command
+from velvetrope.sim.cli import simulate_command
+
 __all__ = ["app", "main"]
 
 app = typer.Typer(
@@ -15,6 +19,11 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
 )
+
+
+app.command("engine")(engine_command)
+app.command("simulate")(simulate_command)
+app.command("plan")(plan_command)
 
 
 @app.callback()
@@ -30,12 +39,112 @@ def version() -> None:
     typer.echo(__version__)
 
 
-@app.command("demo")
-def demo() -> None:
-    """Run the end-to-end demo (currently: the scripted scenario through the core)."""
-    from velvetrope.scenario import run_scenario
+config_app = typer.Typer(help="Check configuration files and hash API keys.", no_args_is_help=True)
+app.add_typer(config_app, name="config")
 
-    run_scenario()
+
+@config_app.command("check")
+def config_check(path: str = typer.Argument(..., help="The gateway YAML file.")) -> None:
+    """Validate a gateway config; print what it defines, or the file, field and reason."""
+    from velvetrope.config import load_config
+    from velvetrope.core import apply_preset
+    from velvetrope.errors import ConfigError, PolicyError
+
+    try:
+        cfg = load_config(path)
+        policy = apply_preset(cfg.policy)
+        from velvetrope.clock import ManualClock
+        from velvetrope.core import AdmissionController
+
+        AdmissionController(policy, ManualClock())
+    except (ConfigError, PolicyError) as e:
+        typer.echo(f"invalid: {e}", err=True)
+        raise typer.Exit(2) from None
+    tiers = ", ".join(t.name for t in policy.tiers)
+    typer.echo(
+        f"ok: {path}: preset={policy.preset or 'custom'} tiers=[{tiers}] "
+        f"tenants={len(policy.tenants)} api_keys={len(cfg.api_keys)} "
+        f"pools={[p.name for p in policy.pools]} "
+        f"upstreams={sum(len(u) for u in cfg.upstreams.values())}"
+    )
+
+
+@config_app.command("hash-key")
+def config_hash_key(key: str = typer.Argument(..., help="An API key.")) -> None:
+    """Print the SHA-256 to store in api_keys[].sha256."""
+    from velvetrope.config import hash_key
+
+    typer.echo(hash_key(key))
+
+
+@app.command("serve")
+def serve(
+    config: str = typer.Option(..., "--config", "-c", help="The gateway YAML file."),
+    host: str | None = typer.Option(None, help="Override listen.host."),
+    port: int | None = typer.Option(None, help="Override listen.port."),
+    log_level: str = typer.Option("warning", help="uvicorn log level."),
+) -> None:
+    """Run the admission gateway in front of the configured upstreams."""
+    from velvetrope.config import load_config
+    from velvetrope.errors import ConfigError
+    from velvetrope.gateway.server import serve as run
+
+    try:
+        cfg = load_config(config)
+    except ConfigError as e:
+        typer.echo(f"invalid config: {e}", err=True)
+        raise typer.Exit(2) from None
+    if host is not None or port is not None:
+        listen = cfg.listen.model_copy(
+            update={k: v for k, v in (("host", host), ("port", port)) if v is not None}
+        )
+        cfg = cfg.model_copy(update={"listen": listen})
+    run(cfg, log_level=log_level)
+
+
+@app.command("demo")
+def demo(
+    window: float = typer.Option(20.0, help="Seconds of offered load per run."),
+    drain: float = typer.Option(12.0, help="Seconds each run waits for open requests after."),
+    speed: float = typer.Option(3.0, help="Engine speed: K times faster than real time."),
+    profile: str = typer.Option("llama3-8b-a100", help="Engine profile of both engines."),
+    overload: float = typer.Option(2.0, help="Offered load over the engines' capacity."),
+    config: str | None = typer.Option(
+        None, "--config", "-c", help="Gateway config (default: examples/gateway.yaml)."
+    ),
+    preset: str | None = typer.Option(None, help="Replace the config's queue preset."),
+    out: str = typer.Option("out", help="Directory of the plot (demo.png)."),
+    seed: int = typer.Option(7, help="Seed of the tenant assignment."),
+    quick: bool = typer.Option(False, help="A few seconds per run, no live view."),
+) -> None:
+    """Overload two engines with a real trace, through the gateway and without: table + plot.
+
+    Replays the Azure conversation trace compressed to OVERLOAD x the engines' capacity,
+    first through `velvetrope serve` with the example config, then straight to the engines.
+    """
+    from pathlib import Path
+
+    from velvetrope.demo import DEFAULT_CONFIG, DemoSettings, run_demo
+    from velvetrope.errors import VelvetropeError
+
+    try:
+        settings = DemoSettings(
+            window_s=window,
+            drain_s=drain,
+            speed=speed,
+            profile=profile,
+            overload=overload,
+            config_path=Path(config) if config else DEFAULT_CONFIG,
+            preset=preset,
+            out_dir=Path(out),
+            seed=seed,
+        )
+        if quick:
+            settings = settings.as_quick()
+        run_demo(settings)
+    except (VelvetropeError, RuntimeError) as e:
+        typer.echo(f"velvetrope demo: error: {e}", err=True)
+        raise typer.Exit(2) from None
 
 
 @app.command("scenario")

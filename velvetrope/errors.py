@@ -9,6 +9,7 @@
     │   └── UnknownJobError         an event names a job the controller does not hold
     ├── RequestError                a client request that cannot be served (carries HTTP status)
     ├── UpstreamError               an upstream engine failed or answered badly (502)
+    │   ├── UpstreamUnreachable     nothing reached the upstream (safe to try another)
     │   └── UpstreamTimeout         an upstream did not answer in time (504)
     ├── StoreError                  shared state (Redis) misbehaved
     │   └── StoreUnavailable        shared state cannot be reached (503)
@@ -30,6 +31,7 @@ __all__ = [
     "UnknownJobError",
     "UpstreamError",
     "UpstreamTimeout",
+    "UpstreamUnreachable",
     "VelvetropeError",
 ]
 
@@ -80,6 +82,10 @@ class RequestError(VelvetropeError):
 
 class UpstreamError(VelvetropeError):
     """An upstream engine failed or answered with something unusable (maps to 502)."""
+
+
+class UpstreamUnreachable(UpstreamError):
+    """The upstream could not be reached: no work started, another upstream may be tried."""
 
 
 class UpstreamTimeout(UpstreamError):

@@ -18,6 +18,7 @@ __all__ = [
     "PolicyConfig",
     "PoolPolicy",
     "QueuePolicy",
+    "SloPolicy",
     "TenantPolicy",
     "TierPolicy",
 ]
@@ -49,6 +50,15 @@ class BucketLimits(_Model):
     )
 
 
+class SloPolicy(_Model):
+    """A tier's latency objective (seconds); unset bounds are not checked.  Reports and
+    goodput use it; admission itself uses ``max_wait_s``."""
+
+    ttft_s: float | None = Field(None, gt=0, description="Time to first token.")
+    tpot_s: float | None = Field(None, gt=0, description="Time per output token after the first.")
+    e2e_s: float | None = Field(None, gt=0, description="End-to-end latency.")
+
+
 class TierPolicy(_Model):
     """A priority tier.  Tiers are listed highest priority first; each is a queue band."""
 
@@ -69,6 +79,7 @@ class TierPolicy(_Model):
         "that waited this long.",
     )
     limits: BucketLimits | None = Field(None, description="A bucket shared by the whole tier.")
+    slo: SloPolicy | None = Field(None, description="Latency objective, for reports and goodput.")
 
 
 class TenantPolicy(_Model):

@@ -70,6 +70,7 @@ class Reason(enum.Enum):
     CANCELLED = ("cancelled", 499)
     UPSTREAM_ERROR = ("upstream_error", 502)
     UPSTREAM_TIMEOUT = ("upstream_timeout", 504)
+    NO_HEALTHY_UPSTREAM = ("no_healthy_upstream", 503)
 
     def __init__(self, code: str, status: int) -> None:
         self.code = code

@@ -1,0 +1,99 @@
+"""Real servers on loopback for the gateway tests: ``velvetrope engine`` and ``serve``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from velvetrope import launch
+from velvetrope.launch import ServerProcess, free_port
+
+__all__ = ["Proc", "free_port", "start_engine", "start_gateway"]
+
+ADMIN = "test-admin-token"
+
+
+Proc = ServerProcess
+
+
+def start_engine(speed: float = 50.0, *extra: str) -> ServerProcess:
+    return launch.start_engine("--speed", str(speed), *extra)
+
+
+def gateway_config(engines: list[str], **policy: Any) -> dict[str, Any]:
+    """A config with tenants gold (interactive), silver (standard), bronze (batch)."""
+    base: dict[str, Any] = {
+        "listen": {"host": "127.0.0.1", "port": free_port()},
+        "admin_token": ADMIN,
+        "api_keys": [
+            {"tenant": "gold", "key": "sk-gold-0000"},
+            {"tenant": "silver", "key": "sk-silver-0000"},
+            {"tenant": "bronze", "key": "sk-bronze-0000"},
+        ],
+        "policy": {
+            "preset": "hybrid",
+            "tiers": [{"name": "interactive"}, {"name": "standard"}, {"name": "batch"}],
+            "tenants": [
+                {"name": "gold", "tier": "interactive"},
+                {"name": "silver", "tier": "standard", "allowed_tiers": ["interactive"]},
+                {"name": "bronze", "tier": "batch"},
+            ],
+            "pools": [{"name": "default", "max_in_flight": 32}],
+        },
+        "upstreams": {"default": [{"url": u} for u in engines]},
+        "gateway": {"drain_grace_s": 20},
+    }
+    for k, v in policy.items():
+        base["policy"][k] = v
+    return base
+
+
+def start_gateway(tmp: Path, config: dict[str, Any], ready_path: str = "/readyz") -> ServerProcess:
+    return launch.start_gateway(config, tmp, ready_path)
+
+
+@pytest.fixture(scope="session")
+def engine() -> Iterator[str]:
+    """A fast engine (50x real time) shared by the tests."""
+    p = start_engine(50.0)
+    yield p.url
+    p.stop()
+
+
+def admin_status(gw: str) -> dict[str, Any]:
+    r = httpx.get(gw + "/admin/status", headers={"Authorization": f"Bearer {ADMIN}"})
+    r.raise_for_status()
+    data: dict[str, Any] = r.json()
+    return data
+
+
+def wait_idle(gw: str, timeout_s: float = 20.0) -> dict[str, Any]:
+    """Poll /admin/status until nothing is queued or in flight (bounded)."""
+    deadline = time.monotonic() + timeout_s
+    st = admin_status(gw)
+    while time.monotonic() < deadline:
+        st = admin_status(gw)
+        if st["queued"] == 0 and st["in_flight"] == 0 and st["waiting_requests"] == 0:
+            return st
+        time.sleep(0.05)
+    raise AssertionError(f"gateway not idle after {timeout_s}s: {st}")
+
+
+def metric(gw: str, name: str, **labels: str) -> float:
+    """Sum of the samples of ``name`` whose labels include ``labels``."""
+    text = httpx.get(gw + "/metrics").text
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name):
+            continue
+        head, _, value = line.rpartition(" ")
+        if head != name and not head.startswith(name + "{"):
+            continue
+        if all(f'{k}="{v}"' in head for k, v in labels.items()):
+            total += float(value)
+    return total

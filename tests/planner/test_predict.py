@@ -1,0 +1,161 @@
+"""The fleet queueing model: M/M/c as a special case, quantiles, monotonicity, the simulator."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from velvetrope.engine import load_profile
+from velvetrope.errors import PolicyError
+from velvetrope.planner import queueing as q
+from velvetrope.planner.predict import fleet_departure_rates, mixture_quantile, predict
+from velvetrope.planner.service import (
+    ServiceCurve,
+    analytic_service_curve,
+    curve_from_measurements,
+)
+from velvetrope.planner.verify import simulate_fleet, stationary_workload
+
+PROFILE = load_profile("llama3-8b-h100")
+
+
+def linear(c: int, mu: float, prompt: list[int], output: list[int]) -> ServiceCurve:
+    """``X(n) = n·μ`` for n = 1..c: the fleet model is then M/M/c (or G/G/c)."""
+    grid = list(range(1, c + 1))
+    return curve_from_measurements(PROFILE, prompt, output, grid, [n * mu for n in grid])
+
+
+def conv_like(n: int = 300, seed: int = 5) -> ServiceCurve:
+    rng = np.random.default_rng(seed)
+    p = np.rint(rng.lognormal(np.log(1000), 0.6, n)).astype(np.int64) + 1
+    o = np.rint(rng.lognormal(np.log(130), 0.7, n)).astype(np.int64) + 1
+    return analytic_service_curve(PROFILE.with_overrides(max_num_seqs=256), p, o)
+
+
+def test_departure_rates_spread_evenly() -> None:
+    d = fleet_departure_rates(np.array([0.0, 1.0, 1.5]), 2)
+    assert d.tolist() == [0.0, 1.0, 2.0, 2.5, 3.0]
+
+
+@pytest.mark.parametrize(
+    ("replicas", "k", "mu", "lam"),
+    [(1, 1, 1.0, 0.5), (1, 8, 0.5, 3.0), (3, 4, 2.0, 20.0), (4, 50, 0.1, 19.0)],
+)
+def test_linear_throughput_is_exactly_mmc(replicas: int, k: int, mu: float, lam: float) -> None:
+    c = replicas * k
+    curve = linear(k, mu, [100], [10])  # one length: C_s² = 0
+    for ca2 in (1.0, 0.3):
+        p = predict(curve, lam, replicas, k, arrival_scv=ca2)
+        assert p.p_wait == pytest.approx(q.erlang_c(c, lam / mu), rel=1e-12)
+        assert p.wait_mean_s == pytest.approx(q.ggc_wait_mean(lam, mu, c, ca2, 0.0), rel=1e-12)
+        assert p.wait_p99_s == pytest.approx(
+            q.ggc_wait_quantile(lam, mu, c, ca2, 0.0, 0.99), rel=1e-12, abs=1e-15
+        )
+        assert p.service_mean_s == pytest.approx(1.0 / mu, rel=1e-12)  # Little on the slots
+        assert p.rho == pytest.approx(lam / (c * mu))
+
+
+def test_textbook_mm2() -> None:
+    # M/M/2 with a = 1: P(wait) = 1/3, Wq = 1/3 (e.g. Kleinrock vol. 1, §3.5).  Service
+    # lengths 1 (×9) and 6 (×1) have C_s² = 2.25/1.5² = 1, so the variability factor is 1.
+    curve = linear(2, 1.0, [100] * 10, [1] * 9 + [6])
+    assert curve.mix.work_scv == pytest.approx(1.0)
+    p = predict(curve, 1.0, 1, 2)
+    assert p.p_wait == pytest.approx(1 / 3)
+    assert p.wait_mean_s == pytest.approx(1 / 3)
+
+
+def test_e2e_quantiles_against_monte_carlo() -> None:
+    curve = conv_like()
+    pred = predict(curve, 0.9 * curve.throughput(4), 1, 4, arrival_scv=1.0)
+    assert 0.05 < pred.p_wait < 0.95  # a case where both the wait and the size matter
+    rng = np.random.default_rng(11)
+    n = 400_000
+    waits = np.where(
+        rng.random(n) < pred.p_wait,
+        rng.exponential(pred.wait_mean_s / pred.p_wait, n),
+        0.0,
+    )
+    service = curve.mix.work[rng.integers(0, len(curve.mix), n)] * pred.per_iteration_s
+    e2e = waits + service
+    for p_, got in ((0.5, pred.e2e_p50_s), (0.99, pred.e2e_p99_s)):
+        assert got == pytest.approx(float(np.quantile(e2e, p_)), rel=0.02)
+    assert pred.e2e_mean_s == pytest.approx(float(e2e.mean()), rel=0.01)
+    assert pred.tail("e2e", pred.e2e_p99_s) == pytest.approx(0.01, rel=1e-6)
+
+
+def test_overloaded_fleet_has_no_stationary_latency() -> None:
+    curve = conv_like()
+    full = 2 * curve.throughput(16)
+    p = predict(curve, full, 2, 16)
+    assert not p.stable and p.rho == pytest.approx(1.0)
+    assert math.isinf(p.e2e_p99_s) and math.isinf(p.wait_p50_s) and math.isinf(p.ttft_p99_s)
+    ok = predict(curve, 0.5 * full, 2, 16)
+    assert math.isinf(mixture_quantile([ok, p], [1.0, 1.0], "e2e", 0.99))
+    assert mixture_quantile([ok, p], [1.0, 0.0], "e2e", 0.99) == pytest.approx(ok.e2e_p99_s)
+
+
+def test_mixture_lies_between_its_parts() -> None:
+    curve = conv_like()
+    a = predict(curve, 2.0, 2, 32)
+    b = predict(curve, 12.0, 2, 32)
+    m = mixture_quantile([a, b], [1.0, 3.0], "e2e", 0.99)
+    assert a.e2e_p99_s < m < b.e2e_p99_s
+    with pytest.raises(PolicyError):
+        mixture_quantile([a], [1.0], "latency", 0.99)  # type: ignore[arg-type]
+    with pytest.raises(PolicyError):
+        mixture_quantile([a], [1.0], "e2e", 1.0)
+
+
+def test_bad_arguments() -> None:
+    curve = conv_like()
+    for args in ((0.0, 1, 1), (1.0, 0, 1), (1.0, 1, 0), (math.nan, 1, 1)):
+        with pytest.raises(PolicyError):
+            predict(curve, *args)
+    with pytest.raises(PolicyError):
+        predict(curve, 1.0, 1, 1, arrival_scv=-1.0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.floats(0.02, 0.97), st.floats(0.02, 0.97), st.integers(1, 6), st.sampled_from([4, 32]))
+def test_latency_never_falls_as_load_rises(u1: float, u2: float, n: int, k: int) -> None:
+    curve = conv_like(120)
+    full = n * curve.throughput(k)
+    lo, hi = sorted((u1, u2))
+    a = predict(curve, lo * full, n, k, arrival_scv=1.5)
+    b = predict(curve, hi * full, n, k, arrival_scv=1.5)
+    for m in ("wait", "ttft", "e2e"):
+        assert b.p99(m) >= a.p99(m) * (1 - 1e-9)
+    assert b.service_mean_s >= a.service_mean_s * (1 - 1e-12)
+    assert b.mu_per_slot <= a.mu_per_slot * (1 + 1e-12)  # effective μ falls as ρ rises
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.floats(0.5, 40.0), st.integers(1, 8), st.sampled_from([8, 64]))
+def test_more_replicas_never_hurt(lam: float, n: int, k: int) -> None:
+    curve = conv_like(120)
+    a = predict(curve, lam, n, k)
+    b = predict(curve, lam, n + 1, k)
+    for m in ("wait", "e2e"):
+        assert b.p99(m) <= a.p99(m) * (1 + 1e-9)
+
+
+def test_model_against_the_simulator() -> None:
+    # Two small replicas behind a FCFS gateway, at ρ ≈ 0.8 of K = 16 slots each: the p99
+    # end-to-end latency of the real core + batchers against the model's.
+    prof = PROFILE.with_overrides(name="small", max_num_seqs=16, num_gpu_blocks=4000)
+    rng = np.random.default_rng(2)
+    p = np.rint(rng.lognormal(np.log(400), 0.6, 500)).astype(np.int64) + 1
+    o = np.rint(rng.lognormal(np.log(60), 0.7, 500)).astype(np.int64) + 1
+    curve = analytic_service_curve(prof, p, o)
+    lam = 0.8 * 2 * curve.throughput(16)
+    pred = predict(curve, lam, 2, 16)
+    wl = stationary_workload(curve, lam, 1.0, 6000, seed=4)
+    sim = simulate_fleet(curve, wl, 2, 16, warmup=0.1)
+    assert sim.completed_fraction == 1.0
+    assert pred.e2e_p99_s == pytest.approx(sim.e2e_p99_s, rel=0.15)
+    assert pred.e2e_p50_s == pytest.approx(sim.e2e_p50_s, rel=0.15)

@@ -1,0 +1,1 @@
+"""Reusable helpers for tests that run real servers on loopback."""

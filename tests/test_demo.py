@@ -1,0 +1,81 @@
+"""``velvetrope demo``: the summaries' arithmetic, and a quick end-to-end run on loopback."""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from velvetrope.demo import DemoSettings, TierSLO, run_demo, summarize
+from velvetrope.errors import ConfigError, PolicyError
+from velvetrope.loadgen import Outcome, RequestResult
+
+
+def _r(tier: str, outcome: Outcome, **kw: object) -> RequestResult:
+    base = RequestResult(0, "t", tier, "http://x", 10, 10, 0.0)
+    base.outcome = outcome
+    for k, v in kw.items():
+        setattr(base, k, v)
+    return base
+
+
+def test_summarize_counts_percentiles_and_goodput() -> None:
+    done = [
+        _r("a", Outcome.COMPLETED, status=200, ttft_s=0.1 * i, e2e_s=1.0 + i, elapsed_s=1.0 + i)
+        for i in range(1, 11)
+    ]
+    rest = [
+        _r("a", Outcome.REJECTED, status=503, error_code="queue_full"),
+        _r("a", Outcome.REJECTED, status=503, error_code="queue_full"),
+        _r("a", Outcome.REJECTED, status=429, error_code="rate_limited"),
+        _r("a", Outcome.TIMEOUT, status=200, error_code="client_timeout", elapsed_s=30.0),
+        _r("b", Outcome.COMPLETED, status=200, ttft_s=5.0, e2e_s=6.0),
+    ]
+    slos = {"a": TierSLO(ttft_s=0.5), "b": TierSLO(e2e_s=5.0)}
+    a, b = summarize("gateway", done + rest, 2.0, slos, ["a", "b"])
+    assert (a.requests, a.completed, a.cut, a.errors) == (14, 10, 1, 0)
+    assert a.rejected == {"queue_full": 2, "rate_limited": 1} and a.rejected_total == 3
+    assert a.within_slo == 5 and a.goodput_rps == 2.5  # TTFT 0.1..0.5 s
+    # 11 latency samples; the cut one never got a token: a lower bound past every other.
+    assert str(a.ttft_p50) == "0.60" and str(a.ttft_p99) == "≥30.00"
+    assert str(a.e2e_p50) == "7.00" and a.e2e_p99.lower_bound
+    assert b.within_slo == 0 and b.completed == 1 and str(b.e2e_p99) == "6.00"
+
+
+def test_settings_are_checked(tmp_path: Path) -> None:
+    with pytest.raises(PolicyError):
+        DemoSettings(window_s=0)
+    with pytest.raises(PolicyError):
+        DemoSettings(overload=float("nan"))
+    with pytest.raises(ConfigError, match="not found"):
+        run_demo(DemoSettings.quick(config_path=tmp_path / "missing.yaml"))
+
+
+def test_quick_demo_prints_the_table_writes_the_plot_and_stops_everything(
+    tmp_path: Path,
+) -> None:
+    out = io.StringIO()
+    console = Console(file=out, width=220)
+    report = run_demo(DemoSettings.quick(out_dir=tmp_path), console)
+    text = out.getvalue()
+    for word in ("interactive", "standard", "batch", "gateway", "direct (no admission)", "p99"):
+        assert word in text
+    assert f"plot: {tmp_path / 'demo.png'}" in text
+    assert report.plot_path is not None and report.plot_path.stat().st_size > 10_000
+    assert len(report.summaries) == 6
+    for run in ("gateway", "direct"):
+        rows = [s for s in report.summaries if s.run == run]
+        assert sum(s.requests for s in rows) == report.workload_size > 50
+        results = report.runs[run].replay.results
+        assert sum(r.outcome is Outcome.COMPLETED for r in results) > 0
+        assert all(r.tokens == r.max_tokens for r in results if r.outcome is Outcome.COMPLETED)
+        assert report.runs[run].samples  # the servers were polled while it ran
+    assert report.problems == []  # no error answers from the gateway or the engines
+    assert report.offered_rps > report.capacity.engines_rps  # it is an overload
+    assert len(report.pids) == 3
+    for pid in report.pids:  # every process it started is gone (and reaped)
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)

@@ -1,0 +1,176 @@
+"""The open-loop load generator against a real ``velvetrope engine`` (and a tiny rejecting
+server for the error paths), all on loopback, each run bounded by its own deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import warnings
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from aiohttp import web
+
+from velvetrope.errors import PolicyError
+from velvetrope.launch import ServerProcess, free_port, start_engine
+from velvetrope.loadgen import (
+    LiveCounters,
+    Outcome,
+    ReplayConfig,
+    ReplayResult,
+    prompt_text,
+    replay,
+    replay_sync,
+)
+from velvetrope.sim.workload import TraceRequest
+from velvetrope.tokenizer import get_tokenizer
+
+
+@pytest.fixture(scope="module")
+def fast_engine() -> Iterator[ServerProcess]:
+    """An engine 50x faster than real time."""
+    with start_engine("--speed", "50") as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def slow_engine() -> Iterator[ServerProcess]:
+    """An engine in real time (long outputs take seconds)."""
+    with start_engine("--speed", "1") as p:
+        yield p
+
+
+def _running(url: str) -> float:
+    text = httpx.get(url + "/metrics").text
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting")):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_prompt_text_is_exact_under_cl100k_and_approx() -> None:
+    with warnings.catch_warnings():
+        # bpe-openai loads its vocabulary with importlib.resources.open_binary (deprecated)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        bpe = get_tokenizer("cl100k_base")
+    approx = get_tokenizer("approx")
+    for n in (1, 2, 17, 1020, 4142):
+        assert bpe.count(prompt_text(n)) == n
+        assert approx.count(prompt_text(n)) == n
+    with pytest.raises(PolicyError):
+        prompt_text(0)
+
+
+def test_replays_with_exact_token_counts_on_schedule(fast_engine: ServerProcess) -> None:
+    sizes = [(700, 31), (12, 1), (1500, 64), (40, 0), (300, 200)] * 4
+    reqs = [
+        TraceRequest(0.03 * i, p, o, tenant=f"t{i % 2}", tier="interactive" if i % 2 else "batch")
+        for i, (p, o) in enumerate(sizes)
+    ]
+    live = LiveCounters()
+    cfg = ReplayConfig((fast_engine.url,), {"t0": "k0", "t1": "k1"}, deadline_s=20)
+    t = time.monotonic()
+    res = replay_sync(reqs, cfg, live)
+    assert time.monotonic() - t < 20
+    assert [r.outcome for r in res.results] == [Outcome.COMPLETED] * len(reqs)
+    for req, r in zip(reqs, res.results, strict=True):
+        expected = max(1, req.output_tokens)  # max_tokens=0 is not allowed; 1 is sent
+        assert r.tokens == r.usage_tokens == r.max_tokens == expected
+        assert r.status == 200 and r.error_code is None
+        assert r.tenant == req.tenant and r.tier == req.tier
+        assert r.ttft_s is not None and r.e2e_s is not None and 0 < r.ttft_s <= r.e2e_s
+        assert r.sent_s - r.scheduled_s < 0.5  # sent at its arrival time
+        assert r.queue_ms is None  # an engine, not the gateway
+    assert live.completed == live.sent == live.accepted == live.total == len(reqs)
+    assert live.open == 0 and live.finished == len(reqs)
+    assert live.tokens == sum(r.tokens for r in res.results)
+
+
+def test_open_loop_and_deadline_cut_everything_open(slow_engine: ServerProcess) -> None:
+    # Outputs of 3000 tokens take far longer than the 1.5 s deadline at real time, so
+    # every request is still open when the next one is due: they are sent anyway, then cut.
+    reqs = [TraceRequest(0.1 * i, 50, 3000) for i in range(10)] + [TraceRequest(5.0, 10, 5)]
+    live = LiveCounters()
+    t = time.monotonic()
+    res = replay_sync(reqs, ReplayConfig((slow_engine.url,), deadline_s=1.5), live)
+    elapsed = time.monotonic() - t
+    assert elapsed < 3.0
+    sent, late = res.results[:10], res.results[10]
+    assert all(r.outcome is Outcome.TIMEOUT and r.status == 200 for r in sent)
+    assert all(abs(r.sent_s - r.scheduled_s) < 0.3 for r in sent)
+    assert all(0 < r.tokens < 3000 and r.elapsed_s < 1.6 for r in sent)
+    assert late.outcome is Outcome.TIMEOUT and late.error_code == "not_sent" and late.tokens == 0
+    assert live.sent == 10 and live.timeouts == 11 and live.open == 0
+    # The cut connections abort the sequences in the engine (bounded wait).
+    deadline = time.monotonic() + 5
+    while _running(slow_engine.url) > 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _running(slow_engine.url) == 0
+
+
+def test_per_request_timeout(slow_engine: ServerProcess) -> None:
+    reqs = [TraceRequest(0.0, 20, 4000), TraceRequest(0.0, 20, 2)]
+    res = replay_sync(reqs, ReplayConfig((slow_engine.url,), deadline_s=10, request_timeout_s=0.5))
+    assert res.duration_s < 2.0
+    assert res.results[0].outcome is Outcome.TIMEOUT
+    assert res.results[0].error_code == "client_timeout"
+    assert res.results[1].outcome is Outcome.COMPLETED and res.results[1].tokens == 2
+
+
+async def _rejecting_server() -> tuple[web.AppRunner, list[str]]:
+    """Two loopback URLs: the first rejects (429 for key-a, else 503), the second is a 404."""
+
+    async def reject(request: web.Request) -> web.Response:
+        key = request.headers.get("Authorization", "")
+        code, status = ("rate_limited", 429) if key.endswith("a") else ("queue_full", 503)
+        body = {"error": {"message": "no", "type": "x", "code": code, "param": None}}
+        return web.json_response(body, status=status, headers={"Retry-After": "3"})
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", reject)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, [f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port}/nowhere"]
+
+
+def test_rejections_round_robin_and_failures() -> None:
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    reqs = [TraceRequest(0.01 * i, 10, 5, tenant="a" if i % 2 else "b") for i in range(6)]
+    live = LiveCounters()
+
+    async def run() -> tuple[list[str], ReplayResult]:
+        runner, urls = await _rejecting_server()
+        try:
+            cfg = ReplayConfig((*urls, dead), {"a": "key-a", "b": "key-b"}, deadline_s=10)
+            return urls, await replay(reqs, cfg, live)
+        finally:
+            await runner.cleanup()
+
+    urls, res = asyncio.run(run())
+    r = res.results
+    assert [x.url for x in r] == [*urls, dead] * 2
+    assert r[0].outcome is Outcome.REJECTED
+    assert (r[0].status, r[0].error_code) == (503, "queue_full")
+    assert r[3].outcome is Outcome.REJECTED
+    assert (r[3].status, r[3].error_code) == (429, "rate_limited")
+    assert r[0].retry_after_s == 3.0 and r[0].e2e_s is not None
+    assert r[1].outcome is Outcome.ERROR and r[1].status == 404
+    assert r[2].outcome is Outcome.FAILED and r[2].status == 0
+    assert live.rejected == {"queue_full": 1, "rate_limited": 1}
+    assert live.finished == 6 and live.open == 0
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(PolicyError):
+        ReplayConfig(())
+    with pytest.raises(PolicyError):
+        ReplayConfig(("http://127.0.0.1:1",), deadline_s=0)
+    cfg = ReplayConfig(("http://127.0.0.1:1",), {"a": "k"})
+    with pytest.raises(PolicyError, match="no API key for tenant 'b'"):
+        asyncio.run(replay([TraceRequest(0.0, 1, 1, tenant="b")], cfg))
+    with pytest.raises(PolicyError, match="sorted"):
+        asyncio.run(replay([TraceRequest(1.0, 1, 1), TraceRequest(0.0, 1, 1)], cfg))

@@ -1,0 +1,136 @@
+"""``velvetrope engine``: run a simulated inference engine behind an OpenAI-compatible API.
+
+Registered in :mod:`velvetrope.cli` as ``app.command("engine")(engine_command)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Annotated, Literal
+
+import typer
+
+from velvetrope.engine.outputs import OutputPolicy, parse_lengths
+from velvetrope.engine.profile import EngineProfile, load_profile
+from velvetrope.errors import VelvetropeError
+
+__all__ = ["engine_command", "parse_overrides"]
+
+
+def parse_overrides(profile: EngineProfile, items: list[str]) -> EngineProfile:
+    """Apply ``FIELD=VALUE`` overrides (``--set``) to ``profile``, typed by field.
+
+    Raises :class:`~velvetrope.errors.PolicyError` for an unknown field or a bad value.
+    """
+    if not items:
+        return profile
+    types = {f.name: f.type for f in dataclasses.fields(profile)}
+    kw: dict[str, float | int | str] = {}
+    for item in items:
+        name, eq, raw = item.partition("=")
+        name = name.strip()
+        if not eq:
+            raise typer.BadParameter(f"expected FIELD=VALUE, got {item!r}", param_hint="--set")
+        kind = types.get(name)
+        try:
+            if kind in ("int", int):
+                kw[name] = int(raw)
+            elif kind in ("float", float):
+                kw[name] = float(raw)
+            else:
+                kw[name] = raw
+        except ValueError:
+            raise typer.BadParameter(
+                f"{name}: {raw!r} is not a valid {kind}", param_hint="--set"
+            ) from None
+    return profile.with_overrides(**kw)
+
+
+def engine_command(
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on (0: any free port).")] = 8001,
+    profile: Annotated[
+        str, typer.Option(help="Engine profile: a built-in name or a YAML file.")
+    ] = "llama3-8b-h100",
+    speed: Annotated[
+        float,
+        typer.Option(help="Run K times faster than real time; 'inf' is the same as --instant."),
+    ] = 1.0,
+    model: Annotated[str, typer.Option(help="The model name served and required.")] = (
+        "velvetrope-sim"
+    ),
+    tokenizer: Annotated[
+        str,
+        typer.Option(help="Prompt token counting: cl100k_base, o200k_base, approx, hf:PATH."),
+    ] = "cl100k_base",
+    instant: Annotated[
+        bool, typer.Option(help="Zero model time: answer at once (a fast upstream).")
+    ] = False,
+    outputs: Annotated[
+        str,
+        typer.Option(
+            help="Output-length distribution: lognormal[:median=M,p99=P], fixed:N, "
+            "uniform:LOW:HIGH. Drawn deterministically from each prompt."
+        ),
+    ] = "lognormal:median=129,p99=600",
+    seed: Annotated[int, typer.Option(help="Seed mixed into every output-length draw.")] = 0,
+    scheduling: Annotated[
+        str, typer.Option(help="Waiting-queue policy: fcfs or priority (vLLM's).")
+    ] = "fcfs",
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="Override a profile field, e.g. --set num_gpu_blocks=2000 (repeatable).",
+        ),
+    ] = None,
+    max_body_mb: Annotated[
+        float, typer.Option(help="Largest request body accepted, in MiB (else 413).")
+    ] = 8.0,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
+) -> None:
+    """Run a simulated inference engine with an OpenAI-compatible API and vLLM's metrics.
+
+    Prints one line, "velvetrope engine ready on URL ...", once it accepts connections.
+
+    Exits 0 on SIGINT or SIGTERM, ending open streams with an error event.
+
+    Responses carry the model's own predicted times in an extra "velvetrope" field.
+    """
+    from velvetrope.engine.server import run_engine
+
+    if speed <= 0 or math.isnan(speed):
+        raise typer.BadParameter("must be positive (or inf)", param_hint="--speed")
+    if scheduling not in ("fcfs", "priority"):
+        raise typer.BadParameter("must be fcfs or priority", param_hint="--scheduling")
+    policy: Literal["fcfs", "priority"] = "priority" if scheduling == "priority" else "fcfs"
+    effective_speed = math.inf if instant else speed
+    try:
+        prof = parse_overrides(load_profile(profile), set_ or [])
+        output_policy = OutputPolicy(parse_lengths(outputs), seed)
+
+        def ready(url: str) -> None:
+            mode = "instant" if math.isinf(effective_speed) else f"speed={effective_speed:g}"
+            typer.echo(
+                f"velvetrope engine ready on {url} model={model} profile={prof.name} "
+                f"{mode} tokenizer={tokenizer} pid={os.getpid()}"
+            )
+
+        run_engine(
+            host,
+            port,
+            prof,
+            effective_speed,
+            model,
+            tokenizer,
+            output_policy,
+            scheduling=policy,
+            max_body_bytes=int(max_body_mb * 1024 * 1024),
+            on_ready=ready,
+            log_level=log_level,
+        )
+    except VelvetropeError as exc:
+        typer.echo(f"velvetrope engine: error: {exc}", err=True)
+        raise typer.Exit(2) from None

@@ -1,0 +1,137 @@
+"""The asyncio side of admission: waiting in the queue without blocking anything else.
+
+:class:`Admission` owns the :class:`~velvetrope.core.controller.AdmissionController` for the
+gateway.  A queued request awaits a future that is resolved when the controller dispatches
+it (after any event that frees capacity) or when its deadline expires (a single timer
+armed at the controller's next deadline).  A client that disconnects while queued cancels
+its job at once.  Every exit path ends the job in the controller exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Literal
+
+from velvetrope.core import (
+    AdmissionController,
+    Admitted,
+    Job,
+    Outcome,
+    Queued,
+    Reason,
+    Rejected,
+    Usage,
+)
+from velvetrope.core.request import JobState
+from velvetrope.errors import LifecycleError
+
+__all__ = ["Admission", "Waited"]
+
+Waited = Admitted | Rejected | Outcome | Literal["disconnected"]
+
+
+class Admission:
+    """Bridges the sans-IO controller and the event loop."""
+
+    def __init__(self, ctl: AdmissionController) -> None:
+        self.ctl = ctl
+        self._waiters: dict[str, asyncio.Future[Outcome | None]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        ctl.observers.append(self._on_outcome)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    def _on_outcome(self, o: Outcome) -> None:
+        if o.state is JobState.EXPIRED:
+            fut = self._waiters.pop(o.job.id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(o)
+
+    def pump(self) -> None:
+        """Dispatch whatever the controller allows now, waking the waiters."""
+        for job in self.ctl.dispatchable():
+            fut = self._waiters.pop(job.id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(None)
+        self.ctl.tick()  # expired outcomes were delivered through the observer
+        self._arm()
+
+    def _arm(self) -> None:
+        nd = self.ctl.next_deadline()
+        if nd is None or (self._timer_at is not None and self._timer_at <= nd):
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        delay = max(0.0, nd - self.ctl.clock.now())
+        self._timer_at = nd
+        self._timer = asyncio.get_running_loop().call_later(delay, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        self._timer_at = None
+        self.ctl.tick()
+        self.pump()
+
+    async def admit(self, job: Job, disconnected: asyncio.Future[None]) -> Waited:
+        """Arrive and, if queued, wait for dispatch, expiry or the client's disconnect.
+
+        Returns ``Admitted`` (the job is DISPATCHED: start it and later end it with
+        :meth:`complete`, :meth:`fail` or :meth:`cancel`), ``Rejected``, the ``Outcome``
+        of an expiry, or ``"disconnected"`` (the job was cancelled while queued).
+        """
+        d = self.ctl.arrive(job)
+        if isinstance(d, Admitted | Rejected):
+            return d
+        assert isinstance(d, Queued)
+        fut: asyncio.Future[Outcome | None] = asyncio.get_running_loop().create_future()
+        self._waiters[job.id] = fut
+        self.pump()
+        if not fut.done():
+            try:
+                await asyncio.wait((fut, disconnected), return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:
+                self._abandon(job)
+                raise
+        if fut.done():
+            res = fut.result()
+            return Admitted(job) if res is None else res
+        self._abandon(job)
+        return "disconnected"
+
+    def _abandon(self, job: Job) -> None:
+        """The waiter went away: cancel a still-queued job (or end a dispatched one)."""
+        self._waiters.pop(job.id, None)
+        if job.state is JobState.QUEUED:
+            self.ctl.cancel(job.id)
+            self.pump()
+        elif job.state is JobState.DISPATCHED:
+            self.cancel(job.id, Usage(0, 0))
+
+    def first_token(self, job_id: str) -> None:
+        """Record the first token (ignored if the job already ended)."""
+        with contextlib.suppress(LifecycleError):
+            self.ctl.first_token(job_id)
+
+    def complete(self, job_id: str, usage: Usage) -> Outcome:
+        out = self.ctl.complete(job_id, usage)
+        self.pump()
+        return out
+
+    def fail(self, job_id: str, reason: Reason, usage: Usage | None = None) -> Outcome:
+        out = self.ctl.fail(job_id, reason, usage)
+        self.pump()
+        return out
+
+    def cancel(self, job_id: str, usage: Usage | None = None) -> Outcome:
+        out = self.ctl.cancel(job_id, usage)
+        self.pump()
+        return out
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None

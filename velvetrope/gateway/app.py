@@ -1,0 +1,572 @@
+"""The gateway's ASGI application.
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
+``GET /metrics``, ``GET /healthz``, ``GET /readyz`` and the authenticated
+``GET /admin/status``.
+
+A completion request goes: authenticate (401) → read the body within the size limit (413)
+→ parse and validate (400) → count prompt tokens → build the job → admission (429/503, or
+wait in the queue) → proxy to the least-loaded healthy upstream of its pool → settle.  A
+client that disconnects while queued or mid-stream cancels the job, and the upstream
+request is closed at once.  Every job ends in the controller exactly once, whatever
+happens, so in-flight counts and bucket balances stay exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import math
+import os
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import aiohttp
+import orjson
+
+from velvetrope.clock import Clock, SystemClock
+from velvetrope.config import GatewayConfig, hash_key
+from velvetrope.core import (
+    AdmissionController,
+    Admitted,
+    BucketSnapshot,
+    Job,
+    Outcome,
+    Reason,
+    Rejected,
+    Usage,
+)
+from velvetrope.core.request import JobState
+from velvetrope.errors import RequestError, UpstreamError, UpstreamTimeout, UpstreamUnreachable
+from velvetrope.gateway.admission import Admission
+from velvetrope.gateway.httpclient import HttpClient
+from velvetrope.gateway.metrics import GatewayMetrics
+from velvetrope.gateway.openai_errors import error_body
+from velvetrope.gateway.parse import Kind, parse_request
+from velvetrope.gateway.proxy import Relay, UpstreamAnswer, forward
+from velvetrope.gateway.upstreams import UpstreamPools
+from velvetrope.tokenizer import ApproxTokenizer, Tokenizer, get_tokenizer
+
+__all__ = ["Gateway"]
+
+log = logging.getLogger("velvetrope.gateway")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+_JSON = (b"content-type", b"application/json")
+
+
+def _duration(seconds: float) -> bytes:
+    """OpenAI's reset format: ``250ms``, ``1.5s``, ``6m0s``."""
+    if seconds < 1:
+        return f"{max(0, round(seconds * 1000))}ms".encode()
+    m, s = divmod(seconds, 60)
+    return (f"{int(m)}m{s:.0f}s" if m >= 1 else f"{s:.3g}s").encode()
+
+
+def _ratelimit_headers(snaps: tuple[BucketSnapshot, ...], tenant: str) -> list[tuple[bytes, bytes]]:
+    out: list[tuple[bytes, bytes]] = []
+    for snap in snaps:
+        if snap.key == f"tenant:{tenant}:tok":
+            kind = b"tokens"
+        elif snap.key == f"tenant:{tenant}:req":
+            kind = b"requests"
+        else:
+            continue
+        out += [
+            (b"x-ratelimit-limit-" + kind, str(int(snap.limit)).encode()),
+            (b"x-ratelimit-remaining-" + kind, str(max(0, int(snap.remaining))).encode()),
+            (b"x-ratelimit-reset-" + kind, _duration(snap.reset_s)),
+        ]
+    return out
+
+
+class Gateway:
+    """The ASGI app and everything it owns (controller, upstreams, metrics)."""
+
+    def __init__(self, config: GatewayConfig, clock: Clock | None = None) -> None:
+        self.config = config
+        self.settings = config.gateway
+        self.clock = clock or SystemClock()
+        self.ctl = AdmissionController(config.policy, self.clock)
+        self.admission = Admission(self.ctl)
+        self.metrics = GatewayMetrics(self.ctl, self.settings.metrics_tenant_label)
+        self.upstreams = UpstreamPools(config)
+        self.keys = {k.digest: k.tenant for k in config.api_keys}
+        self.admin_token = config.resolved_admin_token()
+        self.tokenizer: Tokenizer = get_tokenizer(self.settings.tokenizer)
+        self._fast_count: Tokenizer = (
+            self.tokenizer if self.settings.exact_token_count else ApproxTokenizer()
+        )
+        self._priority_header = self.settings.priority_header.lower().encode()
+        self._timeout = aiohttp.ClientTimeout(
+            total=None,
+            sock_connect=self.settings.upstream_connect_timeout_s,
+            sock_read=self.settings.upstream_read_timeout_s,
+        )
+        self._ids = itertools.count()
+        self._id_prefix = os.urandom(4).hex()
+        self.session: aiohttp.ClientSession | None = None
+        self.http = HttpClient(
+            self.settings.upstream_connect_timeout_s, self.settings.upstream_read_timeout_s
+        )
+        self.draining = False
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    async def startup(self) -> None:
+        """Open the upstream connection pool and start health checks."""
+        if self.session is None:
+            self.session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
+                auto_decompress=False,
+            )
+            self.upstreams.start(self.session)
+
+    async def shutdown(self) -> None:
+        await self.upstreams.stop()
+        self.admission.close()
+        self.http.close()
+        if self.session is not None:
+            await self.session.close()
+            self.session = None
+
+    def start_draining(self) -> None:
+        """Stop admitting (503 ``draining``); queued and in-flight work goes on."""
+        self.draining = True
+        self.ctl.start_draining()
+
+    async def drained(self, grace_s: float) -> bool:
+        """Wait until nothing is queued or in flight, at most ``grace_s``; True if drained."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + grace_s
+        while self.ctl.in_flight or self.ctl.queued:
+            if loop.time() >= end:
+                return False
+            await asyncio.sleep(0.05)
+        return True
+
+    # -- ASGI --------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self._http(scope, receive, send)
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                await self.startup()
+                await send({"type": "lifespan.startup.complete"})
+            elif msg["type"] == "lifespan.shutdown":
+                await self.shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope["path"]
+        method = scope["method"]
+        if path == "/v1/chat/completions" or path == "/v1/completions":
+            if method != "POST":
+                await _respond(send, 405, error_body(405, f"{method} not allowed on {path}"))
+                return
+            k: Kind = "chat" if path == "/v1/chat/completions" else "completions"
+            await self._completion(scope, receive, send, k)
+        elif method != "GET":
+            await _respond(send, 405, error_body(405, f"{method} not allowed on {path}"))
+        elif path == "/metrics":
+            await _respond(
+                send, 200, self.metrics.render(), [(b"content-type", b"text/plain; version=0.0.4")]
+            )
+        elif path == "/healthz":
+            await _respond(send, 200, b'{"status":"ok"}')
+        elif path == "/readyz":
+            if self.draining:
+                await _respond(send, 503, b'{"status":"draining"}')
+            elif not self.upstreams.any_healthy():
+                await _respond(send, 503, b'{"status":"no healthy upstream"}')
+            else:
+                await _respond(send, 200, b'{"status":"ready"}')
+        elif path == "/v1/models":
+            await self._models(scope, send)
+        elif path == "/admin/status":
+            await self._admin(scope, send)
+        else:
+            await _respond(send, 404, error_body(404, f"no route {path}", "not_found"))
+
+    def _header(self, scope: Scope, name: bytes) -> bytes | None:
+        for k, v in scope["headers"]:
+            if k == name:
+                return bytes(v)
+        return None
+
+    def _tenant(self, scope: Scope) -> str | None:
+        auth = self._header(scope, b"authorization")
+        if auth is None or auth[:7].lower() != b"bearer ":
+            return None
+        return self.keys.get(hash_key(auth[7:].decode("latin-1").strip()))
+
+    async def _models(self, scope: Scope, send: Send) -> None:
+        if self._tenant(scope) is None:
+            await _unauthorized(send)
+            return
+        pool = self.config.policy.pools[0].name
+        up = self.upstreams.pick(pool)
+        if up is None or self.session is None:
+            await _respond(send, 503, error_body(503, "no healthy upstream", "no_healthy_upstream"))
+            return
+        try:
+            async with self.session.get(up.url + "/v1/models", timeout=self._timeout) as r:
+                await _respond(send, r.status, await r.read())
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            await _respond(send, 502, error_body(502, f"upstream failed: {e}", "upstream_error"))
+
+    async def _admin(self, scope: Scope, send: Send) -> None:
+        auth = self._header(scope, b"authorization")
+        if self.admin_token is None or auth != b"Bearer " + self.admin_token.encode():
+            await _unauthorized(send, "the admin token is missing or wrong")
+            return
+        status = self.ctl.status()
+        status["waiting_requests"] = self.admission.waiting
+        status["upstreams"] = self.upstreams.status()
+        await _respond(send, 200, orjson.dumps(status))
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
+        limit = self.settings.max_body_bytes
+        declared = self._header(scope, b"content-length")
+        if declared is not None:
+            try:
+                size = int(declared)
+            except ValueError:
+                raise RequestError("bad Content-Length header", status=400) from None
+            if size > limit:
+                raise RequestError(
+                    f"request body of {size} bytes exceeds the limit of {limit}",
+                    status=413,
+                    code="request_too_large",
+                )
+        chunks: list[bytes] = []
+        total = 0
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                raise ConnectionResetError("client went away while sending the body")
+            body = msg.get("body", b"")
+            total += len(body)
+            if total > limit:
+                raise RequestError(
+                    f"request body exceeds the limit of {limit} bytes",
+                    status=413,
+                    code="request_too_large",
+                )
+            chunks.append(body)
+            if not msg.get("more_body", False):
+                return b"".join(chunks)
+
+    async def _completion(self, scope: Scope, receive: Receive, send: Send, kind: Kind) -> None:
+        tenant = self._tenant(scope)
+        if tenant is None:
+            await _unauthorized(send)
+            return
+        try:
+            raw = await self._read_body(scope, receive)
+            tok = self._fast_count
+            parsed = parse_request(
+                raw,
+                kind,
+                max_tokens_limit=self.settings.max_tokens_limit,
+                count_text=tok.count,
+                count_chat=tok.count_chat,
+            )
+        except RequestError as e:
+            await _respond(send, e.status, error_body(e.status, e.message, e.code, e.param))
+            return
+        except ConnectionResetError:
+            return
+        pool = self.config.pool_for(parsed.model)
+        if not self.settings.admission:
+            await self._passthrough(kind, pool, parsed.stream, parsed.raw, send)
+            return
+        requested = self._header(scope, self._priority_header)
+        tier = self.ctl.resolve_tier(tenant, requested.decode("latin-1") if requested else None)
+        job = Job(
+            id=f"{self._id_prefix}-{next(self._ids)}",
+            tenant=tenant,
+            tier=tier,
+            prompt_tokens=parsed.prompt_tokens,
+            max_tokens=parsed.max_tokens or self.settings.default_max_tokens,
+            pool=pool,
+            model=parsed.model,
+        )
+        loop = asyncio.get_running_loop()
+        watch = _Watch(loop.create_future())
+        watcher = loop.create_task(watch.run(receive))
+        try:
+            res = await self.admission.admit(job, watch.gone)
+            if isinstance(res, Rejected):
+                await self._reject(send, res, tenant)
+            elif isinstance(res, Outcome):
+                await _respond(
+                    send,
+                    503,
+                    error_body(503, "the request waited past its deadline in the queue", "expired"),
+                    [(b"retry-after", b"1")],
+                )
+            elif isinstance(res, Admitted):
+                await self._proxy(
+                    kind,
+                    job,
+                    parsed.stream,
+                    parsed.client_wants_usage,
+                    parsed.upstream_body(),
+                    send,
+                    watch,
+                    tenant,
+                )
+        except Exception:
+            # A bug must not leak a stack trace or a job: log it, end the job exactly
+            # once, and answer in OpenAI's shape if nothing was sent yet.
+            log.exception("velvetrope: unexpected error serving %s", job.id)
+            live = self.ctl.job(job.id)
+            if live is not None and live.state is JobState.QUEUED:
+                self.admission.cancel(job.id)
+            elif live is not None:
+                self.admission.fail(job.id, Reason.UPSTREAM_ERROR, Usage(0, 0))
+            with contextlib.suppress(Exception):
+                await _respond(
+                    send, 500, error_body(500, "internal error in the gateway", "internal_error")
+                )
+        finally:
+            watcher.cancel()
+
+    async def _passthrough(
+        self, kind: Kind, pool: str, stream: bool, body: bytes, send: Send
+    ) -> None:
+        """Admission switched off: forward as a plain proxy (the benchmark's baseline)."""
+        up = self.upstreams.pick(pool)
+        if up is None or self.session is None:
+            await _respond(send, 503, error_body(503, "no healthy upstream", "no_healthy_upstream"))
+            return
+        path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
+
+        async def start(status: int, headers: list[tuple[bytes, bytes]]) -> None:
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+
+        async def chunk(data: bytes) -> None:
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+
+        try:
+            answer = await forward(
+                self.http,
+                up.url + path,
+                body,
+                stream=stream,
+                client_wants_usage=True,
+                relay=Relay(0),
+                start=start,
+                send=chunk,
+                on_first_token=lambda: None,
+                extra_headers=[],
+            )
+        except UpstreamError as e:
+            status = 504 if isinstance(e, UpstreamTimeout) else 502
+            await _respond(send, status, error_body(status, str(e), "upstream_error"))
+            return
+        if stream:
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        else:
+            await _respond(
+                send, answer.status, answer.body or b"", [(b"content-type", answer.content_type)]
+            )
+
+    async def _reject(self, send: Send, r: Rejected, tenant: str) -> None:
+        headers = _ratelimit_headers(r.snapshots, tenant)
+        if r.retry_after_s is not None and math.isfinite(r.retry_after_s):
+            headers.append((b"retry-after", str(max(1, math.ceil(r.retry_after_s))).encode()))
+        code = r.reason.code
+        await _respond(send, r.status, error_body(r.status, r.message, code), headers)
+
+    async def _proxy(
+        self,
+        kind: Kind,
+        job: Job,
+        stream: bool,
+        wants_usage: bool,
+        body: bytes,
+        send: Send,
+        watch: _Watch,
+        tenant: str,
+    ) -> None:
+        adm = self.admission
+        relay = Relay(job.prompt_tokens)
+        queue_ms = job.queue_s * 1000.0
+        extra = [(b"x-velvetrope-queue-ms", f"{queue_ms:.1f}".encode())]
+        ledger = self.ctl.ledger
+        if ledger is not None and job.claims:
+            extra += _ratelimit_headers(
+                ledger.snapshots((k for k, _ in job.claims), self.clock.now()), tenant
+            )
+        started = False
+
+        async def start(status: int, headers: list[tuple[bytes, bytes]]) -> None:
+            nonlocal started
+            started = True
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+
+        async def chunk(data: bytes) -> None:
+            await send({"type": "http.response.body", "body": data, "more_body": True})
+
+        tried: set[str] = set()
+        while True:
+            up = self.upstreams.pick(job.pool)
+            if up is None or up.url in tried:
+                adm.fail(job.id, Reason.NO_HEALTHY_UPSTREAM)
+                await _respond(
+                    send,
+                    503,
+                    error_body(
+                        503, f"no healthy upstream in pool {job.pool!r}", "no_healthy_upstream"
+                    ),
+                    [(b"retry-after", b"1")],
+                )
+                return
+            tried.add(up.url)
+            up.in_flight += 1
+            up.requests += 1
+            me = asyncio.current_task()
+            assert me is not None
+            watch.target = me
+            try:
+                answer = await forward(
+                    self.http,
+                    up.url + ("/v1/chat/completions" if kind == "chat" else "/v1/completions"),
+                    body,
+                    stream=stream,
+                    client_wants_usage=wants_usage,
+                    relay=relay,
+                    start=start,
+                    send=chunk,
+                    on_first_token=lambda: adm.first_token(job.id),
+                    extra_headers=extra,
+                )
+            except asyncio.CancelledError:
+                # our watcher cancels us when the client hangs up; anything else is a
+                # shutdown.  Either way the upstream request is closed and the job settled.
+                adm.cancel(job.id, relay.usage_so_far())
+                if watch.gone.done():
+                    me.uncancel()
+                    return
+                raise
+            except UpstreamUnreachable as e:
+                self.upstreams.mark_failed(up, str(e))
+                continue
+            except UpstreamTimeout as e:
+                adm.fail(job.id, Reason.UPSTREAM_TIMEOUT, relay.usage_so_far())
+                await self._upstream_error(send, started, 504, str(e), "upstream_timeout")
+                return
+            except UpstreamError as e:
+                adm.fail(job.id, Reason.UPSTREAM_ERROR, relay.usage_so_far())
+                await self._upstream_error(send, started, 502, str(e), "upstream_error")
+                return
+            finally:
+                watch.target = None
+                up.in_flight -= 1
+            break
+        await self._finish(job, answer, relay, stream, send, extra)
+
+    async def _finish(
+        self,
+        job: Job,
+        answer: UpstreamAnswer,
+        relay: Relay,
+        stream: bool,
+        send: Send,
+        extra: list[tuple[bytes, bytes]],
+    ) -> None:
+        adm = self.admission
+        if answer.status == 200:
+            if not relay.first_token:
+                adm.first_token(job.id)
+            adm.complete(job.id, answer.usage or relay.usage_so_far())
+            if stream:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            else:
+                await _respond(
+                    send, 200, answer.body or b"", [(b"content-type", answer.content_type), *extra]
+                )
+            return
+        if 400 <= answer.status < 500:
+            # the engine refused the request as sent (e.g. too long for the model): no work done
+            adm.fail(job.id, Reason.UPSTREAM_ERROR, Usage(0, 0))
+            await _respond(
+                send, answer.status, answer.body or b"", [(b"content-type", answer.content_type)]
+            )
+            return
+        adm.fail(job.id, Reason.UPSTREAM_ERROR, Usage(0, 0))
+        detail = (answer.body or b"")[:200].decode("utf-8", "replace")
+        await _respond(
+            send,
+            502,
+            error_body(502, f"upstream answered {answer.status}: {detail}", "upstream_error"),
+        )
+
+    async def _upstream_error(
+        self, send: Send, started: bool, status: int, message: str, code: str
+    ) -> None:
+        if started:
+            # the stream began: end it with an error event the client can read
+            event = b"data: " + error_body(status, message, code) + b"\n\n"
+            await send({"type": "http.response.body", "body": event, "more_body": False})
+        else:
+            await _respond(send, status, error_body(status, message, code))
+
+
+class _Watch:
+    """Watches one client for a disconnect once its body was read.
+
+    ``gone`` resolves when the client hangs up; ``target``, while set, is the task to
+    cancel at that moment (the one proxying the request, so the upstream is closed at once).
+    """
+
+    __slots__ = ("gone", "target")
+
+    def __init__(self, gone: asyncio.Future[None]) -> None:
+        self.gone = gone
+        self.target: asyncio.Task[Any] | None = None
+
+    async def run(self, receive: Receive) -> None:
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                if not self.gone.done():
+                    self.gone.set_result(None)
+                if self.target is not None:
+                    self.target.cancel()
+                return
+
+
+async def _respond(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    hs = headers or []
+    if not any(k == b"content-type" for k, _ in hs):
+        hs = [_JSON, *hs]
+    await send({"type": "http.response.start", "status": status, "headers": hs})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _unauthorized(send: Send, message: str = "missing or invalid API key") -> None:
+    await _respond(
+        send,
+        401,
+        error_body(401, message, "invalid_api_key"),
+        [(b"www-authenticate", b"Bearer")],
+    )

@@ -1,0 +1,284 @@
+"""A small HTTP/1.1 client for the proxy's hot path: pooled keep-alive connections,
+httptools parsing, true streaming, and immediate close on cancel.
+
+Why not aiohttp or httpx: on this path the client's own per-request Python cost is most of
+what the gateway adds (measured in ``bench/gateway_bench.py``); this client does only what
+proxying to an OpenAI-compatible engine needs.  It speaks plain ``http://`` only.
+
+Contract:
+
+* :meth:`HttpClient.post` returns a :class:`Response` once the status line and headers
+  arrived.  Read it with :meth:`Response.read` or iterate :meth:`Response.chunks`; the
+  body is de-chunked.  Always :meth:`Response.close` it (or use ``async with``): a fully
+  read keep-alive response returns its connection to the pool, anything else closes it —
+  which is how the upstream learns at once that a client went away.
+* Errors: :class:`~velvetrope.errors.UpstreamUnreachable` when the connection cannot be
+  made (nothing was sent), :class:`~velvetrope.errors.UpstreamTimeout` when connecting or
+  waiting for the next bytes takes longer than the timeouts, and
+  :class:`~velvetrope.errors.UpstreamError` when the connection breaks.  A request on a
+  reused idle connection that the server had already closed is retried once on a fresh
+  one (no byte of it was answered, so the upstream never started it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import AsyncIterator
+from types import TracebackType
+from typing import cast
+from urllib.parse import urlsplit
+
+import httptools
+
+from velvetrope.errors import UpstreamError, UpstreamTimeout, UpstreamUnreachable
+
+__all__ = ["HttpClient", "Response"]
+
+
+class _Conn(asyncio.Protocol):
+    """One connection and the response currently arriving on it."""
+
+    def __init__(self, key: tuple[str, int]) -> None:
+        self.key = key
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.reused = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.head_done = False
+        self.chunks: deque[bytes] = deque()
+        self.done = False
+        self.keep_alive = False
+        self.answered = False
+        self.error: BaseException | None = None
+        self.waiter: asyncio.Future[None] | None = None
+
+    # -- asyncio.Protocol ------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.answered = True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as e:
+            self.error = UpstreamError(f"bad HTTP from upstream: {e}")
+            self._wake()
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if not self.done and self.error is None:
+            self.error = exc or ConnectionResetError("the upstream closed the connection")
+        self._wake()
+
+    # -- httptools callbacks ---------------------------------------------------
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        self.head_done = True
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self.chunks.append(body)
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        self.done = True
+        self.keep_alive = self.parser.should_keep_alive()
+        self._wake()
+
+    # -- helpers -----------------------------------------------------------------
+    def _wake(self) -> None:
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def wait(self, timeout: float) -> None:
+        """Wait for the next parser event or an error, at most ``timeout`` seconds."""
+        loop = asyncio.get_running_loop()
+        w = self.waiter = loop.create_future()
+        timer = loop.call_later(timeout, _expire, w)
+        try:
+            await w
+        finally:
+            timer.cancel()
+            self.waiter = None
+
+    def close(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.close()
+        self.closed = True
+
+
+def _expire(w: asyncio.Future[None]) -> None:
+    if not w.done():
+        w.set_exception(TimeoutError())
+
+
+class Response:
+    """An upstream response whose body may still be arriving."""
+
+    __slots__ = ("_client", "_conn", "_finished", "headers", "read_timeout", "status")
+
+    def __init__(self, client: HttpClient, conn: _Conn, read_timeout: float) -> None:
+        self._client = client
+        self._conn = conn
+        self.status = conn.status
+        self.headers = conn.headers
+        self.read_timeout = read_timeout
+        self._finished = False
+
+    def header(self, name: bytes, default: bytes | None = None) -> bytes | None:
+        for k, v in self.headers:
+            if k == name:
+                return v
+        return default
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body, piece by piece as it arrives (de-chunked)."""
+        c = self._conn
+        while True:
+            while c.chunks:
+                yield c.chunks.popleft()
+            if c.done:
+                self._finished = True
+                return
+            if c.error is not None:
+                raise UpstreamError(f"upstream connection broke: {c.error!r}")
+            try:
+                await c.wait(self.read_timeout)
+            except TimeoutError:
+                raise UpstreamTimeout(
+                    f"no bytes from upstream for {self.read_timeout:g}s"
+                ) from None
+
+    async def read(self) -> bytes:
+        """The whole body."""
+        return b"".join([piece async for piece in self.chunks()])
+
+    def close(self) -> None:
+        """Return the connection to the pool if the body was fully read, else close it."""
+        c = self._conn
+        if self._finished and c.done and c.keep_alive and not c.closed:
+            self._client._release(c)
+        else:
+            c.close()
+
+    async def __aenter__(self) -> Response:
+        return self
+
+    async def __aexit__(
+        self,
+        et: type[BaseException] | None,
+        ev: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class HttpClient:
+    """A keep-alive connection pool per (host, port)."""
+
+    def __init__(
+        self, connect_timeout: float = 5.0, read_timeout: float = 600.0, max_idle: int = 256
+    ) -> None:
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self.max_idle = max_idle
+        self._idle: dict[tuple[str, int], list[_Conn]] = {}
+        self._targets: dict[str, tuple[str, int, str]] = {}
+
+    def _target(self, url: str) -> tuple[str, int, str]:
+        t = self._targets.get(url)
+        if t is None:
+            u = urlsplit(url)
+            if u.scheme != "http" or u.hostname is None:
+                raise UpstreamError(f"only http:// upstreams are supported, got {url!r}")
+            path = (u.path or "/") + (f"?{u.query}" if u.query else "")
+            t = self._targets[url] = (u.hostname, u.port or 80, path)
+        return t
+
+    async def _connect(self, key: tuple[str, int]) -> _Conn:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                _, proto = await loop.create_connection(lambda: _Conn(key), key[0], key[1])
+        except TimeoutError:
+            raise UpstreamTimeout(f"connecting to {key[0]}:{key[1]} timed out") from None
+        except OSError as e:
+            raise UpstreamUnreachable(
+                f"cannot connect to upstream {key[0]}:{key[1]}: {e.strerror or e}"
+            ) from None
+        return proto
+
+    def _release(self, c: _Conn) -> None:
+        idle = self._idle.setdefault(c.key, [])
+        if len(idle) >= self.max_idle:
+            c.close()
+            return
+        c._reset()
+        c.reused = True
+        idle.append(c)
+
+    async def post(
+        self, url: str, body: bytes, content_type: bytes = b"application/json"
+    ) -> Response:
+        """Send ``body``; return once the response head arrived."""
+        host, port, path = self._target(url)
+        key = (host, port)
+        head = (
+            b"POST "
+            + path.encode()
+            + b" HTTP/1.1\r\nHost: "
+            + f"{host}:{port}".encode()
+            + b"\r\nContent-Type: "
+            + content_type
+            + b"\r\nContent-Length: "
+            + str(len(body)).encode()
+            + b"\r\nAccept: */*\r\n\r\n"
+        )
+        for _attempt in range(2):
+            c: _Conn | None = None
+            idle = self._idle.get(key)
+            while idle:
+                cand = idle.pop()
+                if not cand.closed:
+                    c = cand
+                    break
+            if c is None:
+                c = await self._connect(key)
+            assert c.transport is not None
+            c.transport.write(head + body)
+            try:
+                while not c.head_done:
+                    if c.error is not None:
+                        break
+                    await c.wait(self.read_timeout)
+            except TimeoutError:
+                c.close()
+                raise UpstreamTimeout(f"no answer from {url} in {self.read_timeout:g}s") from None
+            except BaseException:
+                c.close()
+                raise
+            if c.head_done:
+                return Response(self, c, self.read_timeout)
+            c.close()
+            if c.reused and not c.answered:
+                continue  # a stale keep-alive connection: retry once on a fresh one
+            raise UpstreamError(f"upstream {url} closed the connection: {c.error!r}")
+        raise UpstreamUnreachable(f"cannot get a working connection to {url}")
+
+    def close(self) -> None:
+        for conns in self._idle.values():
+            for c in conns:
+                c.close()
+        self._idle.clear()

@@ -1,0 +1,163 @@
+"""Forwarding one admitted request to an upstream, streaming or not.
+
+Non-streaming responses pass through byte for byte; the usage is read from the body.
+Streaming responses are forwarded event by event as they arrive (no buffering of the
+whole response).  The upstream is always asked for ``include_usage``; when the client did
+not ask for it, the extra usage-only chunk is read and dropped.  :class:`Relay` counts the
+completion tokens seen so far so that a client disconnect mid-stream settles what was
+really generated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import orjson
+
+from velvetrope.core import Usage
+from velvetrope.errors import UpstreamError
+from velvetrope.gateway.httpclient import HttpClient
+
+__all__ = ["Relay", "UpstreamAnswer", "forward"]
+
+Send = Callable[[bytes], Awaitable[None]]
+Start = Callable[[int, list[tuple[bytes, bytes]]], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class UpstreamAnswer:
+    """What came back: the status and, for non-streaming answers, the body."""
+
+    status: int
+    usage: Usage | None
+    body: bytes | None = None
+    content_type: bytes = b"application/json"
+
+
+@dataclass(slots=True)
+class Relay:
+    """Progress of one proxied request."""
+
+    prompt_tokens: int
+    completion_tokens: int = 0
+    first_token: bool = False
+    usage: Usage | None = None
+
+    def usage_so_far(self) -> Usage:
+        """The real usage if the upstream sent it, else what was seen streaming."""
+        if self.usage is not None:
+            return self.usage
+        return Usage(self.prompt_tokens, self.completion_tokens)
+
+
+def _usage_of(obj: object) -> Usage | None:
+    if not isinstance(obj, dict):
+        return None
+    u = obj.get("usage")
+    if not isinstance(u, dict):
+        return None
+    p, c = u.get("prompt_tokens"), u.get("completion_tokens")
+    if isinstance(p, int) and isinstance(c, int):
+        return Usage(p, c)
+    return None
+
+
+def _chunk_tokens(obj: dict[str, object]) -> int:
+    """Completion tokens carried by one streamed chunk (one per choice with content)."""
+    choices = obj.get("choices")
+    if not isinstance(choices, list):
+        return 0
+    n = 0
+    for ch in choices:
+        if not isinstance(ch, dict):
+            continue
+        delta = ch.get("delta")
+        text = delta.get("content") if isinstance(delta, dict) else ch.get("text")
+        if text:
+            n += 1
+    return n
+
+
+async def forward(
+    client: HttpClient,
+    url: str,
+    body: bytes,
+    *,
+    stream: bool,
+    client_wants_usage: bool,
+    relay: Relay,
+    start: Start,
+    send: Send,
+    on_first_token: Callable[[], None],
+    extra_headers: list[tuple[bytes, bytes]],
+) -> UpstreamAnswer:
+    """POST ``body`` to ``url``; stream the answer to the client through ``start``/``send``.
+
+    For a non-streaming request nothing is sent to the client: the caller sends
+    ``UpstreamAnswer.body``.  Raises what :class:`HttpClient` raises:
+    ``UpstreamTimeout`` when the upstream stalls, ``UpstreamUnreachable`` when nothing
+    reached it (another upstream may be tried), ``UpstreamError`` when it broke off.
+    """
+    try:
+        resp = await client.post(url, body)
+        async with resp:
+            ctype = resp.header(b"content-type", b"application/json") or b"application/json"
+            if not stream or resp.status != 200:
+                data = await resp.read()
+                try:
+                    usage = _usage_of(orjson.loads(data)) if resp.status == 200 else None
+                except orjson.JSONDecodeError:
+                    usage = None
+                if usage is not None:
+                    relay.usage = usage
+                    relay.completion_tokens = usage.completion_tokens
+                return UpstreamAnswer(resp.status, usage, data, ctype)
+            await start(200, [(b"content-type", ctype), *extra_headers])
+            buf = b""
+            async for piece in resp.chunks():
+                buf += piece
+                out = []
+                while True:
+                    cut = buf.find(b"\n\n")
+                    if cut < 0:
+                        break
+                    event, buf = buf[: cut + 2], buf[cut + 2 :]
+                    if _keep_event(event, relay, client_wants_usage, on_first_token):
+                        out.append(event)
+                if out:
+                    await send(b"".join(out))
+            if buf.strip():
+                await send(buf)
+            return UpstreamAnswer(200, relay.usage, None, ctype)
+    except (UpstreamError, asyncio.CancelledError):
+        raise
+    except OSError as e:
+        raise UpstreamError(f"upstream {url} failed: {type(e).__name__}: {e}") from e
+
+
+def _keep_event(
+    event: bytes, relay: Relay, client_wants_usage: bool, on_first_token: Callable[[], None]
+) -> bool:
+    """Account one SSE event; False when it must not reach the client."""
+    if not event.startswith(b"data: ") or event.startswith(b"data: [DONE]"):
+        return True
+    try:
+        obj = orjson.loads(event[6:])
+    except orjson.JSONDecodeError:
+        return True
+    if not isinstance(obj, dict):
+        return True
+    n = _chunk_tokens(obj)
+    if n:
+        relay.completion_tokens += n
+        if not relay.first_token:
+            relay.first_token = True
+            on_first_token()
+    usage = _usage_of(obj)
+    if usage is not None:
+        relay.usage = usage
+        if not client_wants_usage and not obj.get("choices"):
+            return False
+    return True

@@ -1,0 +1,118 @@
+"""Starting velvetrope servers as subprocesses on loopback (demo, benchmarks, tests).
+
+:func:`start` runs ``python -m velvetrope ARGS``, waits until a readiness URL answers 200
+(bounded; on failure the error shows the process's stderr) and returns a
+:class:`ServerProcess` that stops it by its own PID.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+import yaml
+
+__all__ = ["ServerProcess", "free_port", "start", "start_engine", "start_gateway"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class ServerProcess:
+    """A server subprocess, its base URL and its stderr log file."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+    log: IO[bytes]
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stderr_text(self) -> str:
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read().decode("utf-8", "replace")
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGINT, then SIGKILL after ``timeout_s``; close the log."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.log.close()
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start(args: list[str], url: str, ready_path: str, timeout_s: float = 60.0) -> ServerProcess:
+    """Start ``python -m velvetrope ARGS`` and wait until ``url + ready_path`` answers 200."""
+    log = tempfile.TemporaryFile()  # noqa: SIM115 (owned by ServerProcess, closed in stop)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "velvetrope", *args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    sp = ServerProcess(proc, url, log)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            err = sp.stderr_text()
+            sp.stop()
+            raise RuntimeError(f"velvetrope {' '.join(args)} exited ({proc.returncode}): {err}")
+        try:
+            if httpx.get(url + ready_path, timeout=1.0).status_code == 200:
+                return sp
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    err = sp.stderr_text()
+    sp.stop()
+    raise RuntimeError(f"velvetrope {' '.join(args)} not ready after {timeout_s}s: {err}")
+
+
+def start_engine(*extra: str, port: int | None = None) -> ServerProcess:
+    """``velvetrope engine`` on loopback with ``extra`` options (``--speed``, ...)."""
+    port = port or free_port()
+    return start(
+        ["engine", "--host", "127.0.0.1", "--port", str(port), *extra],
+        f"http://127.0.0.1:{port}",
+        "/health",
+    )
+
+
+def start_gateway(
+    config: dict[str, Any], directory: Path, ready_path: str = "/readyz"
+) -> ServerProcess:
+    """``velvetrope serve`` with ``config`` (a dict; ``listen.port`` chosen if absent)."""
+    listen = config.setdefault("listen", {})
+    listen.setdefault("host", "127.0.0.1")
+    if not listen.get("port"):
+        listen["port"] = free_port()
+    path = directory / f"gateway-{listen['port']}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    url = f"http://127.0.0.1:{listen['port']}"
+    return start(["serve", "--config", str(path)], url, ready_path)

@@ -1,0 +1,410 @@
+"""An open-loop load generator: replay a workload against OpenAI-compatible servers.
+
+:func:`replay` sends each :class:`~velvetrope.sim.workload.TraceRequest` at its arrival time
+``t`` (seconds after the start of the run), whether or not earlier requests have finished:
+the offered load is the trace's, never throttled by the servers' answers (*open loop*).
+Each request is a streaming ``POST {base_url}/v1/completions`` with
+
+* a synthetic prompt of exactly ``prompt_tokens`` tokens under ``cl100k_base`` (and under the
+  4-characters-per-token ``approx`` estimate): :data:`FILLER_WORD` repeated (:func:`prompt_text`);
+* ``max_tokens = output_tokens`` (at least 1) and vLLM's ``ignore_eos: true``, so an engine
+  that honours it generates exactly the trace's output length;
+* ``stream_options: {"include_usage": true}``;
+* ``Authorization: Bearer <key>``, the key of the request's tenant (:class:`ReplayConfig`).
+
+Requests go to ``base_urls`` round-robin by their index in the workload (one URL: all there).
+
+What is recorded per request (:class:`RequestResult`): tenant and tier, the HTTP status, the
+OpenAI error ``code`` of a rejection, time to first token and end-to-end latency measured by
+the client from the moment the request was sent, the gateway's ``x-velvetrope-queue-ms``
+header, ``Retry-After``, the completion tokens received (one per streamed chunk with text) and
+the usage the server reported.  Each request ends in exactly one :class:`Outcome`.
+
+Bounds: the run stops by itself.  No request is sent after ``deadline_s`` (from the start of
+the run); each request is given at most ``request_timeout_s``, and every request still open
+at the deadline is cut (its connection closed, so the server sees a disconnect).  Concurrency
+is unbounded by design, but sockets are capped by ``max_connections`` (a request waiting
+for a socket counts its wait in its latency, as a real client's would).
+
+Live progress is readable while a run goes on from :class:`LiveCounters` (single event loop,
+no locking).  Bad arguments raise :class:`~velvetrope.errors.PolicyError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import math
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import aiohttp
+import orjson
+
+from velvetrope.errors import PolicyError
+from velvetrope.sim.workload import TraceRequest
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "FILLER_WORD",
+    "LiveCounters",
+    "Outcome",
+    "ReplayConfig",
+    "ReplayResult",
+    "RequestResult",
+    "prompt_text",
+    "replay",
+    "replay_sync",
+]
+
+DEFAULT_MODEL = "velvetrope-sim"
+"""The model name ``velvetrope engine`` serves by default."""
+
+FILLER_WORD = " the"
+"""One ``cl100k_base`` token per repetition, and 4 characters (one ``approx`` token)."""
+
+
+def prompt_text(tokens: int) -> str:
+    """A prompt of exactly ``tokens`` (``>= 1``) tokens under ``cl100k_base`` and ``approx``."""
+    if tokens < 1:
+        raise PolicyError(f"a prompt needs at least 1 token, got {tokens}")
+    return FILLER_WORD * tokens
+
+
+class Outcome(enum.Enum):
+    """How one replayed request ended (exactly one per request)."""
+
+    COMPLETED = "completed"
+    """200 and the whole stream, ``data: [DONE]`` included."""
+    REJECTED = "rejected"
+    """429 or 503: the server turned it away (``error_code`` says why)."""
+    ERROR = "error"
+    """Any other HTTP status, or a stream that carried an error or ended early."""
+    TIMEOUT = "timeout"
+    """Still open at its per-request timeout or the run's deadline; cut by the client."""
+    FAILED = "failed"
+    """No HTTP answer: the connection could not be made or broke before the headers."""
+
+
+@dataclass(slots=True)
+class RequestResult:
+    """One request of a replay.  Times are seconds; ``None`` when the moment never came.
+
+    ``scheduled_s`` is the arrival time in the workload, ``sent_s`` when it was really sent
+    (both from the start of the run).  ``ttft_s`` (first chunk with text) and ``e2e_s``
+    (end of the stream or of a rejection's body) are measured from ``sent_s``.  ``elapsed_s``
+    is how long the client waited in all, whatever the outcome (for a timeout: until it was
+    cut).  ``tokens`` counts the streamed chunks with text; ``usage_tokens`` is the
+    ``completion_tokens`` the server reported, if it did.
+    """
+
+    index: int
+    tenant: str
+    tier: str | None
+    url: str
+    prompt_tokens: int
+    max_tokens: int
+    scheduled_s: float
+    sent_s: float = math.nan
+    outcome: Outcome = Outcome.FAILED
+    status: int = 0
+    error_code: str | None = None
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    elapsed_s: float = 0.0
+    queue_ms: float | None = None
+    retry_after_s: float | None = None
+    tokens: int = 0
+    usage_tokens: int | None = None
+
+
+@dataclass(slots=True)
+class LiveCounters:
+    """Progress of a running replay, for a live view (updated in place by :func:`replay`).
+
+    ``open``: sent and not ended; ``accepted``: answered 200 (behind a gateway: dispatched);
+    ``first_token``: got their first token; ``rejected``: by error code.
+    """
+
+    total: int = 0
+    sent: int = 0
+    open: int = 0
+    accepted: int = 0
+    first_token: int = 0
+    completed: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)
+    errors: int = 0
+    timeouts: int = 0
+    failed: int = 0
+    tokens: int = 0
+    max_send_lag_s: float = 0.0
+
+    @property
+    def finished(self) -> int:
+        """Requests that reached an outcome."""
+        return (
+            self.completed + sum(self.rejected.values()) + self.errors + self.timeouts + self.failed
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayConfig:
+    """Where and how to send a workload.
+
+    ``api_keys`` is one key for every tenant, or a mapping tenant -> key (every tenant of
+    the workload must be in it).  ``deadline_s`` bounds the whole run from its start;
+    ``request_timeout_s`` bounds each request from its send.  ``max_connections`` caps
+    open sockets (aiohttp's connector limit).
+    """
+
+    base_urls: tuple[str, ...]
+    api_keys: str | Mapping[str, str] = "sk-none"
+    model: str = DEFAULT_MODEL
+    deadline_s: float = 120.0
+    request_timeout_s: float = 60.0
+    max_connections: int = 1024
+
+    def __post_init__(self) -> None:
+        if isinstance(self.base_urls, str) or not self.base_urls:
+            raise PolicyError("base_urls must be a non-empty sequence of URLs")
+        object.__setattr__(self, "base_urls", tuple(u.rstrip("/") for u in self.base_urls))
+        for name in ("deadline_s", "request_timeout_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
+                raise PolicyError(f"{name} must be finite and > 0, got {v!r}")
+        if self.max_connections < 1:
+            raise PolicyError(f"max_connections must be >= 1, got {self.max_connections}")
+
+    def key_for(self, tenant: str) -> str:
+        """The API key to send for ``tenant``; PolicyError if a mapping lacks it."""
+        if isinstance(self.api_keys, str):
+            return self.api_keys
+        try:
+            return self.api_keys[tenant]
+        except KeyError:
+            raise PolicyError(f"no API key for tenant {tenant!r}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayResult:
+    """All requests of a replay (in workload order) and the run's wall duration."""
+
+    results: list[RequestResult]
+    duration_s: float
+    max_send_lag_s: float
+
+    def by_outcome(self) -> Counter[Outcome]:
+        """How many requests ended each way."""
+        return Counter(r.outcome for r in self.results)
+
+
+def _body(req: TraceRequest, model: str) -> bytes:
+    return orjson.dumps(
+        {
+            "model": model,
+            "prompt": prompt_text(req.prompt_tokens),
+            "max_tokens": max(1, req.output_tokens),
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "ignore_eos": True,
+        }
+    )
+
+
+def _error_code(body: bytes) -> str | None:
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    err = obj.get("error") if isinstance(obj, dict) else None
+    if isinstance(err, dict):
+        code = err.get("code")
+        return str(code) if code is not None else None
+    return None
+
+
+def _float_header(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+async def _stream(
+    resp: aiohttp.ClientResponse, res: RequestResult, live: LiveCounters, t_send: float
+) -> bool:
+    """Read an SSE stream into ``res``; True if it ended with ``[DONE]`` and no error."""
+    errored = False
+    async for raw in resp.content:
+        line = raw.strip()
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            return not errored
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            errored = True
+            continue
+        if not isinstance(obj, dict):
+            continue
+        if "error" in obj:
+            errored = True
+            err = obj["error"]
+            if isinstance(err, dict) and err.get("code") is not None:
+                res.error_code = str(err["code"])
+            continue
+        for ch in obj.get("choices") or ():
+            if isinstance(ch, dict) and ch.get("text"):
+                if res.tokens == 0:
+                    res.ttft_s = time.monotonic() - t_send
+                    live.first_token += 1
+                res.tokens += 1
+                live.tokens += 1
+        usage = obj.get("usage")
+        if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+            res.usage_tokens = usage["completion_tokens"]
+    return False
+
+
+async def _one(
+    session: aiohttp.ClientSession,
+    req: TraceRequest,
+    res: RequestResult,
+    cfg: ReplayConfig,
+    live: LiveCounters,
+    t0: float,
+    deadline: float,
+) -> None:
+    t_send = time.monotonic()
+    res.sent_s = t_send - t0
+    live.sent += 1
+    live.open += 1
+    headers = {
+        "Authorization": f"Bearer {cfg.key_for(req.tenant)}",
+        "Content-Type": "application/json",
+    }
+    budget = min(cfg.request_timeout_s, deadline - t_send)
+    try:
+        async with asyncio.timeout(max(budget, 0.0)):
+            async with session.post(
+                res.url + "/v1/completions", data=_body(req, cfg.model), headers=headers
+            ) as resp:
+                res.status = resp.status
+                if resp.status == 200:
+                    live.accepted += 1
+                res.queue_ms = _float_header(resp.headers.get("x-velvetrope-queue-ms"))
+                res.retry_after_s = _float_header(resp.headers.get("Retry-After"))
+                if resp.status != 200:
+                    res.error_code = _error_code(await resp.read())
+                    res.e2e_s = time.monotonic() - t_send
+                    if resp.status in (429, 503):
+                        res.outcome = Outcome.REJECTED
+                        live.rejected[res.error_code or str(resp.status)] += 1
+                    else:
+                        res.outcome = Outcome.ERROR
+                        live.errors += 1
+                    return
+                if await _stream(resp, res, live, t_send):
+                    res.e2e_s = time.monotonic() - t_send
+                    res.outcome = Outcome.COMPLETED
+                    live.completed += 1
+                else:
+                    res.outcome = Outcome.ERROR
+                    live.errors += 1
+    except TimeoutError:
+        res.outcome = Outcome.TIMEOUT
+        res.error_code = res.error_code or "client_timeout"
+        live.timeouts += 1
+    except (aiohttp.ClientError, OSError) as e:
+        if res.status == 200:
+            res.outcome = Outcome.ERROR
+            live.errors += 1
+        else:
+            res.outcome = Outcome.FAILED
+            live.failed += 1
+        res.error_code = res.error_code or type(e).__name__
+    finally:
+        res.elapsed_s = time.monotonic() - t_send
+        live.open -= 1
+
+
+async def replay(
+    requests: Sequence[TraceRequest],
+    config: ReplayConfig,
+    live: LiveCounters | None = None,
+) -> ReplayResult:
+    """Replay ``requests`` (sorted by ``t``) open-loop against ``config.base_urls``.
+
+    Returns when every request has an outcome: at the latest ``deadline_s`` after the start
+    (plus the moment it takes to close the cut connections).  Requests whose arrival time is
+    past the deadline are never sent; they are recorded as :attr:`Outcome.TIMEOUT` with
+    ``error_code = "not_sent"``.  ``live`` (optional) is updated as the run goes.
+    """
+    for i in range(1, len(requests)):
+        if requests[i].t < requests[i - 1].t:
+            raise PolicyError(f"requests must be sorted by t; request {i} is out of order")
+    if not isinstance(config.api_keys, str):
+        for tenant in {r.tenant for r in requests}:
+            config.key_for(tenant)
+    live = live if live is not None else LiveCounters()
+    live.total = len(requests)
+    urls = config.base_urls
+    results = [
+        RequestResult(
+            index=i,
+            tenant=r.tenant,
+            tier=r.tier,
+            url=urls[i % len(urls)],
+            prompt_tokens=r.prompt_tokens,
+            max_tokens=max(1, r.output_tokens),
+            scheduled_s=r.t,
+        )
+        for i, r in enumerate(requests)
+    ]
+    connector = aiohttp.TCPConnector(limit=config.max_connections, limit_per_host=0)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0)
+    tasks: set[asyncio.Task[None]] = set()
+    t0 = time.monotonic()
+    deadline = t0 + config.deadline_s
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=timeout, auto_decompress=False
+    ) as session:
+        try:
+            for req, res in zip(requests, results, strict=True):
+                at = t0 + req.t
+                if at >= deadline:
+                    res.outcome = Outcome.TIMEOUT
+                    res.error_code = "not_sent"
+                    live.timeouts += 1
+                    continue
+                delay = at - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                else:
+                    live.max_send_lag_s = max(live.max_send_lag_s, -delay)
+                task = asyncio.create_task(_one(session, req, res, config, live, t0, deadline))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.wait(set(tasks))
+        finally:
+            for task in list(tasks):
+                task.cancel()
+            if tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.gather(*tasks, return_exceptions=True)
+    return ReplayResult(results, time.monotonic() - t0, live.max_send_lag_s)
+
+
+def replay_sync(
+    requests: Sequence[TraceRequest], config: ReplayConfig, live: LiveCounters | None = None
+) -> ReplayResult:
+    """:func:`replay` in a fresh event loop (``asyncio.run``)."""
+    return asyncio.run(replay(requests, config, live))

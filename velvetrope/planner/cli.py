@@ -1,0 +1,353 @@
+"""``velvetrope plan``: how many replicas, and which admission settings, for a workload.
+
+Registered in :mod:`velvetrope.cli` as ``app.command("plan")(plan_command)``::
+
+    velvetrope plan --profile llama3-70b-4xh100 --trace azure_conv --peak-rps 50 \\
+        --slo-p99 4s --tier interactive
+    velvetrope plan --workload workload.yaml --json --plot plan.png --verify
+
+The output explains every number in one line; ``--json`` prints the same plan as JSON
+(:func:`velvetrope.planner.sizing.plan_to_dict`, plus ``verify`` rows when asked).  Errors
+(a bad file, an SLO that cannot be met) print ``velvetrope plan: error: ...`` on stderr
+and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from velvetrope.errors import PolicyError, VelvetropeError
+
+if TYPE_CHECKING:
+    from velvetrope.planner.predict import Metric
+    from velvetrope.planner.sizing import Plan
+    from velvetrope.planner.verify import VerifyRow
+
+__all__ = ["format_plan", "parse_duration", "plan_command"]
+
+_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|s|min|m|h)?\s*")
+
+_DEFAULT_SLO = {"interactive": "4s", "batch": "60s"}
+
+
+def parse_duration(text: str) -> float:
+    """``"4s"``, ``"800ms"``, ``"1.5m"``, ``"2h"`` or a bare number of seconds → seconds (> 0)."""
+    m = _DURATION.fullmatch(text)
+    if m is None:
+        raise PolicyError(f"bad duration {text!r}: expected a number with ms, s, m or h")
+    value = float(m.group(1)) * _UNITS[m.group(2) or "s"]
+    if not (math.isfinite(value) and value > 0):
+        raise PolicyError(f"bad duration {text!r}: must be > 0")
+    return value
+
+
+def _s(x: float) -> str:
+    """Seconds, readably (``inf`` for an overloaded fleet)."""
+    if not math.isfinite(x):
+        return "∞ (overloaded)"
+    if x == 0:
+        return "0 s"
+    if x < 1:
+        return f"{x * 1000:.0f} ms" if x >= 0.01 else f"{x * 1000:.2g} ms"
+    return f"{x:.3g} s"
+
+
+def _n(x: float) -> str:
+    """A rate or count with three significant figures and thousands separators."""
+    if x >= 1000:
+        return f"{x:,.0f}"
+    return f"{x:.3g}"
+
+
+def _bucket(refill_tps: float, capacity: float) -> str:
+    return f"refill {_n(refill_tps)} tok/s ({_n(refill_tps * 60)}/min), capacity {_n(capacity)}"
+
+
+def format_plan(plan: Plan) -> list[str]:
+    """The human-readable plan, one number per line with the reason for it."""
+    from velvetrope.planner.sizing import KNEE_FRACTION, RULE_OF_THUMB_FRACTION
+
+    w, c, at = plan.workload, plan.curve, plan.at
+    slo = plan.slo
+    k, n = plan.concurrency, plan.replicas
+    knee = c.knee(KNEE_FRACTION)
+    tried = [kk for kk, _ in plan.candidates]
+    out: list[str] = []
+    add = out.append
+    add(f"velvetrope plan: {w.name} on {c.profile.name}, tier {plan.tier}, SLO {slo}")
+    add("")
+    add("workload")
+    add(f"  design rate       {_n(w.design_rps)} req/s — {w.design_rate_origin}")
+    add(
+        f"  lengths           prompt p50 {_n(w.prompt_p50)} / p99 {_n(w.prompt_p99)}, output "
+        f"p50 {_n(w.output_p50)} / p99 {_n(w.output_p99)} tokens; {_n(plan.tokens_per_request)} "
+        f"tokens per request on average ({w.source})"
+    )
+    add(
+        f"  variability       C_a² {w.arrival_scv:.3g} (inter-arrival), C_s² {c.mix.work_scv:.3g} "
+        "(iterations per request): the Allen–Cunneen factor on the queue wait is their mean"
+    )
+    add("")
+    method = {
+        "closed-loop": "closed-loop runs of the engine model's batcher",
+        "analytic": "the profile's step-time formula",
+        "given": "throughputs measured elsewhere",
+    }[c.method]
+    r1 = c.residence(1)
+    add(f"service ({method}, concurrency 1…{c.max_concurrency})")
+    add(
+        f"  per replica       {_n(plan.per_replica_rps)} req/s — X({k}), the throughput with {k} "
+        f"requests in flight (saturates at {_n(c.max_throughput_rps)} req/s; knee at {knee})"
+    )
+    add(
+        f"  effective μ       {at.mu_per_slot:.3g} /s per slot — 1/E[S]: "
+        f"{_s(at.service_mean_s)} in the engine at the design load vs {_s(r1)} alone; μ falls "
+        "as ρ rises (longer batches, slower iterations)"
+    )
+    add("")
+    add("plan")
+    if plan.binding == "rho":
+        why = (
+            f"ρ ≤ {plan.rho_target:g} binds: ceil({_n(w.design_rps)} / ({_n(plan.per_replica_rps)} "
+            f"× {plan.rho_target:g})) = {plan.replicas_for_rho}, and the SLO holds there"
+        )
+    else:
+        why = (
+            f"the SLO binds: ρ ≤ {plan.rho_target:g} alone needs {plan.replicas_for_rho}, but "
+            f"the predicted p99 {slo.metric} meets {_s(slo.p99_s)} only from {n}"
+        )
+    add(f"  replicas          {n} — fewest meeting the SLO at ρ ≤ {plan.rho_target:g}; {why}")
+    add(
+        f"  GPUs              {plan.gpus} — {n} replicas × {plan.gpus_per_replica} GPU(s) per "
+        "replica"
+    )
+    add(
+        f"  concurrency       {k} per replica (pool max_in_flight {plan.max_in_flight}) — the "
+        f"fewest replicas among concurrencies {tried[0]}…{tried[-1]} (up to the knee)"
+    )
+    rate = _n(plan.per_replica_rps)
+    add(f"  utilisation ρ     {at.rho:.3f} — {_n(w.design_rps)} / ({n} × {rate}) req/s")
+    add(
+        f"  in service        {at.mean_concurrency:.3g} per replica on average — Little: λ·E[S] / N"
+    )
+    add("")
+    add(f"predicted latency   at {n} replicas          at {n - 1} replicas")
+    fewer = plan.one_fewer
+    for label, metric in (("queue wait", "wait"), ("time to first", "ttft"), ("end-to-end", "e2e")):
+        a50 = getattr(at, f"{metric}_p50_s")
+        a99 = getattr(at, f"{metric}_p99_s")
+        here = f"p50 {_s(a50)} / p99 {_s(a99)}"
+        if fewer is None:
+            there = "—"
+        else:
+            b50 = getattr(fewer, f"{metric}_p50_s")
+            b99 = getattr(fewer, f"{metric}_p99_s")
+            there = f"p50 {_s(b50)} / p99 {_s(b99)}"
+        add(f"  {label:<16}  {here:<25} {there}")
+    if fewer is not None:
+        if not fewer.stable:
+            verdict = f"overloaded: ρ {fewer.rho:.3f} ≥ 1, the queue grows without bound"
+        else:
+            got = fewer.p99(slo.metric)
+            over_rho = fewer.rho > plan.rho_target
+            verdict = "; ".join(
+                part
+                for part in (
+                    f"ρ {fewer.rho:.3f} > target {plan.rho_target:g}" if over_rho else "",
+                    f"p99 {slo.metric} {_s(got)} > {_s(slo.p99_s)}" if got > slo.p99_s else "",
+                )
+                if part
+            )
+        add(f"  {f'at {n - 1} replicas':<18}{verdict} — why not one fewer")
+    add("")
+    add("admission settings")
+    add(
+        f"  queue bound       {plan.queue_bound_pool} for band {plan.tier!r} in the pool "
+        f"({plan.queue_bound_per_replica} per replica) — ⌊c·W_b/S⌋ = ⌊{plan.max_in_flight} × "
+        f"{_s(plan.wait_budget_s)} / {_s(at.service_mean_s)}⌋: a request deeper than this could "
+        f"not start within the {_s(plan.wait_budget_s)} left for waiting"
+    )
+    per_gpu = plan.per_replica_rps * plan.tokens_per_request / plan.gpus_per_replica
+    for b in plan.buckets:
+        add(f"  bucket {b.tenant!r} (share {b.share:.2f}), tokens = prompt + output:")
+        rule = _bucket(b.rule_refill_tps, b.rule_capacity_tokens)
+        add(
+            f"    rule of thumb   {rule} — {RULE_OF_THUMB_FRACTION:g} × {_n(per_gpu)} tok/s "
+            f"per GPU × {plan.gpus} GPUs; capacity 4 × refill"
+        )
+        model = _bucket(b.model_refill_tps, b.model_capacity_tokens)
+        add(
+            f"    model           {model} — share × ρ {plan.rho_target:g} × fleet tokens/s "
+            "(all tenants at their limit load the fleet to the target ρ); capacity = the "
+            "burst the spare capacity clears within the wait budget"
+        )
+    add(
+        f"  KEDA threshold    {plan.keda_threshold} queued per replica (minReplicaCount {n}) — "
+        f"scale out when the backlog would take half of the {_s(max(plan.wait_budget_s, 0.0))} "
+        f"wait budget to drain at {_n(plan.per_replica_rps)} req/s per replica"
+    )
+    out[1:1] = [f"warning: {w}" for w in plan.warnings]
+    return out
+
+
+def _verify_dict(rows: list[VerifyRow]) -> list[dict[str, Any]]:
+    out = []
+    for r in rows:
+        p, s = r.predicted, r.simulated
+        out.append(
+            {
+                "replicas": s.replicas,
+                "completed_fraction": s.completed_fraction,
+                **{
+                    f"{m}_p99_s": {
+                        "predicted": p.p99(m) if math.isfinite(p.p99(m)) else None,
+                        "simulated": s.p99(m),
+                    }
+                    for m in ("wait", "ttft", "e2e")
+                },
+            }
+        )
+    return out
+
+
+def plan_command(
+    profile: Annotated[
+        str, typer.Option(help="Engine profile: a built-in name or a YAML file.")
+    ] = "llama3-8b-h100",
+    trace: Annotated[
+        str | None,
+        typer.Option(help="Size for a trace: azure_conv, azure_code, or a .csv/.jsonl file."),
+    ] = None,
+    workload: Annotated[
+        Path | None,
+        typer.Option(help="Size for a workload YAML (prompt/output p50/p99, p99 1-min rate)."),
+    ] = None,
+    peak_rps: Annotated[
+        float | None,
+        typer.Option(help="Design arrival rate in req/s (default: the p99 one-minute rate)."),
+    ] = None,
+    slo_p99: Annotated[
+        str | None,
+        typer.Option(help="The p99 bound, e.g. 4s or 800ms (default: 4s interactive, 60s batch)."),
+    ] = None,
+    slo_metric: Annotated[
+        str, typer.Option(help="What the p99 bounds: wait (queue), ttft or e2e.")
+    ] = "wait",
+    tier: Annotated[
+        str, typer.Option(help="Tier: interactive (ρ 0.6) or batch (ρ 0.85); others need --rho.")
+    ] = "interactive",
+    rho: Annotated[
+        float | None, typer.Option(help="Target utilisation, overriding the tier's.")
+    ] = None,
+    concurrency: Annotated[
+        int | None,
+        typer.Option(min=1, help="Requests in flight per replica (default: searched)."),
+    ] = None,
+    gpus_per_replica: Annotated[
+        int | None,
+        typer.Option(min=1, help="GPUs per replica (default: from the profile name, e.g. 4xh100)."),
+    ] = None,
+    service_model: Annotated[
+        str, typer.Option(help="closed-loop (batcher runs) or analytic (step-time formula).")
+    ] = "closed-loop",
+    json_out: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+    plot: Annotated[
+        Path | None, typer.Option(help="Write the latency-vs-utilisation plot (PNG) here.")
+    ] = None,
+    verify: Annotated[
+        bool,
+        typer.Option(help="Simulate the plan and one replica fewer; print predicted vs simulated."),
+    ] = False,
+    verify_requests: Annotated[
+        int, typer.Option(min=100, help="Requests per --verify run.")
+    ] = 20_000,
+    seed: Annotated[int, typer.Option(min=0, help="Seed of --verify's workload.")] = 0,
+) -> None:
+    """Size a fleet for a workload and an SLO, and derive the admission settings."""
+    from velvetrope.engine import load_profile
+    from velvetrope.planner.service import analytic_service_curve, measure_service_curve
+    from velvetrope.planner.sizing import Slo, make_plan, plan_to_dict
+    from velvetrope.planner.workload import load_workload, workload_from_trace
+
+    try:
+        if (trace is None) == (workload is None):
+            raise PolicyError("give exactly one of --trace and --workload")
+        if slo_metric not in ("wait", "ttft", "e2e"):
+            raise PolicyError(f"--slo-metric must be wait, ttft or e2e (got {slo_metric!r})")
+        if service_model not in ("closed-loop", "analytic"):
+            raise PolicyError(
+                f"--service-model must be closed-loop or analytic (got {service_model!r})"
+            )
+        prof = load_profile(profile)
+        if trace is not None:
+            wl = workload_from_trace(trace, design_rps=peak_rps)
+        else:
+            assert workload is not None
+            wl = load_workload(workload)
+            if peak_rps is not None:
+                origin = f"given with --peak-rps ({workload} says {wl.design_rps:g} req/s)"
+                wl = wl.with_design_rate(peak_rps, origin)
+        bound = slo_p99 if slo_p99 is not None else _DEFAULT_SLO.get(tier)
+        if bound is None:
+            raise PolicyError(f"give --slo-p99 (no default for tier {tier!r})")
+        metric: Metric = (
+            "wait" if slo_metric == "wait" else "ttft" if slo_metric == "ttft" else "e2e"
+        )
+        slo = Slo(metric, parse_duration(bound))
+        build = measure_service_curve if service_model == "closed-loop" else analytic_service_curve
+        curve = build(prof, wl.prompt, wl.output)
+        plan = make_plan(
+            wl, curve, slo, tier=tier, rho_target=rho, concurrency=concurrency,
+            gpus=gpus_per_replica,
+        )  # fmt: skip
+        rows: list[VerifyRow] | None = None
+        if verify:
+            from velvetrope.planner.verify import verify_plan
+
+            rows = verify_plan(plan, requests=verify_requests, seed=seed)
+        written = None
+        if plot is not None:
+            from velvetrope.planner.plot import plot_latency_vs_utilisation
+
+            written = plot_latency_vs_utilisation(plan, plot)
+    except (VelvetropeError, OSError) as exc:
+        typer.echo(f"velvetrope plan: error: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+    if json_out:
+        doc = plan_to_dict(plan)
+        if rows is not None:
+            doc["verify"] = _verify_dict(rows)
+        if written is not None:
+            doc["plot"] = str(written)
+        typer.echo(json.dumps(doc, indent=2, allow_nan=False))
+        return
+    for line in format_plan(plan):
+        typer.echo(line)
+    if rows is not None:
+        typer.echo("")
+        typer.echo(
+            f"verify: simulated {verify_requests:,} requests at {_n(wl.design_rps)} req/s "
+            "(stationary, FCFS, first 10% left out) with the real admission core and batchers"
+        )
+        head = f"  {'replicas':<9} {'metric':<7} {'predicted p99':>14} {'simulated p99':>14}"
+        typer.echo(f"{head}  error")
+        for r in rows:
+            for m in ("wait", "ttft", "e2e"):
+                p, s = r.predicted.p99(m), r.simulated.p99(m)
+                err = (
+                    f"{(p - s) / s:+.1%}"
+                    if math.isfinite(p) and math.isfinite(s) and s > 0
+                    else "—"
+                )
+                typer.echo(f"  {r.simulated.replicas:<9} {m:<7} {_s(p):>14} {_s(s):>14}  {err}")
+    if written is not None:
+        typer.echo("")
+        typer.echo(f"plot: {written} — predicted latency vs utilisation, the plan marked")

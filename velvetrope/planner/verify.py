@@ -1,0 +1,175 @@
+"""Checking a plan against the simulator: predicted versus simulated p99, side by side.
+
+:func:`verify_plan` replays a stationary workload at the plan's design rate through
+:func:`velvetrope.sim.loop.run_simulation` — the real admission core and real engine
+batchers in virtual time — at the recommended size and at one replica fewer, and compares
+the p99 of queue wait, time to first token and end-to-end latency with the model's.
+
+What is simulated, and why
+--------------------------
+The model predicts a *stationary* operating point (:mod:`velvetrope.planner.predict`), so
+the check replays one: arrivals at ``design_rps`` (Poisson when ``C_a² = 1``, else a Gamma
+renewal process with the workload's inter-arrival CV, deterministic when ``C_a² = 0``),
+each request's (prompt, output) drawn from the workload's length mix as fitted to the
+engine (:class:`~velvetrope.planner.service.LengthMix`).  The policy is the one the model
+assumes: the ``fifo`` preset (FCFS, one band, no fairness), one pool with
+``max_in_flight = N·K``, an unbounded queue, no shedding and no buckets, least-loaded
+routing.  The first ``warmup`` fraction of requests (by arrival) is left out of the
+percentiles, so the empty start does not flatter the simulated fleet.  Deterministic for a
+given seed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from velvetrope.core.policy import PolicyConfig
+from velvetrope.errors import PolicyError
+from velvetrope.planner.predict import Prediction, predict
+from velvetrope.planner.service import ServiceCurve
+from velvetrope.planner.sizing import Plan
+from velvetrope.sim import Deterministic, GammaRenewal, Poisson, TraceRequest
+from velvetrope.sim.loop import run_simulation
+
+__all__ = [
+    "SimulatedLatency",
+    "VerifyRow",
+    "fifo_policy",
+    "simulate_fleet",
+    "stationary_workload",
+    "verify_plan",
+]
+
+FloatArray = NDArray[np.float64]
+
+
+def stationary_workload(
+    curve: ServiceCurve, rate_rps: float, arrival_scv: float, requests: int, seed: int
+) -> list[TraceRequest]:
+    """``requests`` arrivals at ``rate_rps`` with inter-arrival SCV ``arrival_scv`` and
+    lengths drawn (seeded) from ``curve``'s fitted mix (see the module docstring)."""
+    if requests < 1:
+        raise PolicyError(f"requests must be >= 1 (got {requests})")
+    cv = math.sqrt(max(arrival_scv, 0.0))
+    if cv == 0.0:
+        times = Deterministic(rate_rps).times(seed, count=requests)
+    elif abs(cv - 1.0) < 1e-9:
+        times = Poisson(rate_rps).times(seed, count=requests)
+    else:
+        times = GammaRenewal(rate_rps, cv).times(seed, count=requests)
+    rng = np.random.default_rng(seed + 1)
+    idx = rng.integers(0, len(curve.mix), size=requests)
+    prompts = curve.mix.prompt[idx].tolist()
+    outputs = curve.mix.output[idx].tolist()
+    return [TraceRequest(t, p, o) for t, p, o in zip(times.tolist(), prompts, outputs, strict=True)]
+
+
+def fifo_policy(max_in_flight: int, max_queued: int) -> PolicyConfig:
+    """FCFS, one tier, one pool of ``max_in_flight`` slots, no shedding, no buckets."""
+    return PolicyConfig.model_validate(
+        {
+            "preset": "fifo",
+            "queue": {"max_queued": max_queued},
+            "pools": [{"name": "default", "max_in_flight": max_in_flight}],
+        }
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SimulatedLatency:
+    """What the simulator measured: p50/p99 of wait, TTFT and e2e (s) over the completed
+    requests after warm-up, and the fraction of all requests that completed."""
+
+    replicas: int
+    completed_fraction: float
+    wait_p50_s: float
+    wait_p99_s: float
+    ttft_p50_s: float
+    ttft_p99_s: float
+    e2e_p50_s: float
+    e2e_p99_s: float
+
+    def p99(self, metric: str) -> float:
+        """The p99 of ``wait``, ``ttft`` or ``e2e``."""
+        value: float = getattr(self, f"{metric}_p99_s")
+        return value
+
+
+def simulate_fleet(
+    curve: ServiceCurve,
+    workload: list[TraceRequest],
+    replicas: int,
+    concurrency: int,
+    *,
+    warmup: float = 0.1,
+    seed: int = 0,
+    label: str = "planner verify",
+) -> SimulatedLatency:
+    """Run ``workload`` on ``replicas`` × ``curve.profile`` with ``concurrency`` slots each
+    (:func:`fifo_policy`) and summarise it (requests arriving in the first ``warmup``
+    fraction of the run are left out)."""
+    if not 0 <= warmup < 1:
+        raise PolicyError(f"warmup must be in [0, 1) (got {warmup!r})")
+    config = fifo_policy(replicas * concurrency, max(len(workload), 1))
+    res = run_simulation(
+        config, workload, replicas, curve.profile, lengths="oracle", seed=seed, label=label
+    )
+    rec = res.records
+    keep = rec.completed.copy()
+    keep[: int(warmup * len(rec))] = False
+    done = float(np.mean(rec.completed)) if len(rec) else math.nan
+
+    def q(x: FloatArray) -> tuple[float, float]:
+        v = x[keep]
+        if v.size == 0:
+            return math.nan, math.nan
+        p50, p99 = np.percentile(v, [50, 99])
+        return float(p50), float(p99)
+
+    w = q(rec.queue_wait())
+    t = q(rec.ttft())
+    e = q(rec.e2e())
+    return SimulatedLatency(replicas, done, w[0], w[1], t[0], t[1], e[0], e[1])
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyRow:
+    """One fleet size: the model's prediction and what the simulator measured."""
+
+    predicted: Prediction
+    simulated: SimulatedLatency
+
+
+def verify_plan(
+    plan: Plan, *, requests: int = 20_000, seed: int = 0, warmup: float = 0.1
+) -> list[VerifyRow]:
+    """Simulate ``plan`` at its size and at one replica fewer (when there is one).
+
+    See the module docstring for what is replayed.  Returns one row per size, recommended
+    size first.
+    """
+    wl = stationary_workload(
+        plan.curve, plan.workload.design_rps, plan.workload.arrival_scv, requests, seed
+    )
+    rows = []
+    for n in (plan.replicas, plan.replicas - 1):
+        if n < 1:
+            continue
+        pred = (
+            plan.at
+            if n == plan.replicas
+            else predict(
+                plan.curve,
+                plan.workload.design_rps,
+                n,
+                plan.concurrency,
+                arrival_scv=plan.workload.arrival_scv,
+            )
+        )
+        sim = simulate_fleet(plan.curve, wl, n, plan.concurrency, warmup=warmup, seed=seed)
+        rows.append(VerifyRow(pred, sim))
+    return rows

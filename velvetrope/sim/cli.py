@@ -1,0 +1,152 @@
+"""``velvetrope simulate``: replay a trace against a modelled fleet with the gateway's policy.
+
+Registered in :mod:`velvetrope.cli` as ``app.command("simulate")(simulate_command)``.
+A single run prints the per-tier table and writes ``report.md`` with PNG plots; with
+``--sweep`` it runs every combination with a progress bar and writes ``sweep.md`` with a
+latency-versus-load plot.  Wall time is printed on stdout only, never in a report.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from velvetrope.errors import VelvetropeError
+
+if TYPE_CHECKING:
+    from velvetrope.core import PolicyConfig
+    from velvetrope.sim.workload import TenantMix
+
+__all__ = ["simulate_command"]
+
+
+def _policy(
+    config: Path | None, tenants: TenantMix | None, replicas: int, preset: str | None
+) -> tuple[PolicyConfig, int]:
+    """The policy and the default ``max_tokens`` (from the config's gateway section)."""
+    from velvetrope.sim.inputs import default_policy
+
+    if config is None:
+        return default_policy(tenants, replicas, preset or "hybrid"), 1024
+    from velvetrope.config import load_config
+
+    gw = load_config(config)
+    policy = gw.policy
+    if preset is not None:
+        policy = policy.model_copy(update={"preset": preset})
+    return policy, gw.gateway.default_max_tokens
+
+
+def simulate_command(
+    config: Annotated[
+        Path | None,
+        typer.Option(help="Gateway config (YAML); its policy section is used as is."),
+    ] = None,
+    trace: Annotated[
+        str, typer.Option(help="Trace: azure_conv, azure_code, or a .csv/.jsonl file.")
+    ] = "azure_conv",
+    replicas: Annotated[int, typer.Option(min=1, help="Engine replicas per pool.")] = 4,
+    load: Annotated[
+        float | None,
+        typer.Option(help="Rescale arrivals to this multiple of the fleet's capacity."),
+    ] = None,
+    profile: Annotated[str, typer.Option(help="Engine profile (built-in or YAML).")] = (
+        "llama3-8b-h100"
+    ),
+    router: Annotated[str, typer.Option(help="least_loaded or round_robin.")] = "least_loaded",
+    lengths: Annotated[
+        str, typer.Option(help="Output lengths known to the core: oracle, estimator, noisy:TAU.")
+    ] = "estimator",
+    timeout: Annotated[
+        float | None, typer.Option(help="Client timeout in seconds (cancel and abort).")
+    ] = None,
+    tenants: Annotated[
+        str | None,
+        typer.Option(help="Tenant mix tenant[:tier]:weight,... assigned to the trace's rows."),
+    ] = None,
+    slo: Annotated[
+        list[str] | None,
+        typer.Option(help="TIER=ttft:S[,tpot:S][,e2e:S] (TIER may be *); repeatable."),
+    ] = None,
+    preset: Annotated[str | None, typer.Option(help="Override the config's preset.")] = None,
+    sweep: Annotated[
+        list[str] | None,
+        typer.Option(help="KEY=V1,V2 with KEY in policy, load, lengths, replicas, router."),
+    ] = None,
+    limit: Annotated[int | None, typer.Option(min=1, help="Replay only the first N rows.")] = None,
+    window: Annotated[
+        str | None, typer.Option(help="Replay only START:END seconds of the trace.")
+    ] = None,
+    seed: Annotated[int, typer.Option(min=0, help="Seed: tenant mix, predictor, capacity.")] = 0,
+    out: Annotated[Path, typer.Option(help="Directory for the report and plots.")] = Path(
+        "sim-report"
+    ),
+) -> None:
+    """Replay a trace through the gateway's admission policy on a modelled fleet."""
+    # imported here so that `velvetrope --help` does not load numpy and matplotlib
+    from rich.console import Console
+    from rich.table import Table
+
+    from velvetrope.engine import load_profile
+    from velvetrope.sim.inputs import parse_window, prepare_workload
+    from velvetrope.sim.loop import run_simulation
+    from velvetrope.sim.metrics import Slo, parse_slo
+    from velvetrope.sim.sweep import parse_sweep, run_sweep
+    from velvetrope.sim.workload import TenantMix
+
+    console = Console()
+    if not console.is_terminal:  # a pipe or a file: do not squeeze the table into 80 columns
+        console = Console(width=160)
+    try:
+        mix = TenantMix.parse(tenants) if tenants is not None else None
+        policy, max_tokens = _policy(config, mix, replicas, preset)
+        slos: dict[str, Slo] = dict(parse_slo(s) for s in (slo or []))
+        workload = prepare_workload(
+            trace,
+            tenants=mix,
+            seed=seed,
+            limit=limit,
+            window=parse_window(window) if window is not None else None,
+        )
+        prof = load_profile(profile)
+        base: dict[str, Any] = {
+            "replicas": replicas,
+            "load": load,
+            "router": router,
+            "lengths": lengths,
+            "client_timeout_s": timeout,
+            "default_max_tokens": max_tokens,
+            "slos": slos,
+            "seed": seed,
+            "label": trace,
+        }
+        t0 = time.perf_counter()
+        if sweep:
+            result = run_sweep(policy, workload, prof, parse_sweep(sweep), base=base)
+            wall = time.perf_counter() - t0
+            table = Table(title=f"velvetrope simulate sweep: {trace}")
+            for h in result.header():
+                table.add_column(h, justify="right")
+            for row in result.rows():
+                table.add_row(*row)
+            console.print(table)
+            path = result.write_report(out)
+            simulated = sum(r.span_s for _, r in result.points)
+        else:
+            reps = base.pop("replicas")
+            res = run_simulation(policy, workload, reps, prof, **base)
+            wall = time.perf_counter() - t0
+            console.print(res.table())
+            path = res.write_report(out)
+            simulated = res.span_s
+    except VelvetropeError as exc:
+        typer.echo(f"velvetrope simulate: error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"report: {path}")
+    typer.echo(
+        f"wall: {wall:.2f} s for {simulated:.1f} simulated s "
+        f"({simulated / wall if wall > 0 else float('inf'):.0f}x real time)"
+    )

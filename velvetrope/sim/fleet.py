@@ -1,0 +1,159 @@
+"""A modelled fleet: N engine replicas per pool, each a real :class:`~velvetrope.engine.Batcher`,
+behind a router.
+
+Replicas are numbered ``0 .. total - 1``, pool by pool in the order the pools are given; a
+pool's replicas are a contiguous range.  Routers (:data:`ROUTERS`):
+
+``round_robin``
+    each pool cycles through its replicas, one dispatch each.
+``least_loaded``
+    the replica of the pool with the fewest outstanding jobs (dispatched to it and not yet
+    finished, aborted or failed); ties go to the lowest-numbered replica.  This is the
+    gateway's "least-loaded upstream inside a pool".
+
+The fleet also keeps the busy-time accounting the report needs: a replica is *busy* from the
+moment work is added to an idle replica until its batcher runs out of work.  The event loop
+(:mod:`velvetrope.sim.loop`) owns the timing; it reads and updates the public lists here
+directly, since they sit on its hot path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from velvetrope.engine import Batcher, EngineProfile
+from velvetrope.errors import PolicyError
+
+__all__ = ["ROUTERS", "Fleet", "PoolStats", "pool_replicas"]
+
+ROUTERS = ("least_loaded", "round_robin")
+
+
+def pool_replicas(pools: Sequence[str], replicas: int | Mapping[str, int]) -> dict[str, int]:
+    """Replica count per pool: ``replicas`` for every pool, or a mapping naming each pool.
+
+    Every count must be ``>= 1``; a mapping must name exactly the given pools.
+    """
+    if isinstance(replicas, Mapping):
+        unknown = sorted(set(replicas) - set(pools))
+        missing = [p for p in pools if p not in replicas]
+        if unknown or missing:
+            raise PolicyError(
+                f"replicas must name every pool exactly ({', '.join(pools)}); "
+                f"unknown: {unknown}, missing: {missing}"
+            )
+        counts = {p: replicas[p] for p in pools}
+    else:
+        counts = dict.fromkeys(pools, replicas)
+    for p, n in counts.items():
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise PolicyError(f"pool {p!r} needs an integer number of replicas >= 1, got {n!r}")
+    return counts
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStats:
+    """One pool's engines over a run.
+
+    ``busy_fraction`` is the mean over its replicas of busy time / ``span_s`` (the share of
+    wall-clock time a GPU had a batch to run); ``steps`` and ``preemptions`` are summed.
+    """
+
+    pool: str
+    replicas: int
+    busy_fraction: float
+    steps: int
+    preemptions: int
+
+
+class Fleet:
+    """Engine replicas grouped by pool, with a router and busy-time accounting."""
+
+    __slots__ = (
+        "_next",
+        "active",
+        "batchers",
+        "busy_s",
+        "busy_since",
+        "load",
+        "pool_names",
+        "profile",
+        "ranges",
+        "router",
+    )
+
+    def __init__(
+        self,
+        profile: EngineProfile,
+        replicas: Mapping[str, int],
+        router: str = "least_loaded",
+        *,
+        token_events: bool = False,
+    ) -> None:
+        if router not in ROUTERS:
+            raise PolicyError(f"unknown router {router!r}; known: {', '.join(ROUTERS)}")
+        self.profile = profile
+        self.router = router
+        self.pool_names = list(replicas)
+        self.ranges: list[tuple[int, int]] = []
+        lo = 0
+        for p in self.pool_names:
+            self.ranges.append((lo, lo + replicas[p]))
+            lo += replicas[p]
+        self.batchers = [Batcher(profile, token_events=token_events) for _ in range(lo)]
+        self.load = [0] * lo
+        """Outstanding jobs per replica (maintained by the event loop)."""
+        self.active = [False] * lo
+        """Whether a replica has a step scheduled (maintained by the event loop)."""
+        self.busy_since = [0.0] * lo
+        self.busy_s = [0.0] * lo
+        self._next = [lo_ for lo_, _ in self.ranges]
+
+    def __len__(self) -> int:
+        return len(self.batchers)
+
+    def route(self, pool: int) -> int:
+        """The replica that takes the next job of pool number ``pool``."""
+        lo, hi = self.ranges[pool]
+        if self.router == "round_robin":
+            k = self._next[pool]
+            self._next[pool] = lo if k + 1 >= hi else k + 1
+            return k
+        load = self.load
+        best = lo
+        for k in range(lo + 1, hi):
+            if load[k] < load[best]:
+                best = k
+        return best
+
+    def start_busy(self, k: int, now: float) -> None:
+        """Replica ``k`` goes from idle to busy at ``now``."""
+        self.active[k] = True
+        self.busy_since[k] = now
+
+    def stop_busy(self, k: int, now: float) -> None:
+        """Replica ``k`` ran out of work at ``now``."""
+        self.active[k] = False
+        self.busy_s[k] += now - self.busy_since[k]
+
+    def stats(self, span_s: float) -> list[PoolStats]:
+        """Per-pool statistics over ``[0, span_s]`` (open busy periods count up to ``span_s``)."""
+        out = []
+        for name, (lo, hi) in zip(self.pool_names, self.ranges, strict=True):
+            busy = 0.0
+            for k in range(lo, hi):
+                b = self.busy_s[k]
+                if self.active[k]:
+                    b += span_s - self.busy_since[k]
+                busy += b / span_s if span_s > 0 else 0.0
+            out.append(
+                PoolStats(
+                    pool=name,
+                    replicas=hi - lo,
+                    busy_fraction=busy / (hi - lo),
+                    steps=sum(self.batchers[k].num_steps for k in range(lo, hi)),
+                    preemptions=sum(self.batchers[k].num_preemptions for k in range(lo, hi)),
+                )
+            )
+        return out
