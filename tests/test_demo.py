@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from velvetrope.demo import DemoSettings, TierSLO, run_demo, summarize
+from velvetrope.demo import DemoSettings, run_demo, slo_met, summarize
 from velvetrope.errors import ConfigError, PolicyError
 from velvetrope.loadgen import Outcome, RequestResult
+from velvetrope.sim.metrics import Slo
 
 
 def _r(tier: str, outcome: Outcome, **kw: object) -> RequestResult:
@@ -34,7 +35,7 @@ def test_summarize_counts_percentiles_and_goodput() -> None:
         _r("a", Outcome.TIMEOUT, status=200, error_code="client_timeout", elapsed_s=30.0),
         _r("b", Outcome.COMPLETED, status=200, ttft_s=5.0, e2e_s=6.0),
     ]
-    slos = {"a": TierSLO(ttft_s=0.5), "b": TierSLO(e2e_s=5.0)}
+    slos = {"a": Slo(ttft_s=0.5, tpot_s=None), "b": Slo(ttft_s=None, tpot_s=None, e2e_s=5.0)}
     a, b = summarize("gateway", done + rest, 2.0, slos, ["a", "b"])
     assert (a.requests, a.completed, a.cut, a.errors) == (14, 10, 1, 0)
     assert a.rejected == {"queue_full": 2, "rate_limited": 1} and a.rejected_total == 3
@@ -43,6 +44,22 @@ def test_summarize_counts_percentiles_and_goodput() -> None:
     assert str(a.ttft_p50) == "0.60" and str(a.ttft_p99) == "≥30.00"
     assert str(a.e2e_p50) == "7.00" and a.e2e_p99.lower_bound
     assert b.within_slo == 0 and b.completed == 1 and str(b.e2e_p99) == "6.00"
+
+
+def test_slo_met_uses_the_simulators_definitions() -> None:
+    slo = Slo(ttft_s=1.0, tpot_s=0.1, e2e_s=None)
+    ok = _r("a", Outcome.COMPLETED, ttft_s=0.5, e2e_s=0.5 + 0.1 * 10, tokens=11)
+    slow = _r("a", Outcome.COMPLETED, ttft_s=0.5, e2e_s=0.5 + 0.2 * 10, tokens=11)
+    one = _r("a", Outcome.COMPLETED, ttft_s=0.9, e2e_s=5.0, tokens=1)  # no TPOT: passes
+    late = _r("a", Outcome.COMPLETED, ttft_s=1.5, e2e_s=2.0, tokens=2)
+    cut = _r("a", Outcome.TIMEOUT, ttft_s=0.1, tokens=3)
+    assert [slo_met(r, slo) for r in (ok, slow, one, late, cut)] == [
+        True,
+        False,
+        True,
+        False,
+        False,
+    ]
 
 
 def test_settings_are_checked(tmp_path: Path) -> None:

@@ -281,3 +281,31 @@ def test_status_reports_queue_and_in_flight() -> None:
     assert st["queued"] == 2 and st["in_flight"] == 1
     assert st["pools"]["default"]["bands"]["lo"]["queued"] == 2
     assert st["tenants_queued"] == {"a": 1, "b": 1}
+
+
+def test_weighted_bands_predict_the_wait_from_their_own_share() -> None:
+    cfg = {
+        "preset": "hybrid",
+        "pools": [{"name": "default", "max_in_flight": 1, "initial_drain_tokens_per_s": 100}],
+        "tiers": [
+            {"name": "top", "weight": 3, "max_wait_s": 10},
+            {"name": "low", "weight": 1, "max_wait_s": 5},
+        ],
+    }
+    ctl, _ = controller(cfg)
+    ctl.arrive(make_job("x", "low", prompt=100, predicted=100))  # runs
+    for _ in range(10):  # 2,000 tokens of low-band work: 20 s at the full rate
+        ctl.arrive(make_job("x", "low", prompt=100, predicted=100))
+    # the top band is empty: a top job is not stuck behind the low band's backlog
+    d = ctl.arrive(make_job("t", "top", prompt=100, predicted=100))
+    assert isinstance(d, Queued)
+    assert d.eta_s == pytest.approx(0.0)
+    # 2 top jobs queued (400 tokens) drain at 3/4 of the rate: 400 / 75 tok/s
+    ctl.arrive(make_job("t", "top", prompt=100, predicted=100))
+    d = ctl.arrive(make_job("t", "top", prompt=100, predicted=100))
+    assert isinstance(d, Queued)
+    assert d.eta_s == pytest.approx(400 / 75)
+    # a low job waits for its own band at a quarter of the rate: shed (2,000 / 25 = 80 s)
+    d = ctl.arrive(make_job("x", "low", prompt=100, predicted=100))
+    assert isinstance(d, Rejected)
+    assert d.reason is Reason.WAIT_EXCEEDS_SLO

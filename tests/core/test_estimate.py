@@ -53,3 +53,20 @@ def test_drain_meter_counts_busy_time_only() -> None:
 def test_drain_meter_prior() -> None:
     m = DrainMeter(prior=50.0)
     assert m.seconds_for(100) == pytest.approx(2.0)
+
+
+def test_window_quantile_is_exact_over_its_window_and_follows_drift() -> None:
+    from velvetrope.core.estimate import WindowQuantile
+
+    w = WindowQuantile(0.9, window=100, refresh=1)
+    for x in range(1, 101):
+        w.add(x)
+    assert w.value() == 91  # the 90th percentile of 1..100 (nearest rank above)
+    for _ in range(100):
+        w.add(1000)
+    assert w.value() == 1000  # the old values left the window
+    lagging = WindowQuantile(0.5, window=64, refresh=16)
+    for x in range(200):
+        lagging.add(x)
+    exact = sorted(range(200 - 64, 200))[32]
+    assert abs(lagging.value() - exact) <= 16  # lags by fewer than `refresh` observations

@@ -154,7 +154,8 @@ def test_disconnects_while_queued_and_mid_stream_release_everything(tmp_path: Pa
         assert st["in_flight"] == 0
         assert st["queued"] == 0
         assert st["pools"]["default"]["tokens_in_flight"] == 0
-        assert metric(gw.url, "velvetrope_requests_total", outcome="cancelled") == 2
+        cancelled = metric(gw.url, "velvetrope_requests_total", outcome="cancelled")
+        assert cancelled == 2, httpx.get(gw.url + "/metrics").text
         assert metric(gw.url, "velvetrope_in_flight") == 0
         assert metric(gw.url, "velvetrope_queue_depth") == 0
         # balance: the queued cancel is refunded in full; the stream is charged its prompt
@@ -163,7 +164,9 @@ def test_disconnects_while_queued_and_mid_stream_release_everything(tmp_path: Pa
         level = st["buckets"]["tenant:gold:tok"]
         stream_charge = BURST - used - level
         prompt = 3  # "hello world" under cl100k_base, as the engine counts
-        assert prompt + seen - 1 <= stream_charge <= prompt + 200
+        # charged at least what the client saw, and less than the 400 asked for: the
+        # upstream was aborted when the client hung up
+        assert prompt + seen - 1 <= stream_charge < prompt + 400, (seen, stream_charge, st)
         settled = metric(gw.url, "velvetrope_tokens_settled_total", tier="interactive")
         assert settled == pytest.approx(BURST - level, abs=1.0)
     finally:

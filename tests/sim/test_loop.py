@@ -57,7 +57,7 @@ def stress_workload(n: int = 400, rate: float = 30.0, seed: int = 3) -> list[Tra
     for i, t in enumerate(times.tolist()):
         prompt = int(rng.integers(20, 900))
         output = int(rng.integers(0, 300))
-        if i == 17:
+        if i == 1:
             prompt = 2040  # prompt + output > max_model_len: the engine refuses it
         out.append(TraceRequest(t, prompt, output, tenants[i % 3], None, max(output, 1) + 50))
     return out

@@ -55,6 +55,7 @@ _QUEUED = JobState.QUEUED
 _DISPATCHED = JobState.DISPATCHED
 _DEFAULT_RETRY_S = 1.0
 _NO_SETTLEMENT = Settlement(())
+_MISSING: Any = object()
 
 
 class Admitted(NamedTuple):
@@ -152,6 +153,7 @@ class AdmissionController:
             tuple[str, str, str | None], list[tuple[str, TokenBucket, bool]]
         ] = {}
         self._bounds: dict[str, int | None] = {}
+        self._max_queued = config.queue.max_queued
         self._pools: dict[str, _Pool] = {}
         for p in config.pools:
             self._pools[p.name] = _Pool(
@@ -315,7 +317,9 @@ class AdmissionController:
         band = sched.band_of(tier)
         job.band = band
         tq = self._tenant_queued.get(job.tenant, 0)
-        tbound = self._tenant_bound(job.tenant)
+        tbound = self._bounds.get(job.tenant, _MISSING)
+        if tbound is _MISSING:
+            tbound = self._tenant_bound(job.tenant)
         if tbound is not None and tq >= tbound:
             return self._reject(
                 job,
@@ -332,7 +336,7 @@ class AdmissionController:
                 f"the {sched.bands[band].name!r} band is full",
                 now,
             )
-        if self.queued >= self.config.queue.max_queued:
+        if self.queued >= self._max_queued:
             return self._reject(
                 job, Reason.QUEUE_FULL, self._drain_s(pool, sched.tokens), "the queue is full", now
             )
@@ -348,8 +352,8 @@ class AdmissionController:
                 f"predicted wait {eta:.2f}s exceeds the {job.tier!r} tier's max_wait {max_wait:g}s",
                 now,
             )
-        # 5. queue
-        job.move(_QUEUED)
+        # 5. queue (ARRIVED -> QUEUED, checked on entry)
+        job.state = _QUEUED
         self._jobs[job.id] = job
         sched.push(job)
         self.queued += 1
@@ -488,11 +492,13 @@ class AdmissionController:
         return _DEFAULT_RETRY_S if s is None else max(_DEFAULT_RETRY_S, s)
 
     def _start(self, job: Job, pool: _Pool, now: float) -> None:
-        job.move(_DISPATCHED)
+        # ARRIVED or QUEUED -> DISPATCHED: callers hold a job in one of those states
+        job.state = _DISPATCHED
         job.dispatched_at = now
         cap = pool.capacity
         pool.drain.busy(now, cap.in_flight)
-        cap.acquire(job)
+        cap.in_flight += 1
+        cap.tokens += job.cost
         self.in_flight += 1
 
     def _settlement(self, job: Job, actual_tokens: int) -> Settlement:
@@ -500,6 +506,11 @@ class AdmissionController:
         if not claims:
             return _NO_SETTLEMENT
         actual = float(actual_tokens)
+        if len(claims) == 1:
+            k, amt = claims[0]
+            return Settlement(
+                ((k, amt, actual if k.endswith(":tok") else amt if actual_tokens else 0.0),)
+            )
         return Settlement(
             tuple(
                 [
@@ -556,7 +567,7 @@ class AdmissionController:
 
     def _end_dispatched(self, job: Job, state: JobState, reason: Reason, usage: Usage) -> Outcome:
         now = self.clock.now()
-        job.move(state)
+        job.state = state  # DISPATCHED -> terminal: callers checked DISPATCHED
         job.usage = usage
         pool = self._pools[job.pool]
         cap = pool.capacity
@@ -566,7 +577,8 @@ class AdmissionController:
         self.in_flight -= 1
         pool.sched.on_complete(job, usage.completion_tokens)
         del self._jobs[job.id]
-        return self._emit(job, state, reason, self._settlement(job, usage.total), now)
+        total = usage.prompt_tokens + usage.completion_tokens
+        return self._emit(job, state, reason, self._settlement(job, total), now)
 
     def _expire(self, now: float) -> list[Outcome]:
         out: list[Outcome] = []

@@ -1,8 +1,10 @@
 """Output-length estimation and drain-rate measurement.
 
-:class:`P2Quantile` is the P² algorithm of Jain & Chlamtac (CACM 1985): a running
-quantile in five markers, O(1) memory and time per observation.  :class:`QuantileEstimator`
-keeps one per tenant and predicts ``min(max_tokens, quantile)``.  Any object with the
+:class:`WindowQuantile` is the quantile of a sliding window of recent observations (a
+fixed ring buffer, cheap and adaptive); :class:`P2Quantile` is the P² algorithm of Jain &
+Chlamtac (CACM 1985), a running all-time quantile in five markers.  Both use O(1) memory.
+:class:`QuantileEstimator` keeps a window per tenant and predicts
+``min(max_tokens, quantile)``.  Any object with the
 :class:`OutputEstimator` shape can replace it (a learned predictor, an oracle).
 
 :class:`DrainMeter` measures how fast a pool drains work: tokens finished per *busy* second,
@@ -14,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
-__all__ = ["DrainMeter", "OutputEstimator", "P2Quantile", "QuantileEstimator"]
+__all__ = ["DrainMeter", "OutputEstimator", "P2Quantile", "QuantileEstimator", "WindowQuantile"]
 
 
 class P2Quantile:
@@ -108,8 +110,56 @@ class OutputEstimator(Protocol):
         ...
 
 
+class WindowQuantile:
+    """The ``p``-quantile of the last ``window`` observations.
+
+    A ring buffer of fixed size: O(1) per observation, the sorted copy rebuilt at most once
+    every ``refresh`` observations (amortised O(window log window / refresh)), so the
+    estimate lags by fewer than ``refresh`` observations and follows drift within one
+    window.  Memory is bounded by ``window``.
+    """
+
+    __slots__ = ("_buf", "_i", "_p", "_refresh", "_since", "_value", "count", "window")
+
+    def __init__(self, p: float, window: int = 256, refresh: int = 16) -> None:
+        if not 0 < p < 1:
+            raise ValueError(f"quantile must be in (0, 1), got {p}")
+        self._p = p
+        self.window = window
+        self._refresh = refresh
+        self._buf: list[float] = []
+        self._i = 0
+        self._since = 0
+        self._value = math.nan
+        self.count = 0
+
+    def add(self, x: float) -> None:
+        """Observe one value."""
+        buf = self._buf
+        if len(buf) < self.window:
+            buf.append(x)
+        else:
+            buf[self._i] = x
+            self._i = (self._i + 1) % self.window
+        self.count += 1
+        self._since += 1
+        if self._since >= self._refresh or self.count <= self._refresh:
+            self._since = 0
+            s = sorted(buf)
+            self._value = s[min(len(s) - 1, int(self._p * len(s)))]
+
+    def value(self) -> float:
+        """The current estimate; ``nan`` before any observation."""
+        return self._value
+
+
 class QuantileEstimator:
-    """``min(max_tokens, per-tenant running quantile)``; a default before enough data."""
+    """``min(max_tokens, per-tenant running quantile)``; a default before enough data.
+
+    The per-tenant sketch is a :class:`WindowQuantile` over the last 256 outputs (bounded
+    memory, follows drift); :class:`P2Quantile` is the alternative for a stationary
+    all-time quantile.
+    """
 
     __slots__ = ("_min_obs", "_sketches", "default", "quantile")
 
@@ -117,7 +167,7 @@ class QuantileEstimator:
         self.quantile = quantile
         self.default = default
         self._min_obs = min_observations
-        self._sketches: dict[str, P2Quantile] = {}
+        self._sketches: dict[str, WindowQuantile] = {}
 
     def predict(self, tenant: str, max_tokens: int) -> int:
         sk = self._sketches.get(tenant)
@@ -128,7 +178,7 @@ class QuantileEstimator:
     def observe(self, tenant: str, output_tokens: int) -> None:
         sk = self._sketches.get(tenant)
         if sk is None:
-            sk = self._sketches[tenant] = P2Quantile(self.quantile)
+            sk = self._sketches[tenant] = WindowQuantile(self.quantile)
         sk.add(output_tokens)
 
 

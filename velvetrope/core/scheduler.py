@@ -178,12 +178,23 @@ class Scheduler:
     def on_complete(self, job: Job, output_tokens: int) -> None:
         self.bands[job.band].queue.on_complete(job, output_tokens)
 
-    def ahead(self, band: int) -> tuple[int, int]:
-        """``(jobs, tokens)`` queued that a new job in ``band`` would wait behind, at most."""
-        if self._mode == "strict":
+    def ahead(self, band: int) -> tuple[int, float]:
+        """``(jobs, tokens)`` a new job in ``band`` would wait behind, at most.
+
+        ``tokens`` is in units of the pool's whole drain rate: with ``strict`` bands, the
+        work queued in this band and the ones above it; with ``weighted`` bands, the work
+        queued in this band scaled up by the band's share of the backlogged weight (a band
+        with half the weight drains at half the rate); with ``single``, everything queued.
+        """
+        mode = self._mode
+        if mode == "strict":
             n = t = 0
             for b in self.bands[: band + 1]:
                 n += b.count
                 t += b.tokens
             return n, t
+        if mode == "weighted":
+            own = self.bands[band]
+            total_w = own.weight + sum(b.weight for b in self.bands if b.count and b is not own)
+            return own.count, own.tokens * total_w / own.weight
         return self.queued, self.tokens

@@ -10,12 +10,13 @@ time from :meth:`AdmissionController.status`, so the request path pays nothing f
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from velvetrope.core import AdmissionController, Outcome
+from velvetrope.core import AdmissionController, Outcome, Reason
 from velvetrope.core.request import JobState
 
 __all__ = ["GatewayMetrics"]
@@ -116,31 +117,47 @@ class GatewayMetrics:
             ["tier"],
             registry=self.registry,
         )
+        self._request_children: dict[tuple[str, JobState, Reason, str], Any] = {}
+        self._tier_children: dict[str, tuple[Any, Any, Any, Any, Any]] = {}
         self.registry.register(_StateCollector(ctl))
         ctl.observers.append(self.on_outcome)
 
     def on_outcome(self, o: Outcome) -> None:
         """Count a terminal outcome (called by the controller, exactly once per job)."""
         job = o.job
-        values = [job.tier, o.state.value, o.reason.code]
-        if self.tenant_label:
-            values.append(job.tenant)
-        self.requests.labels(*values).inc()
+        key = (job.tier, o.state, o.reason, job.tenant if self.tenant_label else "")
+        child = self._request_children.get(key)
+        if child is None:
+            values = [job.tier, o.state.value, o.reason.code]
+            if self.tenant_label:
+                values.append(job.tenant)
+            child = self._request_children[key] = self.requests.labels(*values)
+        child.inc()
+        hs = self._tier_children.get(job.tier)
+        if hs is None:
+            t = job.tier
+            hs = self._tier_children[t] = (
+                self.queue_wait.labels(t),
+                self.ttft.labels(t),
+                self.e2e.labels(t),
+                self.reserved.labels(t),
+                self.settled.labels(t),
+            )
+        queue_wait, ttft, e2e, reserved_c, settled_c = hs
         if o.state is not JobState.REJECTED:
-            self.queue_wait.labels(job.tier).observe(job.queue_s)
+            queue_wait.observe(job.queue_s)
         if job.first_token_at is not None:
-            self.ttft.labels(job.tier).observe(job.first_token_at - job.arrival)
+            ttft.observe(job.first_token_at - job.arrival)
         if o.state is JobState.COMPLETED and job.finished_at is not None:
-            self.e2e.labels(job.tier).observe(job.finished_at - job.arrival)
+            e2e.observe(job.finished_at - job.arrival)
         # one token line per job (the first bucket), so tenant + tier buckets do not double
-        tok = next((line for line in o.settlement.lines if line[0].endswith(":tok")), None)
-        if tok is None:
-            return
-        _, reserved, actual = tok
-        if reserved:
-            self.reserved.labels(job.tier).inc(reserved)
-        if actual:
-            self.settled.labels(job.tier).inc(actual)
+        for k, reserved, actual in o.settlement.lines:
+            if k.endswith(":tok"):
+                if reserved:
+                    reserved_c.inc(reserved)
+                if actual:
+                    settled_c.inc(actual)
+                break
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
