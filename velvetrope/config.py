@@ -34,6 +34,7 @@ __all__ = [
     "GatewaySettings",
     "Listen",
     "Route",
+    "SaturationSettings",
     "Upstream",
     "hash_key",
     "load_config",
@@ -93,6 +94,15 @@ class Route(_Model):
     pool: str
 
 
+class SaturationSettings(_Model):
+    """Hold dispatch while the engines report a queue of their own (vLLM metrics)."""
+
+    enabled: bool = Field(True, description="scrape upstreams' /metrics for saturation")
+    max_waiting: int = Field(2, ge=0, description="vllm:num_requests_waiting per upstream")
+    max_kv_usage: float = Field(0.97, gt=0, le=1, description="vllm:kv_cache_usage_perc")
+    scrape_interval_s: float = Field(1.0, gt=0)
+
+
 class GatewaySettings(_Model):
     """Request handling limits and defaults."""
 
@@ -109,6 +119,7 @@ class GatewaySettings(_Model):
     drain_grace_s: float = Field(30.0, ge=0, description="SIGTERM: finish in-flight work this long")
     metrics_tenant_label: bool = Field(False, description="label metrics by tenant (cardinality!)")
     admission: bool = Field(True, description="false: a pure proxy (for benchmarks)")
+    saturation: SaturationSettings = Field(default_factory=SaturationSettings)
 
 
 class GatewayConfig(_Model):

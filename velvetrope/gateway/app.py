@@ -46,6 +46,7 @@ from velvetrope.gateway.metrics import GatewayMetrics
 from velvetrope.gateway.openai_errors import error_body
 from velvetrope.gateway.parse import Kind, parse_request
 from velvetrope.gateway.proxy import Relay, UpstreamAnswer, forward
+from velvetrope.gateway.saturation import EngineSaturation
 from velvetrope.gateway.upstreams import UpstreamPools
 from velvetrope.tokenizer import ApproxTokenizer, Tokenizer, get_tokenizer
 
@@ -112,6 +113,19 @@ class Gateway:
         self._ids = itertools.count()
         self._id_prefix = os.urandom(4).hex()
         self.session: aiohttp.ClientSession | None = None
+        sat = self.settings.saturation
+        self.saturation: dict[str, EngineSaturation] = {}
+        if sat.enabled and self.settings.admission:
+            for pool in config.upstreams:
+                sig = EngineSaturation(
+                    self.upstreams,
+                    pool,
+                    max_waiting=sat.max_waiting,
+                    max_kv_usage=sat.max_kv_usage,
+                    interval_s=sat.scrape_interval_s,
+                )
+                self.ctl.pool_capacity(pool).signals.append(sig)
+                self.saturation[pool] = sig
         self.http = HttpClient(
             self.settings.upstream_connect_timeout_s, self.settings.upstream_read_timeout_s
         )
@@ -127,9 +141,13 @@ class Gateway:
                 auto_decompress=False,
             )
             self.upstreams.start(self.session)
+            for sig in self.saturation.values():
+                sig.start(self.session, self.admission.pump)
 
     async def shutdown(self) -> None:
         await self.upstreams.stop()
+        for sig in self.saturation.values():
+            await sig.stop()
         self.admission.close()
         self.http.close()
         if self.session is not None:
@@ -237,6 +255,12 @@ class Gateway:
         status = self.ctl.status()
         status["waiting_requests"] = self.admission.waiting
         status["upstreams"] = self.upstreams.status()
+        status["engine_load"] = {
+            url: {"waiting": load.waiting, "running": load.running, "kv_usage": load.kv_usage}
+            for sig in self.saturation.values()
+            for url, load in sig.loads.items()
+        }
+        status["dispatch_held_by_saturation"] = sum(s.held for s in self.saturation.values())
         await _respond(send, 200, orjson.dumps(status))
 
     async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
@@ -439,6 +463,9 @@ class Gateway:
                 )
                 return
             tried.add(up.url)
+            sig = self.saturation.get(job.pool)
+            if sig is not None and len(tried) == 1:
+                sig.sent()
             up.in_flight += 1
             up.requests += 1
             me = asyncio.current_task()
