@@ -40,6 +40,7 @@ from velvetrope.core.bucket import (
     Denial,
     Grant,
     TokenBucket,
+    take,
 )
 from velvetrope.core.capacity import PoolCapacity
 from velvetrope.core.estimate import DrainMeter, OutputEstimator, QuantileEstimator
@@ -150,7 +151,7 @@ class AdmissionController:
         }
         self._spec_cache: dict[tuple[str, str, str | None], list[_Spec]] = {}
         self._plan_cache: dict[
-            tuple[str, str, str | None], list[tuple[str, TokenBucket, bool]]
+            tuple[str, str, str | None], tuple[tuple[str, TokenBucket, bool], ...]
         ] = {}
         self._bounds: dict[str, int | None] = {}
         self._max_queued = config.queue.max_queued
@@ -234,20 +235,20 @@ class AdmissionController:
             for k, tok, cap, rate, floor in self._specs(job)
         ]
 
-    def _plan(self, job: Job, now: float) -> list[tuple[str, TokenBucket, float]]:
-        """``(key, bucket, amount)`` for the in-memory ledger, buckets created on first use."""
+    def _plan(self, job: Job, now: float) -> tuple[tuple[str, TokenBucket, bool], ...]:
+        """``(key, bucket, is_tokens)`` for ``job`` in the in-memory ledger (cached; buckets
+        are created full on first use)."""
         ledger = self.ledger
         assert ledger is not None
         k = (job.tenant, job.tier, job.model)
         plan = self._plan_cache.get(k)
         if plan is None:
-            plan = [
+            plan = tuple(
                 (key, ledger.bucket(Claim(key, 0.0, cap, rate, floor), now), tok)
                 for key, tok, cap, rate, floor in self._specs(job)
-            ]
+            )
             self._plan_cache[k] = plan
-        cost = float(job.cost)
-        return [(key, b, cost if tok else 1.0) for key, b, tok in plan]
+        return plan
 
     def _size(self, job: Job) -> None:
         if job.cost:
@@ -298,12 +299,19 @@ class AdmissionController:
         if grant is not None:
             job.claims = grant.lines
         elif self.ledger is not None:
-            plan = self._plan(job, now)
+            plan = self._plan_cache.get((job.tenant, job.tier, job.model))
+            if plan is None:
+                plan = self._plan(job, now)
             if plan:
-                res = self.ledger.reserve_in(plan, now)
-                if isinstance(res, Denial):
+                cost = job.cost
+                if take(plan, cost, now):
+                    res = self.ledger.reserve_in(
+                        [(key, b, cost if tok else 1.0) for key, b, tok in plan], now
+                    )
+                    assert isinstance(res, Denial)
                     return self._deny(job, res, now)
-                job.claims = res.lines
+                job.claims = tuple([(key, cost if tok else 1.0) for key, _, tok in plan])
+                job.buckets = plan
         elif self._specs(job):
             raise PolicyError(f"job {job.id!r}: external buckets need a grant")
         # 2. start at once when nothing is waiting and capacity allows
@@ -526,8 +534,13 @@ class AdmissionController:
         job.reason = reason
         job.finished_at = now
         lines = settlement.lines
-        if lines and self.ledger is not None:
-            self.ledger.settle(lines, now)
+        if lines:
+            plan = job.buckets
+            if plan:  # the in-memory buckets this job reserved from, in claim order
+                for (_, reserved, actual), entry in zip(lines, plan, strict=True):
+                    entry[1].settle(reserved, actual, now)
+            elif self.ledger is not None:
+                self.ledger.settle(lines, now)
         out = Outcome(job, state, reason, settlement, now)
         for obs in self.observers:
             obs(out)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from velvetrope.errors import LifecycleError
 
@@ -136,6 +136,7 @@ class Job:
     seq: int = 0
     band: int = 0
     claims: tuple[tuple[str, float], ...] = ()
+    buckets: tuple[Any, ...] = ()  # the in-memory buckets behind ``claims``, same order
     dispatched_at: float | None = None
     first_token_at: float | None = None
     finished_at: float | None = None
