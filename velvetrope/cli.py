@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import typer
 
+from velvetrope.engine.calibrate_cli import calibrate_command
 from velvetrope.engine.cli import engine_command
 from velvetrope.planner.cli import plan_command
 from velvetrope.sim.cli import simulate_command
@@ -24,6 +25,7 @@ app = typer.Typer(
 app.command("engine")(engine_command)
 app.command("simulate")(simulate_command)
 app.command("plan")(plan_command)
+app.command("calibrate")(calibrate_command)
 
 
 @app.callback()

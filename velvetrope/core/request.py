@@ -71,6 +71,7 @@ class Reason(enum.Enum):
     UPSTREAM_ERROR = ("upstream_error", 502)
     UPSTREAM_TIMEOUT = ("upstream_timeout", 504)
     NO_HEALTHY_UPSTREAM = ("no_healthy_upstream", 503)
+    UPSTREAM_REJECTED = ("upstream_rejected", 400)  # the engine refused the request as sent
 
     def __init__(self, code: str, status: int) -> None:
         self.code = code

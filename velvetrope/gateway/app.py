@@ -96,8 +96,10 @@ class Gateway:
         self.clock = clock or SystemClock()
         self.ctl = AdmissionController(config.policy, self.clock)
         self.admission = Admission(self.ctl)
-        self.metrics = GatewayMetrics(self.ctl, self.settings.metrics_tenant_label)
         self.upstreams = UpstreamPools(config)
+        self.metrics = GatewayMetrics(
+            self.ctl, self.settings.metrics_tenant_label, upstreams=self.upstreams
+        )
         self.keys = {k.digest: k.tenant for k in config.api_keys}
         self.admin_token = config.resolved_admin_token()
         self.tokenizer: Tokenizer = get_tokenizer(self.settings.tokenizer)
@@ -531,8 +533,9 @@ class Gateway:
                 )
             return
         if 400 <= answer.status < 500:
-            # the engine refused the request as sent (e.g. too long for the model): no work done
-            adm.fail(job.id, Reason.UPSTREAM_ERROR, Usage(0, 0))
+            # the engine refused the request as sent (e.g. too long for the model): no work
+            # done, and the client's mistake, not an upstream failure
+            adm.fail(job.id, Reason.UPSTREAM_REJECTED, Usage(0, 0))
             await _respond(
                 send, answer.status, answer.body or b"", [(b"content-type", answer.content_type)]
             )

@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from velvetrope.core import AdmissionController, Outcome, Reason
 from velvetrope.core.request import JobState
+from velvetrope.gateway.upstreams import UpstreamPools
 
 __all__ = ["GatewayMetrics"]
 
@@ -25,8 +26,9 @@ _LAT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40,
 
 
 class _StateCollector(Collector):
-    def __init__(self, ctl: AdmissionController) -> None:
+    def __init__(self, ctl: AdmissionController, upstreams: UpstreamPools | None) -> None:
         self._ctl = ctl
+        self._upstreams = upstreams
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         st = self._ctl.status()
@@ -68,13 +70,38 @@ class _StateCollector(Collector):
                     fill.add_metric([key], level / b.capacity)
         draining = GaugeMetricFamily("velvetrope_draining", "1 while draining.")
         draining.add_metric([], 1.0 if st["draining"] else 0.0)
-        yield from (depth, qtok, infl, tinfl, drain, fill, draining)
+        bound = GaugeMetricFamily(
+            "velvetrope_queue_bound",
+            "Queue bound by pool and band (band='*': the global bound across pools).",
+            labels=["pool", "band"],
+        )
+        cfg = self._ctl.config
+        bound.add_metric(["*", "*"], cfg.queue.max_queued)
+        if cfg.queue.bands != "single":
+            for pool in st["pools"]:
+                for t in cfg.tiers:
+                    if t.max_queued is not None:
+                        bound.add_metric([pool, t.name], t.max_queued)
+        healthy = GaugeMetricFamily(
+            "velvetrope_upstream_healthy",
+            "1 if the upstream passes its health check.",
+            labels=["pool", "upstream"],
+        )
+        if self._upstreams is not None:
+            for u in self._upstreams.status():
+                healthy.add_metric([str(u["pool"]), str(u["url"])], 1.0 if u["healthy"] else 0.0)
+        yield from (depth, qtok, infl, tinfl, drain, fill, draining, bound, healthy)
 
 
 class GatewayMetrics:
     """Counters and histograms fed by the controller's outcomes and the proxy."""
 
-    def __init__(self, ctl: AdmissionController, tenant_label: bool = False) -> None:
+    def __init__(
+        self,
+        ctl: AdmissionController,
+        tenant_label: bool = False,
+        upstreams: UpstreamPools | None = None,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.tenant_label = tenant_label
         labels = ["tier", "outcome", "reason"] + (["tenant"] if tenant_label else [])
@@ -119,7 +146,7 @@ class GatewayMetrics:
         )
         self._request_children: dict[tuple[str, JobState, Reason, str], Any] = {}
         self._tier_children: dict[str, tuple[Any, Any, Any, Any, Any]] = {}
-        self.registry.register(_StateCollector(ctl))
+        self.registry.register(_StateCollector(ctl, upstreams))
         ctl.observers.append(self.on_outcome)
 
     def on_outcome(self, o: Outcome) -> None:

@@ -1,0 +1,177 @@
+"""``velvetrope calibrate``: fit an engine profile to a live OpenAI-compatible endpoint.
+
+Registered in :mod:`velvetrope.cli` as ``app.command("calibrate")(calibrate_command)``.
+The sweep and the fit are :mod:`velvetrope.engine.calibrate`'s (imported lazily, so that
+the rest of the command line does not pay for aiohttp, numpy and scipy).
+
+Output: the profile YAML goes to ``--out`` (or, without it, to stdout); the report (a
+table of fitted coefficients with their standard errors and, with ``--compare``, a
+reference profile's values and the relative errors, then the fit quality) goes to stdout
+when ``--out`` is given, else to stderr, so ``velvetrope calibrate ... > my.yaml`` works.
+Exit codes: 0 on success, 2 on any error (endpoint down, bad answers, bad options), with
+a one-line message on stderr.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from velvetrope.errors import VelvetropeError
+
+if TYPE_CHECKING:
+    from velvetrope.engine.calibrate import CalibrationResult
+    from velvetrope.engine.profile import EngineProfile
+
+__all__ = ["calibrate_command", "render_report"]
+
+
+def render_report(result: CalibrationResult, reference: EngineProfile | None) -> str:
+    """The human-readable report: coefficients (vs ``reference``), fit quality, notes."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from velvetrope.engine.calibrate import COEFFICIENTS, relative_errors
+
+    fit = result.fit
+    table = Table(title=f"calibrated profile {result.profile.name!r}")
+    table.add_column("coefficient")
+    table.add_column("fitted", justify="right")
+    table.add_column("± s.e.", justify="right")
+    if reference is not None:
+        table.add_column(f"reference ({reference.name})", justify="right")
+        table.add_column("rel. error", justify="right")
+    errs = relative_errors(result.profile, reference) if reference is not None else {}
+    for n in COEFFICIENTS:
+        v, se = fit.coefficients[n], fit.stderr[n]
+        cells = [n, f"{v:.4g}", f"{se / v:.1%}" if v > 0 and math.isfinite(se) else "-"]
+        if reference is not None:
+            cells += [f"{getattr(reference, n):.4g}", f"{errs[n]:.2%}"]
+        table.add_row(*cells)
+    buf = io.StringIO()
+    Console(file=buf, width=100, force_terminal=False, color_system=None).print(table)
+    lines = [
+        f"endpoint {result.url} model {result.model}: {result.requests} requests in "
+        f"{result.wall_seconds:.1f} s (speed hint {result.speed_hint:g})",
+        f"fit: R² {fit.r2:.6f} over {len(fit.rows)} rows; relative residuals rms "
+        f"{fit.rms_rel_residual:.2%}, max {fit.max_rel_residual:.2%} ({fit.worst_row})",
+    ]
+    if fit.overhead_s is not None:
+        lines.append(
+            f"TTFT beyond the engine's steps: {fit.overhead_s / result.speed_hint * 1e3:.2f} ms"
+            + (
+                ""
+                if fit.overhead_per_token_s is None
+                else f" {fit.overhead_per_token_s / result.speed_hint * 1e6:+.3f} µs/token"
+            )
+            + " (wall, not part of the profile)"
+        )
+    if fit.at_bound:
+        lines.append(f"not resolved (pinned at 0): {', '.join(fit.at_bound)}")
+    if reference is not None:
+        lines.append(f"max relative error: {max(errs.values()):.2%}")
+    lines.extend(f"note: {n}" for n in result.notes)
+    return buf.getvalue().rstrip() + "\n" + "\n".join(lines) + "\n"
+
+
+def calibrate_command(
+    url: Annotated[
+        str,
+        typer.Option(help="Base URL of the OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000"),
+    ],
+    model: Annotated[
+        str | None, typer.Option(help="Model to request (default: the first of /v1/models).")
+    ] = None,
+    api_key: Annotated[
+        str | None, typer.Option(help="Bearer token for the endpoint, if it needs one.")
+    ] = None,
+    out: Annotated[
+        Path | None, typer.Option(help="Write the profile YAML here (default: stdout).")
+    ] = None,
+    base_profile: Annotated[
+        str,
+        typer.Option(
+            help="Profile (name or YAML) whose KV-cache and scheduler limits are kept and "
+            "size the sweep."
+        ),
+    ] = "llama3-8b-h100",
+    speed_hint: Annotated[
+        float,
+        typer.Option(
+            help="K of a `velvetrope engine --speed K` endpoint (wall seconds x K = model "
+            "seconds); 1 for a real engine."
+        ),
+    ] = 1.0,
+    quick: Annotated[
+        bool, typer.Option(help="A short sweep (about a third of the full one's time).")
+    ] = False,
+    compare: Annotated[
+        str | None,
+        typer.Option(help="Reference profile (name or YAML) to compare the fit with."),
+    ] = None,
+    repeats: Annotated[
+        int | None, typer.Option(min=1, help="Repeats of every probe (default 3).")
+    ] = None,
+    max_seconds: Annotated[
+        float, typer.Option(help="Start no probe after this many seconds (wall).")
+    ] = 600.0,
+    timeout: Annotated[
+        float, typer.Option(help="Seconds a stream may stay silent before failing.")
+    ] = 120.0,
+    name: Annotated[
+        str | None, typer.Option(help="Name of the written profile (default: from the model).")
+    ] = None,
+) -> None:
+    """Measure an OpenAI-compatible endpoint and fit an engine profile to it.
+
+    Streams a bounded sweep of /v1/completions (prompt lengths, output lengths, concurrency).
+
+    Times every chunk on the client side and fits the four step-time coefficients.
+
+    Writes the profile YAML (stdout, or --out) with the fit quality in its comments.
+
+    Run it against an otherwise idle engine.  Exits 2 on any error.
+    """
+    from velvetrope.engine.calibrate import CalibrationSettings, calibrate, calibrated_yaml
+    from velvetrope.engine.profile import load_profile
+
+    def progress(msg: str) -> None:
+        typer.echo(msg, err=True)
+
+    try:
+        reference = load_profile(compare) if compare is not None else None
+        settings = CalibrationSettings(
+            url=url,
+            model=model,
+            api_key=api_key,
+            base_profile=base_profile,
+            speed_hint=speed_hint,
+            quick=quick,
+            repeats=repeats,
+            max_seconds=max_seconds,
+            request_timeout_s=timeout,
+            name=name,
+        )
+        result = asyncio.run(calibrate(settings, progress))
+        text = calibrated_yaml(result)
+        if out is not None:
+            try:
+                out.write_text(text, encoding="utf-8")
+            except OSError as exc:
+                typer.echo(f"velvetrope calibrate: error: cannot write {out}: {exc}", err=True)
+                raise typer.Exit(2) from None
+    except VelvetropeError as exc:
+        typer.echo(f"velvetrope calibrate: error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    report = render_report(result, reference)
+    if out is None:
+        typer.echo(report, err=True, nl=False)
+        typer.echo(text, nl=False)
+    else:
+        typer.echo(report, nl=False)
+        typer.echo(f"wrote {out}")
