@@ -309,3 +309,27 @@ def test_weighted_bands_predict_the_wait_from_their_own_share() -> None:
     d = ctl.arrive(make_job("x", "low", prompt=100, predicted=100))
     assert isinstance(d, Rejected)
     assert d.reason is Reason.WAIT_EXCEEDS_SLO
+
+
+def test_job_queue_is_a_deque_until_a_key_arrives_out_of_order() -> None:
+    from velvetrope.core.jobheap import JobHeap
+
+    q = JobHeap()
+    jobs = [make_job() for _ in range(6)]
+    for i, j in enumerate(jobs):
+        j.seq = i + 1
+        j.state = JobState.QUEUED
+    for j, key in zip(jobs[:4], (1.0, 2.0, 2.0, 5.0), strict=True):
+        q.push(key, j)
+    assert not q.is_heap
+    q.push(3.0, jobs[4])  # out of order: becomes a heap, order still right
+    assert q.is_heap
+    q.push(0.5, jobs[5])
+    jobs[1].state = JobState.CANCELLED
+    q.discard(jobs[1])
+    order = []
+    while (j := q.peek()) is not None:
+        order.append(q.pop())
+        j.state = JobState.DISPATCHED
+    assert order == [jobs[5], jobs[0], jobs[2], jobs[4], jobs[3]]
+    assert len(q) == 0

@@ -387,6 +387,8 @@ class AdmissionController:
             sched = pool.sched
             cap = pool.capacity
             while sched.queued:
+                if cap.in_flight >= cap.max_in_flight:
+                    break  # no slot: do not even look at the queue
                 job = sched.peek()
                 if job is None or not cap.fits(job, now):
                     break

@@ -169,20 +169,14 @@ class VirtualTokenCounter:
         self._live += 1
 
     def peek(self) -> Job | None:
-        counters = self.counters
-        while self._backlogged:
-            best: str | None = None
-            best_c = 0.0
-            for t in self._backlogged:
-                c = counters[t]
-                if best is None or c < best_c:
-                    best, best_c = t, c
-            assert best is not None
-            job = self._backlogged[best].peek()
+        backlogged = self._backlogged
+        while backlogged:
+            best = min(backlogged, key=self.counters.__getitem__)
+            job = backlogged[best].peek()
             if job is not None:
                 self._chosen = best
                 return job
-            del self._backlogged[best]
+            del backlogged[best]
         return None
 
     def pop(self) -> Job:
