@@ -136,7 +136,8 @@ def main() -> None:
     print(f"  hybrid: {s1k * 1e6:.2f} us/cycle at 1,000 queued, {sbig * 1e6:.2f} us at {big:,}")
     b = bytes_per_queued("hybrid", 100_000)
     print(
-        f"core: cycles_per_s={1 / s100k:.0f} depth_ratio={sbig / s1k:.2f} bytes_per_queued={b:.0f}"
+        f"core: cycles_per_s={rates['fifo']:.0f} depth_ratio={sbig / s1k:.2f} "
+        f"bytes_per_queued={b:.0f}"
     )
 
 
