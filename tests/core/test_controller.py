@@ -333,3 +333,19 @@ def test_job_queue_is_a_deque_until_a_key_arrives_out_of_order() -> None:
         j.state = JobState.DISPATCHED
     assert order == [jobs[5], jobs[0], jobs[2], jobs[4], jobs[3]]
     assert len(q) == 0
+
+
+def test_a_small_top_band_does_not_inflate_a_lower_bands_wait() -> None:
+    cfg = {
+        "preset": "hybrid",
+        "tiers": [{"name": "interactive"}, {"name": "batch", "max_wait_s": 5.0}],
+        "pools": [{"name": "default", "max_in_flight": 1, "initial_drain_tokens_per_s": 1000}],
+    }
+    ctl, _ = controller(cfg)
+    ctl.arrive(make_job("b", "batch", prompt=0, predicted=100))  # runs
+    for _ in range(5):  # 500 batch tokens queued
+        ctl.arrive(make_job("b", "batch", prompt=0, predicted=100))
+    ctl.arrive(make_job("i", "interactive", prompt=0, predicted=100))  # one small top job
+    d = ctl.arrive(make_job("b", "batch", prompt=0, predicted=100))
+    assert isinstance(d, Queued)  # the whole queue is 600 tokens: 0.6 s at 1,000 tok/s
+    assert d.eta_s == pytest.approx(0.6)

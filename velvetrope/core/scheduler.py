@@ -181,10 +181,11 @@ class Scheduler:
     def ahead(self, band: int) -> tuple[int, float]:
         """``(jobs, tokens)`` a new job in ``band`` would wait behind, at most.
 
-        ``tokens`` is in units of the pool's whole drain rate: with ``strict`` bands, the
-        work queued in this band and the ones above it; with ``weighted`` bands, the work
-        queued in this band scaled up by the band's share of the backlogged weight (a band
-        with half the weight drains at half the rate); with ``single``, everything queued.
+        ``tokens`` is the work the pool drains before the new job starts, at most: with
+        ``strict`` bands, the work queued in this band and the ones above it; with
+        ``weighted`` bands, this band's queued work plus, for each other backlogged band,
+        the smaller of what it holds and what stride scheduling serves it meanwhile (its
+        weight / this band's weight × this band's work); with ``single``, everything queued.
         """
         mode = self._mode
         if mode == "strict":
@@ -194,7 +195,14 @@ class Scheduler:
                 t += b.tokens
             return n, t
         if mode == "weighted":
+            # while this band drains its own work, each other backlogged band is served at
+            # most weight/own-weight times as much, and never more than it holds
             own = self.bands[band]
-            total_w = own.weight + sum(b.weight for b in self.bands if b.count and b is not own)
-            return own.count, own.tokens * total_w / own.weight
+            work = float(own.tokens)
+            scale = work / own.weight
+            for b in self.bands:
+                if b.count and b is not own:
+                    share = scale * b.weight
+                    work += b.tokens if b.tokens < share else share
+            return own.count, work
         return self.queued, self.tokens
