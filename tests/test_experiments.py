@@ -1,0 +1,144 @@
+"""The studies in ``experiments/`` import, and their core helpers work on tiny inputs.
+
+The full studies take minutes and are not run here (``python -m experiments.<name>.run``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from experiments.a_mean_latency import run as a
+from experiments.b_aging import run as b
+from experiments.c_split_pools import run as c
+from experiments.common import (
+    Report,
+    at_load,
+    capacity_at,
+    engine_profile,
+    mean_of,
+    pct,
+    pctl,
+    poisson_workload,
+)
+from experiments.d_queue_depth import run as d
+from experiments.e_edge_buckets import run as e
+from experiments.f_overload import run as f
+from velvetrope.sim.traces import load_trace
+from velvetrope.sim.workload import TenantMix, TraceRequest, head
+
+
+@pytest.fixture(scope="module")
+def conv() -> list[TraceRequest]:
+    return load_trace("azure_conv")
+
+
+def test_common_helpers() -> None:
+    assert math.isnan(pctl([], 99))
+    assert math.isnan(mean_of([math.nan]))
+    assert pctl([1.0, math.nan, 3.0], 50) == 2.0
+    assert pct(-0.0001) == "0.0%"
+    rep = Report("t", "v")
+    rep.table(["a"], [["1"]])
+    assert rep.render() == "# t\n\nv\n\n| a |\n| --- |\n| 1 |\n"
+
+
+def test_theory_matches_the_brief(conv: list[TraceRequest]) -> None:
+    # the brief's figures: about 33% (conversation) and 59% (code) at rho = 0.8
+    assert a.theory_reduction(a.output_sizes(conv), 0.8) == pytest.approx(0.327, abs=0.005)
+    code = load_trace("azure_code")
+    assert a.theory_reduction(a.output_sizes(code), 0.8) == pytest.approx(0.590, abs=0.005)
+    # equal sizes: nothing to reorder
+    assert a.theory_reduction(np.full(100, 7, dtype=np.int64), 0.8) == pytest.approx(0.0)
+
+
+def test_sjf_gains_with_one_slot_and_not_with_a_batch(conv: list[TraceRequest]) -> None:
+    profile = engine_profile()
+    base = poisson_workload(conv, 300, seed=1)
+    knowledge = (("fifo", "oracle"), ("sjf", "oracle"))
+    one = a.fleet_rows(
+        at_load(base, 0.9, capacity_at(profile, conv, 1, 1)),
+        profile,
+        replicas=1,
+        slots=1,
+        knowledge=knowledge,
+    )
+    assert one[0].queue > 1.0
+    assert one[1].e2e < 0.9 * one[0].e2e
+    assert one[1].tau == pytest.approx(1.0)
+    batch = a.fleet_rows(
+        at_load(base, 0.5, capacity_at(profile, conv, 1, 64)),
+        profile,
+        replicas=1,
+        slots=64,
+        knowledge=knowledge,
+    )
+    assert batch[0].queue == 0.0
+    assert batch[1].e2e == batch[0].e2e
+
+
+def test_sjf_starves_the_longest_decile(conv: list[TraceRequest]) -> None:
+    sizes = a.output_sizes(conv)
+    points = b.analytic_points(sizes, 0.9, n_jobs=3000, warmup=100, progress=None)
+    labels = [p.label for p in points]
+    assert labels[0] == "fifo" and labels[-1] == "sjf"
+    fifo, sjf = points[0], points[-1]
+    assert sjf.mean_latency < fifo.mean_latency
+    assert sjf.long_p99_wait > fifo.long_p99_wait
+    assert 0.0 < b.gain_kept(points, labels.index("sjf_aging 240 s")) <= 1.2
+
+
+def test_split_pool_search_and_pool_independence(conv: list[TraceRequest]) -> None:
+    t = c.Tail
+    grid = c.Grid(
+        shared={4: (t(1.0, 5.0), t(1.0, 9.0)), 5: (t(0.4, 3.0), t(0.5, 8.0))},
+        short={2: t(2.0, 6.0), 3: t(0.3, 2.0)},
+        long={1: t(50.0, 90.0), 2: t(1.0, 10.0)},
+    )
+    assert grid.best_split(5, "ttft") == (3, 2)
+    assert grid.best_split(4, "ttft") == (2, 2)  # (3, 1) breaks the long bound
+    assert grid.gpus_for("ttft", 0.5) == (5, 5)
+    assert grid.gpus_for("ttft", 0.1) == (None, None)
+    # a two-pool run equals the two pools run apart (the study relies on it)
+    profile = engine_profile()
+    wl = at_load(head(conv, 400), 0.9, capacity_at(profile, conv, 2, 8))
+    combined = c.combined_check(wl, 1, 1, 8, profile)
+    short = c.tails(c.run([r for r in wl if c.is_short(r)], 1, 8, profile))
+    long = c.tails(c.run([r for r in wl if not c.is_short(r)], 1, 8, profile))
+    assert combined == (short, long)
+
+
+def test_queue_bound_rejects_and_bounds_the_wait(conv: list[TraceRequest]) -> None:
+    profile = engine_profile()
+    wl = at_load(head(conv, 600), 1.3, capacity_at(profile, conv, d.REPLICAS, 4))
+    unbounded = d.one_run(wl, profile, load=1.3, max_queued=None, slots=4)
+    bounded = d.one_run(wl, profile, load=1.3, max_queued=10, slots=4)
+    assert unbounded.rejected == 0.0
+    assert bounded.rejected > 0.0
+    assert bounded.wait_p99 < unbounded.wait_p99
+
+
+def test_edge_bucket_scenario(conv: list[TraceRequest]) -> None:
+    wl = e.build_workload(conv, 20.0, seed=1)
+    t0, t1 = e.FLOOD
+    flood = [r for r in wl if r.tenant == e.FLOODER and t0 <= r.t < t1]
+    calm = [r for r in wl if r.tenant == e.FLOODER and r.t < t0]
+    assert len(flood) / (t1 - t0) > 5 * len(calm) / t0
+    cfgs = e.configs(20.0, 1366.0)
+    assert [tier.name for tier in cfgs[e.VERSIONS[1]].tiers] == ["shared"]
+    assert all(tn.limits is not None for tn in cfgs[e.VERSIONS[2]].tenants)
+    assert cfgs[e.VERSIONS[3]].preset == "hybrid"
+
+
+def test_overload_policies_and_summary(conv: list[TraceRequest]) -> None:
+    assert f.policy("D").tiers[0].max_wait_s == f.SHEDDING["interactive"]["max_wait_s"]
+    assert f.policy("A").pools[0].max_in_flight == f.ENGINE_SEQS * f.REPLICAS
+    mix = TenantMix.parse(f.MIX)
+    wl = mix.assign(head(conv, 2500), 0)  # about 25 s of arrivals at 1.5x
+    no = f.run_policy("B", wl, 1.5, None)  # unbounded FIFO queue
+    yes = f.run_policy("D", wl, 1.5, None)  # hybrid with shedding
+    assert 0.0 <= no.goodput_frac < yes.goodput_frac <= 1.0
+    assert no.tiers[0].goodput < 0.5 < 0.99 <= yes.tiers[0].goodput  # the interactive tier
+    assert no.window_good[-1] < no.window_good[0]  # without admission it decays
