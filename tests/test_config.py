@@ -1,0 +1,125 @@
+"""The gateway config: validation names file and field; env overrides; the CLI checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from velvetrope.cli import app
+from velvetrope.config import hash_key, load_config, parse_config
+from velvetrope.errors import ConfigError
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "gateway.yaml"
+
+
+def test_the_example_config_loads() -> None:
+    cfg = load_config(EXAMPLE, environ={})
+    assert cfg.policy.preset == "hybrid"
+    assert [t.tenant for t in cfg.api_keys] == ["acme", "globex", "initech"]
+    assert cfg.pool_for("anything") == "default"
+    assert cfg.resolved_admin_token() == "demo-admin-token"
+
+
+@pytest.mark.parametrize(
+    ("doc", "field", "why"),
+    [
+        ({"listen": {"port": "eighty"}}, "listen.port", "valid integer"),
+        ({"bogus": 1}, "bogus", "Extra inputs"),
+        (
+            {"policy": {"tiers": [{"name": "a"}], "tenants": [{"name": "t", "tier": "b"}]}},
+            "policy",
+            "unknown tier 'b'",
+        ),
+        ({"api_keys": [{"tenant": "t"}]}, "api_keys.0", "exactly one of"),
+        ({"api_keys": [{"tenant": "t", "sha256": "nothex"}]}, "api_keys.0.sha256", "pattern"),
+        ({"upstreams": {"nope": [{"url": "http://x"}]}}, "(top level)", "not in policy.pools"),
+        ({"upstreams": {"default": [{"url": "ftp://x"}]}}, "upstreams.default.0.url", "pattern"),
+        ({"gateway": {"max_body_bytes": 10}}, "gateway.max_body_bytes", "greater than"),
+    ],
+)
+def test_a_bad_config_names_the_file_the_field_and_the_reason(
+    tmp_path: Path, doc: dict[str, object], field: str, why: str
+) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(ConfigError) as ei:
+        load_config(path, environ={})
+    msg = str(ei.value)
+    assert msg.startswith(f"{path}: ")
+    assert f"{field}: " in msg
+    assert why in msg
+
+
+def test_unreadable_or_non_mapping_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml")
+    p = tmp_path / "list.yaml"
+    p.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        load_config(p)
+    p.write_text("listen: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(p)
+
+
+def test_environment_overrides_replace_fields_before_validation() -> None:
+    env = {
+        "VELVETROPE__LISTEN__PORT": "9123",
+        "VELVETROPE__GATEWAY__TOKENIZER": "cl100k_base",
+        "VELVETROPE__ADMIN_TOKEN": "from-the-environment",
+        "UNRELATED": "x",
+    }
+    cfg = parse_config({"listen": {"port": 1}}, environ=env)
+    assert cfg.listen.port == 9123
+    assert cfg.gateway.tokenizer == "cl100k_base"
+    assert cfg.admin_token == "from-the-environment"
+    with pytest.raises(ConfigError, match=r"listen\.port"):
+        parse_config({}, "x.yaml", environ={"VELVETROPE__LISTEN__PORT": "not-a-port"})
+
+
+def test_admin_token_from_a_named_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VR_TEST_ADMIN", "s3cret-token")
+    cfg = parse_config({"admin_token_env": "VR_TEST_ADMIN"}, environ={})
+    assert cfg.resolved_admin_token() == "s3cret-token"
+
+
+def test_hashed_keys_authenticate_like_plain_ones() -> None:
+    cfg = parse_config(
+        {
+            "api_keys": [
+                {"tenant": "a", "sha256": hash_key("sk-secret-1")},
+                {"tenant": "b", "key": "sk-plain-2"},
+            ]
+        },
+        environ={},
+    )
+    assert [k.digest for k in cfg.api_keys] == [hash_key("sk-secret-1"), hash_key("sk-plain-2")]
+    with pytest.raises(ConfigError, match="listed twice"):
+        parse_config(
+            {
+                "api_keys": [
+                    {"tenant": "a", "key": "sk-same-key"},
+                    {"tenant": "b", "key": "sk-same-key"},
+                ]
+            },
+            environ={},
+        )
+
+
+def test_config_check_and_hash_key_commands(tmp_path: Path) -> None:
+    runner = CliRunner()
+    ok = runner.invoke(app, ["config", "check", str(EXAMPLE)])
+    assert ok.exit_code == 0, ok.output
+    assert "ok:" in ok.output
+    assert "tiers=[interactive, standard, batch]" in ok.output
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("policy: {preset: nope}\n")
+    res = runner.invoke(app, ["config", "check", str(bad)])
+    assert res.exit_code == 2
+    assert "unknown preset 'nope'" in res.output
+    res = runner.invoke(app, ["config", "hash-key", "sk-abc"])
+    assert res.exit_code == 0
+    assert res.output.strip() == hash_key("sk-abc")
