@@ -1,10 +1,14 @@
-"""The simulator's inputs: workloads, arrival processes and trace files.
+"""The simulator: the gateway's own admission core and the engine model in virtual time.
 
-See :mod:`velvetrope.sim.workload` (the request record, lengths, tenant mixes, transforms,
-statistics), :mod:`velvetrope.sim.arrivals` (synthetic arrival processes) and
+Entry points: :func:`~velvetrope.sim.loop.run_simulation` (a fleet replaying a workload,
+returning a :class:`~velvetrope.sim.result.SimResult`), :func:`~velvetrope.sim.sweep.run_sweep`
+and :func:`~velvetrope.sim.analytic.run_analytic` (one server, checked against closed forms).
+Inputs: :mod:`velvetrope.sim.workload` (the request record, lengths, tenant mixes,
+transforms, statistics), :mod:`velvetrope.sim.arrivals` (synthetic arrival processes) and
 :mod:`velvetrope.sim.traces` (trace files and the built-in Azure traces).
 """
 
+from velvetrope.sim.analytic import run_analytic
 from velvetrope.sim.arrivals import (
     MMPP,
     ArrivalProcess,
@@ -13,6 +17,9 @@ from velvetrope.sim.arrivals import (
     OnOff,
     Poisson,
 )
+from velvetrope.sim.loop import run_simulation
+from velvetrope.sim.result import SimResult
+from velvetrope.sim.sweep import run_sweep
 from velvetrope.sim.traces import (
     BUILTIN_TRACES,
     builtin_trace,
@@ -61,6 +68,7 @@ __all__ = [
     "OnOff",
     "Poisson",
     "Seed",
+    "SimResult",
     "TenantMix",
     "TraceLengths",
     "TraceRequest",
@@ -74,6 +82,9 @@ __all__ = [
     "read_azure_csv",
     "read_jsonl",
     "rescale_time",
+    "run_analytic",
+    "run_simulation",
+    "run_sweep",
     "scale_to_rate",
     "synthesize",
     "time_window",
