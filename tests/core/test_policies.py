@@ -221,3 +221,17 @@ def test_hybrid_combines_tier_weight_fairness_and_short_first() -> None:
     arrivals = [(0.0, j) for j in longs] + [(0.001, j) for j in shorts]
     order = run_fleet(ctl, clock, arrivals, service)
     assert order[1:6] == shorts  # short completions go first inside a tenant
+
+
+def test_vtc_counts_jobs_that_started_without_queueing() -> None:
+    from velvetrope.core import Usage
+    from velvetrope.core.fairness import VirtualTokenCounter
+
+    ctl, _ = controller({"preset": "fair", "pools": [{"name": "default", "max_in_flight": 2}]})
+    a1 = make_job("A", prompt=100, predicted=100)
+    ctl.arrive(a1)  # starts at once, never queued
+    ctl.complete(a1.id, Usage(100, 40))
+    band = ctl._pools["default"].sched.bands[0].queue
+    assert isinstance(band, VirtualTokenCounter)
+    # the counter is the service received: w_in·prompt + w_out·actual output (1·100 + 2·40)
+    assert band.counters["A"] == pytest.approx(180.0)

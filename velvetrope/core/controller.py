@@ -317,13 +317,14 @@ class AdmissionController:
         # 2. start at once when nothing is waiting and capacity allows
         sched = pool.sched
         cap = pool.capacity
+        band = sched.band_of(tier)
+        job.band = band
         if sched.queued == 0 and cap.fits(job, now):
             self._jobs[job.id] = job
             self._start(job, pool, now)
+            sched.on_start_direct(job)
             return Admitted(job)
         # 3. queue bounds: the tenant's own (429), then the band's and the global one (503)
-        band = sched.band_of(tier)
-        job.band = band
         tq = self._tenant_queued.get(job.tenant, 0)
         tbound = self._bounds.get(job.tenant, _MISSING)
         if tbound is _MISSING:

@@ -42,6 +42,7 @@ class BandQueue(Protocol):
     def peek(self) -> Job | None: ...
     def pop(self) -> Job: ...
     def discard(self, job: Job) -> None: ...
+    def on_start_direct(self, job: Job) -> None: ...
     def on_complete(self, job: Job, output_tokens: int) -> None: ...
     def __len__(self) -> int: ...
 
@@ -65,6 +66,9 @@ class NoFairness:
 
     def discard(self, job: Job) -> None:
         self._heap.discard(job)
+
+    def on_start_direct(self, job: Job) -> None:
+        return None
 
     def on_complete(self, job: Job, output_tokens: int) -> None:
         return None
@@ -118,6 +122,9 @@ class RoundRobin:
             with contextlib.suppress(ValueError):
                 self._turns.remove(job.tenant)
 
+    def on_start_direct(self, job: Job) -> None:
+        return None
+
     def on_complete(self, job: Job, output_tokens: int) -> None:
         return None
 
@@ -137,6 +144,7 @@ class VirtualTokenCounter:
         "_w_in",
         "_w_out",
         "_weight",
+        "_weights",
         "counters",
     )
 
@@ -144,6 +152,7 @@ class VirtualTokenCounter:
         self._w_in = policy.vtc_input_weight
         self._w_out = policy.vtc_output_weight
         self._weight = weight
+        self._weights: dict[str, float] = {}
         self.counters: dict[str, float] = {}
         self._heaps: dict[str, JobHeap] = {}
         self._backlogged: dict[str, JobHeap] = {}
@@ -186,12 +195,25 @@ class VirtualTokenCounter:
         job = h.pop()
         self._live -= 1
         self._last = self.counters[t]
-        out = job.predicted_output if job.predicted_output is not None else job.max_tokens
-        self.counters[t] += (self._w_in * job.prompt_tokens + self._w_out * out) / self._weight(t)
+        self._charge(job)
         if h.live == 0:
             del self._backlogged[t]
         self._chosen = None
         return job
+
+    def _w(self, tenant: str) -> float:
+        w = self._weights.get(tenant)
+        if w is None:
+            w = self._weights[tenant] = self._weight(tenant)
+        return w
+
+    def _charge(self, job: Job) -> None:
+        """Charge a dispatched job's prompt and predicted output to its tenant."""
+        t = job.tenant
+        out = job.predicted_output if job.predicted_output is not None else job.max_tokens
+        self.counters[t] = self.counters.get(t, 0.0) + (
+            self._w_in * job.prompt_tokens + self._w_out * out
+        ) / self._w(t)
 
     def discard(self, job: Job) -> None:
         h = self._heaps[job.tenant]
@@ -200,12 +222,20 @@ class VirtualTokenCounter:
         if h.live == 0:
             self._backlogged.pop(job.tenant, None)
 
+    def on_start_direct(self, job: Job) -> None:
+        """A job of this band started without queueing: it is service all the same."""
+        t = job.tenant
+        c = self.counters.get(t, 0.0)
+        self.counters[t] = c if c > self._last else self._last
+        self._last = self.counters[t]
+        self._charge(job)
+
     def on_complete(self, job: Job, output_tokens: int) -> None:
         predicted = job.predicted_output if job.predicted_output is not None else job.max_tokens
         t = job.tenant
         self.counters[t] = self.counters.get(t, 0.0) + self._w_out * (
             output_tokens - predicted
-        ) / self._weight(t)
+        ) / self._w(t)
 
     def __len__(self) -> int:
         return self._live

@@ -175,6 +175,10 @@ class Scheduler:
         self.queued -= 1
         self.tokens -= job.cost
 
+    def on_start_direct(self, job: Job) -> None:
+        """``job`` (with ``band`` set) started without queueing: fairness still counts it."""
+        self.bands[job.band].queue.on_start_direct(job)
+
     def on_complete(self, job: Job, output_tokens: int) -> None:
         self.bands[job.band].queue.on_complete(job, output_tokens)
 
