@@ -328,7 +328,8 @@ class Gateway:
             tenant=tenant,
             tier=tier,
             prompt_tokens=parsed.prompt_tokens,
-            max_tokens=parsed.max_tokens or self.settings.default_max_tokens,
+            # n completions of up to max_tokens each: the usage reports their sum
+            max_tokens=(parsed.max_tokens or self.settings.default_max_tokens) * parsed.n,
             pool=pool,
             model=parsed.model,
         )

@@ -90,7 +90,8 @@ COMPLETION_KEYS = frozenset(_COMMON | {"prompt", "suffix", "echo"})
 
 @dataclass(slots=True)
 class ParsedRequest:
-    """A validated request.  ``body`` is what goes upstream (see :attr:`upstream_body`)."""
+    """A validated request.  ``body`` is what goes upstream (see :attr:`upstream_body`);
+    ``n`` is how many completions it asks for (each up to ``max_tokens``)."""
 
     kind: Kind
     model: str
@@ -101,6 +102,7 @@ class ParsedRequest:
     raw: bytes
     body: dict[str, Any]
     rewritten: bool
+    n: int = 1
 
     def upstream_body(self) -> bytes:
         """The bytes to send upstream: the client's own, unless the gateway changed them."""
@@ -246,4 +248,5 @@ def parse_request(
         raw=raw,
         body=body,
         rewritten=rewritten,
+        n=n or 1,
     )
