@@ -21,7 +21,7 @@ import orjson
 
 from velvetrope.errors import RequestError
 
-__all__ = ["CHAT_KEYS", "COMPLETION_KEYS", "ParsedRequest", "parse_request"]
+__all__ = ["CHAT_KEYS", "COMPLETION_KEYS", "Kind", "ParsedRequest", "parse_request"]
 
 Kind = Literal["chat", "completions"]
 
