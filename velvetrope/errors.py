@@ -8,6 +8,7 @@
     ├── LifecycleError              an illegal job state transition
     │   └── UnknownJobError         an event names a job the controller does not hold
     ├── RequestError                a client request that cannot be served (carries HTTP status)
+    ├── ClientDisconnected          the client went away before its request was read
     ├── UpstreamError               an upstream engine failed or answered badly (502)
     │   ├── UpstreamUnreachable     nothing reached the upstream (safe to try another)
     │   └── UpstreamTimeout         an upstream did not answer in time (504)
@@ -21,6 +22,7 @@ Every error carries a human-readable message; the gateway maps each to OpenAI's 
 from __future__ import annotations
 
 __all__ = [
+    "ClientDisconnected",
     "ConfigError",
     "LifecycleError",
     "PolicyError",
@@ -78,6 +80,10 @@ class RequestError(VelvetropeError):
         self.code = code
         self.param = param
         self.error_type = error_type
+
+
+class ClientDisconnected(VelvetropeError):
+    """The client disconnected before its request body was read: nothing to answer."""
 
 
 class UpstreamError(VelvetropeError):

@@ -70,3 +70,18 @@ def test_window_quantile_is_exact_over_its_window_and_follows_drift() -> None:
         lagging.add(x)
     exact = sorted(range(200 - 64, 200))[32]
     assert abs(lagging.value() - exact) <= 16  # lags by fewer than `refresh` observations
+
+
+def test_the_estimators_sketch_is_chosen_by_config() -> None:
+    from velvetrope.clock import ManualClock
+    from velvetrope.core import AdmissionController, PolicyConfig
+    from velvetrope.core.estimate import WindowQuantile
+
+    for sketch, kind in (("window", WindowQuantile), ("p2", P2Quantile)):
+        cfg = PolicyConfig.model_validate({"estimator": {"sketch": sketch}})
+        ctl = AdmissionController(cfg, ManualClock())
+        ctl.estimator.observe("t", 10)
+        assert isinstance(ctl.estimator, QuantileEstimator)
+        assert isinstance(ctl.estimator._sketches["t"], kind)
+    with pytest.raises(ValueError, match="sketch"):
+        QuantileEstimator(sketch="nope")

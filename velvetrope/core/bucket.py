@@ -122,34 +122,24 @@ class Denial(NamedTuple):
         return math.isinf(self.retry_after_s)
 
 
-def take(plan: Sequence[tuple[str, TokenBucket, bool]], cost: float, now: float) -> float:
+def take(
+    plan: Sequence[tuple[str, TokenBucket, bool]], cost: float, now: float
+) -> tuple[float, str]:
     """Reserve ``cost`` from each token bucket and 1 from each request bucket of ``plan``
-    (``(key, bucket, is_tokens)``), all or nothing.  Returns 0.0 when granted, else the
-    longest wait in seconds (``inf`` when an amount exceeds a capacity) and takes nothing.
-    The same math as :meth:`TokenBucket.reserve`, in one pass (the hot path)."""
+    (``(key, bucket, is_tokens)``), all or nothing.  Returns ``(0.0, "")`` when granted,
+    else ``(wait, key)``: the longest wait in seconds (``inf`` when an amount exceeds a
+    capacity) and the bucket that imposes it; nothing is taken then."""
     worst = 0.0
-    for _, b, tok in plan:
-        amount = cost if tok else 1.0
-        cap = b.capacity
-        if amount > cap:
-            return math.inf
-        level = b.level
-        dt = now - b.last
-        if dt > 0:
-            b.last = now
-            level += dt * b.rate
-            if level > cap:
-                level = cap
-            b.level = level
-        if level < amount:
-            w = (amount - level) / b.rate
-            if w > worst:
-                worst = w
+    worst_key = ""
+    for key, b, tok in plan:
+        w = b.wait_for(cost if tok else 1.0, now)
+        if w > worst:
+            worst, worst_key = w, key
     if worst > 0.0:
-        return worst
+        return worst, worst_key
     for _, b, tok in plan:
         b.level -= cost if tok else 1.0
-    return 0.0
+    return 0.0, ""
 
 
 class BucketLedger:
@@ -173,23 +163,18 @@ class BucketLedger:
 
     def reserve(self, claims: Sequence[Claim], now: float) -> Grant | Denial:
         """Reserve every claim, or none.  A denial names the bucket with the longest wait."""
-        return self.reserve_in([(c.key, self.bucket(c, now), c.amount) for c in claims], now)
-
-    def reserve_in(
-        self, plan: Sequence[tuple[str, TokenBucket, float]], now: float
-    ) -> Grant | Denial:
-        """:meth:`reserve` over resolved ``(key, bucket, amount)`` triples (the hot path)."""
+        buckets = [self.bucket(c, now) for c in claims]
         worst = 0.0
         worst_key = ""
-        for key, b, amount in plan:
-            w = b.wait_for(amount, now)
+        for c, b in zip(claims, buckets, strict=True):
+            w = b.wait_for(c.amount, now)
             if w > worst:
-                worst, worst_key = w, key
+                worst, worst_key = w, c.key
         if worst > 0.0:
-            return Denial(worst, worst_key, self.snapshots((p[0] for p in plan), now))
-        for _, b, amount in plan:
-            b.level -= amount
-        return Grant(tuple([(key, amount) for key, _, amount in plan]))
+            return Denial(worst, worst_key, self.snapshots((c.key for c in claims), now))
+        for c, b in zip(claims, buckets, strict=True):
+            b.level -= c.amount
+        return Grant(tuple([(c.key, c.amount) for c in claims]))
 
     def settle(self, lines: Iterable[tuple[str, float, float]], now: float) -> None:
         """Apply ``(key, reserved, actual)`` lines; unknown keys are ignored (never created)."""

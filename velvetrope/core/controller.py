@@ -137,7 +137,7 @@ class AdmissionController:
         self.clock = clock
         est = config.estimator
         self.estimator: OutputEstimator = estimator or QuantileEstimator(
-            est.quantile, est.default_output_tokens, est.min_observations
+            est.quantile, est.default_output_tokens, est.min_observations, est.sketch
         )
         self._reserve_max = est.reserve == "max_tokens"
         self.ledger: BucketLedger | None = None if external_buckets else BucketLedger()
@@ -197,11 +197,9 @@ class AdmissionController:
         return p.tier
 
     def _tenant_bound(self, tenant: str) -> int | None:
-        try:
-            return self._bounds[tenant]
-        except KeyError:
-            b = self._bounds[tenant] = self.tenant_policy(tenant).max_queued
-            return b
+        """``tenant``'s queue bound, looked up once and cached in ``_bounds``."""
+        b = self._bounds[tenant] = self.tenant_policy(tenant).max_queued
+        return b
 
     def _weight(self, tenant: str) -> float:
         p = self._tenants.get(tenant)
@@ -304,12 +302,10 @@ class AdmissionController:
                 plan = self._plan(job, now)
             if plan:
                 cost = job.cost
-                if take(plan, cost, now):
-                    res = self.ledger.reserve_in(
-                        [(key, b, cost if tok else 1.0) for key, b, tok in plan], now
-                    )
-                    assert isinstance(res, Denial)
-                    return self._deny(job, res, now)
+                wait, key = take(plan, cost, now)
+                if wait:
+                    snaps = self.ledger.snapshots((p[0] for p in plan), now)
+                    return self._deny(job, Denial(wait, key, snaps), now)
                 job.claims = tuple([(key, cost if tok else 1.0) for key, _, tok in plan])
                 job.buckets = plan
         elif self._specs(job):

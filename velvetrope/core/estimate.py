@@ -157,17 +157,28 @@ class QuantileEstimator:
     """``min(max_tokens, per-tenant running quantile)``; a default before enough data.
 
     The per-tenant sketch is a :class:`WindowQuantile` over the last 256 outputs (bounded
-    memory, follows drift); :class:`P2Quantile` is the alternative for a stationary
-    all-time quantile.
+    memory, follows drift) or, with ``sketch="p2"``, a :class:`P2Quantile` (a stationary
+    all-time quantile).
     """
 
-    __slots__ = ("_min_obs", "_sketches", "default", "quantile")
+    __slots__ = ("_make", "_min_obs", "_sketches", "default", "quantile")
 
-    def __init__(self, quantile: float = 0.9, default: int = 256, min_observations: int = 5):
+    def __init__(
+        self,
+        quantile: float = 0.9,
+        default: int = 256,
+        min_observations: int = 5,
+        sketch: str = "window",
+    ):
+        if sketch not in ("window", "p2"):
+            raise ValueError(f"unknown sketch {sketch!r}; known: window, p2")
         self.quantile = quantile
         self.default = default
         self._min_obs = min_observations
-        self._sketches: dict[str, WindowQuantile] = {}
+        self._make: type[WindowQuantile] | type[P2Quantile] = (
+            WindowQuantile if sketch == "window" else P2Quantile
+        )
+        self._sketches: dict[str, WindowQuantile | P2Quantile] = {}
 
     def predict(self, tenant: str, max_tokens: int) -> int:
         sk = self._sketches.get(tenant)
@@ -178,7 +189,7 @@ class QuantileEstimator:
     def observe(self, tenant: str, output_tokens: int) -> None:
         sk = self._sketches.get(tenant)
         if sk is None:
-            sk = self._sketches[tenant] = WindowQuantile(self.quantile)
+            sk = self._sketches[tenant] = self._make(self.quantile)
         sk.add(output_tokens)
 
 
@@ -219,13 +230,8 @@ class DrainMeter:
 
     def finish(self, now: float, in_flight: int, tokens: int) -> None:
         """:meth:`busy` then :meth:`finished`, for a job ending at ``now``."""
-        last = self._last
-        if last is not None and in_flight > 0 and now > last:
-            self._busy += now - last
-        self._last = now
-        self._acc += tokens
-        if self._busy >= self._window:
-            self.finished(0)
+        self.busy(now, in_flight)
+        self.finished(tokens)
 
     def seconds_for(self, tokens: float) -> float | None:
         """Predicted seconds to drain ``tokens`` of work, or ``None`` with no rate yet."""

@@ -151,6 +151,11 @@ class EstimatorPolicy(_Model):
         256, ge=1, description="Estimate before a tenant has enough observations."
     )
     min_observations: int = Field(5, ge=5, description="Observations before the sketch is used.")
+    sketch: Literal["window", "p2"] = Field(
+        "window",
+        description="'window': the quantile of each tenant's last 256 outputs (follows "
+        "drift); 'p2': an all-time running quantile (P², Jain & Chlamtac).",
+    )
     reserve: Literal["estimate", "max_tokens"] = Field(
         "estimate", description="Reserve the estimate or the declared max_tokens at admission."
     )

@@ -75,13 +75,14 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import orjson
 import uvicorn
 
+from velvetrope.asgi import Message, Receive, Scope, Send, read_body, respond, serve_lifespan
 from velvetrope.clock import Clock, SystemClock
 from velvetrope.engine.batcher import Batcher
 from velvetrope.engine.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -89,7 +90,7 @@ from velvetrope.engine.metrics import EngineMetrics
 from velvetrope.engine.outputs import OutputDecision, OutputPolicy
 from velvetrope.engine.profile import EngineProfile, load_profile
 from velvetrope.engine.realtime import EngineClosed, EngineRequest, RealtimeEngine
-from velvetrope.errors import ConfigError, PolicyError, RequestError
+from velvetrope.errors import ClientDisconnected, ConfigError, PolicyError, RequestError
 from velvetrope.tokenizer import Tokenizer, get_tokenizer
 
 __all__ = [
@@ -103,11 +104,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 """Request bodies above this many bytes get 413 (an 8,192-token prompt is ~35 kB)."""
@@ -336,16 +332,11 @@ class _InstantStats:
         return 0
 
 
-_JSON_HEADERS = [(b"content-type", b"application/json")]
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
 ]
 _DONE = b"data: [DONE]\n\n"
-
-
-class _ClientGone(Exception):
-    """The client disconnected while we were reading its request."""
 
 
 class EngineApp:
@@ -427,22 +418,7 @@ class EngineApp:
         if kind == "http":
             await self._http(scope, receive, send)
         elif kind == "lifespan":
-            await self._lifespan(receive, send)
-
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                try:
-                    await self.startup()
-                except Exception as exc:  # report any startup failure to the server
-                    await send({"type": "lifespan.startup.failed", "message": repr(exc)})
-                    return
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await self.shutdown()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+            await serve_lifespan(receive, send, self.startup, self.shutdown)
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         arrived = self._clock.now()
@@ -465,11 +441,11 @@ class EngineApp:
                     code="method_not_allowed",
                 )
             if method == "POST":
-                body = await self._read_body(scope, receive)
+                body = await read_body(scope, receive, self.config.max_body_bytes)
                 await handler(body, arrived, receive, tracked_send)
             else:
                 await handler(tracked_send)
-        except _ClientGone:
+        except ClientDisconnected:
             return
         except RequestError as exc:
             if not started:
@@ -486,32 +462,6 @@ class EngineApp:
                         error_type="server_error",
                     ),
                 )
-
-    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
-        limit = self.config.max_body_bytes
-        for name, value in scope["headers"]:
-            if name == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    raise RequestError("Invalid Content-Length header.") from None
-                if declared > limit:
-                    raise _too_large(limit)
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise _ClientGone
-            chunk = message.get("body", b"")
-            if chunk:
-                size += len(chunk)
-                if size > limit:
-                    raise _too_large(limit)
-                chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     # -- GET endpoints ----------------------------------------------------------------------
 
@@ -930,14 +880,6 @@ async def _watch_disconnect(receive: Receive, engine: RealtimeEngine, r: EngineR
             return
 
 
-def _too_large(limit: int) -> RequestError:
-    return RequestError(
-        f"Request body too large: the limit is {limit} bytes.",
-        status=413,
-        code="request_too_large",
-    )
-
-
 def _error_payload(exc: RequestError) -> dict[str, Any]:
     return {
         "error": {
@@ -960,10 +902,7 @@ async def _send_json(
     body: Mapping[str, Any],
     extra_headers: Iterable[tuple[bytes, bytes]] = (),
 ) -> None:
-    data = orjson.dumps(body)
-    headers = [*_JSON_HEADERS, (b"content-length", str(len(data)).encode()), *extra_headers]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": data})
+    await respond(send, status, orjson.dumps(body), extra_headers)
 
 
 async def _send_error(send: Send, exc: RequestError) -> None:

@@ -20,12 +20,12 @@ import itertools
 import logging
 import math
 import os
-from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import aiohttp
 import orjson
 
+from velvetrope.asgi import Receive, Scope, Send, header, read_body, respond, serve_lifespan
 from velvetrope.clock import Clock, SystemClock
 from velvetrope.config import GatewayConfig, hash_key
 from velvetrope.core import (
@@ -39,7 +39,13 @@ from velvetrope.core import (
     Usage,
 )
 from velvetrope.core.request import JobState
-from velvetrope.errors import RequestError, UpstreamError, UpstreamTimeout, UpstreamUnreachable
+from velvetrope.errors import (
+    ClientDisconnected,
+    RequestError,
+    UpstreamError,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
 from velvetrope.gateway.admission import Admission
 from velvetrope.gateway.httpclient import HttpClient
 from velvetrope.gateway.metrics import GatewayMetrics
@@ -54,12 +60,7 @@ __all__ = ["Gateway"]
 
 log = logging.getLogger("velvetrope.gateway")
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-
-_JSON = (b"content-type", b"application/json")
+_UPSTREAM_PATH = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
 
 def _duration(seconds: float) -> bytes:
@@ -178,58 +179,41 @@ class Gateway:
         if kind == "http":
             await self._http(scope, receive, send)
         elif kind == "lifespan":
-            await self._lifespan(receive, send)
-
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            msg = await receive()
-            if msg["type"] == "lifespan.startup":
-                await self.startup()
-                await send({"type": "lifespan.startup.complete"})
-            elif msg["type"] == "lifespan.shutdown":
-                await self.shutdown()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+            await serve_lifespan(receive, send, self.startup, self.shutdown)
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]
         method = scope["method"]
         if path == "/v1/chat/completions" or path == "/v1/completions":
             if method != "POST":
-                await _respond(send, 405, error_body(405, f"{method} not allowed on {path}"))
+                await respond(send, 405, error_body(405, f"{method} not allowed on {path}"))
                 return
             k: Kind = "chat" if path == "/v1/chat/completions" else "completions"
             await self._completion(scope, receive, send, k)
         elif method != "GET":
-            await _respond(send, 405, error_body(405, f"{method} not allowed on {path}"))
+            await respond(send, 405, error_body(405, f"{method} not allowed on {path}"))
         elif path == "/metrics":
-            await _respond(
+            await respond(
                 send, 200, self.metrics.render(), [(b"content-type", b"text/plain; version=0.0.4")]
             )
         elif path == "/healthz":
-            await _respond(send, 200, b'{"status":"ok"}')
+            await respond(send, 200, b'{"status":"ok"}')
         elif path == "/readyz":
             if self.draining:
-                await _respond(send, 503, b'{"status":"draining"}')
+                await respond(send, 503, b'{"status":"draining"}')
             elif not self.upstreams.any_healthy():
-                await _respond(send, 503, b'{"status":"no healthy upstream"}')
+                await respond(send, 503, b'{"status":"no healthy upstream"}')
             else:
-                await _respond(send, 200, b'{"status":"ready"}')
+                await respond(send, 200, b'{"status":"ready"}')
         elif path == "/v1/models":
             await self._models(scope, send)
         elif path == "/admin/status":
             await self._admin(scope, send)
         else:
-            await _respond(send, 404, error_body(404, f"no route {path}", "not_found"))
-
-    def _header(self, scope: Scope, name: bytes) -> bytes | None:
-        for k, v in scope["headers"]:
-            if k == name:
-                return bytes(v)
-        return None
+            await respond(send, 404, error_body(404, f"no route {path}", "not_found"))
 
     def _tenant(self, scope: Scope) -> str | None:
-        auth = self._header(scope, b"authorization")
+        auth = header(scope, b"authorization")
         if auth is None or auth[:7].lower() != b"bearer ":
             return None
         return self.keys.get(hash_key(auth[7:].decode("latin-1").strip()))
@@ -241,16 +225,16 @@ class Gateway:
         pool = self.config.policy.pools[0].name
         up = self.upstreams.pick(pool)
         if up is None or self.session is None:
-            await _respond(send, 503, error_body(503, "no healthy upstream", "no_healthy_upstream"))
+            await respond(send, 503, error_body(503, "no healthy upstream", "no_healthy_upstream"))
             return
         try:
             async with self.session.get(up.url + "/v1/models", timeout=self._timeout) as r:
-                await _respond(send, r.status, await r.read())
+                await respond(send, r.status, await r.read())
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
-            await _respond(send, 502, error_body(502, f"upstream failed: {e}", "upstream_error"))
+            await respond(send, 502, error_body(502, f"upstream failed: {e}", "upstream_error"))
 
     async def _admin(self, scope: Scope, send: Send) -> None:
-        auth = self._header(scope, b"authorization")
+        auth = header(scope, b"authorization")
         if self.admin_token is None or auth != b"Bearer " + self.admin_token.encode():
             await _unauthorized(send, "the admin token is missing or wrong")
             return
@@ -263,39 +247,7 @@ class Gateway:
             for url, load in sig.loads.items()
         }
         status["dispatch_held_by_saturation"] = sum(s.held for s in self.saturation.values())
-        await _respond(send, 200, orjson.dumps(status))
-
-    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
-        limit = self.settings.max_body_bytes
-        declared = self._header(scope, b"content-length")
-        if declared is not None:
-            try:
-                size = int(declared)
-            except ValueError:
-                raise RequestError("bad Content-Length header", status=400) from None
-            if size > limit:
-                raise RequestError(
-                    f"request body of {size} bytes exceeds the limit of {limit}",
-                    status=413,
-                    code="request_too_large",
-                )
-        chunks: list[bytes] = []
-        total = 0
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                raise ConnectionResetError("client went away while sending the body")
-            body = msg.get("body", b"")
-            total += len(body)
-            if total > limit:
-                raise RequestError(
-                    f"request body exceeds the limit of {limit} bytes",
-                    status=413,
-                    code="request_too_large",
-                )
-            chunks.append(body)
-            if not msg.get("more_body", False):
-                return b"".join(chunks)
+        await respond(send, 200, orjson.dumps(status))
 
     async def _completion(self, scope: Scope, receive: Receive, send: Send, kind: Kind) -> None:
         tenant = self._tenant(scope)
@@ -303,7 +255,7 @@ class Gateway:
             await _unauthorized(send)
             return
         try:
-            raw = await self._read_body(scope, receive)
+            raw = await read_body(scope, receive, self.settings.max_body_bytes)
             tok = self._fast_count
             parsed = parse_request(
                 raw,
@@ -313,15 +265,15 @@ class Gateway:
                 count_chat=tok.count_chat,
             )
         except RequestError as e:
-            await _respond(send, e.status, error_body(e.status, e.message, e.code, e.param))
+            await respond(send, e.status, error_body(e.status, e.message, e.code, e.param))
             return
-        except ConnectionResetError:
+        except ClientDisconnected:
             return
         pool = self.config.pool_for(parsed.model)
         if not self.settings.admission:
             await self._passthrough(kind, pool, parsed.stream, parsed.raw, send)
             return
-        requested = self._header(scope, self._priority_header)
+        requested = header(scope, self._priority_header)
         tier = self.ctl.resolve_tier(tenant, requested.decode("latin-1") if requested else None)
         job = Job(
             id=f"{self._id_prefix}-{next(self._ids)}",
@@ -341,7 +293,7 @@ class Gateway:
             if isinstance(res, Rejected):
                 await self._reject(send, res, tenant)
             elif isinstance(res, Outcome):
-                await _respond(
+                await respond(
                     send,
                     503,
                     error_body(503, "the request waited past its deadline in the queue", "expired"),
@@ -368,7 +320,7 @@ class Gateway:
             elif live is not None:
                 self.admission.fail(job.id, Reason.UPSTREAM_ERROR, Usage(0, 0))
             with contextlib.suppress(Exception):
-                await _respond(
+                await respond(
                     send, 500, error_body(500, "internal error in the gateway", "internal_error")
                 )
         finally:
@@ -379,38 +331,31 @@ class Gateway:
     ) -> None:
         """Admission switched off: forward as a plain proxy (the benchmark's baseline)."""
         up = self.upstreams.pick(pool)
-        if up is None or self.session is None:
-            await _respond(send, 503, error_body(503, "no healthy upstream", "no_healthy_upstream"))
+        if up is None:
+            await respond(send, 503, error_body(503, "no healthy upstream", "no_healthy_upstream"))
             return
-        path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
-
-        async def start(status: int, headers: list[tuple[bytes, bytes]]) -> None:
-            await send({"type": "http.response.start", "status": status, "headers": headers})
-
-        async def chunk(data: bytes) -> None:
-            await send({"type": "http.response.body", "body": data, "more_body": True})
-
+        client = _ClientStream(send)
         try:
             answer = await forward(
                 self.http,
-                up.url + path,
+                up.url + _UPSTREAM_PATH[kind],
                 body,
                 stream=stream,
                 client_wants_usage=True,
                 relay=Relay(0),
-                start=start,
-                send=chunk,
+                start=client.start,
+                send=client.chunk,
                 on_first_token=lambda: None,
                 extra_headers=[],
             )
         except UpstreamError as e:
             status = 504 if isinstance(e, UpstreamTimeout) else 502
-            await _respond(send, status, error_body(status, str(e), "upstream_error"))
+            await respond(send, status, error_body(status, str(e), "upstream_error"))
             return
         if stream:
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await client.end()
         else:
-            await _respond(
+            await respond(
                 send, answer.status, answer.body or b"", [(b"content-type", answer.content_type)]
             )
 
@@ -419,7 +364,7 @@ class Gateway:
         if r.retry_after_s is not None and math.isfinite(r.retry_after_s):
             headers.append((b"retry-after", str(max(1, math.ceil(r.retry_after_s))).encode()))
         code = r.reason.code
-        await _respond(send, r.status, error_body(r.status, r.message, code), headers)
+        await respond(send, r.status, error_body(r.status, r.message, code), headers)
 
     async def _proxy(
         self,
@@ -441,22 +386,13 @@ class Gateway:
             extra += _ratelimit_headers(
                 ledger.snapshots((k for k, _ in job.claims), self.clock.now()), tenant
             )
-        started = False
-
-        async def start(status: int, headers: list[tuple[bytes, bytes]]) -> None:
-            nonlocal started
-            started = True
-            await send({"type": "http.response.start", "status": status, "headers": headers})
-
-        async def chunk(data: bytes) -> None:
-            await send({"type": "http.response.body", "body": data, "more_body": True})
-
+        client = _ClientStream(send)
         tried: set[str] = set()
         while True:
             up = self.upstreams.pick(job.pool)
             if up is None or up.url in tried:
                 adm.fail(job.id, Reason.NO_HEALTHY_UPSTREAM)
-                await _respond(
+                await respond(
                     send,
                     503,
                     error_body(
@@ -477,13 +413,13 @@ class Gateway:
             try:
                 answer = await forward(
                     self.http,
-                    up.url + ("/v1/chat/completions" if kind == "chat" else "/v1/completions"),
+                    up.url + _UPSTREAM_PATH[kind],
                     body,
                     stream=stream,
                     client_wants_usage=wants_usage,
                     relay=relay,
-                    start=start,
-                    send=chunk,
+                    start=client.start,
+                    send=client.chunk,
                     on_first_token=lambda: adm.first_token(job.id),
                     extra_headers=extra,
                 )
@@ -500,36 +436,37 @@ class Gateway:
                 continue
             except UpstreamTimeout as e:
                 adm.fail(job.id, Reason.UPSTREAM_TIMEOUT, relay.usage_so_far())
-                await self._upstream_error(send, started, 504, str(e), "upstream_timeout")
+                await self._upstream_error(client, 504, str(e), "upstream_timeout")
                 return
             except UpstreamError as e:
                 adm.fail(job.id, Reason.UPSTREAM_ERROR, relay.usage_so_far())
-                await self._upstream_error(send, started, 502, str(e), "upstream_error")
+                await self._upstream_error(client, 502, str(e), "upstream_error")
                 return
             finally:
                 watch.target = None
                 up.in_flight -= 1
             break
-        await self._finish(job, answer, relay, stream, send, extra)
+        await self._finish(job, answer, relay, client, extra)
 
     async def _finish(
         self,
         job: Job,
         answer: UpstreamAnswer,
         relay: Relay,
-        stream: bool,
-        send: Send,
+        client: _ClientStream,
         extra: list[tuple[bytes, bytes]],
     ) -> None:
+        """Settle the job from the upstream's answer and complete the client's response."""
         adm = self.admission
+        send = client.send
         if answer.status == 200:
             if not relay.first_token:
                 adm.first_token(job.id)
             adm.complete(job.id, answer.usage or relay.usage_so_far())
-            if stream:
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            if client.started:
+                await client.end()
             else:
-                await _respond(
+                await respond(
                     send, 200, answer.body or b"", [(b"content-type", answer.content_type), *extra]
                 )
             return
@@ -537,27 +474,47 @@ class Gateway:
             # the engine refused the request as sent (e.g. too long for the model): no work
             # done, and the client's mistake, not an upstream failure
             adm.fail(job.id, Reason.UPSTREAM_REJECTED, Usage(0, 0))
-            await _respond(
+            await respond(
                 send, answer.status, answer.body or b"", [(b"content-type", answer.content_type)]
             )
             return
         adm.fail(job.id, Reason.UPSTREAM_ERROR, Usage(0, 0))
         detail = (answer.body or b"")[:200].decode("utf-8", "replace")
-        await _respond(
+        await respond(
             send,
             502,
             error_body(502, f"upstream answered {answer.status}: {detail}", "upstream_error"),
         )
 
     async def _upstream_error(
-        self, send: Send, started: bool, status: int, message: str, code: str
+        self, client: _ClientStream, status: int, message: str, code: str
     ) -> None:
-        if started:
+        if client.started:
             # the stream began: end it with an error event the client can read
-            event = b"data: " + error_body(status, message, code) + b"\n\n"
-            await send({"type": "http.response.body", "body": event, "more_body": False})
+            await client.chunk(b"data: " + error_body(status, message, code) + b"\n\n")
+            await client.end()
         else:
-            await _respond(send, status, error_body(status, message, code))
+            await respond(client.send, status, error_body(status, message, code))
+
+
+class _ClientStream:
+    """The client side of a streamed answer: one start, then chunks, then the end."""
+
+    __slots__ = ("send", "started")
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.started = False
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.started = True
+        await self.send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def chunk(self, data: bytes) -> None:
+        await self.send({"type": "http.response.body", "body": data, "more_body": True})
+
+    async def end(self) -> None:
+        await self.send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 class _Watch:
@@ -584,18 +541,8 @@ class _Watch:
                 return
 
 
-async def _respond(
-    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
-) -> None:
-    hs = headers or []
-    if not any(k == b"content-type" for k, _ in hs):
-        hs = [_JSON, *hs]
-    await send({"type": "http.response.start", "status": status, "headers": hs})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
 async def _unauthorized(send: Send, message: str = "missing or invalid API key") -> None:
-    await _respond(
+    await respond(
         send,
         401,
         error_body(401, message, "invalid_api_key"),

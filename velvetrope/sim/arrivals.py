@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 import operator
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol, TypeAlias
@@ -137,14 +138,15 @@ def _piecewise(
     return t
 
 
-class _Chunked:
+class _Chunked(ABC):
     """Shared ``times()``: a process supplies ``_chunks(rng)``, an endless iterator of
     ``(arrival times, covered_until)`` steps, each step's times sorted and after the last's."""
 
     __slots__ = ()
 
+    @abstractmethod
     def _chunks(self, rng: np.random.Generator) -> _Chunks:
-        raise NotImplementedError  # pragma: no cover
+        """The endless iterator of steps for this process."""
 
     def times(
         self, seed: Seed, *, duration: float | None = None, count: int | None = None
