@@ -13,7 +13,6 @@ import pytest
 from aiohttp import web
 
 from velvetrope.errors import PolicyError
-from velvetrope.launch import ServerProcess, free_port, start_engine
 from velvetrope.loadgen import (
     LiveCounters,
     Outcome,
@@ -23,8 +22,9 @@ from velvetrope.loadgen import (
     replay,
     replay_sync,
 )
+from velvetrope.openai.tokenizer import get_tokenizer
+from velvetrope.serving.launch import ServerProcess, free_port, start_engine
 from velvetrope.sim.workload import TraceRequest
-from velvetrope.tokenizer import get_tokenizer
 
 
 @pytest.fixture(scope="module")

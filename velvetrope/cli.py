@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import typer
 
-from velvetrope.engine.calibrate_cli import calibrate_command
-from velvetrope.engine.cli import engine_command
+from velvetrope.engine.calibrate.cli import calibrate_command
+from velvetrope.engine.serve.cli import engine_command
 from velvetrope.planner.cli import plan_command
 from velvetrope.sim.cli import simulate_command
 

@@ -64,7 +64,6 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from velvetrope import launch
 from velvetrope.config import load_config
 from velvetrope.engine import load_profile
 from velvetrope.errors import ConfigError, PolicyError
@@ -76,6 +75,7 @@ from velvetrope.loadgen import (
     RequestResult,
     replay,
 )
+from velvetrope.serving import launch
 from velvetrope.sim.capacity import replica_capacity
 from velvetrope.sim.metrics import Slo, config_slos, slo_for
 from velvetrope.sim.traces import load_trace
