@@ -152,7 +152,7 @@ def demo(
 @app.command("scenario")
 def scenario(seed: int = typer.Option(7, help="Random seed of the arrivals.")) -> None:
     """Print a scripted scenario through the admission core, decision by decision."""
-    from velvetrope.scenario import run_scenario
+    from velvetrope.sim.scenario import run_scenario
 
     run_scenario(seed=seed)
 
