@@ -480,6 +480,7 @@ def test_no_secrets_in_deploy_files() -> None:
 # --------------------------------------------------------------------------- tests: metrics
 
 
+@pytest.mark.integration
 def test_the_live_gateway_served_the_chart_config(live: Live) -> None:
     assert live.completion_status == 200
     assert live.admin_status == 200, "admin_token_env from the Secret did not reach the gateway"
@@ -487,6 +488,7 @@ def test_the_live_gateway_served_the_chart_config(live: Live) -> None:
         assert name in live.gateway.series, f"{name} missing after one request"
 
 
+@pytest.mark.integration
 def test_promql_names_and_labels_exist_in_the_live_exposition(live: Live) -> None:
     config = _chart_config()
     exprs = dashboard_exprs() + alert_exprs() + alert_test_series() + keda_exprs()
@@ -511,6 +513,7 @@ def test_promql_names_and_labels_exist_in_the_live_exposition(live: Live) -> Non
         assert required in used, f"{required} is used nowhere in deploy/"
 
 
+@pytest.mark.integration
 def test_grafana_variables_name_real_labels(live: Live) -> None:
     for metric, label in grafana_variable_queries():
         expo = live.engine if metric.startswith("vllm:") else live.gateway
@@ -542,6 +545,7 @@ def test_dashboard_structure() -> None:
             assert t["datasource"]["uid"] == "${datasource}", p["title"]
 
 
+@pytest.mark.integration
 def test_the_checker_catches_mistakes(live: Live) -> None:
     cfg = _chart_config()
 
@@ -572,6 +576,7 @@ def test_chart_config_is_valid_for_the_gateway() -> None:
     assert cfg.admin_token_env == _values()["adminToken"]["envName"]
 
 
+@pytest.mark.integration
 def test_probe_paths_are_the_gateways_routes(live: Live) -> None:
     probes = _values()["probes"]
     assert probes["liveness"]["path"] == "/healthz", "liveness must not depend on the engines"

@@ -80,6 +80,7 @@ def test_settings_are_checked(tmp_path: Path) -> None:
         run_demo(DemoSettings.quick(config_path=tmp_path / "missing.yaml"))
 
 
+@pytest.mark.integration
 def test_quick_demo_prints_the_table_writes_the_plot_and_stops_everything(
     tmp_path: Path,
 ) -> None:

@@ -63,6 +63,7 @@ def test_prompt_text_is_exact_under_cl100k_and_approx() -> None:
         prompt_text(0)
 
 
+@pytest.mark.integration
 def test_replays_with_exact_token_counts_on_schedule(fast_engine: ServerProcess) -> None:
     sizes = [(700, 31), (12, 1), (1500, 64), (40, 0), (300, 200)] * 4
     reqs = [
@@ -86,6 +87,7 @@ def test_replays_with_exact_token_counts_on_schedule(fast_engine: ServerProcess)
     assert live.tokens == sum(r.tokens for r in res.results)
 
 
+@pytest.mark.integration
 def test_open_loop_and_deadline_cut_everything_open(slow_engine: ServerProcess) -> None:
     # Outputs of 3000 tokens take far longer than the 1.5 s deadline at real time, so
     # every request is still open when the next one is due: they are sent anyway, then cut.
@@ -108,6 +110,7 @@ def test_open_loop_and_deadline_cut_everything_open(slow_engine: ServerProcess) 
     assert _running(slow_engine.url) == 0
 
 
+@pytest.mark.integration
 def test_per_request_timeout(slow_engine: ServerProcess) -> None:
     reqs = [TraceRequest(0.0, 20, 4000), TraceRequest(0.0, 20, 2)]
     res = replay_sync(reqs, ReplayConfig((slow_engine.url,), deadline_s=10, request_timeout_s=0.5))
@@ -135,6 +138,7 @@ async def _rejecting_server() -> tuple[web.AppRunner, list[str]]:
     return runner, [f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port}/nowhere"]
 
 
+@pytest.mark.integration
 def test_rejections_round_robin_and_failures() -> None:
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     reqs = [TraceRequest(0.01 * i, 10, 5, tenant="a" if i % 2 else "b") for i in range(6)]

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,16 @@ import pytest
 from velvetrope.serving import launch
 from velvetrope.serving.launch import ServerProcess, free_port
 
-__all__ = ["Proc", "free_port", "start_engine", "start_gateway"]
+__all__ = [
+    "Proc",
+    "admin_status",
+    "free_port",
+    "metric",
+    "start_engine",
+    "start_gateway",
+    "status_until",
+    "wait_idle",
+]
 
 ADMIN = "test-admin-token"
 
@@ -70,6 +80,23 @@ def admin_status(gw: str) -> dict[str, Any]:
     r.raise_for_status()
     data: dict[str, Any] = r.json()
     return data
+
+
+async def status_until(
+    c: httpx.AsyncClient,
+    gw: str,
+    ok: Callable[[dict[str, Any]], bool],
+    timeout_s: float = 20.0,
+) -> dict[str, Any]:
+    """Poll ``/admin/status`` until ``ok(status)`` (bounded); return the last status."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        r = await c.get(gw + "/admin/status", headers={"Authorization": f"Bearer {ADMIN}"})
+        r.raise_for_status()
+        st: dict[str, Any] = r.json()
+        if ok(st) or time.monotonic() >= deadline:
+            return st
+        await asyncio.sleep(0.02)
 
 
 def wait_idle(gw: str, timeout_s: float = 20.0) -> dict[str, Any]:

@@ -18,8 +18,11 @@ from .conftest import (
     metric,
     start_engine,
     start_gateway,
+    status_until,
     wait_idle,
 )
+
+pytestmark = pytest.mark.integration
 
 GOLD = {"Authorization": "Bearer sk-gold-0000"}
 SILVER = {"Authorization": "Bearer sk-silver-0000"}
@@ -89,7 +92,8 @@ def test_overload_gives_503_with_a_reason(tmp_path: Path) -> None:
     async def run() -> list[httpx.Response]:
         async with httpx.AsyncClient(timeout=60) as c:
             first = asyncio.create_task(_post(c, gw.url, GOLD, body(150)))
-            await asyncio.sleep(0.3)
+            st = await status_until(c, gw.url, lambda s: s["in_flight"] == 1)
+            assert st["in_flight"] == 1, st  # the one slot is taken
             rest = [asyncio.create_task(_post(c, gw.url, GOLD, body(5))) for _ in range(4)]
             return [await first, *[await t for t in rest]]
 
@@ -102,8 +106,10 @@ def test_overload_gives_503_with_a_reason(tmp_path: Path) -> None:
             assert r.json()["error"]["code"] == "queue_full"
             assert r.json()["error"]["type"] == "overloaded_error"
             assert int(r.headers["retry-after"]) >= 1
-        served = [r for r in rs if r.status_code == 200]
-        assert max(float(r.headers["x-velvetrope-queue-ms"]) for r in served) > 100
+        # the two served after the first waited in the queue for its slot; it did not
+        waited = [float(r.headers["x-velvetrope-queue-ms"]) for r in rs[1:] if r.status_code == 200]
+        assert len(waited) == 2
+        assert min(waited) > float(rs[0].headers["x-velvetrope-queue-ms"])
         wait_idle(gw.url)
         assert metric(gw.url, "velvetrope_requests_total", reason="queue_full") == 2
     finally:
@@ -243,6 +249,16 @@ def bad_gw(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
     gw.stop()
 
 
+async def _readyz_until(c: httpx.AsyncClient, gw: str, status: int) -> httpx.Response:
+    """Poll ``/readyz`` until it answers ``status`` (bounded); return the last answer."""
+    deadline = time.monotonic() + 10
+    r = await c.get(gw + "/readyz")
+    while r.status_code != status and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+        r = await c.get(gw + "/readyz")
+    return r
+
+
 def test_drain_finishes_streams_and_refuses_new_work(tmp_path: Path) -> None:
     eng = start_engine(1.0)
     gw = start_gateway(tmp_path, gateway_config([eng.url]))
@@ -258,9 +274,8 @@ def test_drain_finishes_streams_and_refuses_new_work(tmp_path: Path) -> None:
                         tokens += 1
                         if tokens == 2:
                             gw.proc.send_signal(signal.SIGTERM)
-                            await asyncio.sleep(0.2)
+                            ready = await _readyz_until(c, gw.url, 503)
                             refused = await _post(c, gw.url, GOLD, body(3))
-                            ready = await c.get(gw.url + "/readyz")
                             assert refused.json()["error"]["code"] == "draining"
             return tokens, refused.status_code, ready.status_code
 

@@ -11,6 +11,8 @@ import pytest
 
 from .conftest import Proc, free_port, gateway_config, metric, start_gateway, wait_idle
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def gw(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:

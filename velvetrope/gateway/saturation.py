@@ -121,7 +121,18 @@ class EngineSaturation:
         if self.pending > 0:
             self.pending -= 1
 
+    def observe(self, up: UpstreamState, load: EngineLoad) -> None:
+        """Take one scrape of ``up`` (``EngineLoad()`` when it could not be read): remember
+        it with the gateway's own requests in flight to ``up`` at that moment, and learn
+        what ``up`` can run from a scrape that shows it queueing."""
+        load.ours_at_scrape = up.in_flight
+        if load.waiting > 0 and load.running > 0:
+            self.capacity[up.url] = load.running
+        self.loads[up.url] = load
+
     async def scrape_once(self, session: aiohttp.ClientSession) -> None:
+        """Scrape every upstream of the pool once (at most ``interval_s`` each)."""
+
         async def one(up: UpstreamState) -> None:
             try:
                 async with session.get(
@@ -130,11 +141,7 @@ class EngineSaturation:
                     text = await r.text() if r.status == 200 else ""
             except (aiohttp.ClientError, TimeoutError, OSError):
                 text = ""
-            load = parse_vllm_metrics(text) if text else EngineLoad()
-            load.ours_at_scrape = up.in_flight
-            if load.waiting > 0 and load.running > 0:
-                self.capacity[up.url] = load.running
-            self.loads[up.url] = load
+            self.observe(up, parse_vllm_metrics(text) if text else EngineLoad())
 
         await asyncio.gather(*(one(u) for u in self.upstreams.pools.get(self.pool, [])))
 
