@@ -6,8 +6,12 @@ it is stepped with timestamps, never reads a clock and does no I/O.  An
 :class:`EngineProfile` says how long an iteration takes and how large the engine is; the
 built-ins (:func:`list_profiles`) ship as YAML in ``velvetrope/engine/profiles``.
 
-The simulator steps a :class:`Batcher` in virtual time; the engine server steps one in
-real time behind an OpenAI-compatible API.
+The simulator steps a :class:`Batcher` in virtual time; the engine server
+(:mod:`velvetrope.engine.serve`) steps one in real time behind an OpenAI-compatible API.
+This package and its model modules (``batcher``, ``kvcache``, ``profile``, ``outputs``) and
+calibration's pure part (:mod:`velvetrope.engine.calibrate`) import no HTTP library; the
+server and calibration's client (:mod:`velvetrope.engine.calibrate.client`) are the HTTP
+side, imported by name.
 """
 
 from velvetrope.engine.batcher import (

@@ -347,9 +347,14 @@ def test_instant_mode_answers_at_once(instant: EngineServer) -> None:
             extra_body={"ignore_eos": True},
         ) as stream:
             chunks = list(stream)
+        two = c.completions.create(
+            model="fast-upstream", prompt="hi", max_tokens=5, n=2, extra_body={"ignore_eos": True}
+        )
     assert len(chunks) == 21 and chunks[-1].usage is not None
+    assert [ch.index for ch in two.choices] == [0, 1]
+    assert two.usage is not None and two.usage.completion_tokens == 10
     m = metrics(instant)
-    assert m["vllm:generation_tokens_total"] == 70
+    assert m["vllm:generation_tokens_total"] == 80
     assert idle(m)
 
 
