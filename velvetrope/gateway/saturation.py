@@ -17,14 +17,13 @@ is not held: a missing ``/metrics`` never stalls the gateway.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
 
 from velvetrope.core import Job
-from velvetrope.gateway.upstreams import UpstreamPools, UpstreamState
+from velvetrope.gateway.upstreams import Periodic, UpstreamPools, UpstreamState
 
 __all__ = ["EngineLoad", "EngineSaturation", "parse_vllm_metrics"]
 
@@ -86,7 +85,7 @@ class EngineSaturation:
         self.capacity: dict[str, float] = {}
         self.held = 0
         self.pending = 0
-        self._task: asyncio.Task[None] | None = None
+        self._scrapes = Periodic()
 
     def _saturated(self, ups: list[UpstreamState]) -> bool:
         """The pool's projected engine load reaches its learned capacity plus the slack."""
@@ -148,17 +147,12 @@ class EngineSaturation:
     def start(self, session: aiohttp.ClientSession, on_update: Callable[[], None]) -> None:
         """Scrape every ``interval_s`` and call ``on_update`` (to dispatch what now fits)."""
 
-        async def loop() -> None:
-            while True:
-                await self.scrape_once(session)
-                on_update()
-                await asyncio.sleep(self.interval_s)
+        async def step() -> None:
+            await self.scrape_once(session)
+            on_update()
 
-        self._task = asyncio.get_running_loop().create_task(loop())
+        self._scrapes.start(step, self.interval_s)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        """Stop scraping."""
+        await self._scrapes.stop()

@@ -11,13 +11,42 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import aiohttp
 
 from velvetrope.config import GatewayConfig
 
-__all__ = ["UpstreamPools", "UpstreamState"]
+__all__ = ["Periodic", "UpstreamPools", "UpstreamState"]
+
+
+class Periodic:
+    """One background task that awaits ``step()`` every ``interval_s`` until stopped (the
+    gateway's health checks and saturation scrapes)."""
+
+    __slots__ = ("_task",)
+
+    def __init__(self) -> None:
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self, step: Callable[[], Awaitable[None]], interval_s: float) -> None:
+        """Start the loop in the running event loop (the first step runs at once)."""
+
+        async def loop() -> None:
+            while True:
+                await step()
+                await asyncio.sleep(interval_s)
+
+        self._task = asyncio.get_running_loop().create_task(loop())
+
+    async def stop(self) -> None:
+        """Cancel the loop and wait for it to end; a no-op if it is not running."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
 
 
 @dataclass(slots=True)
@@ -42,7 +71,7 @@ class UpstreamPools:
             for pool, ups in config.upstreams.items()
         }
         self._rr = itertools.count()
-        self._task: asyncio.Task[None] | None = None
+        self._checks = Periodic()
 
     def pick(self, pool: str) -> UpstreamState | None:
         """The least-loaded healthy upstream of ``pool``, or ``None`` if none is healthy."""
@@ -103,17 +132,8 @@ class UpstreamPools:
 
     def start(self, session: aiohttp.ClientSession, interval_s: float = 2.0) -> None:
         """Run :meth:`check_once` every ``interval_s`` in the background."""
-
-        async def loop() -> None:
-            while True:
-                await self.check_once(session)
-                await asyncio.sleep(interval_s)
-
-        self._task = asyncio.get_running_loop().create_task(loop())
+        self._checks.start(lambda: self.check_once(session), interval_s)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        """Stop the background checks."""
+        await self._checks.stop()
