@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -89,8 +90,18 @@ class RedisServer:
     def stop(self) -> None:
         """Kill the server (its data is gone: there is no persistence)."""
         if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
             self.proc.kill()
             self.proc.wait(10)
+
+    def pause(self) -> None:
+        """SIGSTOP: the server hangs (connections stay open, nothing answers)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
 
     def flush(self) -> None:
         with redis.Redis(port=self.port) as c:

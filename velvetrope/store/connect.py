@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.sentinel import Sentinel
 
@@ -44,11 +44,12 @@ def parse_nodes(netloc: str, default_port: int) -> list[tuple[str, int]]:
     return out
 
 
-def connect(url: str, *, password: str | None, timeout_s: float) -> Any:
+def connect(url: str, *, password: str | None, timeout_s: float, max_connections: int = 64) -> Any:
     """A redis-py asyncio client (``Redis`` or ``RedisCluster``) for ``url``.
 
-    ``timeout_s`` bounds connecting and every socket operation; callers also bound each
-    call with their own budget."""
+    ``timeout_s`` bounds connecting, every socket operation and the wait for a free
+    connection (at most ``max_connections`` per process); callers also bound each call with
+    their own budget."""
     parts = urlsplit(url)
     scheme = parts.scheme
     common: dict[str, Any] = {
@@ -62,10 +63,15 @@ def connect(url: str, *, password: str | None, timeout_s: float) -> Any:
         kw = dict(common)
         if pw is not None and url_password is None:
             kw["password"] = pw
-        return Redis.from_url(url, health_check_interval=0, **kw)
+        pool = BlockingConnectionPool.from_url(
+            url, max_connections=max_connections, timeout=timeout_s, **kw
+        )
+        return Redis(connection_pool=pool)
     if scheme == "redis+cluster":
         nodes = [ClusterNode(h, p) for h, p in parse_nodes(parts.netloc, 6379)]
-        return RedisCluster(startup_nodes=nodes, password=pw, **common)
+        return RedisCluster(
+            startup_nodes=nodes, password=pw, max_connections=max_connections, **common
+        )
     if scheme == "redis+sentinel":
         path = [p for p in parts.path.split("/") if p]
         if not path:

@@ -84,6 +84,7 @@ class GuardedState:
         self._observe = observe_call or (lambda op, s: None)
         self._queue_depth = queue_depth or (lambda: 0)
         self._local_jobs: set[str] = set()  # reserved in the local fallback
+        self._seen: dict[str, tuple[float, float]] = {}  # bucket -> (level, capacity) seen
         self._leases: dict[str, dict[str, int]] = {}  # pool -> job id -> tokens, in Redis
         self._local_leases: dict[str, set[str]] = {}  # pool -> job ids, fallback slots
         self.outbox = Outbox(ready=self.breaker.allow, on_result=self._result)
@@ -130,7 +131,10 @@ class GuardedState:
         if self.breaker.allow():
             coro = self.redis.reserve(job_id, tenant, claims)
             try:
-                return await self._call("reserve", coro)  # type: ignore[no-any-return]
+                res: Grant | Denial = await self._call("reserve", coro)
+                for snap in res.snapshots:
+                    self._seen[snap.key] = (snap.remaining, snap.limit)
+                return res
             except StoreUnavailable:
                 # the answer was lost, not necessarily the reservation: undo it if it
                 # happened (settling a job without a hold changes nothing)
@@ -177,8 +181,12 @@ class GuardedState:
         replica's 1/N share of local slots; fail_closed raises :class:`StoreUnavailable`."""
         if self.breaker.allow():
             coro = self.redis.acquire(pool, job_id, tokens, max_in_flight, max_tokens)
-            with contextlib.suppress(StoreUnavailable):
+            try:
                 ans = await self._call("acquire", coro)
+            except StoreUnavailable:
+                # the answer was lost, maybe not the lease: give it back if it was taken
+                self._release_remote(pool, job_id)
+            else:
                 if ans.granted:
                     self._leases.setdefault(pool, {})[job_id] = tokens
                 return bool(ans.granted)
@@ -202,11 +210,17 @@ class GuardedState:
         held = self._leases.get(pool)
         if held is None or held.pop(job_id, None) is None:
             return
+        self._release_remote(pool, job_id)
 
+    def _release_remote(self, pool: str, job_id: str) -> None:
         def send() -> Any:
             return asyncio.wait_for(self.redis.release(pool, [job_id]), self.call_timeout_s * 4)
 
         self.outbox.put(send)
+
+    def levels(self) -> dict[str, tuple[float, float]]:
+        """``(level, capacity)`` of every bucket as this replica last saw it in Redis."""
+        return dict(self._seen)
 
     def leases_held(self, pool: str) -> int:
         """Slots this replica holds in ``pool`` (Redis leases and local fallback ones)."""

@@ -177,7 +177,11 @@ class RedisStore:
         await self.client.ping()
 
     async def close(self) -> None:
+        """Close the client and its connection pool."""
+        pool = getattr(self.client, "connection_pool", None)
         await self.client.aclose()
+        if pool is not None:
+            await pool.disconnect()
 
 
 def _snaps(claims: Sequence[Claim], r: Sequence[Any], start: int) -> tuple[BucketSnapshot, ...]:
