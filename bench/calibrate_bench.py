@@ -26,10 +26,10 @@ import argparse
 import asyncio
 import sys
 
-from velvetrope.engine.calibrate import CalibrationSettings, calibrate, relative_errors
-from velvetrope.engine.calibrate_cli import render_report
+from velvetrope.engine.calibrate import relative_errors, render_report
+from velvetrope.engine.calibrate.client import CalibrationSettings, calibrate
 from velvetrope.engine.profile import load_profile
-from velvetrope.launch import start_engine
+from velvetrope.serving.launch import start_engine
 
 __all__ = ["main"]
 

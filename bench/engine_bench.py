@@ -35,8 +35,8 @@ from dataclasses import dataclass
 import aiohttp
 import orjson
 
-from velvetrope.engine.server import FILLER_WORDS
-from velvetrope.launch import start_engine
+from velvetrope.engine.serve.bodies import FILLER_WORDS
+from velvetrope.serving.launch import start_engine
 
 __all__ = ["Sample", "main", "run_load"]
 

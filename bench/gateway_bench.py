@@ -32,7 +32,7 @@ import aiohttp
 import numpy as np
 import uvloop
 
-from velvetrope.launch import start_engine, start_gateway
+from velvetrope.serving.launch import start_engine, start_gateway
 
 KEY = "sk-bench-tenant-key"
 BODY = (

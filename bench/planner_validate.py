@@ -49,7 +49,7 @@ from velvetrope.planner.service import (
     curve_from_measurements,
     measure_service_curve,
 )
-from velvetrope.planner.sizing import Slo, make_plan
+from velvetrope.planner.sizing import P99Target, make_plan
 from velvetrope.planner.verify import simulate_fleet
 from velvetrope.planner.workload import MINUTE_S, one_minute_rates, workload_from_trace
 from velvetrope.sim import load_trace, rescale_time
@@ -140,7 +140,7 @@ def main() -> None:
     p99_minute = float(np.percentile(one_minute_rates([r.t for r in raw]), 99))
     trace = rescale_time(raw, args.design_rps / p99_minute)
     wl = workload_from_trace("azure_conv", requests=trace)
-    slo = Slo("e2e", args.slo)
+    slo = P99Target("e2e", args.slo)
     t1 = time.perf_counter()
     curve = measure_service_curve(profile, wl.prompt, wl.output)
     plan = make_plan(wl, curve, slo, tier=args.tier)

@@ -38,9 +38,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from velvetrope import launch
 from velvetrope.config import parse_config
 from velvetrope.core.request import JobState, Reason
+from velvetrope.serving import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"

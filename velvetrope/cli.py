@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import typer
 
-from velvetrope.engine.calibrate_cli import calibrate_command
-from velvetrope.engine.cli import engine_command
+from velvetrope.engine.calibrate.cli import calibrate_command
+from velvetrope.engine.serve.cli import engine_command
 from velvetrope.planner.cli import plan_command
 from velvetrope.sim.cli import simulate_command
 
@@ -159,7 +159,7 @@ def demo(
 @app.command("scenario")
 def scenario(seed: int = typer.Option(7, help="Random seed of the arrivals.")) -> None:
     """Print a scripted scenario through the admission core, decision by decision."""
-    from velvetrope.scenario import run_scenario
+    from velvetrope.sim.scenario import run_scenario
 
     run_scenario(seed=seed)
 

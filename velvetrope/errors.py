@@ -62,7 +62,9 @@ class RequestError(VelvetropeError):
     """A client request that cannot be served as sent.
 
     ``status`` is the HTTP status, ``code`` OpenAI's machine-readable code and ``param``
-    the offending field, when one is to blame.
+    the offending field, when one is to blame.  ``error_type`` is OpenAI's ``type``;
+    ``None`` lets the answer derive it from the status
+    (:func:`velvetrope.openai.errors.error_type_for`).
     """
 
     def __init__(
@@ -72,7 +74,7 @@ class RequestError(VelvetropeError):
         status: int = 400,
         code: str = "invalid_request_error",
         param: str | None = None,
-        error_type: str = "invalid_request_error",
+        error_type: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message

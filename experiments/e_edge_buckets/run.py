@@ -56,9 +56,10 @@ from experiments.common import (
     save_plot,
 )
 from velvetrope.core import PolicyConfig
+from velvetrope.core.policy import SloPolicy
 from velvetrope.sim.arrivals import Poisson
 from velvetrope.sim.loop import run_simulation
-from velvetrope.sim.metrics import JobRecords, Slo, goodput_mask
+from velvetrope.sim.metrics import JobRecords, goodput_mask
 from velvetrope.sim.result import SimResult
 from velvetrope.sim.traces import load_trace
 from velvetrope.sim.workload import TenantMix, TraceLengths, TraceRequest, merge, synthesize
@@ -89,10 +90,10 @@ TENANTS: tuple[tuple[str, str, float], ...] = (
     ("b1", "batch", 0.15),
     ("b2", "batch", 0.15),
 )
-SLOS: dict[str, Slo] = {
-    "premium": Slo(ttft_s=1.0, tpot_s=0.1),
-    "standard": Slo(ttft_s=3.0, tpot_s=0.1),
-    "batch": Slo(ttft_s=30.0, tpot_s=None),
+SLOS: dict[str, SloPolicy] = {
+    "premium": SloPolicy(ttft_s=1.0, tpot_s=0.1),
+    "standard": SloPolicy(ttft_s=3.0, tpot_s=0.1),
+    "batch": SloPolicy(ttft_s=30.0),
 }
 VERSIONS = (
     "0. no buckets, FIFO",

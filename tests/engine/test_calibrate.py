@@ -21,7 +21,6 @@ from velvetrope.cli import app
 from velvetrope.engine.calibrate import (
     COEFFICIENTS,
     CalibrationResult,
-    CalibrationSettings,
     Features,
     Observation,
     Probe,
@@ -39,6 +38,7 @@ from velvetrope.engine.calibrate import (
     simulate_runs,
     single_features,
 )
+from velvetrope.engine.calibrate.client import CalibrationSettings
 from velvetrope.engine.profile import EngineProfile, load_profile
 from velvetrope.errors import PolicyError
 

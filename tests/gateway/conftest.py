@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from velvetrope import launch
-from velvetrope.launch import ServerProcess, free_port
+from velvetrope.serving import launch
+from velvetrope.serving.launch import ServerProcess, free_port
 
 __all__ = ["Proc", "free_port", "start_engine", "start_gateway"]
 

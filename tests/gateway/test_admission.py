@@ -198,7 +198,7 @@ def test_a_spoofed_priority_header_changes_nothing(engine: str, tmp_path: Path) 
     ("payload", "status", "code", "param"),
     [
         (b"{not json", 400, "invalid_json", None),
-        (b"[1, 2]", 400, "invalid_json", None),
+        (b"[1, 2]", 400, "invalid_type", None),
         (b'{"model": 5, "prompt": "x"}', 400, "invalid_type", "model"),
         (b'{"model": "m", "prompt": 5}', 400, "invalid_type", "prompt"),
         (b'{"model": "m", "prompt": "x", "max_tokens": -3}', 400, "invalid_value", "max_tokens"),

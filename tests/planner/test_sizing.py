@@ -21,7 +21,7 @@ from velvetrope.planner.service import (
     measure_service_curve,
 )
 from velvetrope.planner.sizing import (
-    Slo,
+    P99Target,
     gpus_per_replica,
     make_plan,
     plan_to_dict,
@@ -74,7 +74,7 @@ def test_seed_example_seven_gpus_through_the_planner() -> None:
     # A worker whose throughput at 32 in flight is exactly 12 req/s, a loose SLO: the plan is
     # the seed's arithmetic, and the ρ bound is what binds.
     curve = curve_from_measurements(PROFILE, PROMPT, OUTPUT, [1, 32], [0.5, 12.0])
-    plan = make_plan(workload(50.0), curve, Slo("wait", 60.0), concurrency=32)
+    plan = make_plan(workload(50.0), curve, P99Target("wait", 60.0), concurrency=32)
     assert (plan.replicas, plan.binding, plan.gpus) == (7, "rho", 7)
     assert plan.at.rho == pytest.approx(50 / (7 * 12))
 
@@ -107,7 +107,7 @@ def test_gpus_per_replica_from_the_profile_name() -> None:
 def test_plan_is_the_fewest_replicas_meeting_slo_and_rho(metric: str) -> None:
     lam = 60.0
     bound = {"e2e": 9.0, "ttft": 0.4, "wait": 0.05}[metric]
-    slo = Slo(metric, bound)  # type: ignore[arg-type]
+    slo = P99Target(metric, bound)  # type: ignore[arg-type]
     plan = make_plan(workload(lam), CURVE, slo, tier="batch")
     k, n = plan.concurrency, plan.replicas
     assert plan.at.p99(slo.metric) <= bound
@@ -119,7 +119,7 @@ def test_plan_is_the_fewest_replicas_meeting_slo_and_rho(metric: str) -> None:
 
 
 def test_slo_binding_plan_exceeds_the_rho_bound() -> None:
-    plan = make_plan(workload(60.0), CURVE, Slo("e2e", 5.6), concurrency=64)
+    plan = make_plan(workload(60.0), CURVE, P99Target("e2e", 5.6), concurrency=64)
     assert plan.binding == "slo"
     assert plan.replicas > plan.replicas_for_rho
     assert plan.at.e2e_p99_s <= 5.6
@@ -130,34 +130,34 @@ def test_unreachable_slo_is_an_error() -> None:
     floor = service_floor_p99(CURVE, "e2e")
     assert floor > 1.0
     with pytest.raises(PolicyError, match="cannot be met"):
-        make_plan(workload(10.0), CURVE, Slo("e2e", 0.9 * floor))
-    plan = make_plan(workload(10.0), CURVE, Slo("e2e", 1.2 * floor))  # just above: feasible
+        make_plan(workload(10.0), CURVE, P99Target("e2e", 0.9 * floor))
+    plan = make_plan(workload(10.0), CURVE, P99Target("e2e", 1.2 * floor))  # just above: feasible
     assert plan.at.e2e_p99_s <= 1.2 * floor
     with pytest.raises(PolicyError, match="more than 6 replicas"):
-        replicas_needed(CURVE, 40.0, 64, Slo("e2e", 1.05 * floor), 0.6, max_replicas=6)
+        replicas_needed(CURVE, 40.0, 64, P99Target("e2e", 1.05 * floor), 0.6, max_replicas=6)
     with pytest.raises(PolicyError, match="utilisation bound alone needs"):
-        replicas_needed(CURVE, 40.0, 64, Slo("e2e", 60.0), 0.6, max_replicas=3)
+        replicas_needed(CURVE, 40.0, 64, P99Target("e2e", 60.0), 0.6, max_replicas=3)
 
 
 def test_tier_defaults_and_errors() -> None:
-    a = make_plan(workload(30.0), CURVE, Slo("wait", 5.0), tier="interactive")
-    b = make_plan(workload(30.0), CURVE, Slo("wait", 5.0), tier="batch")
+    a = make_plan(workload(30.0), CURVE, P99Target("wait", 5.0), tier="interactive")
+    b = make_plan(workload(30.0), CURVE, P99Target("wait", 5.0), tier="batch")
     assert (a.rho_target, b.rho_target) == (0.6, 0.85)
     assert b.replicas <= a.replicas
     with pytest.raises(PolicyError, match="no default utilisation"):
-        make_plan(workload(30.0), CURVE, Slo("wait", 5.0), tier="gold")
-    assert make_plan(workload(30.0), CURVE, Slo("wait", 5.0), tier="gold", rho_target=0.5)
+        make_plan(workload(30.0), CURVE, P99Target("wait", 5.0), tier="gold")
+    assert make_plan(workload(30.0), CURVE, P99Target("wait", 5.0), tier="gold", rho_target=0.5)
     with pytest.raises(PolicyError):
-        Slo("latency", 1.0)  # type: ignore[arg-type]
+        P99Target("latency", 1.0)  # type: ignore[arg-type]
     with pytest.raises(PolicyError):
-        Slo("e2e", 0.0)
+        P99Target("e2e", 0.0)
 
 
 @settings(max_examples=25, deadline=None)
 @given(st.floats(1.0, 150.0), st.floats(1.0, 150.0), st.sampled_from(["e2e", "wait", "ttft"]))
 def test_more_load_never_needs_fewer_replicas(l1: float, l2: float, metric: str) -> None:
     lo, hi = sorted((l1, l2))
-    slo = Slo(metric, {"e2e": 10.0, "wait": 0.5, "ttft": 0.5}[metric])  # type: ignore[arg-type]
+    slo = P99Target(metric, {"e2e": 10.0, "wait": 0.5, "ttft": 0.5}[metric])  # type: ignore[arg-type]
     assert (
         make_plan(workload(hi), CURVE, slo).replicas >= make_plan(workload(lo), CURVE, slo).replicas
     )
@@ -167,8 +167,8 @@ def test_more_load_never_needs_fewer_replicas(l1: float, l2: float, metric: str)
 @given(st.floats(6.5, 30.0), st.floats(6.5, 30.0), st.floats(5.0, 120.0))
 def test_tighter_slo_never_needs_fewer_replicas(s1: float, s2: float, lam: float) -> None:
     tight, loose = sorted((s1, s2))
-    a = make_plan(workload(lam), CURVE, Slo("e2e", tight), tier="batch")
-    b = make_plan(workload(lam), CURVE, Slo("e2e", loose), tier="batch")
+    a = make_plan(workload(lam), CURVE, P99Target("e2e", tight), tier="batch")
+    b = make_plan(workload(lam), CURVE, P99Target("e2e", loose), tier="batch")
     assert a.replicas >= b.replicas
 
 
@@ -177,7 +177,7 @@ def test_tighter_slo_never_needs_fewer_replicas(s1: float, s2: float, lam: float
 
 def test_buckets_queue_bound_and_keda() -> None:
     tenants = (Tenant("big", 0.75), Tenant("small", 0.25))
-    plan = make_plan(workload(40.0, tenants), CURVE, Slo("e2e", 10.0), gpus=2)
+    plan = make_plan(workload(40.0, tenants), CURVE, P99Target("e2e", 10.0), gpus=2)
     n, x, tok = plan.replicas, plan.per_replica_rps, plan.tokens_per_request
     assert plan.gpus == 2 * n
     assert tok == pytest.approx(float(np.mean(PROMPT + OUTPUT)))
@@ -200,7 +200,7 @@ def test_buckets_queue_bound_and_keda() -> None:
 
 def test_json_schema() -> None:
     curve: ServiceCurve = CURVE
-    plan = make_plan(workload(5.0), curve, Slo("wait", 2.0))
+    plan = make_plan(workload(5.0), curve, P99Target("wait", 2.0))
     doc = plan_to_dict(plan)
     text = json.dumps(doc, allow_nan=False)  # no NaN/inf leaks into JSON
     back = json.loads(text)
@@ -236,7 +236,8 @@ def test_json_schema() -> None:
 def test_json_writes_null_for_an_overloaded_smaller_fleet() -> None:
     # One replica fewer than the ρ bound allows can be past saturation: latencies are null.
     curve = curve_from_measurements(PROFILE, PROMPT, OUTPUT, [1, 32], [0.5, 12.0])
-    plan = make_plan(workload(23.0), curve, Slo("wait", 60.0), concurrency=32, rho_target=0.99)
+    slo = P99Target("wait", 60.0)
+    plan = make_plan(workload(23.0), curve, slo, concurrency=32, rho_target=0.99)
     assert plan.replicas == 2 and plan.one_fewer is not None and not plan.one_fewer.stable
     doc = json.loads(json.dumps(plan_to_dict(plan), allow_nan=False))
     assert doc["latency"]["one_fewer"]["e2e_p99_s"] is None
@@ -245,15 +246,15 @@ def test_json_writes_null_for_an_overloaded_smaller_fleet() -> None:
 
 def test_warnings_name_where_the_model_is_weak() -> None:
     bursty = dataclasses.replace(workload(20.0), arrival_scv=9.0)
-    plan = make_plan(bursty, CURVE, Slo("wait", 2.0))
+    plan = make_plan(bursty, CURVE, P99Target("wait", 2.0))
     assert len(plan.warnings) == 1 and "bursty (C_a² = 9" in plan.warnings[0]
     long = dataclasses.replace(
         workload(5.0), prompt=np.array([9000, 100]), output=np.array([10, 0])
     )
     curve = analytic_service_curve(PROFILE, long.prompt, long.output)
-    plan = make_plan(long, curve, Slo("wait", 2.0))
+    plan = make_plan(long, curve, P99Target("wait", 2.0))
     assert any("2 of 2 requests exceed max_model_len 8192" in w for w in plan.warnings)
     tiny_kv = PROFILE.with_overrides(num_gpu_blocks=600, max_num_seqs=64)  # 9600 KV tokens
     curve = measure_service_curve(tiny_kv, PROMPT, OUTPUT, min_completions=100)
-    plan = make_plan(workload(5.0), curve, Slo("wait", 5.0), concurrency=64)
+    plan = make_plan(workload(5.0), curve, P99Target("wait", 5.0), concurrency=64)
     assert any("preempts at concurrency" in w for w in plan.warnings), plan.warnings

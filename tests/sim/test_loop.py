@@ -25,7 +25,7 @@ from velvetrope.errors import PolicyError
 from velvetrope.sim.arrivals import Poisson
 from velvetrope.sim.capacity import fleet_capacity
 from velvetrope.sim.loop import run_simulation
-from velvetrope.sim.result import Decision
+from velvetrope.sim.result import LogEntry
 from velvetrope.sim.workload import TraceRequest, trace_stats
 
 # A small engine: 3,200 tokens of KV cache, so a busy replica preempts.
@@ -75,12 +75,12 @@ def harness(
     router: str,
     oracle: bool,
     timeout: float | None,
-) -> list[Decision]:
+) -> list[LogEntry]:
     """A deliberately naive driver: every iteration scans all event sources for the earliest
     ``(time, class, index)`` (class 0 step end, 1 deadline, 2 client timeout, 3 arrival) and
     handles that one event.  It shares no code with :mod:`velvetrope.sim.loop`."""
     clock = ManualClock()
-    log: list[Decision] = []
+    log: list[LogEntry] = []
 
     def observe(o: Outcome) -> None:
         log.append((o.at, "end", o.job.id, f"{o.state.value}:{o.reason.code}"))

@@ -7,17 +7,19 @@ import math
 import numpy as np
 import pytest
 
+from velvetrope.core.policy import SloPolicy
 from velvetrope.errors import PolicyError
 from velvetrope.sim.metrics import (
     DEFAULT_SLO,
     JobRecords,
-    Slo,
     goodput_mask,
     jain_index,
     parse_slo,
     percentiles,
     slo_for,
+    slo_text,
     summarize,
+    within_slo,
 )
 
 NAN = math.nan
@@ -59,17 +61,30 @@ def test_jain_index() -> None:
 
 
 def test_parse_slo() -> None:
-    assert parse_slo("gold=ttft:0.5,tpot:0.05") == ("gold", Slo(0.5, 0.05, None))
-    assert parse_slo("*=e2e:30") == ("*", Slo(None, None, 30.0))
-    for bad in ("gold", "gold=", "gold=latency:1", "gold=ttft:x", "gold=ttft:-1"):
+    assert parse_slo("gold=ttft:0.5,tpot:0.05") == ("gold", SloPolicy(ttft_s=0.5, tpot_s=0.05))
+    assert parse_slo("*=e2e:30") == ("*", SloPolicy(e2e_s=30.0))
+    for bad in ("gold", "gold=", "gold=latency:1", "gold=ttft:x", "gold=ttft:-1", "gold=e2e:inf"):
         with pytest.raises(PolicyError):
             parse_slo(bad)
 
 
+def test_within_slo_checks_only_the_bounds_set_and_a_nan_tpot_passes() -> None:
+    ttft = np.array([1.0, 3.0, 1.0, 1.0])
+    tpot = np.array([0.05, 0.05, 0.5, NAN])
+    e2e = np.array([2.0, 4.0, 9.0, 1.0])
+    both = SloPolicy(ttft_s=2.0, tpot_s=0.1)
+    assert within_slo(both, ttft, tpot, e2e).tolist() == [True, False, False, True]
+    assert within_slo(SloPolicy(e2e_s=3.0), ttft, tpot, e2e).tolist() == [True, False, False, True]
+    assert within_slo(SloPolicy(), ttft, tpot, e2e).all()
+    assert slo_text(both) == "TTFT ≤ 2 s, TPOT ≤ 0.1 s"
+    assert (slo_text(SloPolicy()), slo_text(None)) == ("none", "")
+
+
 def test_slo_for_falls_back_to_star_then_default() -> None:
-    star = Slo(5.0, None)
-    assert slo_for("a", {"a": Slo(1.0)}) == Slo(1.0)
-    assert slo_for("b", {"a": Slo(1.0), "*": star}) == star
+    star = SloPolicy(ttft_s=5.0)
+    own = SloPolicy(ttft_s=1.0)
+    assert slo_for("a", {"a": own}) == own
+    assert slo_for("b", {"a": own, "*": star}) == star
     assert slo_for("b", {}) == DEFAULT_SLO
 
 
@@ -85,7 +100,7 @@ def test_goodput_counts_completed_requests_within_their_tier_slo() -> None:
             (0, 0, 1.0, 2.0, "cancelled", "cancelled", "y", "bronze", 11),
         ]
     )
-    slos = {"gold": Slo(2.0, 0.1), "bronze": Slo(5.0, None)}
+    slos = {"gold": SloPolicy(ttft_s=2.0, tpot_s=0.1), "bronze": SloPolicy(ttft_s=5.0)}
     assert goodput_mask(rec, slos).tolist() == [True, False, False, True, True, False, False]
 
 

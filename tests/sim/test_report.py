@@ -8,11 +8,12 @@ import pytest
 from rich.console import Console
 
 from velvetrope.core import PolicyConfig
+from velvetrope.core.policy import SloPolicy
 from velvetrope.engine import load_profile
 from velvetrope.errors import PolicyError
 from velvetrope.sim.inputs import default_policy, prepare_workload
 from velvetrope.sim.loop import run_simulation
-from velvetrope.sim.metrics import Slo
+from velvetrope.sim.report import tier_table, write_report
 from velvetrope.sim.sweep import parse_sweep, run_sweep
 from velvetrope.sim.workload import TenantMix
 
@@ -31,11 +32,11 @@ def small_run(seed: int, out: Path) -> bytes:
         load=1.2,
         lengths="noisy:0.6",
         client_timeout_s=20.0,
-        slos={"batch": Slo(ttft_s=30.0, tpot_s=None)},
+        slos={"batch": SloPolicy(ttft_s=30.0)},
         seed=seed,
         label="azure_conv[:400]",
     )
-    path = res.write_report(out)
+    path = write_report(res, out)
     return path.read_bytes()
 
 
@@ -72,7 +73,7 @@ def test_table_renders() -> None:
     work = prepare_workload("azure_conv", tenants=MIX, seed=0, limit=100)
     res = run_simulation(default_policy(MIX, 1), work, 1, PROFILE)
     console = Console(width=200, record=True)
-    console.print(res.table())
+    console.print(tier_table(res))
     out = console.export_text()
     assert "interactive" in out and "all" in out and "GPU busy" in out
 

@@ -4,7 +4,7 @@
 real command line, in a subprocess), waits until ``/health`` answers (bounded; on failure the
 error shows the subprocess's stderr), yields an :class:`EngineServer` and stops the process
 by its PID on exit (SIGINT, then SIGKILL if it lingers).  Starting and stopping are
-:mod:`velvetrope.launch`'s, shared with the demo and the benchmarks.
+:mod:`velvetrope.serving.launch`'s, shared with the demo and the benchmarks.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from velvetrope.launch import ServerProcess, free_port, start_engine
+from velvetrope.serving.launch import ServerProcess, free_port, start_engine
 
 __all__ = ["EngineServer", "engine_args", "free_port", "run_engine"]
 

@@ -25,7 +25,6 @@ from typing import Any
 import aiohttp
 import orjson
 
-from velvetrope.asgi import Receive, Scope, Send, header, read_body, respond, serve_lifespan
 from velvetrope.clock import Clock, SystemClock
 from velvetrope.config import GatewayConfig, hash_key
 from velvetrope.core import (
@@ -51,13 +50,14 @@ from velvetrope.errors import (
 from velvetrope.gateway.admission import Admission
 from velvetrope.gateway.httpclient import HttpClient
 from velvetrope.gateway.metrics import GatewayMetrics
-from velvetrope.gateway.openai_errors import error_body
 from velvetrope.gateway.parse import Kind, parse_request
 from velvetrope.gateway.proxy import Relay, UpstreamAnswer, forward
 from velvetrope.gateway.saturation import EngineSaturation
 from velvetrope.gateway.state import FleetGate, LocalState, build_state
 from velvetrope.gateway.upstreams import UpstreamPools
-from velvetrope.tokenizer import ApproxTokenizer, Tokenizer, get_tokenizer
+from velvetrope.openai.errors import error_body
+from velvetrope.openai.tokenizer import ApproxTokenizer, Tokenizer, get_tokenizer
+from velvetrope.serving.asgi import Receive, Scope, Send, header, read_body, respond, serve_lifespan
 
 __all__ = ["Gateway"]
 

@@ -19,6 +19,7 @@ import orjson
 from velvetrope.core import Usage
 from velvetrope.errors import UpstreamError
 from velvetrope.gateway.httpclient import HttpClient
+from velvetrope.openai.sse import DONE_DATA, content_choices, data_of, split_events, usage_of
 
 __all__ = ["Relay", "UpstreamAnswer", "forward"]
 
@@ -52,34 +53,6 @@ class Relay:
         return Usage(self.prompt_tokens, self.completion_tokens)
 
 
-def _usage_of(obj: object) -> Usage | None:
-    if not isinstance(obj, dict):
-        return None
-    u = obj.get("usage")
-    if not isinstance(u, dict):
-        return None
-    p, c = u.get("prompt_tokens"), u.get("completion_tokens")
-    if isinstance(p, int) and isinstance(c, int):
-        return Usage(p, c)
-    return None
-
-
-def _chunk_tokens(obj: dict[str, object]) -> int:
-    """Completion tokens carried by one streamed chunk (one per choice with content)."""
-    choices = obj.get("choices")
-    if not isinstance(choices, list):
-        return 0
-    n = 0
-    for ch in choices:
-        if not isinstance(ch, dict):
-            continue
-        delta = ch.get("delta")
-        text = delta.get("content") if isinstance(delta, dict) else ch.get("text")
-        if text:
-            n += 1
-    return n
-
-
 async def forward(
     client: HttpClient,
     url: str,
@@ -107,7 +80,7 @@ async def forward(
             if not stream or resp.status != 200:
                 data = await resp.read()
                 try:
-                    usage = _usage_of(orjson.loads(data)) if resp.status == 200 else None
+                    usage = usage_of(orjson.loads(data)) if resp.status == 200 else None
                 except orjson.JSONDecodeError:
                     usage = None
                 if usage is not None:
@@ -117,15 +90,10 @@ async def forward(
             await start(200, [(b"content-type", ctype), *extra_headers])
             buf = b""
             async for piece in resp.chunks():
-                buf += piece
-                out = []
-                while True:
-                    cut = buf.find(b"\n\n")
-                    if cut < 0:
-                        break
-                    event, buf = buf[: cut + 2], buf[cut + 2 :]
-                    if _keep_event(event, relay, client_wants_usage, on_first_token):
-                        out.append(event)
+                events, buf = split_events(buf + piece)
+                out = [
+                    e for e in events if _keep_event(e, relay, client_wants_usage, on_first_token)
+                ]
                 if out:
                     await send(b"".join(out))
             if buf.strip():
@@ -141,21 +109,22 @@ def _keep_event(
     event: bytes, relay: Relay, client_wants_usage: bool, on_first_token: Callable[[], None]
 ) -> bool:
     """Account one SSE event; False when it must not reach the client."""
-    if not event.startswith(b"data: ") or event.startswith(b"data: [DONE]"):
+    data = data_of(event)
+    if data is None or data == DONE_DATA:
         return True
     try:
-        obj = orjson.loads(event[6:])
+        obj = orjson.loads(data)
     except orjson.JSONDecodeError:
         return True
     if not isinstance(obj, dict):
         return True
-    n = _chunk_tokens(obj)
+    n = content_choices(obj)
     if n:
         relay.completion_tokens += n
         if not relay.first_token:
             relay.first_token = True
             on_first_token()
-    usage = _usage_of(obj)
+    usage = usage_of(obj)
     if usage is not None:
         relay.usage = usage
         if not client_wants_usage and not obj.get("choices"):

@@ -273,7 +273,7 @@ def plan_command(
     """Size a fleet for a workload and an SLO, and derive the admission settings."""
     from velvetrope.engine import load_profile
     from velvetrope.planner.service import analytic_service_curve, measure_service_curve
-    from velvetrope.planner.sizing import Slo, make_plan, plan_to_dict
+    from velvetrope.planner.sizing import P99Target, make_plan, plan_to_dict
     from velvetrope.planner.workload import load_workload, workload_from_trace
 
     try:
@@ -300,7 +300,7 @@ def plan_command(
         metric: Metric = (
             "wait" if slo_metric == "wait" else "ttft" if slo_metric == "ttft" else "e2e"
         )
-        slo = Slo(metric, parse_duration(bound))
+        slo = P99Target(metric, parse_duration(bound))
         build = measure_service_curve if service_model == "closed-loop" else analytic_service_curve
         curve = build(prof, wl.prompt, wl.output)
         plan = make_plan(

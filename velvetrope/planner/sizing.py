@@ -1,9 +1,9 @@
 """Sizing: the fewest replicas that meet an SLO, and the admission settings that go with them.
 
 Inputs: a :class:`~velvetrope.planner.workload.PlanWorkload` (design rate, length mix,
-``C_a²``, tenants), a :class:`~velvetrope.planner.service.ServiceCurve` for the engine, an
-:class:`Slo` (a p99 bound on end-to-end latency, queue wait or time to first token) and a
-target utilisation ρ (by tier: :data:`TIER_RHO`, 0.6 interactive, 0.85 batch).
+``C_a²``, tenants), a :class:`~velvetrope.planner.service.ServiceCurve` for the engine, a
+:class:`P99Target` (a p99 bound on end-to-end latency, queue wait or time to first token)
+and a target utilisation ρ (by tier: :data:`TIER_RHO`, 0.6 interactive, 0.85 batch).
 
 The search (:func:`make_plan`)
 ------------------------------
@@ -80,8 +80,8 @@ __all__ = [
     "RULE_OF_THUMB_FRACTION",
     "TIER_RHO",
     "BucketSizing",
+    "P99Target",
     "Plan",
-    "Slo",
     "gpus_per_replica",
     "make_plan",
     "plan_to_dict",
@@ -109,7 +109,7 @@ _EPS = 1e-9
 
 
 @dataclass(frozen=True, slots=True)
-class Slo:
+class P99Target:
     """A p99 bound: ``metric`` (``e2e``, ``wait`` or ``ttft``) at most ``p99_s`` seconds."""
 
     metric: Metric
@@ -195,7 +195,7 @@ def replicas_needed(
     curve: ServiceCurve,
     arrival_rps: float,
     concurrency: int,
-    slo: Slo,
+    slo: P99Target,
     rho_target: float,
     *,
     arrival_scv: float = 1.0,
@@ -287,7 +287,7 @@ class Plan:
 
     workload: PlanWorkload
     curve: ServiceCurve
-    slo: Slo
+    slo: P99Target
     tier: str
     rho_target: float
     replicas: int
@@ -356,7 +356,7 @@ def plan_warnings(workload: PlanWorkload, curve: ServiceCurve, concurrency: int)
     return tuple(out)
 
 
-def _wait_budget(slo: Slo, pred: Prediction) -> float:
+def _wait_budget(slo: P99Target, pred: Prediction) -> float:
     if slo.metric == "wait":
         return slo.p99_s
     if slo.metric == "e2e":
@@ -368,7 +368,7 @@ def _wait_budget(slo: Slo, pred: Prediction) -> float:
 def make_plan(
     workload: PlanWorkload,
     curve: ServiceCurve,
-    slo: Slo,
+    slo: P99Target,
     *,
     tier: str = "interactive",
     rho_target: float | None = None,

@@ -90,10 +90,12 @@ def simulate_command(
     from rich.console import Console
     from rich.table import Table
 
+    from velvetrope.core.policy import SloPolicy
     from velvetrope.engine import load_profile
     from velvetrope.sim.inputs import parse_window, prepare_workload
     from velvetrope.sim.loop import run_simulation
-    from velvetrope.sim.metrics import Slo, parse_slo
+    from velvetrope.sim.metrics import parse_slo
+    from velvetrope.sim.report import tier_table, write_report
     from velvetrope.sim.sweep import parse_sweep, run_sweep
     from velvetrope.sim.workload import TenantMix
 
@@ -103,7 +105,7 @@ def simulate_command(
     try:
         mix = TenantMix.parse(tenants) if tenants is not None else None
         policy, max_tokens = _policy(config, mix, replicas, preset)
-        slos: dict[str, Slo] = dict(parse_slo(s) for s in (slo or []))
+        slos: dict[str, SloPolicy] = dict(parse_slo(s) for s in (slo or []))
         workload = prepare_workload(
             trace,
             tenants=mix,
@@ -139,8 +141,8 @@ def simulate_command(
             reps = base.pop("replicas")
             res = run_simulation(policy, workload, reps, prof, **base)
             wall = time.perf_counter() - t0
-            console.print(res.table())
-            path = res.write_report(out)
+            console.print(tier_table(res))
+            path = write_report(res, out)
             simulated = res.span_s
     except VelvetropeError as exc:
         typer.echo(f"velvetrope simulate: error: {exc}", err=True)

@@ -68,13 +68,14 @@ from velvetrope.core import (
     Rejected,
     Usage,
 )
+from velvetrope.core.policy import SloPolicy
 from velvetrope.engine import EngineEvent, EngineProfile, Finished, FirstToken
 from velvetrope.errors import PolicyError
 from velvetrope.sim.capacity import Capacity, fleet_capacity
 from velvetrope.sim.fleet import Fleet, pool_replicas
 from velvetrope.sim.lengths import LengthKnowledge, parse_lengths, predicted_outputs
-from velvetrope.sim.metrics import JobRecords, Slo, config_slos
-from velvetrope.sim.result import Decision, RunInfo, SimResult
+from velvetrope.sim.metrics import JobRecords, config_slos
+from velvetrope.sim.result import LogEntry, RunInfo, SimResult
 from velvetrope.sim.workload import TraceRequest, rescale_time, trace_stats
 
 __all__ = ["policy_label", "run_simulation", "scale_to_load"]
@@ -125,7 +126,7 @@ def run_simulation(
     client_timeout_s: float | None = None,
     default_max_tokens: int = 1024,
     pool_of: Callable[[TraceRequest], str] | None = None,
-    slos: Mapping[str, Slo] | None = None,
+    slos: Mapping[str, SloPolicy] | None = None,
     seed: int = 0,
     label: str = "workload",
     record_decisions: bool = False,
@@ -153,7 +154,7 @@ def run_simulation(
         raise PolicyError(f"default_max_tokens must be >= 1, got {default_max_tokens}")
     _check_sorted(workload)
     clock = ManualClock(0.0)
-    decisions: list[Decision] = []
+    decisions: list[LogEntry] = []
     observers: list[Callable[[Outcome], None]] = []
     if record_decisions:
 

@@ -8,8 +8,9 @@ state and reason, tenant, tier and sizes.  Per tier (:func:`summarize`):
   completed requests with at least two output tokens.  Percentiles interpolate linearly
   (numpy's default); an empty set gives ``nan``.
 * **Goodput**: a request counts when it *completed* and met every bound of its tier's
-  :class:`Slo`: TTFT ≤ ``ttft_s``, TPOT ≤ ``tpot_s`` (a one-token answer has no TPOT and
-  passes), e2e ≤ ``e2e_s``; a bound that is ``None`` is not checked.  Rejected, expired,
+  :class:`~velvetrope.core.policy.SloPolicy` (:func:`within_slo`): TTFT ≤ ``ttft_s``,
+  TPOT ≤ ``tpot_s`` (a one-token answer has no TPOT and passes), e2e ≤ ``e2e_s``; a bound
+  that is ``None`` is not checked.  Rejected, expired,
   cancelled and failed requests never count.  Reported as a fraction of the tier's offered
   requests and as good requests per second of the run's span.
 * **Outcomes by reason**: the terminal reason of every request that did not complete
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from velvetrope.core.policy import PolicyConfig
+from velvetrope.core.policy import PolicyConfig, SloPolicy
 from velvetrope.errors import PolicyError
 
 __all__ = [
@@ -39,7 +40,6 @@ __all__ = [
     "DEFAULT_SLO",
     "JobRecords",
     "Quantiles",
-    "Slo",
     "TierStats",
     "config_slos",
     "goodput_mask",
@@ -47,78 +47,70 @@ __all__ = [
     "parse_slo",
     "percentiles",
     "slo_for",
+    "slo_text",
     "summarize",
+    "within_slo",
 ]
 
 FloatArray = NDArray[np.float64]
 IntArray = NDArray[np.int64]
+BoolArray = NDArray[np.bool_]
 
 ALL = "all"
 """Name of the summary row over every tier."""
 
 
-@dataclass(frozen=True, slots=True)
-class Slo:
-    """A tier's latency objective; ``None`` leaves a bound unchecked.  Seconds, all ``> 0``."""
-
-    ttft_s: float | None = 2.0
-    tpot_s: float | None = 0.1
-    e2e_s: float | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("ttft_s", "tpot_s", "e2e_s"):
-            v = getattr(self, name)
-            if v is not None and not (math.isfinite(v) and v > 0):
-                raise PolicyError(f"SLO {name} must be finite and > 0, got {v!r}")
-
-    def __str__(self) -> str:
-        parts = [
-            f"{label} ≤ {v:g} s"
-            for label, v in (("TTFT", self.ttft_s), ("TPOT", self.tpot_s), ("e2e", self.e2e_s))
-            if v is not None
-        ]
-        return ", ".join(parts) if parts else "none"
+def slo_text(slo: SloPolicy | None) -> str:
+    """``TTFT ≤ 2 s, TPOT ≤ 0.1 s`` (the bounds that are set), ``none``, or ``""`` for no SLO."""
+    if slo is None:
+        return ""
+    parts = [
+        f"{label} ≤ {v:g} s"
+        for label, v in (("TTFT", slo.ttft_s), ("TPOT", slo.tpot_s), ("e2e", slo.e2e_s))
+        if v is not None
+    ]
+    return ", ".join(parts) if parts else "none"
 
 
-DEFAULT_SLO = Slo()
+DEFAULT_SLO = SloPolicy(ttft_s=2.0, tpot_s=0.1)
 """TTFT ≤ 2 s and TPOT ≤ 100 ms (10 tokens/s, faster than people read): the default of
 every tier that no ``--slo`` names."""
 
 _SLO_KEYS = {"ttft": "ttft_s", "tpot": "tpot_s", "e2e": "e2e_s"}
 
 
-def parse_slo(text: str) -> tuple[str, Slo]:
+def parse_slo(text: str) -> tuple[str, SloPolicy]:
     """Parse ``TIER=ttft:2,tpot:0.1,e2e:30`` (any subset; ``TIER`` may be ``*``).
 
-    Bounds not named are unchecked (``None``).  Returns ``(tier, slo)``.
+    Bounds not named are unchecked (``None``); each named one must be finite and > 0.
+    Returns ``(tier, slo)``; raises :class:`~velvetrope.errors.PolicyError`.
     """
     tier, eq, spec = text.partition("=")
     tier = tier.strip()
     if not eq or not tier or not spec.strip():
         raise PolicyError(f"bad SLO {text!r}: expected TIER=ttft:SECONDS[,tpot:S][,e2e:S]")
-    kw: dict[str, float | None] = dict.fromkeys(_SLO_KEYS.values())
+    kw: dict[str, float] = {}
     for item in spec.split(","):
         key, colon, val = item.strip().partition(":")
         field = _SLO_KEYS.get(key.strip().lower())
         if field is None or not colon:
             raise PolicyError(f"bad SLO item {item!r} in {text!r}; keys: ttft, tpot, e2e")
         try:
-            kw[field] = float(val)
+            v = float(val)
         except ValueError:
             raise PolicyError(f"bad SLO value {val!r} in {text!r}: not a number") from None
-    return tier, Slo(**kw)
+        if not (math.isfinite(v) and v > 0):
+            raise PolicyError(f"bad SLO value {val!r} in {text!r}: must be finite and > 0")
+        kw[field] = v
+    return tier, SloPolicy.model_validate(kw)
 
 
-def config_slos(policy: PolicyConfig) -> dict[str, Slo]:
+def config_slos(policy: PolicyConfig) -> dict[str, SloPolicy]:
     """The SLOs the policy's tiers declare (``tiers[].slo``), by tier name."""
-    return {
-        t.name: Slo(t.slo.ttft_s, t.slo.tpot_s, t.slo.e2e_s)
-        for t in policy.tiers
-        if t.slo is not None
-    }
+    return {t.name: t.slo for t in policy.tiers if t.slo is not None}
 
 
-def slo_for(tier: str, slos: Mapping[str, Slo]) -> Slo:
+def slo_for(tier: str, slos: Mapping[str, SloPolicy]) -> SloPolicy:
     """The SLO of ``tier``: its own, else the ``*`` entry, else :data:`DEFAULT_SLO`."""
     return slos.get(tier) or slos.get("*") or DEFAULT_SLO
 
@@ -196,21 +188,28 @@ class JobRecords:
             return np.where(steps > 0, (self.end - self.first_token) / steps, np.nan)
 
 
-def goodput_mask(rec: JobRecords, slos: Mapping[str, Slo]) -> NDArray[np.bool_]:
-    """Which requests count toward goodput (see the module docstring)."""
+def within_slo(slo: SloPolicy, ttft: FloatArray, tpot: FloatArray, e2e: FloatArray) -> BoolArray:
+    """Which requests met every bound ``slo`` sets, given their TTFT, TPOT and e2e latency
+    (aligned arrays, seconds; a ``nan`` TPOT, a one-token answer, passes).  The one
+    definition of "within SLO": the simulator's goodput and the demo's both use it."""
+    ok: BoolArray = np.ones(np.shape(ttft), dtype=bool)
+    if slo.ttft_s is not None:
+        ok &= ttft <= slo.ttft_s
+    if slo.tpot_s is not None:
+        ok &= np.isnan(tpot) | (tpot <= slo.tpot_s)
+    if slo.e2e_s is not None:
+        ok &= e2e <= slo.e2e_s
+    return ok
+
+
+def goodput_mask(rec: JobRecords, slos: Mapping[str, SloPolicy]) -> BoolArray:
+    """Which requests count toward goodput: completed and :func:`within_slo` of their
+    tier (see the module docstring)."""
     good = rec.completed.copy()
     ttft, tpot, e2e = rec.ttft(), rec.tpot(), rec.e2e()
     for tier in np.unique(rec.tier).tolist():
-        slo = slo_for(tier, slos)
         sel = rec.tier == tier
-        ok = np.ones(len(rec), dtype=bool)
-        if slo.ttft_s is not None:
-            ok &= ttft <= slo.ttft_s
-        if slo.tpot_s is not None:
-            ok &= np.isnan(tpot) | (tpot <= slo.tpot_s)
-        if slo.e2e_s is not None:
-            ok &= e2e <= slo.e2e_s
-        good[sel] &= ok[sel]
+        good[sel] &= within_slo(slo_for(tier, slos), ttft[sel], tpot[sel], e2e[sel])
     return good
 
 
@@ -228,7 +227,7 @@ class TierStats:
     """
 
     tier: str
-    slo: Slo | None
+    slo: SloPolicy | None
     offered: int
     completed: int
     good: int
@@ -266,7 +265,7 @@ def _served_fractions(rec: JobRecords, sel: NDArray[np.bool_]) -> list[float]:
 
 
 def summarize(
-    rec: JobRecords, slos: Mapping[str, Slo], span_s: float, tiers: Sequence[str]
+    rec: JobRecords, slos: Mapping[str, SloPolicy], span_s: float, tiers: Sequence[str]
 ) -> list[TierStats]:
     """One :class:`TierStats` per tier of ``tiers`` that has requests, then the ``all`` row."""
     good = goodput_mask(rec, slos)

@@ -11,16 +11,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 from matplotlib.figure import Figure
 from rich.table import Table
 
-from velvetrope.sim.metrics import ALL, Quantiles, Slo, TierStats
-
-if TYPE_CHECKING:
-    from velvetrope.sim.result import SimResult
+from velvetrope.sim.metrics import ALL, Quantiles, TierStats, slo_text
+from velvetrope.sim.result import SimResult
 
 __all__ = [
     "DEFINITIONS",
@@ -67,15 +64,11 @@ def _pct(x: float) -> str:
     return "–" if math.isnan(x) else f"{100 * x:.1f}%"
 
 
-def _slo(s: Slo | None) -> str:
-    return "" if s is None else str(s)
-
-
 def _tier_rows(rows: Sequence[TierStats]) -> list[list[str]]:
     return [
         [
             r.tier,
-            _slo(r.slo),
+            slo_text(r.slo),
             f"{r.offered:,}",
             f"{r.completed:,}",
             _pct(r.goodput_frac),
@@ -154,8 +147,9 @@ def tier_table(result: SimResult) -> Table:
     return t
 
 
-def report_markdown(result: SimResult, plots: dict[str, str]) -> str:
-    """The full Markdown report (see :meth:`SimResult.to_markdown`)."""
+def report_markdown(result: SimResult, plots: dict[str, str] | None = None) -> str:
+    """The full Markdown report; ``plots`` maps a caption to an image path to link."""
+    plots = plots or {}
     rows = result.summary()
     parts = ["# velvetrope simulation report", ""]
     parts.append(markdown_table(["parameter", "value"], result.info.rows()))
@@ -245,12 +239,14 @@ def _queue_plot(result: SimResult) -> Figure:
     return fig
 
 
-def write_report(result: SimResult, out_dir: Path) -> Path:
-    """Write ``report.md``, ``ttft_cdf.png`` and ``queue.png`` into ``out_dir``."""
+def write_report(result: SimResult, out_dir: str | Path) -> Path:
+    """Write ``report.md``, ``ttft_cdf.png`` and ``queue.png`` into ``out_dir`` (created);
+    return the report's path."""
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = {"TTFT distribution by tier": "ttft_cdf.png", "Queue over time": "queue.png"}
     save_figure(_ttft_cdf(result), out_dir / "ttft_cdf.png")
     save_figure(_queue_plot(result), out_dir / "queue.png")
     path = out_dir / "report.md"
-    path.write_text(result.to_markdown(plots), encoding="utf-8")
+    path.write_text(report_markdown(result, plots), encoding="utf-8")
     return path

@@ -1,31 +1,29 @@
 """The outcome of one simulated run: what was run (:class:`RunInfo`) and what happened
-(:class:`SimResult`), with its per-tier table and its Markdown report.
+(:class:`SimResult`).
 
-A :class:`SimResult` holds plain data only (numpy arrays, tuples, dataclasses): it carries no
-wall-clock time, so two runs with the same inputs give equal results and byte-identical
-reports.
+A :class:`SimResult` holds plain data only (numpy arrays, tuples, dataclasses) and the
+summaries computed from them (:mod:`velvetrope.sim.metrics`): it carries no wall-clock
+time, so two runs with the same inputs give equal results.  Rendering it (the per-tier
+table, the Markdown report and its plots) is :mod:`velvetrope.sim.report`'s, which imports
+this module and never the other way round.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
 
+from velvetrope.core.policy import SloPolicy
 from velvetrope.sim.capacity import Capacity
 from velvetrope.sim.fleet import PoolStats
-from velvetrope.sim.metrics import JobRecords, Slo, TierStats, summarize
+from velvetrope.sim.metrics import JobRecords, TierStats, summarize
 
-if TYPE_CHECKING:
-    from rich.table import Table
+__all__ = ["LogEntry", "RunInfo", "SimResult"]
 
-__all__ = ["Decision", "RunInfo", "SimResult"]
-
-Decision = tuple[float, str, str, str]
+LogEntry = tuple[float, str, str, str]
 """One entry of the decision log: ``(time, kind, job id, detail)``.
 
 Kinds: ``arrive`` (detail ``admitted``, ``queued`` or ``rejected:<reason>``), ``dispatch``
@@ -87,7 +85,7 @@ class SimResult:
     ``span_s`` is the virtual time from 0 to the last event; ``pools`` the engines' busy time,
     steps and preemptions; ``tiers`` the config's tiers, highest first; ``samples`` the queue
     depth and jobs in flight seen right after each arrival, as ``(t, queued, in_flight)``;
-    ``decisions`` the decision log when it was recorded (see :data:`Decision`).
+    ``decisions`` the decision log when it was recorded (see :data:`LogEntry`).
     """
 
     info: RunInfo
@@ -95,9 +93,9 @@ class SimResult:
     span_s: float
     pools: list[PoolStats]
     tiers: tuple[str, ...]
-    slos: dict[str, Slo]
+    slos: dict[str, SloPolicy]
     samples: tuple[NDArray[np.float64], NDArray[np.int64], NDArray[np.int64]]
-    decisions: tuple[Decision, ...] | None = None
+    decisions: tuple[LogEntry, ...] | None = None
     _summary: list[TierStats] = field(default_factory=list, repr=False)
 
     def summary(self) -> list[TierStats]:
@@ -116,21 +114,3 @@ class SimResult:
         if total == 0:
             return math.nan
         return sum(p.busy_fraction * p.replicas for p in self.pools) / total
-
-    def table(self) -> Table:
-        """The per-tier table, for a terminal (:mod:`rich`)."""
-        from velvetrope.sim.report import tier_table
-
-        return tier_table(self)
-
-    def to_markdown(self, plots: dict[str, str] | None = None) -> str:
-        """The report as Markdown; ``plots`` maps a caption to an image path to link."""
-        from velvetrope.sim.report import report_markdown
-
-        return report_markdown(self, plots or {})
-
-    def write_report(self, out_dir: str | Path) -> Path:
-        """Write ``report.md`` and its PNG plots into ``out_dir`` (created); return the file."""
-        from velvetrope.sim.report import write_report
-
-        return write_report(self, Path(out_dir))

@@ -18,7 +18,7 @@ What is recorded per request (:class:`RequestResult`): tenant and tier, the HTTP
 OpenAI error ``code`` of a rejection, time to first token and end-to-end latency measured by
 the client from the moment the request was sent, the gateway's ``x-velvetrope-queue-ms``
 header, ``Retry-After``, the completion tokens received (one per streamed chunk with text) and
-the usage the server reported.  Each request ends in exactly one :class:`Outcome`.
+the usage the server reported.  Each request ends in exactly one :class:`ReplayOutcome`.
 
 Bounds: the run stops by itself.  No request is sent after ``deadline_s`` (from the start of
 the run); each request is given at most ``request_timeout_s``, and every request still open
@@ -51,8 +51,8 @@ __all__ = [
     "DEFAULT_MODEL",
     "FILLER_WORD",
     "LiveCounters",
-    "Outcome",
     "ReplayConfig",
+    "ReplayOutcome",
     "ReplayResult",
     "RequestResult",
     "prompt_text",
@@ -74,7 +74,7 @@ def prompt_text(tokens: int) -> str:
     return FILLER_WORD * tokens
 
 
-class Outcome(enum.Enum):
+class ReplayOutcome(enum.Enum):
     """How one replayed request ended (exactly one per request)."""
 
     COMPLETED = "completed"
@@ -109,7 +109,7 @@ class RequestResult:
     max_tokens: int
     scheduled_s: float
     sent_s: float = math.nan
-    outcome: Outcome = Outcome.FAILED
+    outcome: ReplayOutcome = ReplayOutcome.FAILED
     status: int = 0
     error_code: str | None = None
     ttft_s: float | None = None
@@ -196,7 +196,7 @@ class ReplayResult:
     duration_s: float
     max_send_lag_s: float
 
-    def by_outcome(self) -> Counter[Outcome]:
+    def by_outcome(self) -> Counter[ReplayOutcome]:
         """How many requests ended each way."""
         return Counter(r.outcome for r in self.results)
 
@@ -305,29 +305,29 @@ async def _one(
                     res.error_code = _error_code(await resp.read())
                     res.e2e_s = time.monotonic() - t_send
                     if resp.status in (429, 503):
-                        res.outcome = Outcome.REJECTED
+                        res.outcome = ReplayOutcome.REJECTED
                         live.rejected[res.error_code or str(resp.status)] += 1
                     else:
-                        res.outcome = Outcome.ERROR
+                        res.outcome = ReplayOutcome.ERROR
                         live.errors += 1
                     return
                 if await _stream(resp, res, live, t_send):
                     res.e2e_s = time.monotonic() - t_send
-                    res.outcome = Outcome.COMPLETED
+                    res.outcome = ReplayOutcome.COMPLETED
                     live.completed += 1
                 else:
-                    res.outcome = Outcome.ERROR
+                    res.outcome = ReplayOutcome.ERROR
                     live.errors += 1
     except TimeoutError:
-        res.outcome = Outcome.TIMEOUT
+        res.outcome = ReplayOutcome.TIMEOUT
         res.error_code = res.error_code or "client_timeout"
         live.timeouts += 1
     except (aiohttp.ClientError, OSError) as e:
         if res.status == 200:
-            res.outcome = Outcome.ERROR
+            res.outcome = ReplayOutcome.ERROR
             live.errors += 1
         else:
-            res.outcome = Outcome.FAILED
+            res.outcome = ReplayOutcome.FAILED
             live.failed += 1
         res.error_code = res.error_code or type(e).__name__
     finally:
@@ -344,7 +344,7 @@ async def replay(
 
     Returns when every request has an outcome: at the latest ``deadline_s`` after the start
     (plus the moment it takes to close the cut connections).  Requests whose arrival time is
-    past the deadline are never sent; they are recorded as :attr:`Outcome.TIMEOUT` with
+    past the deadline are never sent; they are recorded as :attr:`ReplayOutcome.TIMEOUT` with
     ``error_code = "not_sent"``.  ``live`` (optional) is updated as the run goes.
     """
     for i in range(1, len(requests)):
@@ -380,7 +380,7 @@ async def replay(
             for req, res in zip(requests, results, strict=True):
                 at = t0 + req.t
                 if at >= deadline:
-                    res.outcome = Outcome.TIMEOUT
+                    res.outcome = ReplayOutcome.TIMEOUT
                     res.error_code = "not_sent"
                     live.timeouts += 1
                     continue

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from velvetrope.errors import ConfigError
-from velvetrope.tokenizer import (
+from velvetrope.openai.tokenizer import (
     ApproxTokenizer,
     BpeTokenizer,
     HFTokenizer,

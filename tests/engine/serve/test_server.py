@@ -24,7 +24,7 @@ import orjson
 import pytest
 
 from tests.support.servers import EngineServer, run_engine
-from velvetrope.tokenizer import get_tokenizer
+from velvetrope.openai.tokenizer import get_tokenizer
 
 pytestmark = pytest.mark.integration
 
@@ -265,6 +265,65 @@ def test_output_length_is_deterministic_per_prompt(client: openai.OpenAI) -> Non
     assert len(set(lengths)) > 4
 
 
+def test_n_choices_share_the_prompt_and_sum_the_usage(
+    fast: EngineServer, client: openai.OpenAI
+) -> None:
+    msgs: list[Any] = [{"role": "user", "content": "Hello"}]
+    one = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=300)
+    before = metrics(fast)
+    three = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=300, n=3)
+    assert [c.index for c in three.choices] == [0, 1, 2]
+    texts = [c.message.content or "" for c in three.choices]
+    assert texts[0] == one.choices[0].message.content  # choice 0 is the n=1 answer
+    assert len(set(texts)) == 3  # every choice has its own draw
+    assert three.usage is not None
+    assert three.usage.prompt_tokens == 8  # the prompt is counted once
+    tok = get_tokenizer("cl100k_base")
+    assert three.usage.completion_tokens == sum(tok.count(t) for t in texts)
+    after = wait_until(lambda: metrics(fast), idle)
+    gen = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
+    assert gen == three.usage.completion_tokens  # n sequences decoded
+    assert after["vllm:prompt_tokens_total"] - before["vllm:prompt_tokens_total"] == 3 * 8
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_n_choices_stream_with_their_index(client: openai.OpenAI, chat: bool) -> None:
+    extra = {"ignore_eos": True}
+    opts: Any = {"include_usage": True}
+    pieces: dict[int, int] = {}
+    finish: dict[int, str | None] = {}
+    if chat:
+        msgs: list[Any] = [{"role": "user", "content": "Stream n"}]
+        with client.chat.completions.create(
+            model=MODEL, messages=msgs, max_tokens=6, n=2, stream=True,
+            stream_options=opts, extra_body=extra,
+        ) as stream:  # fmt: skip
+            chunks = list(stream)
+        for ch in chunks[:-1]:
+            (c,) = ch.choices
+            pieces[c.index] = pieces.get(c.index, 0) + bool(c.delta.content)
+            finish[c.index] = finish.get(c.index) or c.finish_reason
+        assert chunks[-1].choices == []
+        usage = chunks[-1].usage
+    else:
+        with client.completions.create(
+            model=MODEL, prompt="Stream n", max_tokens=6, n=2, stream=True,
+            stream_options=opts, extra_body=extra,
+        ) as stream:  # fmt: skip
+            comp = list(stream)
+        for cc in comp[:-1]:
+            (t,) = cc.choices
+            pieces[t.index] = pieces.get(t.index, 0) + bool(t.text)
+            finish[t.index] = finish.get(t.index) or t.finish_reason
+        assert comp[-1].choices == []
+        usage = comp[-1].usage
+    assert pieces == {0: 6, 1: 6}
+    assert finish == {0: "length", 1: "length"}
+    assert usage is not None
+    assert usage.completion_tokens == 12
+    assert usage.total_tokens == usage.prompt_tokens + 12
+
+
 def test_instant_mode_answers_at_once(instant: EngineServer) -> None:
     with openai.OpenAI(base_url=instant.openai_base, api_key="x", max_retries=0) as c:
         resp = c.chat.completions.create(
@@ -461,7 +520,9 @@ MSGS = [{"role": "user", "content": "hi"}]
             "invalid_value",
             "stream_options",
         ),
-        (CHAT, _json({"model": MODEL, "messages": MSGS, "n": 2}), 400, "invalid_value", "n"),
+        (CHAT, _json({"model": MODEL, "messages": MSGS, "n": 0}), 400, "invalid_value", "n"),
+        (CHAT, _json({"model": MODEL, "messages": MSGS, "n": 17}), 400, "invalid_value", "n"),
+        (CHAT, _json({"model": MODEL, "messages": MSGS, "n": "2"}), 400, "invalid_type", "n"),
         (
             CHAT,
             _json({"model": MODEL, "messages": MSGS, "ignore_eos": 1}),

@@ -9,13 +9,15 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from velvetrope.core.policy import SloPolicy
 from velvetrope.demo import DemoSettings, run_demo, slo_met, summarize
+from velvetrope.demo.loadgen import ReplayOutcome, RequestResult
 from velvetrope.errors import ConfigError, PolicyError
-from velvetrope.loadgen import Outcome, RequestResult
-from velvetrope.sim.metrics import Slo
+
+DONE = ReplayOutcome.COMPLETED
 
 
-def _r(tier: str, outcome: Outcome, **kw: object) -> RequestResult:
+def _r(tier: str, outcome: ReplayOutcome, **kw: object) -> RequestResult:
     base = RequestResult(0, "t", tier, "http://x", 10, 10, 0.0)
     base.outcome = outcome
     for k, v in kw.items():
@@ -25,17 +27,24 @@ def _r(tier: str, outcome: Outcome, **kw: object) -> RequestResult:
 
 def test_summarize_counts_percentiles_and_goodput() -> None:
     done = [
-        _r("a", Outcome.COMPLETED, status=200, ttft_s=0.1 * i, e2e_s=1.0 + i, elapsed_s=1.0 + i)
+        _r(
+            "a",
+            ReplayOutcome.COMPLETED,
+            status=200,
+            ttft_s=0.1 * i,
+            e2e_s=1.0 + i,
+            elapsed_s=1.0 + i,
+        )
         for i in range(1, 11)
     ]
     rest = [
-        _r("a", Outcome.REJECTED, status=503, error_code="queue_full"),
-        _r("a", Outcome.REJECTED, status=503, error_code="queue_full"),
-        _r("a", Outcome.REJECTED, status=429, error_code="rate_limited"),
-        _r("a", Outcome.TIMEOUT, status=200, error_code="client_timeout", elapsed_s=30.0),
-        _r("b", Outcome.COMPLETED, status=200, ttft_s=5.0, e2e_s=6.0),
+        _r("a", ReplayOutcome.REJECTED, status=503, error_code="queue_full"),
+        _r("a", ReplayOutcome.REJECTED, status=503, error_code="queue_full"),
+        _r("a", ReplayOutcome.REJECTED, status=429, error_code="rate_limited"),
+        _r("a", ReplayOutcome.TIMEOUT, status=200, error_code="client_timeout", elapsed_s=30.0),
+        _r("b", ReplayOutcome.COMPLETED, status=200, ttft_s=5.0, e2e_s=6.0),
     ]
-    slos = {"a": Slo(ttft_s=0.5, tpot_s=None), "b": Slo(ttft_s=None, tpot_s=None, e2e_s=5.0)}
+    slos = {"a": SloPolicy(ttft_s=0.5), "b": SloPolicy(e2e_s=5.0)}
     a, b = summarize("gateway", done + rest, 2.0, slos, ["a", "b"])
     assert (a.requests, a.completed, a.cut, a.errors) == (14, 10, 1, 0)
     assert a.rejected == {"queue_full": 2, "rate_limited": 1} and a.rejected_total == 3
@@ -47,12 +56,12 @@ def test_summarize_counts_percentiles_and_goodput() -> None:
 
 
 def test_slo_met_uses_the_simulators_definitions() -> None:
-    slo = Slo(ttft_s=1.0, tpot_s=0.1, e2e_s=None)
-    ok = _r("a", Outcome.COMPLETED, ttft_s=0.5, e2e_s=0.5 + 0.1 * 10, tokens=11)
-    slow = _r("a", Outcome.COMPLETED, ttft_s=0.5, e2e_s=0.5 + 0.2 * 10, tokens=11)
-    one = _r("a", Outcome.COMPLETED, ttft_s=0.9, e2e_s=5.0, tokens=1)  # no TPOT: passes
-    late = _r("a", Outcome.COMPLETED, ttft_s=1.5, e2e_s=2.0, tokens=2)
-    cut = _r("a", Outcome.TIMEOUT, ttft_s=0.1, tokens=3)
+    slo = SloPolicy(ttft_s=1.0, tpot_s=0.1)
+    ok = _r("a", ReplayOutcome.COMPLETED, ttft_s=0.5, e2e_s=0.5 + 0.1 * 10, tokens=11)
+    slow = _r("a", ReplayOutcome.COMPLETED, ttft_s=0.5, e2e_s=0.5 + 0.2 * 10, tokens=11)
+    one = _r("a", ReplayOutcome.COMPLETED, ttft_s=0.9, e2e_s=5.0, tokens=1)  # no TPOT: passes
+    late = _r("a", ReplayOutcome.COMPLETED, ttft_s=1.5, e2e_s=2.0, tokens=2)
+    cut = _r("a", ReplayOutcome.TIMEOUT, ttft_s=0.1, tokens=3)
     assert [slo_met(r, slo) for r in (ok, slow, one, late, cut)] == [
         True,
         False,
@@ -87,8 +96,10 @@ def test_quick_demo_prints_the_table_writes_the_plot_and_stops_everything(
         rows = [s for s in report.summaries if s.run == run]
         assert sum(s.requests for s in rows) == report.workload_size > 50
         results = report.runs[run].replay.results
-        assert sum(r.outcome is Outcome.COMPLETED for r in results) > 0
-        assert all(r.tokens == r.max_tokens for r in results if r.outcome is Outcome.COMPLETED)
+        assert sum(r.outcome is ReplayOutcome.COMPLETED for r in results) > 0
+        assert all(
+            r.tokens == r.max_tokens for r in results if r.outcome is ReplayOutcome.COMPLETED
+        )
         assert report.runs[run].samples  # the servers were polled while it ran
     assert report.problems == []  # no error answers from the gateway or the engines
     assert report.offered_rps > report.capacity.engines_rps  # it is an overload

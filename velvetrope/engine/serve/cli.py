@@ -99,7 +99,7 @@ def engine_command(
 
     Responses carry the model's own predicted times in an extra "velvetrope" field.
     """
-    from velvetrope.engine.server import run_engine
+    from velvetrope.engine.serve.server import run_engine
 
     if speed <= 0 or math.isnan(speed):
         raise typer.BadParameter("must be positive (or inf)", param_hint="--speed")

@@ -12,19 +12,19 @@ import httpx
 import pytest
 from aiohttp import web
 
-from velvetrope.errors import PolicyError
-from velvetrope.launch import ServerProcess, free_port, start_engine
-from velvetrope.loadgen import (
+from velvetrope.demo.loadgen import (
     LiveCounters,
-    Outcome,
     ReplayConfig,
+    ReplayOutcome,
     ReplayResult,
     prompt_text,
     replay,
     replay_sync,
 )
+from velvetrope.errors import PolicyError
+from velvetrope.openai.tokenizer import get_tokenizer
+from velvetrope.serving.launch import ServerProcess, free_port, start_engine
 from velvetrope.sim.workload import TraceRequest
-from velvetrope.tokenizer import get_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +72,7 @@ def test_replays_with_exact_token_counts_on_schedule(fast_engine: ServerProcess)
     live = LiveCounters()
     cfg = ReplayConfig((fast_engine.url,), {"t0": "k0", "t1": "k1"}, deadline_s=20)
     res = replay_sync(reqs, cfg, live)
-    assert [r.outcome for r in res.results] == [Outcome.COMPLETED] * len(reqs)
+    assert [r.outcome for r in res.results] == [ReplayOutcome.COMPLETED] * len(reqs)
     for req, r in zip(reqs, res.results, strict=True):
         expected = max(1, req.output_tokens)  # max_tokens=0 is not allowed; 1 is sent
         assert r.tokens == r.usage_tokens == r.max_tokens == expected
@@ -94,10 +94,12 @@ def test_open_loop_and_deadline_cut_everything_open(slow_engine: ServerProcess) 
     res = replay_sync(reqs, ReplayConfig((slow_engine.url,), deadline_s=1.5), live)
     sent, late = res.results[:10], res.results[10]
     # open loop: each was sent on schedule although none had finished; the deadline cut them
-    assert all(r.outcome is Outcome.TIMEOUT and r.status == 200 for r in sent)
+    assert all(r.outcome is ReplayOutcome.TIMEOUT and r.status == 200 for r in sent)
     assert [r.sent_s >= r.scheduled_s for r in sent] == [True] * 10
     assert all(0 < r.tokens < 3000 for r in sent)
-    assert late.outcome is Outcome.TIMEOUT and late.error_code == "not_sent" and late.tokens == 0
+    assert (
+        late.outcome is ReplayOutcome.TIMEOUT and late.error_code == "not_sent" and late.tokens == 0
+    )
     assert live.sent == 10 and live.timeouts == 11 and live.open == 0
     # The cut connections abort the sequences in the engine (bounded wait).
     deadline = time.monotonic() + 5
@@ -110,9 +112,9 @@ def test_per_request_timeout(slow_engine: ServerProcess) -> None:
     reqs = [TraceRequest(0.0, 20, 4000), TraceRequest(0.0, 20, 2)]
     res = replay_sync(reqs, ReplayConfig((slow_engine.url,), deadline_s=10, request_timeout_s=0.5))
     assert res.duration_s < 2.0
-    assert res.results[0].outcome is Outcome.TIMEOUT
+    assert res.results[0].outcome is ReplayOutcome.TIMEOUT
     assert res.results[0].error_code == "client_timeout"
-    assert res.results[1].outcome is Outcome.COMPLETED and res.results[1].tokens == 2
+    assert res.results[1].outcome is ReplayOutcome.COMPLETED and res.results[1].tokens == 2
 
 
 async def _rejecting_server() -> tuple[web.AppRunner, list[str]]:
@@ -149,13 +151,13 @@ def test_rejections_round_robin_and_failures() -> None:
     urls, res = asyncio.run(run())
     r = res.results
     assert [x.url for x in r] == [*urls, dead] * 2
-    assert r[0].outcome is Outcome.REJECTED
+    assert r[0].outcome is ReplayOutcome.REJECTED
     assert (r[0].status, r[0].error_code) == (503, "queue_full")
-    assert r[3].outcome is Outcome.REJECTED
+    assert r[3].outcome is ReplayOutcome.REJECTED
     assert (r[3].status, r[3].error_code) == (429, "rate_limited")
     assert r[0].retry_after_s == 3.0 and r[0].e2e_s is not None
-    assert r[1].outcome is Outcome.ERROR and r[1].status == 404
-    assert r[2].outcome is Outcome.FAILED and r[2].status == 0
+    assert r[1].outcome is ReplayOutcome.ERROR and r[1].status == 404
+    assert r[2].outcome is ReplayOutcome.FAILED and r[2].status == 0
     assert live.rejected == {"queue_full": 1, "rate_limited": 1}
     assert live.finished == 6 and live.open == 0
 

@@ -2,7 +2,7 @@
 
 Registered in :mod:`velvetrope.cli` as ``app.command("calibrate")(calibrate_command)``.
 The sweep and the fit are :mod:`velvetrope.engine.calibrate`'s (imported lazily, so that
-the rest of the command line does not pay for aiohttp, numpy and scipy).
+the rest of the command line does not pay for aiohttp).
 
 Output: the profile YAML goes to ``--out`` (or, without it, to stdout); the report (a
 table of fitted coefficients with their standard errors and, with ``--compare``, a
@@ -15,68 +15,14 @@ a one-line message on stderr.
 from __future__ import annotations
 
 import asyncio
-import io
-import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
 from velvetrope.errors import VelvetropeError
 
-if TYPE_CHECKING:
-    from velvetrope.engine.calibrate import CalibrationResult
-    from velvetrope.engine.profile import EngineProfile
-
-__all__ = ["calibrate_command", "render_report"]
-
-
-def render_report(result: CalibrationResult, reference: EngineProfile | None) -> str:
-    """The human-readable report: coefficients (vs ``reference``), fit quality, notes."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from velvetrope.engine.calibrate import COEFFICIENTS, relative_errors
-
-    fit = result.fit
-    table = Table(title=f"calibrated profile {result.profile.name!r}")
-    table.add_column("coefficient")
-    table.add_column("fitted", justify="right")
-    table.add_column("± s.e.", justify="right")
-    if reference is not None:
-        table.add_column(f"reference ({reference.name})", justify="right")
-        table.add_column("rel. error", justify="right")
-    errs = relative_errors(result.profile, reference) if reference is not None else {}
-    for n in COEFFICIENTS:
-        v, se = fit.coefficients[n], fit.stderr[n]
-        cells = [n, f"{v:.4g}", f"{se / v:.1%}" if v > 0 and math.isfinite(se) else "-"]
-        if reference is not None:
-            cells += [f"{getattr(reference, n):.4g}", f"{errs[n]:.2%}"]
-        table.add_row(*cells)
-    buf = io.StringIO()
-    Console(file=buf, width=100, force_terminal=False, color_system=None).print(table)
-    lines = [
-        f"endpoint {result.url} model {result.model}: {result.requests} requests in "
-        f"{result.wall_seconds:.1f} s (speed hint {result.speed_hint:g})",
-        f"fit: R² {fit.r2:.6f} over {len(fit.rows)} rows; relative residuals rms "
-        f"{fit.rms_rel_residual:.2%}, max {fit.max_rel_residual:.2%} ({fit.worst_row})",
-    ]
-    if fit.overhead_s is not None:
-        lines.append(
-            f"TTFT beyond the engine's steps: {fit.overhead_s / result.speed_hint * 1e3:.2f} ms"
-            + (
-                ""
-                if fit.overhead_per_token_s is None
-                else f" {fit.overhead_per_token_s / result.speed_hint * 1e6:+.3f} µs/token"
-            )
-            + " (wall, not part of the profile)"
-        )
-    if fit.at_bound:
-        lines.append(f"not resolved (pinned at 0): {', '.join(fit.at_bound)}")
-    if reference is not None:
-        lines.append(f"max relative error: {max(errs.values()):.2%}")
-    lines.extend(f"note: {n}" for n in result.notes)
-    return buf.getvalue().rstrip() + "\n" + "\n".join(lines) + "\n"
+__all__ = ["calibrate_command"]
 
 
 def calibrate_command(
@@ -137,7 +83,8 @@ def calibrate_command(
 
     Run it against an otherwise idle engine.  Exits 2 on any error.
     """
-    from velvetrope.engine.calibrate import CalibrationSettings, calibrate, calibrated_yaml
+    from velvetrope.engine.calibrate.client import CalibrationSettings, calibrate
+    from velvetrope.engine.calibrate.report import calibrated_yaml, render_report
     from velvetrope.engine.profile import load_profile
 
     def progress(msg: str) -> None:

@@ -1,0 +1,164 @@
+"""The OpenAI request validation both servers share (unit level; HTTP cases live with each
+server's tests)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from velvetrope.errors import RequestError
+from velvetrope.gateway.parse import parse_request
+from velvetrope.openai.errors import error_json, error_type_for
+from velvetrope.openai.request import Kind, count_prompt_tokens, parse
+from velvetrope.openai.sse import content_choices, data_of, split_events, usage_of
+
+MSGS = [{"role": "user", "content": "hi"}]
+
+
+def words(text: str) -> int:
+    return len(text.split())
+
+
+def _raw(body: Any) -> bytes:
+    return body if isinstance(body, bytes) else orjson.dumps(body)
+
+
+# (body, kind, code, param): one mistake each, the same answer from either server
+MISTAKES: list[tuple[Any, Kind, str, str | None]] = [
+    (b"{nope", "chat", "invalid_json", None),
+    (b"[1, 2]", "chat", "invalid_type", None),
+    ({"messages": MSGS}, "chat", "missing_required_parameter", "model"),
+    ({"model": 5, "messages": MSGS}, "chat", "invalid_type", "model"),
+    ({"model": "", "messages": MSGS}, "chat", "invalid_value", "model"),
+    ({"model": "m"}, "chat", "missing_required_parameter", "messages"),
+    ({"model": "m", "messages": "hi"}, "chat", "invalid_type", "messages"),
+    ({"model": "m", "messages": []}, "chat", "invalid_value", "messages"),
+    ({"model": "m", "messages": ["hi"]}, "chat", "invalid_type", "messages[0]"),
+    ({"model": "m", "messages": [{"content": "x"}]}, "chat", "missing_required_parameter",
+     "messages[0].role"),
+    ({"model": "m", "messages": [{"role": "bot", "content": "x"}]}, "chat", "invalid_value",
+     "messages[0].role"),
+    ({"model": "m", "messages": [{"role": "user"}]}, "chat", "missing_required_parameter",
+     "messages[0].content"),
+    ({"model": "m", "messages": [{"role": "user", "content": 3}]}, "chat", "invalid_type",
+     "messages[0].content"),
+    ({"model": "m", "messages": [{"role": "user", "content": ["x"]}]}, "chat", "invalid_type",
+     "messages[0].content[0]"),
+    ({"model": "m", "messages": MSGS, "stream": "yes"}, "chat", "invalid_type", "stream"),
+    ({"model": "m", "messages": MSGS, "stream_options": 3}, "chat", "invalid_type",
+     "stream_options"),
+    ({"model": "m", "messages": MSGS, "stream_options": {"include_usage": True}}, "chat",
+     "invalid_value", "stream_options"),
+    ({"model": "m", "messages": MSGS, "stream": True, "stream_options": {"include_usage": 1}},
+     "chat", "invalid_type", "stream_options.include_usage"),
+    ({"model": "m", "messages": MSGS, "max_tokens": "5"}, "chat", "invalid_type", "max_tokens"),
+    ({"model": "m", "messages": MSGS, "max_tokens": True}, "chat", "invalid_type", "max_tokens"),
+    ({"model": "m", "messages": MSGS, "max_tokens": 0}, "chat", "invalid_value", "max_tokens"),
+    ({"model": "m", "messages": MSGS, "max_completion_tokens": -1}, "chat", "invalid_value",
+     "max_completion_tokens"),
+    ({"model": "m", "messages": MSGS, "n": 0}, "chat", "invalid_value", "n"),
+    ({"model": "m", "messages": MSGS, "n": 17}, "chat", "invalid_value", "n"),
+    ({"model": "m", "messages": MSGS, "priority": "high"}, "chat", "invalid_type", "priority"),
+    ({"model": "m", "messages": MSGS, "ignore_eos": 1}, "chat", "invalid_type", "ignore_eos"),
+    ({"model": "m"}, "completions", "missing_required_parameter", "prompt"),
+    ({"model": "m", "prompt": 5}, "completions", "invalid_type", "prompt"),
+    ({"model": "m", "prompt": []}, "completions", "invalid_value", "prompt"),
+    ({"model": "m", "prompt": [1, -2]}, "completions", "invalid_type", "prompt"),
+    ({"model": "m", "prompt": ["a", 3]}, "completions", "invalid_type", "prompt"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("body", "kind", "code", "param"), MISTAKES)
+def test_a_mistake_gets_the_same_answer_from_both_servers(
+    body: Any, kind: Kind, code: str, param: str | None
+) -> None:
+    raw = _raw(body)
+    with pytest.raises(RequestError) as engine_side:
+        parse(raw, kind)  # what velvetrope engine runs
+    with pytest.raises(RequestError) as gateway_side:
+        parse_request(raw, kind, max_tokens_limit=100, count_text=words)
+    e, g = engine_side.value, gateway_side.value
+    assert (e.status, e.code, e.param) == (400, code, param)
+    assert (g.status, g.code, g.param, g.message) == (e.status, e.code, e.param, e.message)
+    err = orjson.loads(error_json(e))["error"]
+    assert err == {"message": e.message, "type": "invalid_request_error", "code": code,
+                   "param": param}  # fmt: skip
+
+
+def test_the_gateway_adds_unknown_keys_and_its_max_tokens_limit() -> None:
+    bogus = _raw({"model": "m", "prompt": "x", "bogus": 1})
+    assert parse(bogus, "completions").model == "m"  # the engine ignores what it does not use
+    with pytest.raises(RequestError) as ei:
+        parse_request(bogus, "completions", max_tokens_limit=100, count_text=words)
+    assert (ei.value.code, ei.value.param) == ("unknown_parameter", "bogus")
+    big = _raw({"model": "m", "prompt": "x", "max_tokens": 101})
+    assert parse(big, "completions").max_tokens == 101
+    with pytest.raises(RequestError) as ei:
+        parse_request(big, "completions", max_tokens_limit=100, count_text=words)
+    assert (ei.value.code, ei.value.param) == ("invalid_value", "max_tokens")
+    assert "maximum of 100" in ei.value.message
+
+
+def test_fields_both_servers_act_on() -> None:
+    req = parse(
+        _raw(
+            {
+                "model": "m",
+                "messages": [{"role": "assistant", "tool_calls": []}, *MSGS],
+                "max_tokens": 50,
+                "max_completion_tokens": 70,
+                "n": 4,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+                "priority": -3,
+                "ignore_eos": True,
+            }
+        ),
+        "chat",
+    )
+    assert (req.model, req.stream, req.include_usage, req.n) == ("m", True, True, 4)
+    assert req.max_tokens == 70  # max_completion_tokens wins, as in OpenAI's API and vLLM
+    assert (req.priority, req.ignore_eos, len(req.messages)) == (-3, True, 2)
+    plain = parse(b'{"model": "m", "prompt": "a b"}', "completions")
+    assert (plain.max_tokens, plain.n, plain.priority, plain.prompts) == (None, 1, None, ("a b",))
+
+
+@pytest.mark.parametrize(
+    ("prompt", "tokens"),
+    [("a b c", 3), ("", 1), ([7, 8], 2), (["a b", "c"], 3), ([[1, 2, 3], [4]], 4)],
+)
+def test_completions_prompts_count_text_or_ids_summed_over_a_batch(
+    prompt: Any, tokens: int
+) -> None:
+    req = parse(_raw({"model": "m", "prompt": prompt}), "completions")
+    assert count_prompt_tokens(req, words) == tokens
+
+
+def test_a_chat_is_counted_with_openais_convention_unless_given_a_counter() -> None:
+    req = parse(_raw({"model": "m", "messages": [{"role": "user", "content": "a b"}]}), "chat")
+    assert count_prompt_tokens(req, words) == 3 + (3 + 1 + 2)
+    assert count_prompt_tokens(req, words, lambda messages: 42) == 42
+
+
+def test_error_types_follow_the_status_unless_named() -> None:
+    assert error_type_for(429) == "rate_limit_error"
+    assert error_type_for(500) == "server_error"
+    assert error_type_for(418) == "api_error"
+    exc = RequestError("nope", status=404, code="not_found")
+    assert orjson.loads(error_json(exc))["error"]["type"] == "not_found_error"
+    named = RequestError("nope", status=400, error_type="custom")
+    assert orjson.loads(error_json(named))["error"]["type"] == "custom"
+
+
+def test_sse_reading() -> None:
+    events, rest = split_events(b"data: {}\n\n: ping\n\ndata: [DO")
+    assert events == [b"data: {}\n\n", b": ping\n\n"]
+    assert rest == b"data: [DO"
+    assert data_of(b"data: [DONE]\n") == b"[DONE]"
+    assert data_of(b": ping") is None
+    chunk = {"choices": [{"delta": {"content": "a"}}, {"text": "b"}, {"text": ""}]}
+    assert content_choices(chunk) == 2
+    assert usage_of({"usage": {"prompt_tokens": 3, "completion_tokens": 4}}) == (3, 4)
+    assert usage_of({"usage": None}) is None

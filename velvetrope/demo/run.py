@@ -1,0 +1,301 @@
+"""Running the demo: the processes, the two runs, the report (:func:`run_demo`).
+
+Every process started is stopped (by its PID) when the demo ends, on error and on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+from rich.console import Console
+from rich.live import Live
+from rich.markup import escape
+
+from velvetrope.config import load_config
+from velvetrope.core.policy import SloPolicy
+from velvetrope.demo.live import Monitor, RunResult, run_phase
+from velvetrope.demo.loadgen import ReplayConfig, ReplayOutcome
+from velvetrope.demo.plot import plot_runs
+from velvetrope.demo.settings import (
+    DIRECT,
+    GATEWAY,
+    RUN_LABEL,
+    RUNS,
+    DemoSettings,
+    read_config,
+    tenant_keys,
+)
+from velvetrope.demo.summary import TierSummary, render_table, summarize
+from velvetrope.demo.workload import Capacity, Workload, build_workload
+from velvetrope.errors import ConfigError
+from velvetrope.serving import launch
+from velvetrope.sim.metrics import config_slos, slo_for, slo_text
+from velvetrope.sim.workload import TenantMix
+
+__all__ = ["DemoReport", "run_demo"]
+
+
+@dataclass(frozen=True, slots=True)
+class DemoReport:
+    """What :func:`run_demo` measured: the table rows, the plot's path, the settings.
+
+    ``pids``: the processes it started (all stopped by then).  ``problems``: what went wrong
+    that the table alone would not explain (error answers, with the server's last log lines).
+    """
+
+    settings: DemoSettings
+    workload_size: int
+    offered_rps: float
+    compression: float
+    capacity: Capacity
+    summaries: list[TierSummary]
+    runs: Mapping[str, RunResult]
+    plot_path: Path | None
+    pids: list[int]
+    slos: Mapping[str, SloPolicy] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    def summary(self, run: str, tier: str) -> TierSummary:
+        """The row of ``tier`` in ``run`` (``"gateway"`` or ``"direct"``)."""
+        for s in self.summaries:
+            if s.run == run and s.tier == tier:
+                return s
+        raise KeyError((run, tier))
+
+    def throughput(self, run: str) -> tuple[float, float]:
+        """``(completed requests, completion tokens)`` per second of ``run``'s duration."""
+        rr = self.runs[run].replay
+        done = [r for r in rr.results if r.outcome is ReplayOutcome.COMPLETED]
+        return len(done) / rr.duration_s, sum(r.tokens for r in done) / rr.duration_s
+
+
+async def _both_runs(
+    s: DemoSettings,
+    wl: Workload,
+    gateway_url: str,
+    engine_urls: Sequence[str],
+    keys: Mapping[str, str],
+    admin_token: str | None,
+    band_limits: Mapping[str, int],
+    console: Console,
+) -> dict[str, RunResult]:
+    bound = s.window_s + s.drain_s
+    # Sockets: more than the ~1,250 requests open at once in the direct run, so that the
+    # client's connection pool never queues requests itself (that would be admission).
+    bounds: dict[str, Any] = {
+        "deadline_s": bound,
+        "request_timeout_s": bound,
+        "max_connections": 4096,
+    }
+    runs: dict[str, RunResult] = {}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1.0)) as session:
+        mon = Monitor(session, gateway_url, admin_token, engine_urls)
+        plan = (
+            (
+                GATEWAY,
+                "run 1/2: through the gateway",
+                ReplayConfig((gateway_url,), keys, **bounds),
+            ),
+            (
+                DIRECT,
+                "run 2/2: straight to the engines, no admission",
+                ReplayConfig(tuple(engine_urls), "sk-direct", **bounds),
+            ),
+        )
+        animate = s.live and console.is_terminal
+        for name, title, rcfg in plan:
+            if not animate:
+                console.print(f"{title} ...")
+            live = Live(console=console, auto_refresh=False) if animate else None
+            with live if live is not None else contextlib.nullcontext() as view:
+                runs[name] = await run_phase(
+                    name, title, wl.requests, rcfg, mon, s, band_limits, view, console
+                )
+            if name == GATEWAY and not await mon.wait_engines_idle(10.0):
+                console.print("[yellow]engines still busy 10 s after run 1; going on[/]")
+    return runs
+
+
+def _start_engines(s: DemoSettings, stack: contextlib.ExitStack) -> list[launch.ServerProcess]:
+    """Two engines, started in parallel; each registered in ``stack`` to be stopped."""
+    args = ("--speed", f"{s.speed:g}", "--profile", s.profile)
+    ex = ThreadPoolExecutor(2)
+    futs = [ex.submit(launch.start_engine, *args) for _ in range(2)]
+    try:
+        wait(futs)
+    finally:
+        ex.shutdown(wait=True)  # after a Ctrl-C too: let the starts end so they can be stopped
+        engines = []
+        for f in futs:
+            if not f.cancelled() and f.exception() is None:
+                proc = f.result()
+                stack.callback(proc.stop)
+                engines.append(proc)
+    for f in futs:
+        err = f.exception()
+        if err is not None:
+            raise err
+    return engines
+
+
+def _gateway_config(
+    base: Mapping[str, Any], engine_urls: Sequence[str], preset: str | None
+) -> dict[str, Any]:
+    cfg: dict[str, Any] = yaml.safe_load(yaml.safe_dump(dict(base)))  # a deep copy
+    cfg["listen"] = {**(cfg.get("listen") or {}), "host": "127.0.0.1", "port": launch.free_port()}
+    pools = list((cfg.get("upstreams") or {}).keys()) or ["default"]
+    cfg["upstreams"] = {p: [{"url": u} for u in engine_urls] for p in pools}
+    if preset is not None:
+        cfg.setdefault("policy", {})["preset"] = preset
+    return cfg
+
+
+def _slo_text(slo: SloPolicy, s: DemoSettings) -> str:
+    run_s = s.window_s + s.drain_s
+    if slo.e2e_s is not None and slo.e2e_s >= run_s:
+        return f"{slo_text(slo)} (longer than a run of {run_s:g} s: any completion counts)"
+    return slo_text(slo)
+
+
+def run_demo(settings: DemoSettings | None = None, console: Console | None = None) -> DemoReport:
+    """Run the demo (see the module docstring), print its report and return it.
+
+    Starts two engines and the gateway on loopback, runs the workload through the gateway,
+    then straight to the engines, prints the table and writes the plot to
+    ``settings.out_dir / "demo.png"``.  Every process started is stopped before returning,
+    also when an error or Ctrl-C ends the demo early.
+    """
+    s = settings or DemoSettings()
+    if console is None:
+        console = Console()
+        if not console.is_terminal:  # a pipe or a file: do not squeeze the table
+            console = Console(width=200)
+    base = read_config(s.config_path)
+    keys = tenant_keys(base, s.config_path)
+    mix = TenantMix.parse(s.mix)
+    missing = [t for t in mix.tenants if t not in keys]
+    if missing:
+        raise ConfigError(f"{s.config_path}: no plain API key for tenant(s) {missing}")
+    policy = load_config(s.config_path).policy  # validated: errors name file and field
+    tiers = [t.name for t in policy.tiers]
+    band_limits = {t.name: t.max_queued or policy.queue.max_queued for t in policy.tiers}
+    slots = sum(p.max_in_flight for p in policy.pools)
+    slos: dict[str, SloPolicy] = dict(s.slos) if s.slos is not None else config_slos(policy)
+    wl = build_workload(s, slots)
+    cap = wl.capacity
+    console.print(
+        f"[bold]velvetrope demo[/]: {len(wl.requests)} requests of the {s.trace} trace "
+        f"(from {s.trace_start_s:g}s, compressed {wl.compression:.1f}×) over {s.window_s:g}s: "
+        f"{wl.offered_rps:.1f} req/s offered\n"
+        f"  capacity (derived from the engine model, {s.profile} at speed {s.speed:g}, 2 engines):"
+        f" {cap.engines_rps:.1f} req/s  → offered = {wl.offered_rps / cap.engines_rps:.2f}×;"
+        f" with the gateway's {slots} slots ({cap.slots_per_engine} per engine):"
+        f" {cap.gateway_rps:.1f} req/s\n"
+        f"  SLOs (wall s at demo speed, from {'the settings' if s.slos else 'the config'}): "
+        + "; ".join(f"{t}: {_slo_text(slo_for(t, slos), s)}" for t in tiers)
+    )
+    pids: list[int] = []
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="velvetrope-demo-")))
+        t_start = time.monotonic()
+        engines = _start_engines(s, stack)
+        pids += [e.pid for e in engines]
+        cfg = _gateway_config(base, [e.url for e in engines], s.preset)
+        gw = launch.start_gateway(cfg, tmp)
+        stack.callback(gw.stop, 5.0)
+        pids.append(gw.pid)
+        console.print(
+            f"  started engines {[e.url for e in engines]} and gateway {gw.url} "
+            f"(preset {cfg.get('policy', {}).get('preset')}) in {time.monotonic() - t_start:.1f}s"
+        )
+        runs = asyncio.run(
+            _both_runs(
+                s,
+                wl,
+                gw.url,
+                [e.url for e in engines],
+                keys,
+                cfg.get("admin_token"),
+                band_limits,
+                console,
+            )
+        )
+        problems = _problems(runs, gw, engines)
+    summaries: list[TierSummary] = []
+    for tier in tiers:
+        for run in RUNS:
+            summaries += summarize(run, runs[run].replay.results, s.window_s, slos, [tier])
+    plot = plot_runs(runs, summaries, s.out_dir / "demo.png", tiers, s.window_s)
+    report = DemoReport(
+        settings=s,
+        workload_size=len(wl.requests),
+        offered_rps=wl.offered_rps,
+        compression=wl.compression,
+        capacity=cap,
+        summaries=summaries,
+        runs=runs,
+        plot_path=plot,
+        pids=pids,
+        slos=slos,
+        problems=problems,
+    )
+    _print_report(report, console)
+    return report
+
+
+def _problems(
+    runs: Mapping[str, RunResult],
+    gateway: launch.ServerProcess,
+    engines: Sequence[launch.ServerProcess],
+) -> list[str]:
+    """Error answers per run, by status and code, with the servers' last stderr lines."""
+    out: list[str] = []
+    for run, procs in ((GATEWAY, [gateway]), (DIRECT, list(engines))):
+        bad = Counter(
+            (r.status, r.error_code or "")
+            for r in runs[run].replay.results
+            if r.outcome in (ReplayOutcome.ERROR, ReplayOutcome.FAILED)
+        )
+        if not bad:
+            continue
+        what = ", ".join(f"{n}× HTTP {st or '-'} {code}".rstrip() for (st, code), n in bad.items())
+        out.append(f"{RUN_LABEL[run]} run: error answers: {what}")
+        for p in procs:
+            tail = [ln for ln in p.stderr_text().splitlines() if ln.strip()][-6:]
+            if tail:
+                out.append(f"last stderr lines of pid {p.pid}:\n    " + "\n    ".join(tail))
+    return out
+
+
+def _print_report(report: DemoReport, console: Console) -> None:
+    s = report.settings
+    console.print(render_table(report.summaries, report.slos))
+    for run in RUNS:
+        rr = report.runs[run].replay
+        rps, tps = report.throughput(run)
+        cut_tokens = sum(r.tokens for r in rr.results if r.outcome is not ReplayOutcome.COMPLETED)
+        good = sum(x.within_slo for x in report.summaries if x.run == run)
+        console.print(
+            f"  {RUN_LABEL[run]:>22}: {rr.duration_s:4.1f}s, completed {rps:5.1f} req/s "
+            f"({tps:,.0f} tokens/s), in SLO {good}/{len(rr.results)} "
+            f"= {good / s.window_s:.1f}/s; tokens generated for requests never completed: "
+            f"{cut_tokens:,}; loadgen max send lag {rr.max_send_lag_s * 1000:.0f} ms"
+        )
+    console.print(
+        "  latencies in wall seconds from send; percentiles over requests not rejected; "
+        "'≥' = lower bound (requests cut at the deadline count with the time they waited)"
+    )
+    for line in report.problems:
+        console.print(f"  [bold red]problem:[/] {escape(line)}", highlight=False)
+    console.print(f"  plot: {report.plot_path}")

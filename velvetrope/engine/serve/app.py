@@ -1,0 +1,596 @@
+"""``velvetrope engine``: an OpenAI-compatible server in front of the simulated engine.
+
+A raw ASGI app (:class:`EngineApp`), served by :mod:`.server` (uvicorn, uvloop,
+httptools).  Behind it a :class:`~velvetrope.engine.serve.realtime.RealtimeEngine` steps a
+:class:`~velvetrope.engine.batcher.Batcher` in real time at ``speed`` K (K times faster
+than real time); with ``speed = inf`` (``--instant``) there is no model time at all and
+every answer is written at once (the fast upstream of the gateway throughput benchmark).
+
+Endpoints
+---------
+``POST /v1/completions``, ``POST /v1/chat/completions``
+    OpenAI's request and response bodies, streaming (server-sent events ``data: {...}``,
+    one chunk per generated token, ending with ``data: [DONE]``) or not.  Honoured fields:
+    ``model`` (must be the served name, else 404 ``model_not_found``), ``prompt`` (a string,
+    a list of token ids, or a one-element list of either) or ``messages``, ``max_tokens``
+    (completions default 16, like OpenAI; chat also takes ``max_completion_tokens``;
+    without one a chat may use the rest of the context), ``stream``,
+    ``stream_options.include_usage`` (then every chunk carries ``"usage": null`` and a
+    last chunk with empty ``choices`` carries the usage, as OpenAI does), ``n`` (1 to 16
+    choices, as vLLM runs them: ``n`` sequences in the batcher, each with its own output
+    draw; chunks carry their choice's ``index``; usage counts the prompt once and the
+    completion tokens of every choice), vLLM's ``ignore_eos`` (generate exactly
+    ``max_tokens``) and ``priority`` (used when the engine runs with
+    ``scheduling="priority"``; lower is served first).  Sampling
+    fields (temperature, stop, logprobs, ...) are accepted and ignored.
+``GET /v1/models``
+    The one served model, with its ``max_model_len``.
+``GET /health``
+    200 with an empty body while the engine runs (vLLM's behaviour); 503 once it stops.
+``GET /metrics``
+    Prometheus text with vLLM's metric names (:mod:`velvetrope.engine.serve.metrics`).
+
+Generated text
+--------------
+Prompt tokens are counted with the configured
+:class:`~velvetrope.openai.tokenizer.Tokenizer` (at least 1, like the BOS token a real
+engine adds).  The output length is decided up front by the
+:class:`~velvetrope.engine.outputs.OutputPolicy` (deterministic per prompt and choice).
+The text is deterministic filler (:mod:`.bodies`).
+
+Extension: the model's own predictions
+--------------------------------------
+The non-streaming body, and the final usage chunk of a stream (only sent with
+``stream_options.include_usage``), carry an extra top-level field::
+
+    "velvetrope": {"model_queue_s": 0.0, "model_ttft_s": 0.041, "model_e2e_s": 3.2}
+
+the queue time (arrival to first scheduled), time to first token and end-to-end latency
+that the engine model predicted for this request (with ``n > 1``: the first choice
+scheduled, the first token of any choice, the last choice to finish), in **wall
+seconds** (model seconds divided by ``speed``), measured from the moment the request
+reached the server (its parsing and tokenization count as queueing, as in a real engine).
+A benchmark compares them with what it measured.  All zeros in instant mode.
+
+Errors
+------
+OpenAI's shape ``{"error": {"message", "type", "code", "param"}}``, built by
+:mod:`velvetrope.openai` (the gateway's messages for the same mistakes): 400 for malformed
+JSON, a body that is not an object, wrong types, missing fields and unsupported values
+(a batched prompt); 400
+``context_length_exceeded`` when prompt (+ ``max_tokens``) exceeds ``max_model_len``; 404
+unknown model or path; 405 wrong method; 413 body larger than ``max_body_bytes``; 503 while
+the engine is stopping.  A stream cut by the engine stopping ends with
+``data: {"error": ...}``.
+
+Disconnects
+-----------
+A client that goes away (before its first token or mid-stream, streaming or not) aborts
+its sequences at once: their KV blocks are free before the next engine step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import orjson
+
+from velvetrope.clock import Clock, SystemClock
+from velvetrope.engine.batcher import Batcher
+from velvetrope.engine.outputs import OutputDecision, OutputPolicy
+from velvetrope.engine.profile import EngineProfile
+from velvetrope.engine.serve.bodies import Completion, StreamWriter, full_body
+from velvetrope.engine.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from velvetrope.engine.serve.metrics import EngineMetrics
+from velvetrope.engine.serve.realtime import EngineClosed, EngineRequest, RealtimeEngine
+from velvetrope.errors import ClientDisconnected, ConfigError, PolicyError, RequestError
+from velvetrope.openai.errors import error_json, invalid_value
+from velvetrope.openai.request import (
+    COMPLETIONS_DEFAULT_MAX_TOKENS,
+    CompletionRequest,
+    Kind,
+    count_prompt_tokens,
+    parse,
+)
+from velvetrope.openai.sse import SSE_HEADERS, error_event
+from velvetrope.openai.tokenizer import Tokenizer, get_tokenizer
+from velvetrope.serving.asgi import (
+    Message,
+    Receive,
+    Scope,
+    Send,
+    read_body,
+    respond,
+    serve_lifespan,
+)
+
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "EngineApp", "EngineConfig"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+"""Request bodies above this many bytes get 413 (an 8,192-token prompt is ~35 kB)."""
+
+
+# -- configuration --------------------------------------------------------------------------
+
+
+def _default_tokenizer() -> Tokenizer:
+    return get_tokenizer("cl100k_base")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything an engine server needs.
+
+    ``speed`` is K (model seconds per wall second); ``math.inf`` means instant mode.
+    ``scheduling`` is vLLM's ``--scheduling-policy`` (``fcfs`` or ``priority``).
+    """
+
+    profile: EngineProfile
+    speed: float = 1.0
+    model_name: str = "velvetrope-sim"
+    tokenizer: Tokenizer = field(default_factory=_default_tokenizer)
+    outputs: OutputPolicy = field(default_factory=OutputPolicy)
+    scheduling: Literal["fcfs", "priority"] = "fcfs"
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+    def __post_init__(self) -> None:
+        if not (self.speed > 0 and not math.isnan(self.speed)):
+            raise ConfigError(f"engine speed must be positive (or inf), got {self.speed!r}")
+        if self.scheduling not in ("fcfs", "priority"):
+            raise ConfigError(
+                f"engine scheduling must be 'fcfs' or 'priority', got {self.scheduling!r}"
+            )
+        if not self.model_name:
+            raise ConfigError("engine model name must not be empty")
+        if self.max_body_bytes < 1024:
+            raise ConfigError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
+
+    @property
+    def instant(self) -> bool:
+        """Zero model time: every answer is written at once."""
+        return self.speed == math.inf
+
+
+# -- the app ------------------------------------------------------------------------------------
+
+
+class _InstantStats:
+    """Gauges and counters of instant mode (no batcher)."""
+
+    __slots__ = ("generation_tokens_total", "in_flight", "prompt_tokens_total")
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+
+    @property
+    def num_running(self) -> int:
+        return self.in_flight
+
+    @property
+    def num_waiting(self) -> int:
+        return 0
+
+    @property
+    def kv_usage(self) -> float:
+        return 0.0
+
+    @property
+    def num_preemptions(self) -> int:
+        return 0
+
+
+class EngineApp:
+    """The ASGI application (see the module docstring).
+
+    :meth:`startup` must run in the serving loop before requests arrive (the ASGI lifespan
+    protocol does it; so does :func:`~velvetrope.engine.serve.server.serve_engine`);
+    :meth:`shutdown` stops the engine, ending every stream.  Both are idempotent.
+    """
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self._profile = config.profile
+        self._model = config.model_name
+        self._model_json = orjson.dumps(config.model_name)
+        self._tok = config.tokenizer
+        self._outputs = config.outputs
+        self._speed = config.speed
+        self._clock: Clock = SystemClock()
+        self._instant_stats: _InstantStats | None = None
+        self._engine: RealtimeEngine | None = None
+        if config.instant:
+            self._instant_stats = _InstantStats()
+            self.metrics = EngineMetrics(config.model_name, self._instant_stats)
+        else:
+            priority = config.scheduling == "priority"
+            self._engine = RealtimeEngine(
+                Batcher(config.profile, priority=priority),
+                speed=config.speed,
+                clock=self._clock,
+                priority=priority,
+                on_finish=self._observe,
+            )
+            self.metrics = EngineMetrics(config.model_name, self._engine)
+        self._created = int(time.time())
+        self._started = False
+        self._stopping = False
+        self._watchers: set[asyncio.Task[None]] = set()
+        self._routes: dict[str, tuple[str, Callable[..., Awaitable[None]]]] = {
+            "/v1/completions": ("POST", self._completions),
+            "/v1/chat/completions": ("POST", self._chat),
+            "/v1/models": ("GET", self._models),
+            "/health": ("GET", self._health),
+            "/metrics": ("GET", self._metrics),
+        }
+
+    @property
+    def engine(self) -> RealtimeEngine | None:
+        """The real-time driver (``None`` in instant mode)."""
+        return self._engine
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def startup(self) -> None:
+        """Start the engine driver in the running loop."""
+        if self._started:
+            return
+        self._started = True
+        if self._engine is not None:
+            await self._engine.start()
+
+    async def shutdown(self) -> None:
+        """Stop the engine: every live request is closed (streams end with an error)."""
+        self._stopping = True
+        if self._engine is not None:
+            await self._engine.stop("the engine is shutting down")
+
+    def _observe(self, r: EngineRequest) -> None:
+        a = r.arrival_wall
+        s = r.scheduled_wall if r.scheduled_wall is not None else a
+        f = r.first_token_wall if r.first_token_wall is not None else a
+        e = r.finished_wall if r.finished_wall is not None else a
+        self.metrics.observe_request(s - a, f - a, e - a)
+
+    # -- ASGI -------------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self._http(scope, receive, send)
+        elif kind == "lifespan":
+            await serve_lifespan(receive, send, self.startup, self.shutdown)
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        arrived = self._clock.now()
+        route = self._routes.get(scope["path"])
+        started = False
+
+        async def tracked_send(message: Message) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            if route is None:
+                raise RequestError(f"Unknown path {scope['path']!r}.", status=404, code="not_found")
+            method, handler = route
+            if scope["method"] != method:
+                raise RequestError(
+                    f"Method {scope['method']} is not allowed on {scope['path']}; use {method}.",
+                    status=405,
+                    code="method_not_allowed",
+                )
+            if method == "POST":
+                body = await read_body(scope, receive, self.config.max_body_bytes)
+                await handler(body, arrived, receive, tracked_send)
+            else:
+                await handler(tracked_send)
+        except ClientDisconnected:
+            return
+        except RequestError as exc:
+            if not started:
+                await _send_error(send, exc)
+        except Exception:  # never a stack trace to the client: log it, answer 500
+            log.exception("engine request failed")
+            if not started:
+                await _send_error(
+                    send,
+                    RequestError(
+                        "The engine failed to handle the request.",
+                        status=500,
+                        code="internal_error",
+                    ),
+                )
+
+    # -- GET endpoints ----------------------------------------------------------------------
+
+    def _unavailable(self) -> RequestError:
+        return RequestError("The engine is shutting down.", status=503, code="engine_unavailable")
+
+    async def _health(self, send: Send) -> None:
+        if self._stopping or (self._engine is not None and not self._engine.running):
+            raise self._unavailable()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def _models(self, send: Send) -> None:
+        body = {
+            "object": "list",
+            "data": [
+                {
+                    "id": self._model,
+                    "object": "model",
+                    "created": self._created,
+                    "owned_by": "velvetrope",
+                    "root": self._model,
+                    "parent": None,
+                    "max_model_len": self._profile.max_model_len,
+                }
+            ],
+        }
+        await _send_json(send, 200, body)
+
+    async def _metrics(self, send: Send) -> None:
+        headers = [(b"content-type", METRICS_CONTENT_TYPE.encode())]
+        await respond(send, 200, self.metrics.render(), headers)
+
+    # -- POST endpoints ---------------------------------------------------------------------
+
+    async def _chat(self, body: bytes, arrived: float, receive: Receive, send: Send) -> None:
+        await self._complete("chat", body, arrived, receive, send)
+
+    async def _completions(self, body: bytes, arrived: float, receive: Receive, send: Send) -> None:
+        await self._complete("completions", body, arrived, receive, send)
+
+    async def _complete(
+        self, kind: Kind, body: bytes, arrived: float, receive: Receive, send: Send
+    ) -> None:
+        req = parse(body, kind)
+        if req.model != self._model:
+            raise RequestError(
+                f"The model `{req.model}` does not exist or you do not have access to it.",
+                status=404,
+                code="model_not_found",
+                param="model",
+            )
+        key: bytes
+        if kind == "chat":
+            key = orjson.dumps(req.messages)
+        else:
+            if len(req.prompts) > 1:
+                raise invalid_value(
+                    "prompt", "Batched prompts are not supported: send one prompt per request."
+                )
+            (prompt,) = req.prompts
+            key = (
+                prompt.encode("utf-8", "surrogatepass")
+                if isinstance(prompt, str)
+                else orjson.dumps(prompt)
+            )
+        prompt_tokens = count_prompt_tokens(req, self._tok.count, self._tok.count_chat)
+        choices = self._decide(req, prompt_tokens, key)
+        c = Completion.new(
+            kind == "chat",
+            prompt_tokens,
+            choices,
+            req.stream,
+            req.include_usage,
+            req.priority or 0,
+            arrived,
+        )
+        await self._run(c, receive, send)
+
+    def _decide(
+        self, req: CompletionRequest, prompt_tokens: int, key: bytes
+    ) -> tuple[OutputDecision, ...]:
+        """One output decision per choice (choice 0 keyed by the prompt alone, so ``n=1``
+        answers as it always did; choice ``i`` by the prompt and ``i``)."""
+        what = "messages" if req.kind == "chat" else "prompt"
+        max_tokens = req.max_tokens
+        if max_tokens is None and req.kind == "completions":
+            max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
+        mml = self._profile.max_model_len
+        room = mml - prompt_tokens
+        if max_tokens is None:
+            if room < 1:
+                raise RequestError(
+                    f"This model's maximum context length is {mml} tokens. However, your "
+                    f"{what} resulted in {prompt_tokens} tokens, which leaves no room for a "
+                    f"completion. Please reduce the length of the {what}.",
+                    code="context_length_exceeded",
+                    param=what,
+                )
+            cap = room
+        else:
+            if max_tokens > room:
+                raise RequestError(
+                    f"This model's maximum context length is {mml} tokens. However, you "
+                    f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the "
+                    f"{what}, {max_tokens} in the completion). Please reduce the length of "
+                    f"the {what} or completion.",
+                    code="context_length_exceeded",
+                    param=what,
+                )
+            cap = max_tokens
+        return tuple(
+            self._outputs.decide(
+                key if i == 0 else key + b"\x00" + str(i).encode(), cap, ignore_eos=req.ignore_eos
+            )
+            for i in range(req.n)
+        )
+
+    # -- generation -------------------------------------------------------------------------
+
+    async def _run(self, c: Completion, receive: Receive, send: Send) -> None:
+        if self._stopping:
+            raise self._unavailable()
+        if self._engine is None:
+            await self._run_instant(c, send)
+        else:
+            await self._run_realtime(self._engine, c, receive, send)
+
+    async def _run_instant(self, c: Completion, send: Send) -> None:
+        stats = self._instant_stats
+        assert stats is not None
+        stats.in_flight += len(c.choices)
+        try:
+            stats.prompt_tokens_total += c.prompt_tokens * len(c.choices)
+            stats.generation_tokens_total += c.completion_tokens
+            for _ in c.choices:
+                self.metrics.observe_request(0.0, 0.0, 0.0)
+            ext = {"model_queue_s": 0.0, "model_ttft_s": 0.0, "model_e2e_s": 0.0}
+            if c.stream:
+                w = StreamWriter(c, self._model_json)
+                body = b"".join(
+                    w.tokens(i, 0, d.tokens, True) for i, d in enumerate(c.choices)
+                ) + w.end(ext)
+                await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+                await send({"type": "http.response.body", "body": body, "more_body": False})
+            else:
+                await _send_json(send, 200, full_body(c, self._model, ext))
+        finally:
+            stats.in_flight -= len(c.choices)
+
+    def _ext(self, rs: Sequence[EngineRequest]) -> dict[str, float]:
+        """The model's predictions in wall seconds: the first choice scheduled, the first
+        token of any choice, the last choice finished."""
+        k = self._speed
+        return {
+            "model_queue_s": min(r.model_queue_s or 0.0 for r in rs) / k,
+            "model_ttft_s": min(r.model_ttft_s or 0.0 for r in rs) / k,
+            "model_e2e_s": max(r.model_e2e_s or 0.0 for r in rs) / k,
+        }
+
+    def _submit(self, engine: RealtimeEngine, c: Completion) -> list[EngineRequest]:
+        """One sequence per choice, all or none."""
+        rs: list[EngineRequest] = []
+        try:
+            for i, d in enumerate(c.choices):
+                sid = c.rid if i == 0 else f"{c.rid}.{i}"
+                rs.append(
+                    engine.submit(
+                        sid, c.prompt_tokens, d.tokens, priority=c.priority, arrived_at=c.arrived
+                    )
+                )
+        except PolicyError as exc:  # pre-checked: a duplicate id or a profile limit
+            for r in rs:
+                engine.abort(r)
+            raise RequestError(str(exc), param="prompt") from None
+        except EngineClosed:
+            raise self._unavailable() from None
+        return rs
+
+    async def _run_realtime(
+        self, engine: RealtimeEngine, c: Completion, receive: Receive, send: Send
+    ) -> None:
+        rs = self._submit(engine, c)
+        watcher = asyncio.create_task(_watch_disconnect(receive, engine, rs))
+        self._watchers.add(watcher)
+        watcher.add_done_callback(self._watchers.discard)
+        try:
+            if c.stream:
+                await self._stream(c, rs, send)
+            else:
+                try:
+                    async with contextlib.aclosing(_progress(rs)) as progress:
+                        async for _ in progress:
+                            pass
+                except EngineClosed as exc:
+                    raise RequestError(str(exc), status=503, code="engine_unavailable") from None
+                if all(r.finished for r in rs):
+                    await _send_json(send, 200, full_body(c, self._model, self._ext(rs)))
+        finally:
+            for r in rs:
+                engine.abort(r)  # no-op unless the handler is leaving early
+            watcher.cancel()
+
+    async def _stream(self, c: Completion, rs: Sequence[EngineRequest], send: Send) -> None:
+        w = StreamWriter(c, self._model_json)
+        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        sent = [0] * len(rs)
+        left = len(rs)
+        try:
+            async with contextlib.aclosing(_progress(rs)) as progress:
+                async for i, n in progress:
+                    r = rs[i]
+                    last = r.finished and r.pending_tokens == 0
+                    body = w.tokens(i, sent[i], n, last)
+                    sent[i] += n
+                    left -= last
+                    if left == 0:
+                        body += w.end(self._ext(rs))
+                    await send({"type": "http.response.body", "body": body, "more_body": left > 0})
+        except EngineClosed as exc:
+            end = error_event(503, str(exc), "engine_unavailable")
+            await send({"type": "http.response.body", "body": end, "more_body": False})
+
+
+async def _progress(rs: Sequence[EngineRequest]) -> AsyncGenerator[tuple[int, int], None]:
+    """``(choice, new tokens)`` as the choices' tokens arrive, until every choice has
+    delivered its last token; stops early (with nothing more) when one is aborted (the
+    client is gone).  Raises :class:`EngineClosed` if the engine stops first."""
+    if len(rs) == 1:  # the common case, without a task per read
+        (r,) = rs
+        while True:
+            n = await r.next_tokens()
+            if n == 0:
+                return
+            yield 0, n
+            if r.finished and r.pending_tokens == 0:
+                return
+    reads = {asyncio.ensure_future(r.next_tokens()): i for i, r in enumerate(rs)}
+    try:
+        while reads:
+            done, _ = await asyncio.wait(reads, return_when=asyncio.FIRST_COMPLETED)
+            for fut in done:
+                i = reads.pop(fut)
+                n = fut.result()
+                if n == 0:
+                    return
+                yield i, n
+                r = rs[i]
+                if not (r.finished and r.pending_tokens == 0):
+                    reads[asyncio.ensure_future(r.next_tokens())] = i
+    finally:
+        for fut in reads:
+            if fut.done() and not fut.cancelled():
+                fut.exception()  # retrieved: the reason is already on its way up, or moot
+            fut.cancel()
+
+
+async def _watch_disconnect(
+    receive: Receive, engine: RealtimeEngine, rs: Sequence[EngineRequest]
+) -> None:
+    """Abort every sequence of ``rs`` as soon as the client disconnects (a no-op for those
+    that have finished)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            for r in rs:
+                engine.abort(r)
+            return
+
+
+async def _send_json(
+    send: Send,
+    status: int,
+    body: Mapping[str, Any],
+    extra_headers: Iterable[tuple[bytes, bytes]] = (),
+) -> None:
+    await respond(send, status, orjson.dumps(body), extra_headers)
+
+
+async def _send_error(send: Send, exc: RequestError) -> None:
+    extra = [(b"connection", b"close")] if exc.status == 413 else []
+    await respond(send, exc.status, error_json(exc), extra)

@@ -1,0 +1,354 @@
+"""Validating an OpenAI completions or chat-completions request body, once for both servers.
+
+:func:`parse` turns the raw bytes into a :class:`CompletionRequest` or raises a 400
+:class:`~velvetrope.errors.RequestError` built by :mod:`velvetrope.openai.errors`, so the
+gateway and ``velvetrope engine`` answer the same mistake with the same ``code``, ``param``
+and message.  Checks, in this order:
+
+* the body is JSON (``invalid_json``) and an object (``invalid_type``);
+* with ``known_keys_only`` (the gateway), every top-level key is one OpenAI or vLLM
+  accepts for the endpoint (:data:`CHAT_KEYS`, :data:`COMPLETION_KEYS`;
+  ``unknown_parameter``);
+* ``model`` is present and a non-empty string;
+* ``stream`` and ``ignore_eos`` are booleans, ``priority`` an integer (each may be null);
+* ``stream_options`` is an object, sent only with ``stream: true``, and its
+  ``include_usage`` a boolean;
+* ``max_tokens`` and (chat) ``max_completion_tokens`` are integers of at least 1 and, when
+  ``max_tokens_limit`` is given, at most that; for a chat ``max_completion_tokens`` wins
+  over ``max_tokens`` (as in OpenAI's API and vLLM);
+* ``n`` is an integer from 1 to :data:`MAX_N`;
+* chat: ``messages`` is a non-empty array of objects, each with a known ``role`` and a
+  ``content`` that is a string or an array of typed parts (only an assistant message may
+  omit it); completions: ``prompt`` is a string, an array of token ids, or an array of
+  either (a batch).
+
+What each server does beyond that is its own: the engine rejects batched prompts and
+models it does not serve, the gateway rewrites the body for its upstream
+(:mod:`velvetrope.gateway.parse`).  :func:`count_prompt_tokens` counts a request's prompt
+the same way for both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+
+from velvetrope.openai.errors import (
+    above_maximum,
+    below_minimum,
+    invalid_json,
+    invalid_type,
+    invalid_value,
+    missing,
+    not_an_object,
+    unknown_parameter,
+)
+from velvetrope.openai.tokenizer import count_chat_with
+
+__all__ = [
+    "CHAT_KEYS",
+    "COMPLETIONS_DEFAULT_MAX_TOKENS",
+    "COMPLETION_KEYS",
+    "MAX_N",
+    "ROLES",
+    "CompletionRequest",
+    "Kind",
+    "Prompt",
+    "count_prompt_tokens",
+    "load_body",
+    "parse",
+    "validate",
+]
+
+Kind = Literal["chat", "completions"]
+"""Which endpoint: ``/v1/chat/completions`` or ``/v1/completions``."""
+
+Prompt = str | list[int]
+"""One completions prompt: text or token ids."""
+
+MAX_N = 16
+"""The largest ``n`` (completions per request) either server accepts."""
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+"""``max_tokens`` of a completions request that sets none (OpenAI's and vLLM's default)."""
+
+ROLES = frozenset({"system", "user", "assistant", "tool", "function", "developer"})
+"""The chat roles OpenAI's API knows."""
+
+_COMMON = {
+    "model",
+    "stream",
+    "stream_options",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "n",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "user",
+    "seed",
+    "logprobs",
+    "metadata",
+    "service_tier",
+    "store",
+    # vLLM's extra sampling parameters
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "ignore_eos",
+    "min_tokens",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "stop_token_ids",
+    "include_stop_str_in_output",
+    "best_of",
+    "use_beam_search",
+    "length_penalty",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "priority",
+    "request_id",
+}
+CHAT_KEYS = frozenset(
+    _COMMON
+    | {
+        "messages",
+        "max_completion_tokens",
+        "top_logprobs",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "response_format",
+        "functions",
+        "function_call",
+        "modalities",
+        "audio",
+        "prediction",
+        "reasoning_effort",
+        "chat_template",
+        "chat_template_kwargs",
+        "add_generation_prompt",
+        "continue_final_message",
+    }
+)
+"""Top-level keys a chat request may carry (OpenAI's and vLLM's)."""
+COMPLETION_KEYS = frozenset(_COMMON | {"prompt", "suffix", "echo"})
+"""Top-level keys a completions request may carry (OpenAI's and vLLM's)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionRequest:
+    """A request body that passed :func:`validate`.
+
+    ``body`` is the decoded object itself (not a copy).  ``max_tokens`` is the effective
+    cap (``None``: the request set none); ``priority`` is vLLM's field (``None``: unset).
+    ``messages`` is the chat's messages (empty for completions), ``prompts`` the
+    completions prompts (one unless batched; empty for chat).
+    """
+
+    kind: Kind
+    body: dict[str, Any]
+    model: str
+    stream: bool
+    include_usage: bool
+    max_tokens: int | None
+    n: int
+    priority: int | None
+    ignore_eos: bool
+    messages: tuple[Mapping[str, Any], ...] = ()
+    prompts: tuple[Prompt, ...] = ()
+
+
+def load_body(raw: bytes) -> dict[str, Any]:
+    """``raw`` decoded as a JSON object (400 ``invalid_json`` / ``invalid_type`` if not)."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise invalid_json(str(exc)) from None
+    if not isinstance(body, dict):
+        raise not_an_object(body)
+    return body
+
+
+def _opt_bool(d: Mapping[str, Any], key: str, param: str | None = None) -> bool:
+    v = d.get(key)
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        raise invalid_type(param or key, "a boolean", v)
+    return v
+
+
+def _opt_int(d: Mapping[str, Any], key: str) -> int | None:
+    v = d.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise invalid_type(key, "an integer", v)
+    return v
+
+
+def _bounded(d: Mapping[str, Any], key: str, maximum: int | None) -> int | None:
+    v = _opt_int(d, key)
+    if v is None:
+        return None
+    if v < 1:
+        raise below_minimum(key, v, 1)
+    if maximum is not None and v > maximum:
+        raise above_maximum(key, v, maximum)
+    return v
+
+
+def _messages(value: object) -> tuple[Mapping[str, Any], ...]:
+    if value is None:
+        raise missing("messages")
+    if not isinstance(value, list):
+        raise invalid_type("messages", "an array", value)
+    if not value:
+        raise invalid_value("messages", "'messages' must contain at least one message.")
+    for i, m in enumerate(value):
+        p = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise invalid_type(p, "an object", m)
+        role = m.get("role")
+        if role is None:
+            raise missing(f"{p}.role")
+        if not isinstance(role, str):
+            raise invalid_type(f"{p}.role", "a string", role)
+        if role not in ROLES:
+            raise invalid_value(
+                f"{p}.role", f"Invalid value for '{p}.role': {role!r} is not a known role."
+            )
+        content = m.get("content")
+        if content is None and role != "assistant":
+            raise missing(f"{p}.content")
+        if content is not None and not isinstance(content, str | list):
+            raise invalid_type(f"{p}.content", "a string or an array of parts", content)
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                    raise invalid_type(f"{p}.content[{j}]", "an object with a 'type'", part)
+    return tuple(value)
+
+
+def _is_token_list(v: object) -> bool:
+    return (
+        isinstance(v, list)
+        and len(v) > 0
+        and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in v)
+    )
+
+
+def _prompts(value: object) -> tuple[Prompt, ...]:
+    if value is None:
+        raise missing("prompt")
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list) and not value:
+        raise invalid_value("prompt", "'prompt' must not be empty.")
+    if _is_token_list(value):
+        assert isinstance(value, list)
+        return (value,)
+    if isinstance(value, list) and all(isinstance(p, str) or _is_token_list(p) for p in value):
+        return tuple(value)
+    raise invalid_type(
+        "prompt", "a string, an array of non-negative token ids, or an array of either", value
+    )
+
+
+def validate(
+    body: dict[str, Any],
+    kind: Kind,
+    *,
+    known_keys_only: bool = False,
+    max_tokens_limit: int | None = None,
+) -> CompletionRequest:
+    """Check ``body`` as a ``kind`` request (see the module docstring for every check).
+
+    ``known_keys_only`` rejects top-level keys outside :data:`CHAT_KEYS` /
+    :data:`COMPLETION_KEYS`; ``max_tokens_limit`` caps ``max_tokens``.  Raises a 400
+    :class:`~velvetrope.errors.RequestError` naming the offending ``param``.
+    """
+    if known_keys_only:
+        allowed = CHAT_KEYS if kind == "chat" else COMPLETION_KEYS
+        for key in body:
+            if key not in allowed:
+                raise unknown_parameter(key)
+    model = body.get("model")
+    if model is None:
+        raise missing("model")
+    if not isinstance(model, str):
+        raise invalid_type("model", "a string", model)
+    if not model:
+        raise invalid_value("model", "'model' must not be empty.")
+    stream = _opt_bool(body, "stream")
+    include_usage = False
+    options = body.get("stream_options")
+    if options is not None:
+        if not isinstance(options, dict):
+            raise invalid_type("stream_options", "an object", options)
+        if not stream:
+            raise invalid_value(
+                "stream_options", "'stream_options' is only allowed when 'stream' is true."
+            )
+        include_usage = _opt_bool(options, "include_usage", "stream_options.include_usage")
+    max_tokens = _bounded(body, "max_tokens", max_tokens_limit)
+    if kind == "chat":
+        mct = _bounded(body, "max_completion_tokens", max_tokens_limit)
+        if mct is not None:
+            max_tokens = mct
+    n = _bounded(body, "n", MAX_N)
+    priority = _opt_int(body, "priority")
+    ignore_eos = _opt_bool(body, "ignore_eos")
+    common: dict[str, Any] = {
+        "kind": kind,
+        "body": body,
+        "model": model,
+        "stream": stream,
+        "include_usage": include_usage,
+        "max_tokens": max_tokens,
+        "n": 1 if n is None else n,
+        "priority": priority,
+        "ignore_eos": ignore_eos,
+    }
+    if kind == "chat":
+        return CompletionRequest(**common, messages=_messages(body.get("messages")))
+    return CompletionRequest(**common, prompts=_prompts(body.get("prompt")))
+
+
+def parse(
+    raw: bytes,
+    kind: Kind,
+    *,
+    known_keys_only: bool = False,
+    max_tokens_limit: int | None = None,
+) -> CompletionRequest:
+    """:func:`load_body` then :func:`validate`."""
+    return validate(
+        load_body(raw), kind, known_keys_only=known_keys_only, max_tokens_limit=max_tokens_limit
+    )
+
+
+def count_prompt_tokens(
+    req: CompletionRequest,
+    count_text: Callable[[str], int],
+    count_chat: Callable[[Sequence[Mapping[str, Any]]], int] | None = None,
+) -> int:
+    """Prompt tokens of ``req``, at least 1 (the BOS token a real engine adds).
+
+    A chat is counted by ``count_chat`` if given, else by OpenAI's convention over
+    ``count_text`` (:func:`~velvetrope.openai.tokenizer.count_chat_with`); completions
+    prompts by ``count_text`` (text) or their length (token ids), summed over a batch.
+    """
+    if req.kind == "chat":
+        n = count_chat(req.messages) if count_chat else count_chat_with(count_text, req.messages)
+    else:
+        n = sum(count_text(p) if isinstance(p, str) else len(p) for p in req.prompts)
+    return max(1, n)

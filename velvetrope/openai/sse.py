@@ -1,0 +1,110 @@
+"""Server-sent events as OpenAI streams them, written and read in one place.
+
+Writing (both servers): an event is ``data: <payload>\\n\\n`` (:func:`event`,
+:func:`json_event`); a stream ends with :data:`DONE`; a stream cut by an error ends with
+an error object in OpenAI's shape (:func:`error_event`) instead.
+
+Reading (the gateway's relay and the clients: load generator, calibration):
+:func:`split_events` cuts a byte buffer into complete events, :func:`data_of` gives the
+payload of a ``data:`` line or event (``None`` for comments and other fields, which
+clients ignore), and :func:`usage_of` / :func:`content_choices` read what a chunk or a
+response body says about tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from velvetrope.core import Usage
+from velvetrope.openai.errors import error_body
+
+__all__ = [
+    "DONE",
+    "DONE_DATA",
+    "SSE_HEADERS",
+    "content_choices",
+    "data_of",
+    "error_event",
+    "event",
+    "json_event",
+    "split_events",
+    "usage_of",
+]
+
+SSE_HEADERS: list[tuple[bytes, bytes]] = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+]
+"""Response headers of a stream."""
+
+DONE_DATA = b"[DONE]"
+"""The payload of the last event of a complete stream."""
+
+DONE = b"data: [DONE]\n\n"
+"""The last event of a complete stream."""
+
+
+def event(data: bytes) -> bytes:
+    """One event carrying ``data`` (which must not contain a blank line)."""
+    return b"data: " + data + b"\n\n"
+
+
+def json_event(obj: Any) -> bytes:
+    """One event carrying ``obj`` as compact JSON."""
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def error_event(status: int, message: str, code: str | None = None) -> bytes:
+    """The event that ends a stream with an error (the body a ``status`` answer would carry)."""
+    return event(error_body(status, message, code))
+
+
+def split_events(buf: bytes) -> tuple[list[bytes], bytes]:
+    """The complete events at the start of ``buf`` (each with its ``\\n\\n``) and the rest."""
+    out: list[bytes] = []
+    while True:
+        cut = buf.find(b"\n\n")
+        if cut < 0:
+            return out, buf
+        out.append(buf[: cut + 2])
+        buf = buf[cut + 2 :]
+
+
+def data_of(line: bytes) -> bytes | None:
+    """The stripped payload of a ``data:`` line (or an event that starts with one);
+    ``None`` for anything else."""
+    if not line.startswith(b"data:"):
+        return None
+    return line[5:].strip()
+
+
+def usage_of(obj: object) -> Usage | None:
+    """The ``usage`` a response body or a chunk reports, if it has token counts."""
+    if not isinstance(obj, dict):
+        return None
+    u = obj.get("usage")
+    if not isinstance(u, dict):
+        return None
+    p, c = u.get("prompt_tokens"), u.get("completion_tokens")
+    if isinstance(p, int) and isinstance(c, int):
+        return Usage(p, c)
+    return None
+
+
+def content_choices(obj: dict[str, Any]) -> int:
+    """Choices of a streamed chunk that carry generated text (``delta.content`` for chat,
+    ``text`` for completions): one token each, when the server streams token by token."""
+    choices = obj.get("choices")
+    if not isinstance(choices, list):
+        return 0
+    n = 0
+    for ch in choices:
+        if not isinstance(ch, dict):
+            continue
+        delta = ch.get("delta")
+        text = delta.get("content") if isinstance(delta, dict) else ch.get("text")
+        if text:
+            n += 1
+    return n
