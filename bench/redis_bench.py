@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gateway_bench import KEY, config, load
 
 from tests.support.redis_server import RedisServer
-from velvetrope.launch import free_port, start, start_engine, start_gateway
+from velvetrope.serving.launch import free_port, start, start_engine, start_gateway
 
 _TICK = os.sysconf("SC_CLK_TCK")
 

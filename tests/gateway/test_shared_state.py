@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from tests.support.redis_server import RedisServer
-from velvetrope import launch
+from velvetrope.serving import launch
 
 from .conftest import admin_status, free_port, gateway_config, start_engine, start_gateway
 

@@ -13,7 +13,7 @@ from tests.support.redis_server import RedisServer
 from velvetrope.clock import ManualClock, SystemClock
 from velvetrope.core.bucket import Claim, Denial, Grant, settle_lines
 from velvetrope.errors import StoreUnavailable
-from velvetrope.launch import free_port
+from velvetrope.serving.launch import free_port
 from velvetrope.store import CircuitBreaker, GuardedState, RedisStore
 from velvetrope.store.connect import connect
 

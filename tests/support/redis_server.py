@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import redis
 
-from velvetrope.launch import free_port
+from velvetrope.serving.launch import free_port
 
 __all__ = ["RedisServer", "redis_binary", "shared_redis_url"]
 
