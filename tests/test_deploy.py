@@ -85,7 +85,23 @@ def _chart_config() -> dict[str, Any]:
     cfg: dict[str, Any] = copy.deepcopy(values["config"])
     if values["adminToken"]["existingSecret"]:
         cfg["admin_token_env"] = values["adminToken"]["envName"]
+    state = dict(cfg.get("state") or {})
+    if values["redis"]["url"]:
+        state["url"] = values["redis"]["url"]
+    elif values["redis"]["enabled"]:
+        state["url"] = "redis://release-velvetrope-redis:6379/0"
+    cfg["state"] = state
     return cfg
+
+
+def test_several_replicas_share_state() -> None:
+    """The chart's defaults run several replicas, so they must render a Redis state.url, and
+    the Deployment refuses to render several replicas without one."""
+    values = _values()
+    assert values["replicaCount"] > 1
+    assert _chart_config()["state"]["url"].startswith("redis://")
+    guard = (CHART / "templates" / "deployment.yaml").read_text()
+    assert "(gt (int .Values.replicaCount) 1) (not .Values.redis.enabled)" in guard
 
 
 def _dockerfile() -> dict[str, list[str]]:
@@ -392,10 +408,12 @@ class Live:
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
-    """Engine + gateway running the chart's config, started with the Dockerfile's CMD."""
+def live(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterator[Live]:
+    """Engine + gateway running the chart's config, started with the Dockerfile's CMD; the
+    chart's in-cluster Redis is the suite's own."""
     tmp = tmp_path_factory.mktemp("deploy")
     cfg = _chart_config()
+    cfg["state"]["url"] = redis_url
     engine = launch.start_engine("--speed", "50")
     gw: launch.ServerProcess | None = None
     try:

@@ -20,7 +20,7 @@ The graph must have no cycle.  On top of it: no module over :data:`MAX_LINES` li
 admission core depends on none of the packages above it (DESIGN.md's direction); only the
 HTTP homes import an HTTP library, and what is sans-IO (the core, the OpenAI protocol, the
 engine model and calibration's fitting, the simulator, the planner) does not reach one,
-nor asyncio, through anything it imports.
+nor asyncio, sockets or Redis, through anything it imports.
 """
 
 from __future__ import annotations
@@ -256,8 +256,8 @@ def test_only_the_http_homes_import_an_http_library() -> None:
     assert not bad, f"HTTP libraries outside {HTTP_HOMES}: {bad}"
 
 
-def test_sans_io_code_reaches_no_http_library_nor_asyncio() -> None:
-    forbidden = HTTP_LIBS | {"asyncio", "socket"}
+def test_sans_io_code_reaches_no_http_library_asyncio_or_redis() -> None:
+    forbidden = HTTP_LIBS | {"asyncio", "socket", "redis"}
     bad: dict[str, str] = {}
     for m in modules():
         if not _within(m, SANS_IO) or _within(m, SANS_IO_EXCEPT):

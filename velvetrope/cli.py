@@ -85,6 +85,9 @@ def serve(
     host: str | None = typer.Option(None, help="Override listen.host."),
     port: int | None = typer.Option(None, help="Override listen.port."),
     log_level: str = typer.Option("warning", help="uvicorn log level."),
+    workers: int = typer.Option(
+        1, "--workers", "-w", help="Gateway processes on one port (needs a Redis state.url)."
+    ),
 ) -> None:
     """Run the admission gateway in front of the configured upstreams."""
     from velvetrope.config import load_config
@@ -101,7 +104,11 @@ def serve(
             update={k: v for k, v in (("host", host), ("port", port)) if v is not None}
         )
         cfg = cfg.model_copy(update={"listen": listen})
-    run(cfg, log_level=log_level)
+    try:
+        run(cfg, log_level=log_level, workers=workers)
+    except ConfigError as e:
+        typer.echo(f"invalid config: {e}", err=True)
+        raise typer.Exit(2) from None
 
 
 @app.command("demo")

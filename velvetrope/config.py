@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -35,6 +35,7 @@ __all__ = [
     "Listen",
     "Route",
     "SaturationSettings",
+    "StateSettings",
     "Upstream",
     "hash_key",
     "load_config",
@@ -103,6 +104,54 @@ class SaturationSettings(_Model):
     scrape_interval_s: float = Field(1.0, gt=0)
 
 
+class StateSettings(_Model):
+    """Where bucket levels and fleet-wide slot leases live.
+
+    ``memory://`` (the default) keeps them in this process: one gateway, one worker.
+    A Redis URL shares them across every replica and worker that names the same Redis and
+    ``namespace``: limits hold for the fleet, not per replica.  ``redis://``, ``rediss://``
+    and ``unix://`` name one server; ``redis+sentinel://h:p[,h:p]/service`` a Sentinel-
+    managed master; ``redis+cluster://h:p[,h:p]`` a Redis Cluster (or Valkey).
+    """
+
+    url: str = Field(
+        "memory://",
+        pattern=r"^(memory://|redis://|rediss://|unix://|redis\+sentinel://|redis\+cluster://)",
+        description="memory:// or a Redis URL",
+    )
+    password_env: str | None = Field(
+        None, description="environment variable holding the Redis password (if not in url)"
+    )
+    namespace: str = Field(
+        "velvetrope",
+        min_length=1,
+        pattern=r"^[A-Za-z0-9_.:-]+$",
+        description="prefix of every key: one per deployment sharing a Redis",
+    )
+    call_timeout_ms: float = Field(
+        25.0, gt=0, description="budget of one Redis call, event-loop delay included"
+    )
+    on_store_error: Literal["fail_open", "fail_closed"] = Field(
+        "fail_open",
+        description="Redis unreachable: fail_open = local limits at 1/N (N live replicas); "
+        "fail_closed = 503 state_unavailable",
+    )
+    breaker_failures: int = Field(3, ge=1, description="failed calls in a row that open it")
+    breaker_reset_s: float = Field(0.5, gt=0, description="open this long before a probe")
+    heartbeat_s: float = Field(1.0, gt=0, description="replica heartbeat (and probe) period")
+    lease_ttl_s: float = Field(
+        30.0, gt=0, description="a slot lease expires this long after its last renewal"
+    )
+    hold_ttl_s: float = Field(
+        6 * 3600.0, gt=0, description="a reservation not settled this long is forgotten"
+    )
+
+    @property
+    def shared(self) -> bool:
+        """Whether state lives outside this process."""
+        return not self.url.startswith("memory://")
+
+
 class GatewaySettings(_Model):
     """Request handling limits and defaults."""
 
@@ -135,6 +184,7 @@ class GatewayConfig(_Model):
     )
     routes: tuple[Route, ...] = Field((), description="model -> pool; default: the first pool")
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
+    state: StateSettings = Field(default_factory=StateSettings)
 
     @model_validator(mode="after")
     def _check(self) -> GatewayConfig:

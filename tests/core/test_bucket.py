@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from velvetrope.core.bucket import BucketLedger, Claim, Denial, Grant, TokenBucket
+from velvetrope.core.bucket import Claim, Denial, Grant, MemoryBuckets, TokenBucket, settle_lines
 from velvetrope.errors import PolicyError
 
 
@@ -59,8 +59,8 @@ def test_bad_parameters_are_refused() -> None:
 
 
 def test_ledger_reserves_all_or_nothing() -> None:
-    led = BucketLedger()
-    claims = [Claim("a", 60, 100, 1), Claim("b", 60, 50, 1)]
+    led = MemoryBuckets()
+    claims = [tok("a", 60, 100, 1), tok("b", 60, 50, 1)]
     res = led.reserve(claims, 0.0)
     assert isinstance(res, Denial)
     assert res.key == "b"
@@ -68,17 +68,39 @@ def test_ledger_reserves_all_or_nothing() -> None:
     a = led.get("a")
     assert a is not None
     assert a.level == 100  # 'a' was not touched
-    ok = led.reserve([Claim("a", 60, 100, 1), Claim("b", 40, 50, 1)], 0.0)
+    ok = led.reserve([tok("a", 60, 100, 1), tok("b", 40, 50, 1)], 0.0)
     assert isinstance(ok, Grant)
-    assert ok.lines == (("a", 60), ("b", 40))
+    assert [(c.key, c.amount) for c in ok.claims] == [("a", 60), ("b", 40)]
     led.settle([("a", 60, 10), ("b", 40, 40)], 0.0)
-    assert led.levels(0.0) == {"a": 90, "b": 10}
+    assert led.levels(0.0) == {"a": (90, 100), "b": (10, 50)}
+
+
+def tok(key: str, amount: float, capacity: float, rate: float) -> Claim:
+    return Claim(key, "tokens", "tenant", amount, capacity, rate)
+
+
+def test_settle_is_idempotent_per_job_id() -> None:
+    led = MemoryBuckets(remember=2)
+    led.reserve([tok("a", 60, 100, 1)], 0.0)
+    assert led.settle([("a", 60, 10)], 0.0, job_id="j1")
+    assert not led.settle([("a", 60, 10)], 0.0, job_id="j1")
+    assert led.levels(0.0)["a"] == (90, 100)
+    led.settle([], 0.0, job_id="j2")
+    led.settle([], 0.0, job_id="j3")  # j1 falls out of the window of 2
+    assert led.settle([("a", 0, 5)], 0.0, job_id="j1")
+    assert led.levels(0.0)["a"] == (85, 100)
+
+
+def test_settle_lines_charge_tokens_and_refund_unused_request_slots() -> None:
+    claims = [tok("t", 150, 1000, 1), Claim("r", "requests", "tenant", 1, 10, 1)]
+    assert settle_lines(claims, 120) == (("t", 150, 120), ("r", 1, 1))
+    assert settle_lines(claims, 0) == (("t", 150, 0), ("r", 1, 0))
 
 
 def test_ledger_denial_reports_the_longest_wait() -> None:
-    led = BucketLedger()
-    led.reserve([Claim("a", 90, 100, 10), Claim("b", 10, 100, 1)], 0.0)
-    res = led.reserve([Claim("a", 30, 100, 10), Claim("b", 95, 100, 1)], 0.0)
+    led = MemoryBuckets()
+    led.reserve([tok("a", 90, 100, 10), tok("b", 10, 100, 1)], 0.0)
+    res = led.reserve([tok("a", 30, 100, 10), tok("b", 95, 100, 1)], 0.0)
     assert isinstance(res, Denial)
     assert res.key == "b"
     assert res.retry_after_s == pytest.approx(5.0)

@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from velvetrope.core import (
     AdmissionController,
     Admitted,
+    Denial,
     Grant,
     JobState,
     PolicyConfig,
@@ -236,11 +239,35 @@ def test_external_buckets_take_a_grant_and_return_settlements() -> None:
     j = make_job("a", predicted=50)
     claims = ctl.claims(j)
     assert [(c.key, c.amount) for c in claims] == [("tenant:a:tok", 150)]
-    with pytest.raises(PolicyError, match="grant"):
+    assert [(c.kind, c.owner) for c in claims] == [("tokens", "tenant")]
+    with pytest.raises(PolicyError, match="reservation"):
         ctl.arrive(make_job("a", predicted=50))
-    assert isinstance(ctl.arrive(j, Grant((("tenant:a:tok", 150.0),))), Admitted)
+    assert isinstance(ctl.arrive(j, Grant(tuple(claims))), Admitted)
     out = ctl.complete(j.id, Usage(100, 20))
     assert out.settlement.lines == (("tenant:a:tok", 150.0, 120.0),)
+
+
+def test_a_stores_denial_runs_the_same_lifecycle_as_an_in_memory_one() -> None:
+    cfg = PolicyConfig.model_validate(
+        {"tenants": [{"name": "a", "tier": "default", "limits": {"tokens_per_minute": 600}}]}
+    )
+    from velvetrope.clock import ManualClock
+
+    seen: list[Reason] = []
+    ctl = AdmissionController(cfg, ManualClock(), external_buckets=True)
+    ctl.observers.append(lambda o: seen.append(o.reason))
+    j = make_job("a", predicted=50)
+    ctl.claims(j)
+    r = ctl.arrive(j, Denial(2.5, "tenant:a:tok"))
+    assert isinstance(r, Rejected)
+    assert (r.reason, r.retry_after_s, r.status) == (Reason.RATE_LIMITED, 2.5, 429)
+    big = make_job("a", predicted=50)
+    ctl.claims(big)
+    r2 = ctl.arrive(big, Denial(math.inf, "tenant:a:tok"))
+    assert isinstance(r2, Rejected)
+    assert (r2.reason, r2.retry_after_s) == (Reason.REQUEST_TOO_LARGE, None)
+    assert seen == [Reason.RATE_LIMITED, Reason.REQUEST_TOO_LARGE]
+    assert j.state is JobState.REJECTED and not ctl.status()["queued"]
 
 
 def test_observers_see_every_terminal_outcome_once() -> None:

@@ -140,8 +140,8 @@ def test_random_interleavings_keep_every_invariant(preset: str, ops: list[tuple]
             )
             m.jobs[job.id] = job
             d = ctl.arrive(job)
-            for key, amount in job.claims:
-                events.append((clock.now(), "reserve", key, amount, 0.0))
+            for c in job.claims:
+                events.append((clock.now(), "reserve", c.key, c.amount, 0.0))
             if isinstance(d, Admitted):
                 m.dispatched.add(job.id)
             elif isinstance(d, Queued):

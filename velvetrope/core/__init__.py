@@ -4,7 +4,14 @@ Dependencies: this package imports nothing of velvetrope but :mod:`velvetrope.cl
 :mod:`velvetrope.errors`.  See :class:`~velvetrope.core.controller.AdmissionController`.
 """
 
-from velvetrope.core.bucket import BucketLedger, BucketSnapshot, Claim, Denial, Grant, TokenBucket
+from velvetrope.core.bucket import (
+    BucketSnapshot,
+    Claim,
+    Denial,
+    Grant,
+    MemoryBuckets,
+    TokenBucket,
+)
 from velvetrope.core.controller import AdmissionController, Admitted, Decision, Queued, Rejected
 from velvetrope.core.estimate import OutputEstimator, P2Quantile, QuantileEstimator
 from velvetrope.core.policy import (
@@ -23,7 +30,6 @@ __all__ = [
     "PRESETS",
     "AdmissionController",
     "Admitted",
-    "BucketLedger",
     "BucketLimits",
     "BucketSnapshot",
     "Claim",
@@ -33,6 +39,7 @@ __all__ = [
     "Grant",
     "Job",
     "JobState",
+    "MemoryBuckets",
     "Outcome",
     "OutputEstimator",
     "P2Quantile",

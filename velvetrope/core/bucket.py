@@ -1,25 +1,53 @@
-"""Token buckets with reserve-then-settle semantics.
+"""Token buckets with reserve-then-settle semantics, and the in-memory bucket store.
 
-A bucket holds up to ``capacity`` units and refills at ``rate`` units per second.
-:meth:`TokenBucket.reserve` takes a job's expected cost up front, or says how long until it
-could; :meth:`TokenBucket.settle` later refunds the unused part or charges the overrun.  An
-overrun may push the level below zero, down to ``floor`` (never further); a tenant in debt
-waits for the refill before its next request is granted.
+A bucket holds up to ``capacity`` units and refills at ``rate`` units per second.  A job
+reserves its expected cost up front (all of its claims, or none), and settles when it ends:
+the unused part is refunded, an overrun is charged.  An overrun may push the level below
+zero, down to ``floor`` (never further); a tenant in debt waits for the refill before its
+next request is granted.
 
-:class:`BucketLedger` keeps named buckets and reserves several at once, all or nothing.
-This is the step a shared store (Redis) performs instead, with the same math, which is why
-its inputs and outputs are plain data (:class:`Claim`, :class:`Grant`, :class:`Denial`).
+The arithmetic exists once in Python, in :class:`TokenBucket` and
+:meth:`MemoryBuckets.reserve`; the Redis store runs the same rules in Lua, and one table of
+test vectors runs against both.  Inputs and outputs are plain data (:class:`Claim`,
+:class:`Grant`, :class:`Denial`, :class:`BucketSnapshot`) so that a store elsewhere can
+answer for the core.
+
+A claim names its bucket by ``key`` and says what it counts by ``kind`` (``"tokens"`` or
+``"requests"``) and who it belongs to by ``owner`` (``"tenant"``, ``"tier"``, ``"model"``);
+nothing is ever parsed out of a key.
 """
 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from velvetrope.errors import PolicyError
 
-__all__ = ["BucketLedger", "BucketSnapshot", "Claim", "Denial", "Grant", "TokenBucket", "take"]
+__all__ = [
+    "REQUESTS",
+    "TOKENS",
+    "BucketKind",
+    "BucketOwner",
+    "BucketSnapshot",
+    "Claim",
+    "Denial",
+    "Grant",
+    "MemoryBuckets",
+    "SettleLine",
+    "TokenBucket",
+    "settle_lines",
+]
+
+BucketKind = Literal["tokens", "requests"]
+BucketOwner = Literal["tenant", "tier", "model"]
+TOKENS: BucketKind = "tokens"
+REQUESTS: BucketKind = "requests"
+
+SettleLine = tuple[str, float, float]
+"""``(key, reserved, actual)``: refund ``reserved - actual`` (or charge the overrun)."""
 
 
 class TokenBucket:
@@ -44,7 +72,8 @@ class TokenBucket:
         self.last = now
 
     def refill(self, now: float) -> float:
-        """Bring the level up to ``now`` and return it."""
+        """Bring the level up to ``now`` and return it.  Time never runs backwards: an
+        earlier ``now`` leaves the bucket as it is."""
         dt = now - self.last
         if dt > 0:
             self.last = now
@@ -56,14 +85,7 @@ class TokenBucket:
         """Seconds until ``cost`` could be reserved (0 if it can be now; inf if never)."""
         if cost > self.capacity:
             return math.inf
-        level = self.level
-        dt = now - self.last
-        if dt > 0:
-            self.last = now
-            level += dt * self.rate
-            if level > self.capacity:
-                level = self.capacity
-            self.level = level
+        level = self.refill(now)
         return 0.0 if level >= cost else (cost - level) / self.rate
 
     def reserve(self, cost: float, now: float) -> float:
@@ -85,9 +107,12 @@ class TokenBucket:
 
 
 class Claim(NamedTuple):
-    """Reserve ``amount`` from bucket ``key``; create it with (capacity, rate, floor) if new."""
+    """Reserve ``amount`` from bucket ``key``; create it full with (capacity, rate, floor)
+    if it does not exist.  ``floor`` ``None`` means ``-capacity``."""
 
     key: str
+    kind: BucketKind
+    owner: BucketOwner
     amount: float
     capacity: float
     rate: float
@@ -98,20 +123,23 @@ class BucketSnapshot(NamedTuple):
     """A bucket's state, for ``x-ratelimit-*`` headers and status pages."""
 
     key: str
+    kind: BucketKind
+    owner: BucketOwner
     limit: float
     remaining: float
     reset_s: float
 
 
 class Grant(NamedTuple):
-    """Every claim was reserved: ``lines`` are ``(key, amount)`` to settle later."""
+    """Every claim was reserved; settle them when the job ends."""
 
-    lines: tuple[tuple[str, float], ...]
+    claims: tuple[Claim, ...]
     snapshots: tuple[BucketSnapshot, ...] = ()
 
 
 class Denial(NamedTuple):
-    """Nothing was reserved.  ``retry_after_s`` is ``inf`` when a claim exceeds a capacity."""
+    """Nothing was reserved.  ``retry_after_s`` is ``inf`` when a claim exceeds a capacity;
+    ``key`` is the bucket that imposes the longest wait."""
 
     retry_after_s: float
     key: str
@@ -122,33 +150,35 @@ class Denial(NamedTuple):
         return math.isinf(self.retry_after_s)
 
 
-def take(
-    plan: Sequence[tuple[str, TokenBucket, bool]], cost: float, now: float
-) -> tuple[float, str]:
-    """Reserve ``cost`` from each token bucket and 1 from each request bucket of ``plan``
-    (``(key, bucket, is_tokens)``), all or nothing.  Returns ``(0.0, "")`` when granted,
-    else ``(wait, key)``: the longest wait in seconds (``inf`` when an amount exceeds a
-    capacity) and the bucket that imposes it; nothing is taken then."""
-    worst = 0.0
-    worst_key = ""
-    for key, b, tok in plan:
-        w = b.wait_for(cost if tok else 1.0, now)
-        if w > worst:
-            worst, worst_key = w, key
-    if worst > 0.0:
-        return worst, worst_key
-    for _, b, tok in plan:
-        b.level -= cost if tok else 1.0
-    return 0.0, ""
+def settle_lines(claims: Sequence[Claim], actual_tokens: int) -> tuple[SettleLine, ...]:
+    """What ``claims`` owe once the job used ``actual_tokens`` (prompt + output).
+
+    A token bucket is charged the tokens used; a request bucket keeps its 1 when any work
+    was done and is refunded in full when none was (a job shed before it started).
+    """
+    actual = float(actual_tokens)
+    return tuple(
+        [
+            (c.key, c.amount, actual if c.kind == TOKENS else (c.amount if actual_tokens else 0.0))
+            for c in claims
+        ]
+    )
 
 
-class BucketLedger:
-    """Named in-memory buckets.  Reservations over several buckets are all-or-nothing."""
+class MemoryBuckets:
+    """Named in-memory buckets: the Python implementation of the bucket store's rules.
 
-    __slots__ = ("_buckets",)
+    :meth:`reserve` takes every claim or none; :meth:`settle` applies settle lines, at most
+    once per job id for the last ``remember`` settled jobs.  Unknown keys in settle lines are
+    ignored (a bucket is never created by a settlement).
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("_buckets", "_remember", "_settled")
+
+    def __init__(self, remember: int = 65_536) -> None:
         self._buckets: dict[str, TokenBucket] = {}
+        self._settled: OrderedDict[str, None] = OrderedDict()
+        self._remember = remember
 
     def bucket(self, claim: Claim, now: float) -> TokenBucket:
         """The bucket for ``claim.key``, created full on first use."""
@@ -162,38 +192,54 @@ class BucketLedger:
         return self._buckets.get(key)
 
     def reserve(self, claims: Sequence[Claim], now: float) -> Grant | Denial:
-        """Reserve every claim, or none.  A denial names the bucket with the longest wait."""
-        buckets = [self.bucket(c, now) for c in claims]
+        """Reserve every claim, or none.  A denial names the bucket with the longest wait
+        (the first such claim on ties) and carries snapshots of every claimed bucket."""
+        buckets = self._buckets
         worst = 0.0
         worst_key = ""
-        for c, b in zip(claims, buckets, strict=True):
+        for c in claims:
+            b = buckets.get(c.key)
+            if b is None:
+                b = self.bucket(c, now)
             w = b.wait_for(c.amount, now)
             if w > worst:
                 worst, worst_key = w, c.key
         if worst > 0.0:
-            return Denial(worst, worst_key, self.snapshots((c.key for c in claims), now))
-        for c, b in zip(claims, buckets, strict=True):
-            b.level -= c.amount
-        return Grant(tuple([(c.key, c.amount) for c in claims]))
+            return Denial(worst, worst_key, self.snapshots(claims, now))
+        for c in claims:
+            buckets[c.key].level -= c.amount
+        return Grant(tuple(claims))
 
-    def settle(self, lines: Iterable[tuple[str, float, float]], now: float) -> None:
-        """Apply ``(key, reserved, actual)`` lines; unknown keys are ignored (never created)."""
+    def settle(self, lines: Iterable[SettleLine], now: float, job_id: str | None = None) -> bool:
+        """Apply ``lines``; with ``job_id``, only the first time that id is settled.
+        Returns whether the lines were applied."""
+        if job_id is not None:
+            if job_id in self._settled:
+                return False
+            self._settled[job_id] = None
+            if len(self._settled) > self._remember:
+                self._settled.popitem(last=False)
         for key, reserved, actual in lines:
             b = self._buckets.get(key)
             if b is not None:
                 b.settle(reserved, actual, now)
+        return True
 
-    def snapshots(self, keys: Iterable[str], now: float) -> tuple[BucketSnapshot, ...]:
+    def snapshots(self, claims: Iterable[Claim], now: float) -> tuple[BucketSnapshot, ...]:
+        """Snapshots of the claimed buckets that exist."""
         out = []
-        for k in keys:
-            b = self._buckets.get(k)
+        for c in claims:
+            b = self._buckets.get(c.key)
             if b is not None:
-                out.append(BucketSnapshot(k, b.capacity, b.refill(now), b.time_to_full(now)))
+                level = b.refill(now)
+                out.append(
+                    BucketSnapshot(c.key, c.kind, c.owner, b.capacity, level, b.time_to_full(now))
+                )
         return tuple(out)
 
-    def levels(self, now: float) -> dict[str, float]:
-        """Every bucket's level at ``now``."""
-        return {k: b.refill(now) for k, b in self._buckets.items()}
+    def levels(self, now: float) -> dict[str, tuple[float, float]]:
+        """Every bucket's ``(level, capacity)`` at ``now``."""
+        return {k: (b.refill(now), b.capacity) for k, b in self._buckets.items()}
 
     def __len__(self) -> int:
         return len(self._buckets)

@@ -19,10 +19,13 @@ its slot and token budget are released and its bucket reservation is settled aga
 tokens actually used.  Each terminal :class:`~velvetrope.core.request.Outcome` is handed to
 every observer and returned to the caller.
 
-Shared buckets: construct with ``external_buckets=True``, reserve elsewhere with the claims
-from :meth:`AdmissionController.claims` (same math, e.g. a Redis script), pass the
-:class:`~velvetrope.core.bucket.Grant` to :meth:`arrive`, and apply each outcome's
-:class:`~velvetrope.core.request.Settlement` there.
+Buckets elsewhere (a bucket store: memory, Redis): construct with ``external_buckets=True``,
+reserve the claims from :meth:`AdmissionController.claims` in the store, and pass its
+:class:`~velvetrope.core.bucket.Grant` *or* :class:`~velvetrope.core.bucket.Denial` to
+:meth:`arrive`: a denial runs the same lifecycle as an in-memory one (one rejected outcome,
+429).  Apply each outcome's :class:`~velvetrope.core.request.Settlement` in the store,
+idempotently per job id.  Without ``external_buckets`` the controller keeps its own
+:class:`~velvetrope.core.bucket.MemoryBuckets` (the simulator, the tests).
 """
 
 from __future__ import annotations
@@ -34,13 +37,16 @@ from typing import Any, NamedTuple
 
 from velvetrope.clock import Clock
 from velvetrope.core.bucket import (
-    BucketLedger,
+    REQUESTS,
+    TOKENS,
+    BucketKind,
+    BucketOwner,
     BucketSnapshot,
     Claim,
     Denial,
     Grant,
-    TokenBucket,
-    take,
+    MemoryBuckets,
+    settle_lines,
 )
 from velvetrope.core.capacity import PoolCapacity
 from velvetrope.core.estimate import DrainMeter, OutputEstimator, QuantileEstimator
@@ -91,22 +97,22 @@ class Rejected(NamedTuple):
 Decision = Admitted | Queued | Rejected
 
 
-_Spec = tuple[str, bool, float, float, float | None]
+_Spec = tuple[str, BucketKind, BucketOwner, float, float, float | None]
 
 
-def _limit_claims(scope: str, lim: BucketLimits | None) -> list[_Spec]:
-    """Static bucket specs ``(key, is_tokens, capacity, rate, floor)`` for ``lim``."""
+def _limit_claims(owner: BucketOwner, name: str, lim: BucketLimits | None) -> list[_Spec]:
+    """Static bucket specs ``(key, kind, owner, capacity, rate, floor)`` for ``lim``."""
     out: list[_Spec] = []
     if lim is None:
         return out
     if lim.tokens_per_minute is not None:
         rate = lim.tokens_per_minute / 60.0
         cap = lim.token_burst if lim.token_burst is not None else lim.tokens_per_minute
-        out.append((f"{scope}:tok", True, cap, rate, lim.token_debt_floor))
+        out.append((f"{owner}:{name}:tok", TOKENS, owner, cap, rate, lim.token_debt_floor))
     if lim.requests_per_minute is not None:
         rate = lim.requests_per_minute / 60.0
         cap = lim.request_burst if lim.request_burst is not None else lim.requests_per_minute
-        out.append((f"{scope}:req", False, cap, rate, None))
+        out.append((f"{owner}:{name}:req", REQUESTS, owner, cap, rate, None))
     return out
 
 
@@ -140,19 +146,14 @@ class AdmissionController:
             est.quantile, est.default_output_tokens, est.min_observations, est.sketch
         )
         self._reserve_max = est.reserve == "max_tokens"
-        self.ledger: BucketLedger | None = None if external_buckets else BucketLedger()
+        self.buckets: MemoryBuckets | None = None if external_buckets else MemoryBuckets()
         self.observers: list[Callable[[Outcome], None]] = list(observers or [])
         self._tenants = {t.name: t for t in config.tenants}
         self._tier_index = {t.name: i for i, t in enumerate(config.tiers)}
         self._tier_max_wait = [t.max_wait_s for t in config.tiers]
-        self._tier_claims = [_limit_claims(f"tier:{t.name}", t.limits) for t in config.tiers]
-        self._model_claims = {
-            m: _limit_claims(f"model:{m}", lim) for m, lim in config.models.items()
-        }
+        self._tier_claims = [_limit_claims("tier", t.name, t.limits) for t in config.tiers]
+        self._model_claims = {m: _limit_claims("model", m, lim) for m, lim in config.models.items()}
         self._spec_cache: dict[tuple[str, str, str | None], list[_Spec]] = {}
-        self._plan_cache: dict[
-            tuple[str, str, str | None], tuple[tuple[str, TokenBucket, bool], ...]
-        ] = {}
         self._bounds: dict[str, int | None] = {}
         self._max_queued = config.queue.max_queued
         self._pools: dict[str, _Pool] = {}
@@ -213,7 +214,7 @@ class AdmissionController:
         k = (job.tenant, job.tier, job.model)
         specs = self._spec_cache.get(k)
         if specs is None:
-            specs = _limit_claims(f"tenant:{job.tenant}", self.tenant_policy(job.tenant).limits)
+            specs = _limit_claims("tenant", job.tenant, self.tenant_policy(job.tenant).limits)
             tier = self._tier_index.get(job.tier)
             if tier is not None:
                 specs = specs + self._tier_claims[tier]
@@ -223,30 +224,20 @@ class AdmissionController:
         return specs
 
     def claims(self, job: Job) -> list[Claim]:
-        """The bucket claims ``job`` must reserve (tenant, tier, model), sized by its cost.
+        """The bucket claims ``job`` must reserve (tenant, tier, model), sized by its cost:
+        its tokens from each token bucket, 1 from each request bucket.
 
         Fills ``predicted_output``, ``reserved_output`` and ``cost`` if not done yet.
         """
         self._size(job)
+        specs = self._spec_cache.get((job.tenant, job.tier, job.model))
+        if specs is None:
+            specs = self._specs(job)
+        cost = float(job.cost)
         return [
-            Claim(k, job.cost if tok else 1.0, cap, rate, floor)
-            for k, tok, cap, rate, floor in self._specs(job)
+            Claim(key, kind, owner, cost if kind is TOKENS else 1.0, cap, rate, floor)
+            for key, kind, owner, cap, rate, floor in specs
         ]
-
-    def _plan(self, job: Job, now: float) -> tuple[tuple[str, TokenBucket, bool], ...]:
-        """``(key, bucket, is_tokens)`` for ``job`` in the in-memory ledger (cached; buckets
-        are created full on first use)."""
-        ledger = self.ledger
-        assert ledger is not None
-        k = (job.tenant, job.tier, job.model)
-        plan = self._plan_cache.get(k)
-        if plan is None:
-            plan = tuple(
-                (key, ledger.bucket(Claim(key, 0.0, cap, rate, floor), now), tok)
-                for key, tok, cap, rate, floor in self._specs(job)
-            )
-            self._plan_cache[k] = plan
-        return plan
 
     def _size(self, job: Job) -> None:
         if job.cost:
@@ -263,18 +254,14 @@ class AdmissionController:
 
     # -- events ----------------------------------------------------------------------
 
-    def reserve(self, job: Job) -> Grant | Denial:
-        """The bucket step alone, against the in-memory ledger."""
-        if self.ledger is None:
-            raise PolicyError("this controller uses external buckets: reserve them there")
-        claims = self.claims(job)
-        if not claims:
-            return Grant(())
-        return self.ledger.reserve(claims, self.clock.now())
+    def arrive(self, job: Job, reservation: Grant | Denial | None = None) -> Decision:
+        """Admit, queue or reject ``job`` (state ARRIVED).
 
-    def arrive(self, job: Job, grant: Grant | None = None) -> Decision:
-        """Admit, queue or reject ``job`` (state ARRIVED).  ``grant``: buckets reserved
-        elsewhere (required with external buckets when the job has claims)."""
+        ``reservation`` is the bucket store's answer to :meth:`claims` (required with
+        external buckets when the job has claims; ignored otherwise).  A
+        :class:`~velvetrope.core.bucket.Denial` rejects the job (429) through the same
+        lifecycle as an in-memory denial; with a :class:`~velvetrope.core.bucket.Grant` a
+        job rejected later in admission settles its claims with nothing used."""
         now = self.clock.now()
         if job.state is not JobState.ARRIVED:
             raise LifecycleError(f"job {job.id!r} already {job.state.value}")
@@ -293,23 +280,23 @@ class AdmissionController:
         if self.draining:
             return self._reject(job, Reason.DRAINING, None, "the gateway is draining", now)
         # 1. edge buckets
-        self._size(job)
-        if grant is not None:
-            job.claims = grant.lines
-        elif self.ledger is not None:
-            plan = self._plan_cache.get((job.tenant, job.tier, job.model))
-            if plan is None:
-                plan = self._plan(job, now)
-            if plan:
-                cost = job.cost
-                wait, key = take(plan, cost, now)
-                if wait:
-                    snaps = self.ledger.snapshots((p[0] for p in plan), now)
-                    return self._deny(job, Denial(wait, key, snaps), now)
-                job.claims = tuple([(key, cost if tok else 1.0) for key, _, tok in plan])
-                job.buckets = plan
-        elif self._specs(job):
-            raise PolicyError(f"job {job.id!r}: external buckets need a grant")
+        buckets = self.buckets
+        if buckets is None:
+            self._size(job)
+            if reservation is None:
+                if self._specs(job):
+                    raise PolicyError(f"job {job.id!r}: external buckets need a reservation")
+            elif isinstance(reservation, Denial):
+                return self._deny(job, reservation, now)
+            else:
+                job.claims = reservation.claims
+        else:
+            claims = self.claims(job)
+            if claims:
+                res = buckets.reserve(claims, now)
+                if isinstance(res, Denial):
+                    return self._deny(job, res, now)
+                job.claims = res.claims
         # 2. start at once when nothing is waiting and capacity allows
         sched = pool.sched
         cap = pool.capacity
@@ -370,6 +357,17 @@ class AdmissionController:
         if deadline is not None:
             heapq.heappush(self._deadlines, (deadline, job.seq, job))
         return Queued(job, ahead_n, eta)
+
+    def reject(
+        self, job: Job, reason: Reason, message: str, retry_after_s: float | None = None
+    ) -> Rejected:
+        """Turn away ``job`` (state ARRIVED) for a reason found outside the core (e.g. the
+        bucket store cannot be reached): one rejected outcome, as for any rejection."""
+        if job.state is not JobState.ARRIVED:
+            raise LifecycleError(f"job {job.id!r} already {job.state.value}")
+        if math.isnan(job.arrival):
+            job.arrival = self.clock.now()
+        return self._reject(job, reason, retry_after_s, message, self.clock.now())
 
     def dispatchable(self) -> list[Job]:
         """Queued jobs that may start now, in policy order; each is moved to DISPATCHED.
@@ -479,7 +477,9 @@ class AdmissionController:
             "in_flight": self.in_flight,
             "tenants_queued": {t: n for t, n in self._tenant_queued.items() if n},
             "pools": pools,
-            "buckets": {} if self.ledger is None else self.ledger.levels(now),
+            "buckets": {}
+            if self.buckets is None
+            else {k: level for k, (level, _) in self.buckets.levels(now).items()},
         }
 
     def pool_capacity(self, pool: str) -> PoolCapacity:
@@ -512,34 +512,15 @@ class AdmissionController:
         claims = job.claims
         if not claims:
             return _NO_SETTLEMENT
-        actual = float(actual_tokens)
-        if len(claims) == 1:
-            k, amt = claims[0]
-            return Settlement(
-                ((k, amt, actual if k.endswith(":tok") else amt if actual_tokens else 0.0),)
-            )
-        return Settlement(
-            tuple(
-                [
-                    (k, amt, actual if k.endswith(":tok") else amt if actual_tokens else 0.0)
-                    for k, amt in claims
-                ]
-            )
-        )
+        return Settlement(settle_lines(claims, actual_tokens))
 
     def _emit(
         self, job: Job, state: JobState, reason: Reason, settlement: Settlement, now: float
     ) -> Outcome:
         job.reason = reason
         job.finished_at = now
-        lines = settlement.lines
-        if lines:
-            plan = job.buckets
-            if plan:  # the in-memory buckets this job reserved from, in claim order
-                for (_, reserved, actual), entry in zip(lines, plan, strict=True):
-                    entry[1].settle(reserved, actual, now)
-            elif self.ledger is not None:
-                self.ledger.settle(lines, now)
+        if settlement.lines and self.buckets is not None:
+            self.buckets.settle(settlement.lines, now)
         out = Outcome(job, state, reason, settlement, now)
         for obs in self.observers:
             obs(out)
@@ -550,9 +531,7 @@ class AdmissionController:
     ) -> Rejected:
         job.move(JobState.REJECTED)
         self._emit(job, JobState.REJECTED, reason, self._settlement(job, 0), now)
-        snaps = (
-            () if self.ledger is None else self.ledger.snapshots((k for k, _ in job.claims), now)
-        )
+        snaps = () if self.buckets is None else self.buckets.snapshots(job.claims, now)
         return Rejected(job, reason, retry, message, snaps)
 
     def _deny(self, job: Job, denial: Denial, now: float) -> Rejected:

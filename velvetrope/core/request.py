@@ -16,8 +16,9 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
+from velvetrope.core.bucket import Claim
 from velvetrope.errors import LifecycleError
 
 __all__ = [
@@ -71,6 +72,7 @@ class Reason(enum.Enum):
     UPSTREAM_ERROR = ("upstream_error", 502)
     UPSTREAM_TIMEOUT = ("upstream_timeout", 504)
     NO_HEALTHY_UPSTREAM = ("no_healthy_upstream", 503)
+    STATE_UNAVAILABLE = ("state_unavailable", 503)  # shared state unreachable, fail_closed
     UPSTREAM_REJECTED = ("upstream_rejected", 400)  # the engine refused the request as sent
 
     def __init__(self, code: str, status: int) -> None:
@@ -136,8 +138,7 @@ class Job:
     cost: int = 0
     seq: int = 0
     band: int = 0
-    claims: tuple[tuple[str, float], ...] = ()
-    buckets: tuple[Any, ...] = ()  # the in-memory buckets behind ``claims``, same order
+    claims: tuple[Claim, ...] = ()  # bucket claims reserved for this job
     dispatched_at: float | None = None
     first_token_at: float | None = None
     finished_at: float | None = None

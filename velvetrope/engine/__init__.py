@@ -1,7 +1,8 @@
 """The engine model: a sans-IO continuous batcher over a paged KV cache, and its profiles.
 
 :class:`Batcher` models one inference engine (vLLM v1's scheduler: chunked prefill,
-``max_num_seqs``, a token budget per iteration, paged KV blocks, preemption by recompute);
+``max_num_seqs``, a token budget per iteration, paged KV blocks, preemption by recompute,
+automatic prefix caching, speculative decoding);
 it is stepped with timestamps, never reads a clock and does no I/O.  An
 :class:`EngineProfile` says how long an iteration takes and how large the engine is; the
 built-ins (:func:`list_profiles`) ship as YAML in ``velvetrope/engine/profiles``.
@@ -25,6 +26,7 @@ from velvetrope.engine.batcher import (
     Tokens,
 )
 from velvetrope.engine.kvcache import BlockAllocator
+from velvetrope.engine.prefix_cache import PrefixCachingAllocator
 from velvetrope.engine.profile import EngineProfile, list_profiles, load_profile, profile_to_yaml
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "Finished",
     "FirstToken",
     "Preempted",
+    "PrefixCachingAllocator",
     "SeqState",
     "StepResult",
     "Tokens",

@@ -44,6 +44,24 @@ One :meth:`~Batcher.step`:
    recompute of a preempted sequence); ``context_tokens`` sums ``computed + new`` over the
    batch (the KV length each sequence attends to).
 
+**Automatic prefix caching** (``profile.enable_prefix_caching``): a sequence added with a
+``prefix_id`` shares the full blocks of its first ``prefix_tokens`` prompt tokens with
+every other sequence of that prefix (:mod:`velvetrope.engine.prefix_cache`).  When it is
+admitted, the longest cached run of those blocks (never the whole prompt: at least one
+token is computed, as in vLLM) is taken as already computed; those blocks are shared, not
+allocated, and its prefill starts after them.  A block is registered in the cache once
+computed in full, and freed blocks stay cached until the allocator evicts them (LRU).
+:attr:`Batcher.prefix_cache_queries` and :attr:`Batcher.prefix_cache_hits` count prompt
+tokens looked up and found, per admission (vLLM's ``vllm:prefix_cache_queries`` /
+``vllm:prefix_cache_hits``).
+
+**Speculative decoding** (``profile.spec_tokens = k > 0``): a decoding sequence schedules
+``1 + d`` tokens, ``d = min(k, budget left - 1, tokens still to produce - 1)`` of them draft
+tokens; each draft token is accepted with probability ``profile.spec_acceptance`` until the
+first rejection (draws from ``random.Random(seed)``), and the step emits the accepted drafts
+plus one token (:mod:`velvetrope.engine.speculative` gives the distribution).  Rejected
+positions' blocks are released after the step.
+
 Events are stamped with the end of the iteration (``now + duration``) and ordered:
 all :class:`Preempted` first, then per scheduled sequence ``FirstToken`` (its first token
 ever), ``Tokens`` and, when it reached ``output`` tokens, ``Finished``.  Every sequence
@@ -53,7 +71,8 @@ nothing else).  An aborted sequence emits nothing more.  Finished and aborted se
 forgotten at once (their id may be reused).
 
 Invariants: used blocks never exceed ``num_gpu_blocks``; a running sequence holds exactly
-``ceil(computed / block_size)`` blocks between steps, a waiting one none.
+``ceil(computed / block_size)`` blocks between steps, a waiting one none; with prefix
+caching a block held by any sequence is never free, evicted or handed to another table.
 
 Cost: ``step`` is O(scheduled sequences) plus O(blocks moved); there is one Python object
 per event and no per-token allocation otherwise.
@@ -61,13 +80,21 @@ per event and no per-token allocation otherwise.
 
 from __future__ import annotations
 
-import heapq
-from collections import deque
-from dataclasses import dataclass
-from typing import Literal
+import random
 
+from velvetrope.engine.events import (
+    EngineEvent,
+    Finished,
+    FirstToken,
+    Preempted,
+    SeqState,
+    StepResult,
+    Tokens,
+)
 from velvetrope.engine.kvcache import BlockAllocator
+from velvetrope.engine.prefix_cache import PrefixCachingAllocator, block_hashes
 from velvetrope.engine.profile import EngineProfile
+from velvetrope.engine.queues import GONE, RUNNING, WAITING, FifoQueue, PriorityQueue, SeqRecord
 from velvetrope.errors import PolicyError
 
 __all__ = [
@@ -82,232 +109,72 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class FirstToken:
-    """``seq_id`` produced its first output token at ``t`` (once per sequence, ever)."""
-
-    seq_id: str
-    t: float
-
-
-@dataclass(frozen=True, slots=True)
-class Tokens:
-    """``seq_id`` produced ``n`` new output tokens in the step ending at ``t``.
-
-    Includes the first token; summed over a sequence's life, ``n`` equals its
-    ``output_tokens`` exactly (tokens recomputed after a preemption are not re-emitted).
-    This model samples one token per sequence per step, so ``n == 1``; consumers should
-    still add ``n`` up (engines with speculative decoding emit several).
-    """
-
-    seq_id: str
-    n: int
-    t: float
-
-
-@dataclass(frozen=True, slots=True)
-class Finished:
-    """``seq_id`` produced its last token at ``t``; its blocks are already free."""
-
-    seq_id: str
-    t: float
-    prompt_tokens: int
-    output_tokens: int
-
-
-@dataclass(frozen=True, slots=True)
-class Preempted:
-    """``seq_id`` lost its KV cache in the step ending at ``t`` and waits to be recomputed."""
-
-    seq_id: str
-    t: float
-
-
-EngineEvent = FirstToken | Tokens | Finished | Preempted
-
-
-@dataclass(frozen=True, slots=True)
-class StepResult:
-    """One iteration: it starts at ``start``, lasts ``duration`` seconds, yields ``events``.
-
-    ``prefill_tokens``, ``decode_seqs`` and ``context_tokens`` are the batch composition
-    that ``duration`` was computed from.  With no work: ``duration == 0.0``, no events.
-    """
-
-    start: float
-    duration: float
-    events: list[EngineEvent]
-    prefill_tokens: int
-    decode_seqs: int
-    context_tokens: int
-
-    @property
-    def end(self) -> float:
-        """``start + duration``: the timestamp of every event in this step."""
-        return self.start + self.duration
-
-
-@dataclass(frozen=True, slots=True)
-class SeqState:
-    """A snapshot of one live sequence (for tests, metrics and debugging)."""
-
-    seq_id: str
-    status: Literal["waiting", "running"]
-    prompt_tokens: int
-    output_tokens: int
-    generated_tokens: int
-    computed_tokens: int
-    block_ids: tuple[int, ...]
-    priority: int
-    arrival: float
-    num_preemptions: int
-
-    @property
-    def num_blocks(self) -> int:
-        """Blocks held (``len(block_ids)``)."""
-        return len(self.block_ids)
-
-
-_WAITING = 0
-_RUNNING = 1
-_GONE = 2
-
-
-class _Seq:
-    """Mutable per-sequence bookkeeping; ``known`` is ``prompt + generated``."""
-
-    __slots__ = (
-        "arrival",
-        "blocks",
-        "computed",
-        "generated",
-        "known",
-        "new",
-        "order",
-        "output",
-        "preemptions",
-        "priority",
-        "prompt",
-        "scheduled_at",
-        "seq_id",
-        "state",
-    )
-
-    def __init__(
-        self, seq_id: str, prompt: int, output: int, priority: int, arrival: float, order: int
-    ) -> None:
-        self.seq_id = seq_id
-        self.prompt = prompt
-        self.output = output
-        self.priority = priority
-        self.arrival = arrival
-        self.order = order
-        self.known = prompt
-        self.generated = 0
-        self.computed = 0
-        self.blocks: list[int] = []
-        self.state = _WAITING
-        self.new = 0  # tokens scheduled in the step numbered `scheduled_at`
-        self.scheduled_at = -1
-        self.preemptions = 0
-
-    def rank(self) -> tuple[int, float, int]:
-        """Priority-mode order: lower is served first and preempted last."""
-        return (self.priority, self.arrival, self.order)
-
-
-class _FifoQueue:
-    """FCFS waiting queue; entries of aborted sequences are skipped lazily."""
-
-    __slots__ = ("_q",)
-
-    def __init__(self) -> None:
-        self._q: deque[_Seq] = deque()
-
-    def push(self, seq: _Seq) -> None:
-        self._q.append(seq)
-
-    def push_front(self, seq: _Seq) -> None:
-        self._q.appendleft(seq)
-
-    def peek(self) -> _Seq | None:
-        q = self._q
-        while q and q[0].state != _WAITING:
-            q.popleft()
-        return q[0] if q else None
-
-    def pop(self) -> None:
-        """Remove the entry :meth:`peek` just returned."""
-        self._q.popleft()
-
-
-class _PriorityQueue:
-    """Waiting queue ordered by ``(priority, arrival, order)``; lazy deletion as above.
-
-    A preempted sequence is pushed back with its original key, so it goes ahead of every
-    later arrival of its priority (vLLM's ``prepend_request`` on a priority queue).
-    """
-
-    __slots__ = ("_h",)
-
-    def __init__(self) -> None:
-        self._h: list[tuple[int, float, int, _Seq]] = []
-
-    def push(self, seq: _Seq) -> None:
-        heapq.heappush(self._h, (seq.priority, seq.arrival, seq.order, seq))
-
-    push_front = push
-
-    def peek(self) -> _Seq | None:
-        h = self._h
-        while h and h[0][3].state != _WAITING:
-            heapq.heappop(h)
-        return h[0][3] if h else None
-
-    def pop(self) -> None:
-        """Remove the entry :meth:`peek` just returned."""
-        heapq.heappop(self._h)
-
-
 class Batcher:
     """A continuous-batching engine model over a paged KV cache; see the module docstring.
 
     ``priority=False`` is vLLM's ``fcfs`` scheduling policy, ``priority=True`` its
     ``priority`` policy.  ``token_events=False`` leaves out the :class:`Tokens` events
     (everything else is unchanged): a simulator that needs only first-token and finish
-    times saves about 40% of :meth:`step`'s cost.  Not thread-safe; all methods are
-    synchronous and cheap.
+    times saves about 40% of :meth:`step`'s cost.  ``seed`` seeds the acceptance draws of
+    speculative decoding (unused otherwise), so runs are reproducible.  Not thread-safe; all
+    methods are synchronous and cheap.
     """
 
     __slots__ = (
         "_kv",
         "_n_waiting",
         "_order",
+        "_pc",
         "_priority",
         "_profile",
+        "_rng",
         "_running",
         "_seqs",
         "_steps",
         "_token_events",
         "_waiting",
         "num_preemptions",
+        "prefix_cache_hits",
+        "prefix_cache_queries",
+        "spec_accepted_tokens",
+        "spec_draft_tokens",
     )
 
     def __init__(
-        self, profile: EngineProfile, *, priority: bool = False, token_events: bool = True
+        self,
+        profile: EngineProfile,
+        *,
+        priority: bool = False,
+        token_events: bool = True,
+        seed: int = 0,
     ) -> None:
         self._profile = profile
         self._priority = priority
         self._token_events = token_events
-        self._kv = BlockAllocator(profile.num_gpu_blocks, profile.block_size)
-        self._seqs: dict[str, _Seq] = {}
-        self._running: list[_Seq] = []
-        self._waiting: _FifoQueue | _PriorityQueue = _PriorityQueue() if priority else _FifoQueue()
+        self._pc: PrefixCachingAllocator | None = None
+        self._kv: BlockAllocator | PrefixCachingAllocator
+        if profile.enable_prefix_caching:
+            self._pc = PrefixCachingAllocator(profile.num_gpu_blocks, profile.block_size)
+            self._kv = self._pc
+        else:
+            self._kv = BlockAllocator(profile.num_gpu_blocks, profile.block_size)
+        self._rng = random.Random(seed)
+        self._seqs: dict[str, SeqRecord] = {}
+        self._running: list[SeqRecord] = []
+        self._waiting: FifoQueue | PriorityQueue = PriorityQueue() if priority else FifoQueue()
         self._n_waiting = 0
         self._order = 0
         self._steps = 0
         self.num_preemptions = 0
         """Preemptions since construction (cumulative)."""
+        self.prefix_cache_queries = 0
+        """Prompt tokens looked up in the prefix cache at admission (cumulative)."""
+        self.prefix_cache_hits = 0
+        """Prompt tokens found in the prefix cache at admission (cumulative)."""
+        self.spec_draft_tokens = 0
+        """Draft tokens proposed by speculative decoding (cumulative)."""
+        self.spec_accepted_tokens = 0
+        """Draft tokens accepted by speculative decoding (cumulative)."""
 
     # -- inspection --------------------------------------------------------------------
 
@@ -352,6 +219,11 @@ class Batcher:
         return self._kv.num_used
 
     @property
+    def prefix_caching(self) -> PrefixCachingAllocator | None:
+        """The prefix-caching block pool, or ``None`` when prefix caching is off."""
+        return self._pc
+
+    @property
     def kv_usage(self) -> float:
         """``used_blocks / total_blocks`` in ``[0, 1]`` (vLLM's ``kv_cache_usage_perc``)."""
         return self._kv.usage
@@ -367,7 +239,7 @@ class Batcher:
             return None
         return SeqState(
             seq_id=s.seq_id,
-            status="running" if s.state == _RUNNING else "waiting",
+            status="running" if s.state == RUNNING else "waiting",
             prompt_tokens=s.prompt,
             output_tokens=s.output,
             generated_tokens=s.generated,
@@ -376,21 +248,33 @@ class Batcher:
             priority=s.priority,
             arrival=s.arrival,
             num_preemptions=s.preemptions,
+            cached_tokens=s.cached,
         )
 
     # -- commands ----------------------------------------------------------------------
 
     def add(
-        self, seq_id: str, prompt_tokens: int, output_tokens: int, now: float, priority: int = 0
+        self,
+        seq_id: str,
+        prompt_tokens: int,
+        output_tokens: int,
+        now: float,
+        priority: int = 0,
+        *,
+        prefix_id: str | None = None,
+        prefix_tokens: int = 0,
     ) -> None:
         """Queue a sequence that arrived at ``now`` and will produce ``output_tokens`` tokens.
 
         ``priority`` matters only with ``priority=True`` (lower is served first; ties by
-        arrival, then by call order).  Raises :class:`~velvetrope.errors.PolicyError` if
-        either count is below 1, ``prompt + output > max_model_len`` or ``seq_id`` is
-        already live.  A sequence that passes always fits the KV cache on its own: a
-        profile guarantees ``max_model_len <= kv_capacity_tokens()`` (as vLLM refuses to
-        start otherwise), so the batcher can never livelock on one oversized sequence.
+        arrival, then by call order).  ``prefix_id``/``prefix_tokens``: the first
+        ``prefix_tokens`` prompt tokens are the shared prefix ``prefix_id`` (used only with
+        prefix caching).  Raises :class:`~velvetrope.errors.PolicyError` if either count is
+        below 1, ``prompt + output > max_model_len``, ``prefix_tokens`` is not in
+        ``[0, prompt_tokens]`` or ``seq_id`` is already live.  A sequence that passes always
+        fits the KV cache on its own: a profile guarantees ``max_model_len <=
+        kv_capacity_tokens()`` (as vLLM refuses to start otherwise), so the batcher can never
+        livelock on one oversized sequence.
         """
         p = self._profile
         if seq_id in self._seqs:
@@ -406,7 +290,15 @@ class Batcher:
                 f"sequence {seq_id!r}: {prompt_tokens} prompt + {output_tokens} output tokens "
                 f"= {total} exceeds max_model_len {p.max_model_len}"
             )
-        seq = _Seq(seq_id, prompt_tokens, output_tokens, priority, now, self._order)
+        if not 0 <= prefix_tokens <= prompt_tokens:
+            raise PolicyError(
+                f"sequence {seq_id!r}: prefix_tokens must be in [0, {prompt_tokens}] "
+                f"(got {prefix_tokens})"
+            )
+        hashes: tuple[int, ...] = ()
+        if self._pc is not None and prefix_id is not None:
+            hashes = block_hashes(prefix_id, prefix_tokens // p.block_size)
+        seq = SeqRecord(seq_id, prompt_tokens, output_tokens, priority, now, self._order, hashes)
         self._order += 1
         self._seqs[seq_id] = seq
         self._waiting.push(seq)
@@ -420,12 +312,12 @@ class Batcher:
         s = self._seqs.pop(seq_id, None)
         if s is None:
             return False
-        if s.state == _RUNNING:
+        if s.state == RUNNING:
             self._running.remove(s)
             self._kv.free(s.blocks)
         else:
             self._n_waiting -= 1  # its queue entry is skipped when it reaches the head
-        s.state = _GONE
+        s.state = GONE
         return True
 
     def _pick_victim(self) -> int:
@@ -435,15 +327,52 @@ class Batcher:
             return len(running) - 1
         return max(range(len(running)), key=lambda i: running[i].rank())
 
-    def _preempt(self, victim: _Seq) -> None:
+    def _preempt(self, victim: SeqRecord) -> None:
         """Free ``victim``'s blocks and requeue it at the front for recompute."""
         self._kv.free(victim.blocks)
         victim.computed = 0
-        victim.state = _WAITING
+        victim.registered = 0
+        victim.state = WAITING
         victim.preemptions += 1
         self._waiting.push_front(victim)
         self._n_waiting += 1
         self.num_preemptions += 1
+
+    def _admit(self, s: SeqRecord, budget: int) -> int:
+        """Admit the head waiting sequence if its first chunk fits; return the tokens it
+        schedules (0: it does not fit, nothing changed).  Takes prefix-cache hits."""
+        kv = self._kv
+        bs = self._profile.block_size
+        pc = self._pc
+        hits: list[int] = []
+        if pc is not None and s.hashes:
+            hits = pc.lookup(s.hashes[: min(len(s.hashes), (s.known - 1) // bs)])
+        hit_tokens = len(hits) * bs
+        new = min(s.known - hit_tokens, budget)
+        need = -(-(hit_tokens + new) // bs) - len(hits)
+        if pc is not None:
+            if need + pc.reclaimable(hits) > pc.num_free:
+                return 0
+            pc.acquire(hits, s.blocks)
+            self.prefix_cache_queries += s.known
+            self.prefix_cache_hits += hit_tokens
+        elif need > kv.num_free:
+            return 0
+        kv.allocate(need, s.blocks)
+        s.computed = s.cached = hit_tokens
+        s.registered = len(hits)
+        return new
+
+    def _verify(self, s: SeqRecord) -> int:
+        """Accepted draft tokens of ``s``'s speculative step (leading successes)."""
+        alpha = self._profile.spec_acceptance
+        rnd = self._rng.random
+        j = 0
+        while j < s.spec and rnd() < alpha:
+            j += 1
+        self.spec_draft_tokens += s.spec
+        self.spec_accepted_tokens += j
+        return j
 
     def step(self, now: float) -> StepResult:
         """Schedule and run one iteration starting at ``now``; see the module docstring.
@@ -457,17 +386,26 @@ class Batcher:
         self._steps += 1
         stamp = self._steps
         kv = self._kv
-        bs = self._profile.block_size
-        budget = self._profile.max_num_batched_tokens
-        scheduled: list[_Seq] = []
-        preempted: list[_Seq] = []
+        profile = self._profile
+        bs = profile.block_size
+        k = profile.spec_tokens
+        budget = profile.max_num_batched_tokens
+        scheduled: list[SeqRecord] = []
+        preempted: list[SeqRecord] = []
 
         # 1. running sequences, in admission order
         i = 0
         while i < len(running) and budget > 0:
             s = running[i]
             new = s.known - s.computed
-            if new > budget:
+            s.decoding = new == 1 and s.generated > 0
+            s.spec = 0
+            if s.decoding and k:
+                spec = min(k, budget - 1, s.output - s.generated - 1)
+                if spec > 0:
+                    s.spec = spec
+                    new += spec
+            elif new > budget:
                 new = budget
             need = -(-(s.computed + new) // bs) - len(s.blocks)
             if need > 0:
@@ -483,7 +421,7 @@ class Batcher:
                         break
                     if j < i:
                         i -= 1
-                if s.state != _RUNNING:
+                if s.state != RUNNING:
                     break
                 kv.allocate(need, s.blocks)
             s.new = new
@@ -495,59 +433,71 @@ class Batcher:
         # 2. waiting sequences, unless this step had to preempt
         if not preempted:
             waiting = self._waiting
-            max_seqs = self._profile.max_num_seqs
+            max_seqs = profile.max_num_seqs
             while budget > 0 and len(running) < max_seqs:
                 s_or_none = waiting.peek()
                 if s_or_none is None:
                     break
                 s = s_or_none
-                new = s.known if s.known < budget else budget
-                need = -(-new // bs)
-                if need > kv.num_free:
+                new = self._admit(s, budget)
+                if not new:
                     break
                 waiting.pop()
                 self._n_waiting -= 1
-                s.state = _RUNNING
+                s.state = RUNNING
+                s.decoding = False
+                s.spec = 0
                 running.append(s)
-                kv.allocate(need, s.blocks)
                 s.new = new
                 s.scheduled_at = stamp
                 scheduled.append(s)
                 budget -= new
 
         # 3. duration from the batch composition, then advance and report
-        prefill = decode = context = 0
+        prefill = decode = context = verify = 0
         for s in scheduled:
-            new = s.new
-            after = s.computed + new
-            if new == 1 and s.generated and after == s.known:
+            if s.decoding:
                 decode += 1
+                verify += s.spec
             else:
-                prefill += new
-            context += after
+                prefill += s.new
+            context += s.computed + s.new
         # No forward pass runs when nothing was scheduled (possible only in priority mode,
         # when the victims took every sequence scheduled so far and then the needy one).
-        duration = self._profile.step_time(prefill, decode, context) if scheduled else 0.0
+        duration = profile.step_time(prefill, decode, context, verify) if scheduled else 0.0
         t = now + duration
         events: list[EngineEvent] = [Preempted(v.seq_id, t) for v in preempted]
         finished = False
         token_events = self._token_events
+        pc = self._pc
         for s in scheduled:
-            s.computed += s.new
-            if s.computed == s.known:
-                g = s.generated + 1
+            if s.spec:
+                accepted = self._verify(s)
+                emitted = accepted + 1
+                s.computed = s.known + accepted
+                kv.release_tail(s.blocks, -(-s.computed // bs))
+            else:
+                s.computed += s.new
+                emitted = 1 if s.computed == s.known else 0
+            if pc is not None and s.registered < len(s.hashes):
+                full = min(len(s.hashes), s.computed // bs)
+                for b in range(s.registered, full):
+                    pc.register(s.blocks[b], s.hashes[b])
+                s.registered = max(s.registered, full)
+            if emitted:
+                g = s.generated + emitted
                 s.generated = g
-                s.known += 1
-                if g == 1:
+                s.known += emitted
+                if g == emitted:
                     events.append(FirstToken(s.seq_id, t))
                 if token_events:
-                    events.append(Tokens(s.seq_id, 1, t))
+                    events.append(Tokens(s.seq_id, emitted, t))
                 if g == s.output:
                     events.append(Finished(s.seq_id, t, s.prompt, g))
                     kv.free(s.blocks)
-                    s.state = _GONE
+                    s.state = GONE
                     del self._seqs[s.seq_id]
                     finished = True
         if finished:
-            self._running = [s for s in running if s.state == _RUNNING]
-        return StepResult(now, duration, events, prefill, decode, context)
+            self._running = [s for s in running if s.state == RUNNING]
+        return StepResult(now, duration, events, prefill, decode, context, verify)

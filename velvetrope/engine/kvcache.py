@@ -11,7 +11,12 @@ Contract:
   block table handed to :meth:`BlockAllocator.allocate`;
 * :meth:`~BlockAllocator.allocate` never hands out more blocks than are free: asking for
   more raises ``ValueError`` and changes nothing (callers check :attr:`num_free` first);
-* :meth:`~BlockAllocator.free` returns a table's blocks to the pool and empties the table.
+* :meth:`~BlockAllocator.free` returns a table's blocks to the pool and empties the table;
+  :meth:`~BlockAllocator.release_tail` returns the blocks past a given length.
+
+With automatic prefix caching the batcher uses
+:class:`~velvetrope.engine.prefix_cache.PrefixCachingAllocator` instead (same interface,
+plus sharing by content).
 
 Both operations cost O(blocks moved), done by list slicing (no per-block Python loop).
 """
@@ -80,6 +85,12 @@ class BlockAllocator:
         if table:
             self._free.extend(reversed(table))
             table.clear()
+
+    def release_tail(self, table: list[int], keep: int) -> None:
+        """Return ``table[keep:]`` to the pool and truncate ``table`` to ``keep`` blocks."""
+        if len(table) > keep:
+            self._free.extend(reversed(table[keep:]))
+            del table[keep:]
 
     def free_ids(self) -> frozenset[int]:
         """A snapshot of the free block ids (for invariant checks; O(num_blocks))."""

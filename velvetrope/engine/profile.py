@@ -8,13 +8,29 @@ the running batch) plus the scheduler limits that shape the batch::
               + per_decode_seq_s    * decode_seqs      # sequences producing their next token
               + per_context_token_s * context_tokens   # KV-cache tokens attended by the batch
 
-``step_base_s`` is the per-iteration floor (reading the weights once, kernel launches),
-``per_prefill_token_s`` the compute cost of a prompt token, ``per_decode_seq_s`` the
-marginal cost of one more decoding sequence and ``per_context_token_s`` the cost of reading
-one cached token's K and V.  The built-in profiles (``profiles/*.yaml``, listed by
-:func:`list_profiles`) derive these from public hardware and model figures; each file
-explains its arithmetic in a ``sources`` comment block.  They are estimates, not
-measurements: fit your own from a benchmark of the real engine for serious planning.
+``step_base_s`` is the per-iteration floor (reading the weights once, kernel launches,
+the scheduler's CPU work), ``per_prefill_token_s`` the compute cost of a prompt token,
+``per_decode_seq_s`` the marginal cost of one more decoding sequence and
+``per_context_token_s`` the cost of reading one cached token's K and V.
+
+Optional terms (all default to "off", so older files load unchanged):
+
+* **Tensor parallelism.**  With ``tensor_parallel_size > 1`` every layer ends in two
+  all-reduces: ``tp_allreduce_s`` is their latency summed over a step (a constant per step)
+  and ``tp_per_token_s`` their bandwidth cost per batched token (prefill tokens, decoding
+  sequences and speculative verification tokens alike).  Both are added to the step.
+* **Speculative decoding** (:mod:`velvetrope.engine.speculative`): ``spec_tokens = k > 0``
+  draft tokens per decoding sequence and step, each accepted with probability
+  ``spec_acceptance``; a step with ``n`` speculating sequences costs the target model
+  ``k * n`` extra (verification) tokens at ``per_prefill_token_s + tp_per_token_s`` each,
+  plus ``k * spec_draft_step_s`` for the ``k`` forward passes of the draft model.
+* **Automatic prefix caching** (``enable_prefix_caching``): KV blocks of shared prompt
+  prefixes are reused across sequences (:mod:`velvetrope.engine.prefix_cache`).
+
+The built-in profiles (``profiles/*.yaml``, listed by :func:`list_profiles`) are fitted to
+published vLLM benchmark results (``velvetrope/engine/data/published_vllm.csv``, see
+:mod:`velvetrope.engine.fit_published`); each file says which source fixed which
+coefficient.  Fit your own from a benchmark of your engine for serious planning.
 
 Profiles load from YAML (:func:`load_profile`) and dump back (:func:`profile_to_yaml`)
 losslessly.  Every profile is validated on construction: numbers finite, coefficients
@@ -39,6 +55,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    StrictBool,
     StrictInt,
     StrictStr,
     ValidationError,
@@ -63,6 +80,7 @@ def _reject_bool(value: object) -> object:
 
 _Seconds = Annotated[float, BeforeValidator(_reject_bool), Field(ge=0.0, allow_inf_nan=False)]
 _Count = Annotated[StrictInt, Field(ge=1)]
+_Fraction = Annotated[float, BeforeValidator(_reject_bool), Field(ge=0.0, le=1.0)]
 
 
 class _ProfileModel(BaseModel):
@@ -81,6 +99,13 @@ class _ProfileModel(BaseModel):
     max_num_seqs: _Count
     max_num_batched_tokens: _Count
     max_model_len: _Count
+    tensor_parallel_size: _Count = 1
+    tp_allreduce_s: _Seconds = 0.0
+    tp_per_token_s: _Seconds = 0.0
+    enable_prefix_caching: StrictBool = False
+    spec_tokens: Annotated[StrictInt, Field(ge=0, le=16)] = 0
+    spec_acceptance: _Fraction = 0.0
+    spec_draft_step_s: _Seconds = 0.0
 
     @field_validator("max_num_batched_tokens")
     @classmethod
@@ -107,7 +132,16 @@ class _ProfileModel(BaseModel):
 
 
 _FIELD_NAMES = tuple(_ProfileModel.model_fields)
-_FLOAT_FIELDS = ("step_base_s", "per_prefill_token_s", "per_decode_seq_s", "per_context_token_s")
+_FLOAT_FIELDS = (
+    "step_base_s",
+    "per_prefill_token_s",
+    "per_decode_seq_s",
+    "per_context_token_s",
+    "tp_allreduce_s",
+    "tp_per_token_s",
+    "spec_acceptance",
+    "spec_draft_step_s",
+)
 
 
 def _describe(exc: ValidationError) -> str:
@@ -144,6 +178,13 @@ class EngineProfile:
     max_num_seqs: int
     max_num_batched_tokens: int
     max_model_len: int
+    tensor_parallel_size: int = 1
+    tp_allreduce_s: float = 0.0
+    tp_per_token_s: float = 0.0
+    enable_prefix_caching: bool = False
+    spec_tokens: int = 0
+    spec_acceptance: float = 0.0
+    spec_draft_step_s: float = 0.0
 
     def __post_init__(self) -> None:
         try:
@@ -156,24 +197,42 @@ class EngineProfile:
     def _as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in _FIELD_NAMES}
 
-    def step_time(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
+    def step_time(
+        self, prefill_tokens: int, decode_seqs: int, context_tokens: int, verify_tokens: int = 0
+    ) -> float:
         """Seconds one iteration takes for this batch composition (all arguments >= 0).
 
-        Linear in each argument; ``step_base_s`` even for an empty batch, so callers with
-        no work should not call it (the batcher returns a zero-length step instead).
+        ``verify_tokens`` counts the speculative draft tokens the target model verified in
+        this step (0 without speculative decoding); when positive the step also pays
+        ``spec_tokens * spec_draft_step_s`` for the draft model.  Linear in each argument;
+        ``step_base_s + tp_allreduce_s`` even for an empty batch, so callers with no work
+        should not call it (the batcher returns a zero-length step instead).
         """
-        return (
+        t = (
             self.step_base_s
+            + self.tp_allreduce_s
             + self.per_prefill_token_s * prefill_tokens
             + self.per_decode_seq_s * decode_seqs
             + self.per_context_token_s * context_tokens
+            + self.tp_per_token_s * (prefill_tokens + decode_seqs)
         )
+        if verify_tokens:
+            t += (
+                verify_tokens * (self.per_prefill_token_s + self.tp_per_token_s)
+                + self.spec_tokens * self.spec_draft_step_s
+            )
+        return t
+
+    @property
+    def speculative(self) -> bool:
+        """Whether speculative decoding is on (``spec_tokens > 0``)."""
+        return self.spec_tokens > 0
 
     def kv_capacity_tokens(self) -> int:
         """Token slots in the KV cache: ``block_size * num_gpu_blocks``."""
         return self.block_size * self.num_gpu_blocks
 
-    def with_overrides(self, **kw: float | int | str) -> EngineProfile:
+    def with_overrides(self, **kw: float | int | str | bool) -> EngineProfile:
         """A validated copy with some fields replaced.
 
         Raises :class:`~velvetrope.errors.PolicyError` for a name that is not a field or a

@@ -16,6 +16,8 @@ from typing import Literal
 from velvetrope.core import (
     AdmissionController,
     Admitted,
+    Denial,
+    Grant,
     Job,
     Outcome,
     Queued,
@@ -76,15 +78,27 @@ class Admission:
         self.ctl.tick()
         self.pump()
 
-    async def admit(self, job: Job, disconnected: asyncio.Future[None]) -> Waited:
-        """Arrive and, if queued, wait for dispatch, expiry or the client's disconnect.
+    async def admit(
+        self,
+        job: Job,
+        disconnected: asyncio.Future[None],
+        reservation: Grant | Denial | None = None,
+    ) -> Waited:
+        """Arrive (with the bucket store's ``reservation``) and, if queued, wait for
+        dispatch, expiry or the client's disconnect.
 
         Returns ``Admitted`` (the job is DISPATCHED: start it and later end it with
         :meth:`complete`, :meth:`fail` or :meth:`cancel`), ``Rejected``, the ``Outcome``
-        of an expiry, or ``"disconnected"`` (the job was cancelled while queued).
+        of an expiry, or ``"disconnected"``: the client left before the job was started
+        upstream (it was cancelled, whether still queued or dispatched in the same tick).
         """
-        d = self.ctl.arrive(job)
-        if isinstance(d, Admitted | Rejected):
+        d = self.ctl.arrive(job, reservation)
+        if isinstance(d, Rejected):
+            return d
+        if isinstance(d, Admitted):
+            if disconnected.done():
+                self._abandon(job)
+                return "disconnected"
             return d
         assert isinstance(d, Queued)
         fut: asyncio.Future[Outcome | None] = asyncio.get_running_loop().create_future()
@@ -96,10 +110,10 @@ class Admission:
             except asyncio.CancelledError:
                 self._abandon(job)
                 raise
-        if fut.done():
+        if fut.done() and not disconnected.done():
             res = fut.result()
             return Admitted(job) if res is None else res
-        self._abandon(job)
+        self._abandon(job)  # gone, even if dispatched in the same tick: never proxied
         return "disconnected"
 
     def _abandon(self, job: Job) -> None:

@@ -31,6 +31,7 @@ from velvetrope.core import (
     AdmissionController,
     Admitted,
     BucketSnapshot,
+    Grant,
     Job,
     Outcome,
     Reason,
@@ -41,6 +42,7 @@ from velvetrope.core.request import JobState
 from velvetrope.errors import (
     ClientDisconnected,
     RequestError,
+    StoreUnavailable,
     UpstreamError,
     UpstreamTimeout,
     UpstreamUnreachable,
@@ -51,6 +53,7 @@ from velvetrope.gateway.metrics import GatewayMetrics
 from velvetrope.gateway.parse import Kind, parse_request
 from velvetrope.gateway.proxy import Relay, UpstreamAnswer, forward
 from velvetrope.gateway.saturation import EngineSaturation
+from velvetrope.gateway.state import FleetGate, LocalState, build_state
 from velvetrope.gateway.upstreams import UpstreamPools
 from velvetrope.openai.errors import error_body
 from velvetrope.openai.tokenizer import ApproxTokenizer, Tokenizer, get_tokenizer
@@ -71,15 +74,13 @@ def _duration(seconds: float) -> bytes:
     return (f"{int(m)}m{s:.0f}s" if m >= 1 else f"{s:.3g}s").encode()
 
 
-def _ratelimit_headers(snaps: tuple[BucketSnapshot, ...], tenant: str) -> list[tuple[bytes, bytes]]:
+def _ratelimit_headers(snaps: tuple[BucketSnapshot, ...]) -> list[tuple[bytes, bytes]]:
+    """OpenAI's ``x-ratelimit-*`` headers from the tenant's own buckets."""
     out: list[tuple[bytes, bytes]] = []
     for snap in snaps:
-        if snap.key == f"tenant:{tenant}:tok":
-            kind = b"tokens"
-        elif snap.key == f"tenant:{tenant}:req":
-            kind = b"requests"
-        else:
+        if snap.owner != "tenant":
             continue
+        kind = b"tokens" if snap.kind == "tokens" else b"requests"
         out += [
             (b"x-ratelimit-limit-" + kind, str(int(snap.limit)).encode()),
             (b"x-ratelimit-remaining-" + kind, str(max(0, int(snap.remaining))).encode()),
@@ -95,12 +96,26 @@ class Gateway:
         self.config = config
         self.settings = config.gateway
         self.clock = clock or SystemClock()
-        self.ctl = AdmissionController(config.policy, self.clock)
+        self.ctl = AdmissionController(config.policy, self.clock, external_buckets=True)
         self.admission = Admission(self.ctl)
         self.upstreams = UpstreamPools(config)
         self.metrics = GatewayMetrics(
             self.ctl, self.settings.metrics_tenant_label, upstreams=self.upstreams
         )
+        self.state = build_state(
+            config,
+            self.clock,
+            observe_call=self.metrics.observe_store_call,
+            queue_depth=lambda: self.ctl.queued,
+        )
+        self.metrics.attach_state(self.state)
+        self.ctl.observers.append(self._on_outcome)
+        self.gates: dict[str, FleetGate] = {}
+        if self.state.fleet and self.settings.admission:
+            for p in config.policy.pools:
+                gate = FleetGate(p.name, p.max_in_flight, p.max_tokens_in_flight)
+                self.ctl.pool_capacity(p.name).signals.append(gate)
+                self.gates[p.name] = gate
         self.keys = {k.digest: k.tenant for k in config.api_keys}
         self.admin_token = config.resolved_admin_token()
         self.tokenizer: Tokenizer = get_tokenizer(self.settings.tokenizer)
@@ -146,9 +161,11 @@ class Gateway:
             self.upstreams.start(self.session)
             for sig in self.saturation.values():
                 sig.start(self.session, self.admission.pump)
+            self.state.start()
 
     async def shutdown(self) -> None:
         await self.upstreams.stop()
+        await self.state.stop()
         for sig in self.saturation.values():
             await sig.stop()
         self.admission.close()
@@ -239,6 +256,9 @@ class Gateway:
             await _unauthorized(send, "the admin token is missing or wrong")
             return
         status = self.ctl.status()
+        if isinstance(self.state, LocalState):
+            status["buckets"] = {k: lvl for k, (lvl, _) in self.state.levels().items()}
+        status["state"] = self.state.status()
         status["waiting_requests"] = self.admission.waiting
         status["upstreams"] = self.upstreams.status()
         status["engine_load"] = {
@@ -289,9 +309,16 @@ class Gateway:
         watch = _Watch(loop.create_future())
         watcher = loop.create_task(watch.run(receive))
         try:
-            res = await self.admission.admit(job, watch.gone)
+            claims = self.ctl.claims(job)
+            try:
+                reservation = await self.state.reserve(job.id, tenant, claims)
+            except StoreUnavailable as e:
+                rej = self.ctl.reject(job, Reason.STATE_UNAVAILABLE, str(e), 1.0)
+                await self._reject(send, rej)
+                return
+            res = await self.admission.admit(job, watch.gone, reservation)
             if isinstance(res, Rejected):
-                await self._reject(send, res, tenant)
+                await self._reject(send, res)
             elif isinstance(res, Outcome):
                 await respond(
                     send,
@@ -300,6 +327,7 @@ class Gateway:
                     [(b"retry-after", b"1")],
                 )
             elif isinstance(res, Admitted):
+                snaps = reservation.snapshots if isinstance(reservation, Grant) else ()
                 await self._proxy(
                     kind,
                     job,
@@ -308,7 +336,7 @@ class Gateway:
                     parsed.upstream_body(),
                     send,
                     watch,
-                    tenant,
+                    snaps,
                 )
         except Exception:
             # A bug must not leak a stack trace or a job: log it, end the job exactly
@@ -359,8 +387,19 @@ class Gateway:
                 send, answer.status, answer.body or b"", [(b"content-type", answer.content_type)]
             )
 
-    async def _reject(self, send: Send, r: Rejected, tenant: str) -> None:
-        headers = _ratelimit_headers(r.snapshots, tenant)
+    def _on_outcome(self, o: Outcome) -> None:
+        """Settle every ended job in the store it reserved from; give back its fleet slot."""
+        job = o.job
+        if o.settlement.lines:
+            self.state.settle(job.id, job.tenant, job.claims, o.settlement.lines)
+        if job.dispatched_at is not None:
+            gate = self.gates.get(job.pool)
+            if gate is not None:
+                self.state.release(job.pool, job.id)
+                gate.released()
+
+    async def _reject(self, send: Send, r: Rejected) -> None:
+        headers = _ratelimit_headers(r.snapshots)
         if r.retry_after_s is not None and math.isfinite(r.retry_after_s):
             headers.append((b"retry-after", str(max(1, math.ceil(r.retry_after_s))).encode()))
         code = r.reason.code
@@ -375,17 +414,30 @@ class Gateway:
         body: bytes,
         send: Send,
         watch: _Watch,
-        tenant: str,
+        snaps: tuple[BucketSnapshot, ...],
     ) -> None:
         adm = self.admission
+        gate = self.gates.get(job.pool)
+        if gate is not None:
+            try:
+                got = await gate.hold(self.state, job, watch.gone, adm.pump)
+            except StoreUnavailable as e:
+                adm.fail(job.id, Reason.STATE_UNAVAILABLE, Usage(0, 0))
+                await respond(
+                    send,
+                    503,
+                    error_body(503, str(e), "state_unavailable"),
+                    [(b"retry-after", b"1")],
+                )
+                return
+            if not got:
+                adm.cancel(job.id, Usage(0, 0))
+                return
         relay = Relay(job.prompt_tokens)
         queue_ms = job.queue_s * 1000.0
         extra = [(b"x-velvetrope-queue-ms", f"{queue_ms:.1f}".encode())]
-        ledger = self.ctl.ledger
-        if ledger is not None and job.claims:
-            extra += _ratelimit_headers(
-                ledger.snapshots((k for k, _ in job.claims), self.clock.now()), tenant
-            )
+        if snaps:
+            extra += _ratelimit_headers(snaps)
         client = _ClientStream(send)
         tried: set[str] = set()
         while True:

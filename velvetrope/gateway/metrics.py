@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from velvetrope.core import AdmissionController, Outcome, Reason
@@ -29,8 +29,9 @@ class _StateCollector(Collector):
     def __init__(self, ctl: AdmissionController, upstreams: UpstreamPools | None) -> None:
         self._ctl = ctl
         self._upstreams = upstreams
+        self.state: Any = None
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         st = self._ctl.status()
         depth = GaugeMetricFamily(
             "velvetrope_queue_depth", "Requests waiting, by pool and band.", labels=["pool", "band"]
@@ -62,12 +63,39 @@ class _StateCollector(Collector):
         fill = GaugeMetricFamily(
             "velvetrope_bucket_fill_ratio", "Bucket level / capacity.", labels=["bucket"]
         )
-        ledger = self._ctl.ledger
-        if ledger is not None:
-            for key, level in st["buckets"].items():
-                b = ledger.get(key)
-                if b is not None:
-                    fill.add_metric([key], level / b.capacity)
+        state = self.state
+        if state is not None and hasattr(state, "levels"):
+            for key, (level, capacity) in state.levels().items():
+                fill.add_metric([key], level / capacity)
+        store_up = GaugeMetricFamily(
+            "velvetrope_state_up", "1 while shared state answers (always 1 for memory://)."
+        )
+        fallbacks = CounterMetricFamily(
+            "velvetrope_state_fallback",
+            "Decisions taken without shared state, by operation and policy.",
+            labels=["decision"],
+        )
+        replicas = GaugeMetricFamily(
+            "velvetrope_fleet_replicas", "Live gateway replicas (workers) seen via heartbeats."
+        )
+        fleet_depth = GaugeMetricFamily(
+            "velvetrope_fleet_queue_depth",
+            "Requests queued over every live replica, at the last heartbeat.",
+        )
+        outbox = GaugeMetricFamily(
+            "velvetrope_state_outbox", "Settlements and releases waiting to reach shared state."
+        )
+        extra: list[Any] = [store_up]
+        if state is not None:
+            ss = state.status()
+            store_up.add_metric([], 1.0 if ss.get("up") else 0.0)
+            if ss.get("backend") == "redis":
+                for decision, n in ss["fallbacks"].items():
+                    fallbacks.add_metric([decision], n)
+                replicas.add_metric([], ss["replicas"])
+                fleet_depth.add_metric([], ss["fleet_queue_depth"])
+                outbox.add_metric([], ss["outbox"])
+                extra += [fallbacks, replicas, fleet_depth, outbox]
         draining = GaugeMetricFamily("velvetrope_draining", "1 while draining.")
         draining.add_metric([], 1.0 if st["draining"] else 0.0)
         bound = GaugeMetricFamily(
@@ -90,7 +118,7 @@ class _StateCollector(Collector):
         if self._upstreams is not None:
             for u in self._upstreams.status():
                 healthy.add_metric([str(u["pool"]), str(u["url"])], 1.0 if u["healthy"] else 0.0)
-        yield from (depth, qtok, infl, tinfl, drain, fill, draining, bound, healthy)
+        yield from (depth, qtok, infl, tinfl, drain, fill, draining, bound, healthy, *extra)
 
 
 class GatewayMetrics:
@@ -144,10 +172,29 @@ class GatewayMetrics:
             ["tier"],
             registry=self.registry,
         )
+        self.store_calls = Histogram(
+            "velvetrope_state_call_seconds",
+            "Latency of calls to shared state (Redis), by operation.",
+            ["op"],
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1),
+            registry=self.registry,
+        )
+        self._store_children: dict[str, Any] = {}
         self._request_children: dict[tuple[str, JobState, Reason, str], Any] = {}
         self._tier_children: dict[str, tuple[Any, Any, Any, Any, Any]] = {}
-        self.registry.register(_StateCollector(ctl, upstreams))
+        self._state_collector = _StateCollector(ctl, upstreams)
+        self.registry.register(self._state_collector)
         ctl.observers.append(self.on_outcome)
+
+    def attach_state(self, state: Any) -> None:
+        """Report the state backend (``status()``, and ``levels()`` when local)."""
+        self._state_collector.state = state
+
+    def observe_store_call(self, op: str, seconds: float) -> None:
+        child = self._store_children.get(op)
+        if child is None:
+            child = self._store_children[op] = self.store_calls.labels(op)
+        child.observe(seconds)
 
     def on_outcome(self, o: Outcome) -> None:
         """Count a terminal outcome (called by the controller, exactly once per job)."""
@@ -177,9 +224,9 @@ class GatewayMetrics:
             ttft.observe(job.first_token_at - job.arrival)
         if o.state is JobState.COMPLETED and job.finished_at is not None:
             e2e.observe(job.finished_at - job.arrival)
-        # one token line per job (the first bucket), so tenant + tier buckets do not double
-        for k, reserved, actual in o.settlement.lines:
-            if k.endswith(":tok"):
+        # one token line per job (the first token bucket), so tenant + tier do not double
+        for c, (_, reserved, actual) in zip(job.claims, o.settlement.lines, strict=False):
+            if c.kind == "tokens":
                 if reserved:
                     reserved_c.inc(reserved)
                 if actual:

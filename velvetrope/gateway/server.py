@@ -3,18 +3,31 @@
 On the first SIGTERM or SIGINT the gateway stops admitting (new requests get 503
 ``draining``, ``/readyz`` fails), lets queued and in-flight work finish for up to
 ``gateway.drain_grace_s`` seconds, then exits.  A second signal exits at once.
+
+``workers > 1`` runs that many gateway processes on one listening socket (the kernel
+spreads connections).  They share limits and slots only through shared state, so more than
+one worker needs a Redis ``state.url``: with ``memory://`` every worker would enforce every
+limit on its own, and :func:`serve` refuses to start.  The parent forwards exit signals to
+the workers (each drains) and restarts a worker that dies.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import multiprocessing
+import os
 import signal
+import socket
 import sys
+import time
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
 from velvetrope.config import GatewayConfig
+from velvetrope.errors import ConfigError
 from velvetrope.gateway.app import Gateway
 
 __all__ = ["DrainingServer", "serve"]
@@ -43,10 +56,8 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
-def serve(config: GatewayConfig, *, log_level: str = "warning") -> None:
-    """Serve ``config`` until drained after a signal."""
-    gateway = Gateway(config)
-    uv = uvicorn.Config(
+def _uvicorn_config(config: GatewayConfig, gateway: Gateway, log_level: str) -> uvicorn.Config:
+    return uvicorn.Config(
         gateway,
         host=config.listen.host,
         port=config.listen.port,
@@ -57,9 +68,78 @@ def serve(config: GatewayConfig, *, log_level: str = "warning") -> None:
         access_log=False,
         timeout_graceful_shutdown=5,
     )
-    server = DrainingServer(uv, gateway)
-    print(
-        f"velvetrope gateway listening on http://{config.listen.host}:{config.listen.port}",
-        flush=True,
-    )
-    server.run()
+
+
+def _worker(data: dict[str, Any], sock: socket.socket, log_level: str) -> None:
+    """One worker process: its own gateway on the shared socket."""
+    config = GatewayConfig.model_validate(data)
+    gateway = Gateway(config)
+    DrainingServer(_uvicorn_config(config, gateway, log_level), gateway).run(sockets=[sock])
+
+
+def serve(config: GatewayConfig, *, log_level: str = "warning", workers: int = 1) -> None:
+    """Serve ``config`` until drained after a signal, in ``workers`` processes.
+
+    Raises :class:`~velvetrope.errors.ConfigError` for ``workers > 1`` without shared state.
+    """
+    if workers < 1:
+        raise ConfigError(f"--workers must be >= 1, got {workers}")
+    if workers > 1 and not config.state.shared:
+        raise ConfigError(
+            f"--workers {workers} needs shared state: with state.url memory:// each worker "
+            "would enforce every limit and max_in_flight on its own (the fleet would get "
+            f"{workers}x them).  Set state.url to a Redis URL, or run one worker."
+        )
+    where = f"http://{config.listen.host}:{config.listen.port}"
+    if workers == 1:
+        gateway = Gateway(config)
+        server = DrainingServer(_uvicorn_config(config, gateway, log_level), gateway)
+        print(f"velvetrope gateway listening on {where}", flush=True)
+        server.run()
+        return
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((config.listen.host, config.listen.port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    _supervise(config, sock, workers, log_level, where)
+
+
+def _supervise(
+    config: GatewayConfig, sock: socket.socket, workers: int, log_level: str, where: str
+) -> None:
+    """Run ``workers`` processes; forward SIGTERM/SIGINT; restart any that die."""
+    ctx = multiprocessing.get_context("spawn")
+    data = config.model_dump(mode="json")
+    procs: list[Any] = []
+    stopping: list[int] = []
+
+    def spawn() -> Any:
+        p = ctx.Process(target=_worker, args=(data, sock, log_level), daemon=False)
+        p.start()
+        return p
+
+    def on_signal(sig: int, frame: FrameType | None) -> None:
+        stopping.append(sig)
+        for p in procs:
+            if p.is_alive() and p.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, sig)
+
+    procs.extend(spawn() for _ in range(workers))
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    print(f"velvetrope gateway listening on {where} ({workers} workers)", flush=True)
+    while True:
+        time.sleep(0.2)
+        if stopping:
+            if not any(p.is_alive() for p in procs):
+                break
+            continue
+        for i, p in enumerate(procs):
+            if not p.is_alive():
+                print(f"velvetrope: worker {p.pid} exited ({p.exitcode}); restarting", flush=True)
+                procs[i] = spawn()
+    for p in procs:
+        p.join(5)
+    sock.close()

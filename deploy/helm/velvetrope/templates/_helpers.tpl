@@ -38,5 +38,15 @@ when an admin Secret is configured.  listen is set on the command line.
 {{- if .Values.adminToken.existingSecret -}}
 {{- $_ := set $cfg "admin_token_env" .Values.adminToken.envName -}}
 {{- end -}}
+{{- $state := deepCopy (default dict $cfg.state) -}}
+{{- if .Values.redis.url -}}
+{{- $_ := set $state "url" .Values.redis.url -}}
+{{- else if .Values.redis.enabled -}}
+{{- $_ := set $state "url" (printf "redis://%s-redis:6379/0" (include "velvetrope.fullname" .)) -}}
+{{- end -}}
+{{- if .Values.redis.passwordSecret -}}
+{{- $_ := set $state "password_env" "VELVETROPE_REDIS_PASSWORD" -}}
+{{- end -}}
+{{- $_ := set $cfg "state" $state -}}
 {{- toYaml $cfg -}}
 {{- end -}}

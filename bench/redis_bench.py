@@ -1,0 +1,206 @@
+"""Shared state on Redis against memory, measured side by side in one run.
+
+Starts ``velvetrope engine --instant``, a real ``redis-server`` (on PATH, else the one the
+dev extras install) and, in turn, with the load of ``bench/gateway_bench.py`` (64
+connections, non-streaming, closed loop):
+
+* one gateway worker on ``memory://`` (A),
+* one gateway worker on ``redis://`` (B),
+* two workers on ``redis://`` behind one port (C).
+
+For A and B it also reports the gateway's CPU time per request (kernel accounting, over
+the whole run), and for B the Redis part of one admission: the p99 of the reserve call as
+the gateway's own ``velvetrope_state_call_seconds`` histogram records it (interpolated
+within its bucket, as ``histogram_quantile`` does).  Last, two gateway processes on one
+Redis serve one tenant pushing at twice its token limit for ``--limit-seconds``: the
+relative error of the tokens admitted against burst + rate × window is ``shared_limit_err``.
+Ends with::
+
+    redis: memory_rps=<A> redis_rps=<B> ratio=<B/A> workers2_rps=<C> admit_p99_us=<u>
+           shared_limit_err=<e>                    (on one line)
+
+Run: ``.venv/bin/python bench/redis_bench.py [--seconds 8] [--limit-seconds 20]``.
+All traffic goes to 127.0.0.1; every process started here is stopped by its PID.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import httpx
+import uvloop
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gateway_bench import KEY, config, load
+
+from tests.support.redis_server import RedisServer
+from velvetrope.serving.launch import free_port, start, start_engine, start_gateway
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and its reaped children."""
+    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in f[11:15]) / _TICK
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of ``pid`` and its live children (workers)."""
+    total = cpu_s(pid)
+    for child in Path(f"/proc/{pid}/task").glob("*/children"):
+        for c in child.read_text().split():
+            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                total += tree_cpu_s(int(c))
+    return total
+
+
+def shared(cfg: dict[str, Any], url: str, **state: Any) -> dict[str, Any]:
+    cfg["state"] = {"url": url, "namespace": f"bench{free_port()}", **state}
+    return cfg
+
+
+def p99_from_histogram(text: str, name: str, op: str) -> float:
+    """``histogram_quantile(0.99, ...)`` of one labelled Prometheus histogram."""
+    buckets: list[tuple[float, float]] = []
+    for line in text.splitlines():
+        if line.startswith(name + "_bucket{") and f'op="{op}"' in line:
+            bound = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets.append((float(bound), float(line.rsplit(" ", 1)[1])))
+    buckets.sort()
+    total = buckets[-1][1]
+    rank = 0.99 * total
+    prev_le, prev_n = 0.0, 0.0
+    for le, n in buckets:
+        if n >= rank:
+            if le == float("inf"):
+                return prev_le
+            return prev_le + (le - prev_le) * (rank - prev_n) / max(1e-12, n - prev_n)
+        prev_le, prev_n = le, n
+    return prev_le
+
+
+def measure(url: str, pid: int, seconds: float, concurrency: int) -> tuple[float, float, int]:
+    """(rps, gateway CPU µs per request, errors) of one closed-loop run."""
+    c0 = tree_cpu_s(pid)
+    t0 = time.perf_counter()
+    rps, errors = uvloop.run(load(url, concurrency, seconds))
+    wall = time.perf_counter() - t0
+    cpu = tree_cpu_s(pid) - c0
+    # load() warms up for 1 s before it counts: CPU over the whole run, per request sent
+    return rps, cpu / max(1.0, rps * wall) * 1e6, errors
+
+
+async def push_at_twice(urls: list[str], rate: float, burst: float, seconds: float) -> float:
+    """One tenant offers 2x its limit through ``urls``; returns tokens admitted."""
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    body = (
+        b'{"model":"velvetrope-sim","messages":[{"role":"user","content":"hi"}],'
+        b'"max_tokens":40,"ignore_eos":true}'
+    )
+    admitted = 0.0
+    per_request = 50.0
+    interval = per_request / rate  # each of len(urls) senders offers 1x: 2x with two
+    async with aiohttp.ClientSession() as s:
+
+        async def sender(url: str, t0: float) -> None:
+            nonlocal admitted
+            k = 0
+            tasks = []
+            while t0 + k * interval <= t0 + seconds:
+                await asyncio.sleep(max(0.0, t0 + k * interval - time.perf_counter()))
+                tasks.append(asyncio.ensure_future(one(url)))
+                k += 1
+            await asyncio.gather(*tasks)
+
+        async def one(url: str) -> None:
+            nonlocal admitted
+            async with s.post(url + "/v1/chat/completions", data=body, headers=headers) as r:
+                data = await r.read()
+                if r.status == 200:
+                    admitted += json.loads(data)["usage"]["total_tokens"]
+
+        t0 = time.perf_counter() + 0.2
+        await asyncio.gather(*(sender(u, t0) for u in urls))
+    return admitted
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--limit-seconds", type=float, default=20.0)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="vr-redis-bench-"))
+    rds = RedisServer()
+    rds.start()
+    try:
+        with start_engine("--instant") as eng:
+            with start_gateway(config(eng.url, True), tmp) as gw:
+                a_rps, a_cpu, a_err = measure(gw.url, gw.pid, args.seconds, args.concurrency)
+            print(f"  memory://  1 worker  {a_rps:8.0f} rps  {a_cpu:6.0f} µs CPU/req ({a_err} err)")
+            with start_gateway(shared(config(eng.url, True), rds.url), tmp) as gw:
+                b_rps, b_cpu, b_err = measure(gw.url, gw.pid, args.seconds, args.concurrency)
+                text = httpx.get(gw.url + "/metrics").text
+                fallbacks = httpx.get(
+                    gw.url + "/admin/status",
+                    headers={"Authorization": "Bearer bench-admin-token"},
+                ).json()["state"]["fallbacks"]
+            admit_p99_us = (
+                p99_from_histogram(text, "velvetrope_state_call_seconds", "reserve") * 1e6
+            )
+            print(
+                f"  redis://   1 worker  {b_rps:8.0f} rps  {b_cpu:6.0f} µs CPU/req ({b_err} err;"
+                f" fallbacks {fallbacks or 'none'}); reserve p99 {admit_p99_us:.0f} µs"
+            )
+            cfg = shared(config(eng.url, True), rds.url)
+            port = free_port()
+            cfg["listen"] = {"host": "127.0.0.1", "port": port}
+            path = tmp / "workers.yaml"
+            path.write_text(yaml.safe_dump(cfg))
+            url = f"http://127.0.0.1:{port}"
+            with start(["serve", "--config", str(path), "--workers", "2"], url, "/readyz") as gw:
+                c_rps, c_cpu, c_err = measure(url, gw.pid, args.seconds, args.concurrency)
+            print(f"  redis://   2 workers {c_rps:8.0f} rps  {c_cpu:6.0f} µs CPU/req ({c_err} err)")
+            rate, burst = 200.0, 800.0
+            lim = shared(config(eng.url, True), rds.url, call_timeout_ms=1000)
+            lim["policy"]["tenants"][0]["limits"] = {
+                "tokens_per_minute": rate * 60,
+                "token_burst": burst,
+            }
+            lim["policy"]["estimator"] = {"reserve": "max_tokens"}
+            other = yaml.safe_load(yaml.safe_dump(lim))
+            with start_gateway(lim, tmp) as g1, start_gateway(other, tmp) as g2:
+                got = uvloop.run(push_at_twice([g1.url, g2.url], rate, burst, args.limit_seconds))
+            expected = burst + rate * args.limit_seconds
+            err = abs(got - expected) / expected
+            print(
+                f"  two replicas, one tenant at 2x: admitted {got:.0f} tokens, limit {expected:.0f}"
+            )
+    finally:
+        rds.stop()
+    print(
+        f"  note: on 2 cores the load generator takes about one core; two workers share the"
+        f" other with redis-server: workers2_rps/memory_rps = {c_rps / a_rps:.2f}"
+    )
+    print(
+        f"redis: memory_rps={a_rps:.0f} redis_rps={b_rps:.0f} ratio={b_rps / a_rps:.2f} "
+        f"workers2_rps={c_rps:.0f} admit_p99_us={admit_p99_us:.0f} shared_limit_err={err:.3f}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,307 @@
+"""A fleet of gateways on one real Redis: shared limits, fleet-wide slots, outages, crashes.
+
+Every test starts real processes on loopback: ``velvetrope engine``, ``velvetrope serve``
+(several), and its own ``redis-server``.  Clients are httpx.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from tests.support.redis_server import RedisServer
+from velvetrope.serving import launch
+
+from .conftest import admin_status, free_port, gateway_config, start_engine, start_gateway
+
+pytestmark = pytest.mark.integration
+
+GOLD = {"Authorization": "Bearer sk-gold-0000"}
+
+
+def shared_config(engine: str, redis_url: str, **state: Any) -> dict[str, Any]:
+    """Two-core test machines are busy: a generous call budget keeps the fallback out of
+    tests that check exact fleet-wide limits (they also assert no fallback happened)."""
+    cfg = gateway_config([engine])
+    cfg["policy"]["estimator"] = {"reserve": "max_tokens"}
+    cfg["gateway"]["saturation"] = {"enabled": False}
+    cfg["state"] = {
+        "url": redis_url,
+        "namespace": f"t{uuid.uuid4().hex[:8]}",
+        "call_timeout_ms": 1000,
+        **state,
+    }
+    return cfg
+
+
+def second(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The same config for another replica (its own port)."""
+    other = copy.deepcopy(cfg)
+    other["listen"]["port"] = free_port()
+    return other
+
+
+def body(max_tokens: int, stream: bool = False) -> dict[str, Any]:
+    return {
+        "model": "velvetrope-sim",
+        "messages": [{"role": "user", "content": "hello there"}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": stream,
+    }
+
+
+def poll(pred: Callable[[], bool], timeout_s: float, what: str) -> float:
+    """Seconds until ``pred()`` holds (polled every 20 ms); fails after ``timeout_s``."""
+    t0 = time.monotonic()
+    while not pred():
+        if time.monotonic() - t0 > timeout_s:
+            raise AssertionError(f"{what}: not within {timeout_s}s")
+        time.sleep(0.02)
+    return time.monotonic() - t0
+
+
+def test_two_replicas_share_one_token_limit(tmp_path: Path, engine: str, redis_url: str) -> None:
+    """One tenant pushes at twice its limit through two gateways for 30 s: the tokens
+    admitted stay within 5% of the limit (burst + rate × window), not twice it."""
+    rate_per_s, burst = 100.0, 400.0
+    cfg = shared_config(engine, redis_url)
+    cfg["policy"]["tenants"][0]["limits"] = {
+        "tokens_per_minute": rate_per_s * 60,
+        "token_burst": burst,
+    }
+    window_s, cost_guess = 30.0, 50.0
+    interval = cost_guess / (2 * rate_per_s) * 2  # each of 2 senders offers 1x: 2x in all
+    admitted: list[int] = []
+    statuses: list[int] = []
+    lock = threading.Lock()
+    with start_gateway(tmp_path, cfg) as a, start_gateway(tmp_path, second(cfg)) as b:
+        t_start = time.monotonic() + 0.5
+
+        def sender(url: str) -> None:
+            with httpx.Client(base_url=url, headers=GOLD, timeout=30) as c:
+                k = 0
+                while True:
+                    at = t_start + k * interval
+                    if at > t_start + window_s:
+                        return
+                    time.sleep(max(0.0, at - time.monotonic()))
+                    r = c.post("/v1/chat/completions", json=body(40))
+                    with lock:
+                        statuses.append(r.status_code)
+                        if r.status_code == 200:
+                            admitted.append(r.json()["usage"]["total_tokens"])
+                        else:
+                            assert r.status_code == 429, r.text
+                            assert r.json()["error"]["code"] == "rate_limited"
+                            assert "x-ratelimit-remaining-tokens" in r.headers
+                    k += 1
+
+        threads = [threading.Thread(target=sender, args=(u,)) for u in (a.url, b.url)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        span = window_s
+        assert admin_status(a.url)["state"]["fallbacks"] == {}
+        assert admin_status(b.url)["state"]["fallbacks"] == {}
+    limit = burst + rate_per_s * span
+    offered = len(statuses) * (sum(admitted) / len(admitted))
+    assert offered > 1.7 * limit  # the tenant really pushed at about twice its limit
+    assert sum(admitted) == pytest.approx(limit, rel=0.05)
+    assert statuses.count(429) > 0.3 * len(statuses)
+
+
+def test_max_in_flight_holds_for_the_fleet(tmp_path: Path, redis_url: str) -> None:
+    """Two gateways, pool max_in_flight 3: never more than 3 requests at the engine."""
+    eng = start_engine(2.0)
+    try:
+        cfg = shared_config(eng.url, redis_url)
+        cfg["policy"]["pools"] = [{"name": "default", "max_in_flight": 3}]
+        ns = cfg["state"]["namespace"]
+        with start_gateway(tmp_path, cfg) as a, start_gateway(tmp_path, second(cfg)) as b:
+            results: list[int] = []
+
+            def one(url: str) -> None:
+                r = httpx.post(
+                    url + "/v1/chat/completions", json=body(60), headers=GOLD, timeout=60
+                )
+                results.append(r.status_code)
+
+            threads = [threading.Thread(target=one, args=(u,)) for u in [a.url, b.url] * 6]
+            for t in threads:
+                t.start()
+            r = redis.Redis.from_url(redis_url)
+            leases_max = 0
+            engine_max = 0.0
+            while any(t.is_alive() for t in threads):
+                leases_max = max(leases_max, r.zcard(f"{ns}:{{pool:default}}:leases"))
+                text = httpx.get(eng.url + "/metrics").text
+                running = sum(
+                    float(line.rsplit(" ", 1)[1])
+                    for line in text.splitlines()
+                    if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting"))
+                )
+                engine_max = max(engine_max, running)
+                time.sleep(0.01)
+            for t in threads:
+                t.join()
+            r.close()
+            assert results == [200] * 12
+            assert 1 <= leases_max <= 3
+            assert engine_max <= 3
+            for u in (a.url, b.url):
+                st = admin_status(u)["state"]
+                assert st["fallbacks"] == {}
+                assert st["leases"].get("default", 0) == 0  # every lease given back
+    finally:
+        eng.stop()
+
+
+def test_a_killed_replica_gives_its_slots_back_after_the_ttl(
+    tmp_path: Path, redis_url: str
+) -> None:
+    eng = start_engine(1.0)
+    try:
+        cfg = shared_config(eng.url, redis_url, lease_ttl_s=1.5)
+        ns = cfg["state"]["namespace"]
+        key = f"{ns}:{{pool:default}}:leases"
+        r = redis.Redis.from_url(redis_url)
+        gw = start_gateway(tmp_path, cfg)
+
+        def stream() -> None:
+            try:
+                with httpx.stream(
+                    "POST",
+                    gw.url + "/v1/chat/completions",
+                    json=body(2000, stream=True),
+                    headers=GOLD,
+                    timeout=30,
+                ) as resp:
+                    for _ in resp.iter_bytes():
+                        pass
+            except httpx.HTTPError:
+                pass  # the gateway died under us: expected
+
+        threads = [threading.Thread(target=stream) for _ in range(2)]
+        for t in threads:
+            t.start()
+        poll(lambda: r.zcard(key) == 2, 10, "two leases taken")
+        time.sleep(2.0)  # longer than the TTL: renewal keeps them while the replica lives
+        assert r.zcard(key) == 2
+        gw.proc.kill()  # SIGKILL: no drain, no release
+        gw.proc.wait(5)
+        gw.stop()  # closes its log
+        killed_at = time.monotonic()
+        other = start_gateway(tmp_path, second(cfg))
+        try:
+            # the dead replica's leases count until they expire, then the next acquire drops
+            # them: a request through the live replica gets a slot and completes
+            resp = httpx.post(
+                other.url + "/v1/chat/completions", json=body(5), headers=GOLD, timeout=30
+            )
+            assert resp.status_code == 200
+            poll(lambda: r.zcard(key) == 0, 10, "leases back")
+            assert time.monotonic() - killed_at >= 1.0  # not before (about) the TTL
+        finally:
+            other.stop()
+        for t in threads:
+            t.join(10)
+        r.close()
+    finally:
+        eng.stop()
+
+
+@pytest.mark.parametrize("policy", ["fail_open", "fail_closed"])
+def test_redis_outage_mid_load(
+    tmp_path: Path, engine: str, own_redis: RedisServer, policy: str
+) -> None:
+    """Redis killed mid-load and restarted: no 500 ever; fail_open keeps serving at the
+    local share, fail_closed answers 503 state_unavailable; normal service within 2 s of
+    Redis coming back."""
+    cfg = shared_config(
+        engine, own_redis.url, on_store_error=policy, call_timeout_ms=50, heartbeat_s=0.25
+    )
+    codes: dict[int, int] = {}
+    errors: set[str] = set()
+    stop = threading.Event()
+    with start_gateway(tmp_path, cfg) as gw:
+
+        def load() -> None:
+            with httpx.Client(base_url=gw.url, headers=GOLD, timeout=30) as c:
+                while not stop.is_set():
+                    resp = c.post("/v1/chat/completions", json=body(5))
+                    codes[resp.status_code] = codes.get(resp.status_code, 0) + 1
+                    if resp.status_code != 200:
+                        errors.add(resp.json()["error"]["code"])
+
+        threads = [threading.Thread(target=load) for _ in range(3)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        own_redis.stop()
+        poll(lambda: not admin_status(gw.url)["state"]["up"], 10, "outage seen")
+        time.sleep(1.0)
+        during = dict(codes)
+        own_redis.start()
+        back = poll(lambda: admin_status(gw.url)["state"]["up"], 10, "recovery")
+        resp = httpx.post(gw.url + "/v1/chat/completions", json=body(5), headers=GOLD)
+        stop.set()
+        for t in threads:
+            t.join()
+    assert back <= 2.0
+    assert resp.status_code == 200
+    assert 500 not in codes
+    assert set(codes) <= {200, 503}
+    if policy == "fail_open":
+        assert errors == set()
+        assert during.get(200, 0) > 0
+    else:
+        assert errors == {"state_unavailable"}
+        assert codes[503] > 0
+
+
+def test_workers_need_shared_state(tmp_path: Path, engine: str) -> None:
+    cfg = gateway_config([engine])
+    path = tmp_path / "gw.yaml"
+    import yaml
+
+    path.write_text(yaml.safe_dump(cfg))
+    import subprocess
+    import sys
+
+    p = subprocess.run(
+        [sys.executable, "-m", "velvetrope", "serve", "--config", str(path), "--workers", "2"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 2
+    assert "needs shared state" in p.stderr
+
+
+def test_two_workers_on_one_port(tmp_path: Path, engine: str, redis_url: str) -> None:
+    cfg = shared_config(engine, redis_url, heartbeat_s=0.2)
+    port = cfg["listen"]["port"]
+    path = tmp_path / "gw.yaml"
+    import yaml
+
+    path.write_text(yaml.safe_dump(cfg))
+    url = f"http://127.0.0.1:{port}"
+    gw = launch.start(["serve", "--config", str(path), "--workers", "2"], url, "/readyz")
+    try:
+        for _ in range(10):
+            resp = httpx.post(url + "/v1/chat/completions", json=body(5), headers=GOLD)
+            assert resp.status_code == 200
+        poll(lambda: admin_status(url)["state"]["replicas"] == 2, 10, "two workers heard")
+    finally:
+        gw.stop()

@@ -1,0 +1,163 @@
+"""The failure policy: circuit breaker, fail_open at 1/N, fail_closed, recovery, outbox."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tests.support.redis_server import RedisServer
+from velvetrope.clock import ManualClock, SystemClock
+from velvetrope.core.bucket import Claim, Denial, Grant, settle_lines
+from velvetrope.errors import StoreUnavailable
+from velvetrope.serving.launch import free_port
+from velvetrope.store import CircuitBreaker, GuardedState, RedisStore
+from velvetrope.store.connect import connect
+
+
+def test_breaker_opens_after_failures_and_probes_once() -> None:
+    clock = ManualClock()
+    b = CircuitBreaker(clock, failures=3, reset_s=0.5)
+    for _ in range(2):
+        assert b.allow()
+        b.failure()
+    assert b.state == "closed"
+    b.failure()
+    assert (str(b.state), b.allow(), b.opened) == ("open", False, 1)
+    clock.advance(0.5)
+    assert b.allow()  # the probe
+    assert not b.allow()  # only one at a time
+    b.failure()  # the probe failed: open again, for another reset_s
+    assert str(b.state) == "open" and b.opened == 1
+    clock.advance(0.5)
+    assert b.allow()
+    b.success()
+    assert str(b.state) == "closed" and b.allow()
+
+
+def claim(amount: float, capacity: float = 1000.0) -> Claim:
+    return Claim("tenant:a:tok", "tokens", "tenant", amount, capacity, 1e-6)
+
+
+def guarded(url: str, on_error: Any = "fail_open", **kw: Any) -> tuple[GuardedState, list[str]]:
+    calls: list[str] = []
+    client = connect(url, password=None, timeout_s=0.25)
+    state = GuardedState(
+        RedisStore(client, namespace="guard", lease_ttl_s=30.0),
+        SystemClock(),
+        on_store_error=on_error,
+        call_timeout_s=0.05,
+        breaker_reset_s=0.2,
+        observe_call=lambda op, s: calls.append(op),
+        **kw,
+    )
+    return state, calls
+
+
+def test_dead_redis_fails_open_at_this_replicas_share_without_a_timeout_per_request() -> None:
+    async def main() -> None:
+        state, calls = guarded(f"redis://127.0.0.1:{free_port()}/0")
+        state.replicas = 2  # as seen before the outage: this replica gets half
+        try:
+            for i in range(3):  # three failures open the breaker
+                assert isinstance(await state.reserve(f"j{i}", "a", [claim(10)]), Grant)
+            assert state.breaker.state == "open"
+            before = len(calls)
+            t0 = time.perf_counter()
+            for i in range(50):
+                await state.reserve(f"k{i}", "a", [claim(1)])
+            assert len(calls) == before  # not one more call to the dead store
+            assert time.perf_counter() - t0 < 5.0  # sanity bound only, not a benchmark
+            # local bucket of 1000/2 = 500: 30 + 50 used, 400 more fits, then no more
+            assert isinstance(await state.reserve("x", "a", [claim(400)]), Grant)
+            denied = await state.reserve("y", "a", [claim(400)])
+            assert isinstance(denied, Denial)
+            too_big = await state.reserve("z", "a", [claim(600)])  # > 500: never locally
+            assert isinstance(too_big, Denial) and too_big.never
+            assert state.fallbacks["reserve_local"] >= 50
+        finally:
+            await state.stop(flush_s=0)
+
+    asyncio.run(main())
+
+
+def test_dead_redis_fails_closed() -> None:
+    async def main() -> None:
+        state, _ = guarded(f"redis://127.0.0.1:{free_port()}/0", "fail_closed")
+        try:
+            for i in range(5):
+                with pytest.raises(StoreUnavailable):
+                    await state.reserve(f"j{i}", "a", [claim(10)])
+            with pytest.raises(StoreUnavailable):
+                await state.acquire("default", "j", 10, 4, None)
+            assert state.fallbacks["reserve_refused"] == 5
+        finally:
+            await state.stop(flush_s=0)
+
+    asyncio.run(main())
+
+
+async def _until(pred: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    end = time.monotonic() + timeout_s
+    while not pred():
+        assert time.monotonic() < end, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.integration
+@pytest.mark.integration
+def test_hung_redis_then_back_settlements_land_exactly_once(own_redis: RedisServer) -> None:
+    """Redis hangs (SIGSTOP) with settlements pending: they wait in the outbox and land
+    exactly once after it resumes; the breaker closes again by itself."""
+
+    async def main() -> None:
+        state, _ = guarded(own_redis.url)
+        state.start()
+        try:
+            claims = [claim(300)]
+            assert isinstance(await state.reserve("j1", "a", claims), Grant)
+            own_redis.pause()
+            state.settle("j1", "a", claims, settle_lines(claims, 100))
+            state.settle("j1", "a", claims, settle_lines(claims, 100))  # a retry: same job
+            await _until(lambda: state.breaker.state != "closed")
+            assert len(state.outbox) >= 1
+            own_redis.resume()
+            await _until(lambda: state.up and len(state.outbox) == 0)
+            (snap,) = await state.redis.snapshots("a", claims)
+            assert snap.remaining == pytest.approx(900, abs=0.01)
+        finally:
+            own_redis.resume()
+            await state.stop()
+
+    asyncio.run(main())
+
+
+@pytest.mark.integration
+@pytest.mark.integration
+def test_leases_are_fleet_wide_and_expire(fresh_redis: str) -> None:
+    async def main() -> None:
+        a = RedisStore(connect(fresh_redis, password=None, timeout_s=1.0), lease_ttl_s=0.3)
+        b = RedisStore(connect(fresh_redis, password=None, timeout_s=1.0), lease_ttl_s=0.3)
+        try:
+            assert (await a.acquire("p", "j1", 100, 2, 250)).granted
+            assert (await b.acquire("p", "j2", 100, 2, 250)).granted
+            ans = await b.acquire("p", "j3", 10, 2, 250)
+            assert (ans.granted, ans.in_flight, ans.tokens_in_flight) == (False, 2, 200)
+            assert await a.release("p", ["j1", "j1"]) == 1
+            ans = await b.acquire("p", "j4", 160, 3, 250)  # 100 + 160 > 250 tokens
+            assert not ans.granted
+            ans = await b.acquire("p", "j4", 150, 3, 250)
+            assert (ans.granted, ans.in_flight, ans.tokens_in_flight) == (True, 2, 250)
+            assert await b.renew("p", ["j2"]) == 1
+            await asyncio.sleep(0.45)  # j4 (not renewed since) and j2 expire
+            ans = await a.acquire("p", "j5", 100, 1, None)
+            assert (ans.granted, ans.in_flight, ans.tokens_in_flight) == (True, 1, 100)
+            assert await b.renew("p", ["j2"]) == 0  # an expired lease is not re-created
+        finally:
+            await a.close()
+            await b.close()
+
+    asyncio.run(main())

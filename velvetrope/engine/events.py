@@ -1,0 +1,111 @@
+"""What the engine model reports: per-step events and snapshots of sequences.
+
+These are the values :class:`~velvetrope.engine.batcher.Batcher` returns; they live apart
+from the scheduler so that consumers (the simulator, the engine server, the fits) can
+import them without the scheduling code.  All are frozen, slotted dataclasses; timestamps
+are the caller's clock (seconds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = [
+    "EngineEvent",
+    "Finished",
+    "FirstToken",
+    "Preempted",
+    "SeqState",
+    "StepResult",
+    "Tokens",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class FirstToken:
+    """``seq_id`` produced its first output token at ``t`` (once per sequence, ever)."""
+
+    seq_id: str
+    t: float
+
+
+@dataclass(frozen=True, slots=True)
+class Tokens:
+    """``seq_id`` produced ``n`` new output tokens in the step ending at ``t``.
+
+    Includes the first token; summed over a sequence's life, ``n`` equals its
+    ``output_tokens`` exactly (tokens recomputed after a preemption are not re-emitted).
+    Without speculative decoding ``n == 1``; with it, a verification step emits the
+    accepted draft tokens plus one, so ``n`` can be up to ``spec_tokens + 1``.
+    """
+
+    seq_id: str
+    n: int
+    t: float
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """``seq_id`` produced its last token at ``t``; its blocks are already free."""
+
+    seq_id: str
+    t: float
+    prompt_tokens: int
+    output_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Preempted:
+    """``seq_id`` lost its KV cache in the step ending at ``t`` and waits to be recomputed."""
+
+    seq_id: str
+    t: float
+
+
+EngineEvent = FirstToken | Tokens | Finished | Preempted
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """One iteration: it starts at ``start``, lasts ``duration`` seconds, yields ``events``.
+
+    ``prefill_tokens``, ``decode_seqs``, ``context_tokens`` and ``verify_tokens`` (draft
+    tokens verified by speculative decoding) are the batch composition that ``duration``
+    was computed from.  With no work: ``duration == 0.0``, no events.
+    """
+
+    start: float
+    duration: float
+    events: list[EngineEvent]
+    prefill_tokens: int
+    decode_seqs: int
+    context_tokens: int
+    verify_tokens: int = 0
+
+    @property
+    def end(self) -> float:
+        """``start + duration``: the timestamp of every event in this step."""
+        return self.start + self.duration
+
+
+@dataclass(frozen=True, slots=True)
+class SeqState:
+    """A snapshot of one live sequence (for tests, metrics and debugging)."""
+
+    seq_id: str
+    status: Literal["waiting", "running"]
+    prompt_tokens: int
+    output_tokens: int
+    generated_tokens: int
+    computed_tokens: int
+    block_ids: tuple[int, ...]
+    priority: int
+    arrival: float
+    num_preemptions: int
+    cached_tokens: int = 0
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks held (``len(block_ids)``)."""
+        return len(self.block_ids)

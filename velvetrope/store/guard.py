@@ -1,0 +1,292 @@
+"""Shared state with a failure policy: per-call time budgets, a circuit breaker, a fallback.
+
+:class:`GuardedState` is what the gateway talks to when ``state.url`` is Redis.  Every call
+to Redis runs within ``call_timeout_s``; failures feed a :class:`CircuitBreaker`, so a dead
+Redis costs no timeout per request once the breaker opened.  While Redis cannot be reached,
+``on_store_error`` decides:
+
+* ``fail_open``: buckets and slots fall back to local ones at this replica's share — each
+  limit divided by N, the live replicas seen through heartbeats before the outage;
+* ``fail_closed``: :class:`~velvetrope.errors.StoreUnavailable` (the gateway answers 503
+  ``state_unavailable``).
+
+A job remembers where it was reserved and where its lease was taken, and settles there:
+settlements and releases bound for Redis leave through an :class:`Outbox` (retried,
+idempotent per job id); local ones apply at once.  A heartbeat every ``heartbeat_s`` counts
+the live replicas and, while the breaker is open, serves as its probe, so service recovers
+by itself when Redis returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+from redis.exceptions import RedisError
+
+from velvetrope.clock import Clock
+from velvetrope.core.bucket import Claim, Denial, Grant, MemoryBuckets, SettleLine, settle_lines
+from velvetrope.errors import StoreUnavailable
+from velvetrope.store.breaker import CircuitBreaker
+from velvetrope.store.outbox import Outbox
+from velvetrope.store.redis_store import RedisStore
+
+__all__ = ["GuardedState", "OnStoreError"]
+
+log = logging.getLogger("velvetrope.store")
+
+OnStoreError = Literal["fail_open", "fail_closed"]
+_FAILURES = (RedisError, OSError, TimeoutError, ConnectionError)
+
+
+def _share(c: Claim, n: int) -> Claim:
+    """``c`` against a bucket of 1/n of its size and refill."""
+    floor = -c.capacity if c.floor is None else c.floor
+    return c._replace(capacity=c.capacity / n, rate=c.rate / n, floor=floor / n)
+
+
+class GuardedState:
+    """Buckets and fleet slots in Redis, guarded by budgets, a breaker and a fallback."""
+
+    fleet = True
+
+    def __init__(
+        self,
+        redis: RedisStore,
+        clock: Clock,
+        *,
+        on_store_error: OnStoreError = "fail_open",
+        call_timeout_s: float = 0.025,
+        heartbeat_s: float = 1.0,
+        breaker_failures: int = 3,
+        breaker_reset_s: float = 0.5,
+        observe_call: Callable[[str, float], None] | None = None,
+        queue_depth: Callable[[], int] | None = None,
+    ) -> None:
+        self.redis = redis
+        self.clock = clock
+        self.on_store_error = on_store_error
+        self.call_timeout_s = call_timeout_s
+        self.heartbeat_s = heartbeat_s
+        self.breaker = CircuitBreaker(clock, failures=breaker_failures, reset_s=breaker_reset_s)
+        self.replica = uuid.uuid4().hex[:12]
+        self.replicas = 1  # live replicas at the last heartbeat (the fallback's N)
+        self.fleet_queue_depth = 0
+        self.local = MemoryBuckets()
+        self.fallbacks: Counter[str] = Counter()  # fallback decisions by operation
+        self._observe = observe_call or (lambda op, s: None)
+        self._queue_depth = queue_depth or (lambda: 0)
+        self._local_jobs: set[str] = set()  # reserved in the local fallback
+        self._seen: dict[str, tuple[float, float]] = {}  # bucket -> (level, capacity) seen
+        self._leases: dict[str, dict[str, int]] = {}  # pool -> job id -> tokens, in Redis
+        self._local_leases: dict[str, set[str]] = {}  # pool -> job ids, fallback slots
+        self.outbox = Outbox(ready=self.breaker.allow, on_result=self._result)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- plumbing ------------------------------------------------------------------
+
+    def _result(self, ok: bool) -> None:
+        if ok:
+            self.breaker.success()
+        else:
+            self.breaker.failure()
+
+    async def _call(self, op: str, coro: Any) -> Any:
+        """Run one Redis call within the budget; record its latency; feed the breaker.
+        Raises :class:`StoreUnavailable` on any failure."""
+        t0 = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.call_timeout_s):
+                out = await coro
+        except _FAILURES as e:
+            self.breaker.failure()
+            self._observe(op, time.perf_counter() - t0)
+            raise StoreUnavailable(f"shared state: {op} failed: {e!r}") from None
+        self.breaker.success()
+        self._observe(op, time.perf_counter() - t0)
+        return out
+
+    @property
+    def up(self) -> bool:
+        """Whether Redis answered the last call (the breaker is closed)."""
+        return self.breaker.closed
+
+    def _unavailable(self, op: str) -> StoreUnavailable:
+        return StoreUnavailable(f"shared state is unavailable ({op}); on_store_error=fail_closed")
+
+    # -- buckets ---------------------------------------------------------------------
+
+    async def reserve(self, job_id: str, tenant: str, claims: Sequence[Claim]) -> Grant | Denial:
+        """Reserve in Redis; on failure, per ``on_store_error``, locally at 1/N or raise
+        :class:`StoreUnavailable`."""
+        if not claims:
+            return Grant(())
+        if self.breaker.allow():
+            coro = self.redis.reserve(job_id, tenant, claims)
+            try:
+                res: Grant | Denial = await self._call("reserve", coro)
+                for snap in res.snapshots:
+                    self._seen[snap.key] = (snap.remaining, snap.limit)
+                return res
+            except StoreUnavailable:
+                # the answer was lost, not necessarily the reservation: undo it if it
+                # happened (settling a job without a hold changes nothing)
+                self._settle_remote(job_id, tenant, claims, settle_lines(claims, 0))
+        if self.on_store_error == "fail_closed":
+            self.fallbacks["reserve_refused"] += 1
+            raise self._unavailable("reserve")
+        self.fallbacks["reserve_local"] += 1
+        n = max(1, self.replicas)
+        res = self.local.reserve([_share(c, n) for c in claims], self.clock.now())
+        if isinstance(res, Grant):
+            self._local_jobs.add(job_id)
+            return Grant(tuple(claims), self.local.snapshots(res.claims, self.clock.now()))
+        return res
+
+    def settle(
+        self, job_id: str, tenant: str, claims: Sequence[Claim], lines: Sequence[SettleLine]
+    ) -> None:
+        """Settle where the job was reserved: locally at once, or in Redis via the outbox."""
+        if job_id in self._local_jobs:
+            self._local_jobs.discard(job_id)
+            self.local.settle(lines, self.clock.now(), job_id)
+            return
+        self._settle_remote(job_id, tenant, claims, lines)
+
+    def _settle_remote(
+        self, job_id: str, tenant: str, claims: Sequence[Claim], lines: Sequence[SettleLine]
+    ) -> None:
+        claims_t, lines_t = tuple(claims), tuple(lines)
+
+        def send() -> Any:
+            return asyncio.wait_for(
+                self.redis.settle(job_id, tenant, claims_t, lines_t), self.call_timeout_s * 4
+            )
+
+        self.outbox.put(send)
+
+    # -- fleet slots ---------------------------------------------------------------------
+
+    async def acquire(
+        self, pool: str, job_id: str, tokens: int, max_in_flight: int, max_tokens: int | None
+    ) -> bool:
+        """Take a fleet-wide slot for ``job_id``: in Redis, or (fail_open) one of this
+        replica's 1/N share of local slots; fail_closed raises :class:`StoreUnavailable`."""
+        if self.breaker.allow():
+            coro = self.redis.acquire(pool, job_id, tokens, max_in_flight, max_tokens)
+            try:
+                ans = await self._call("acquire", coro)
+            except StoreUnavailable:
+                # the answer was lost, maybe not the lease: give it back if it was taken
+                self._release_remote(pool, job_id)
+            else:
+                if ans.granted:
+                    self._leases.setdefault(pool, {})[job_id] = tokens
+                return bool(ans.granted)
+        if self.on_store_error == "fail_closed":
+            self.fallbacks["lease_refused"] += 1
+            raise self._unavailable("lease")
+        self.fallbacks["lease_local"] += 1
+        held = self._local_leases.setdefault(pool, set())
+        share = max(1, math.ceil(max_in_flight / max(1, self.replicas)))
+        if len(held) >= share:
+            return False
+        held.add(job_id)
+        return True
+
+    def release(self, pool: str, job_id: str) -> None:
+        """Give back ``job_id``'s slot wherever it was taken (a no-op if it holds none)."""
+        local = self._local_leases.get(pool)
+        if local is not None and job_id in local:
+            local.discard(job_id)
+            return
+        held = self._leases.get(pool)
+        if held is None or held.pop(job_id, None) is None:
+            return
+        self._release_remote(pool, job_id)
+
+    def _release_remote(self, pool: str, job_id: str) -> None:
+        def send() -> Any:
+            return asyncio.wait_for(self.redis.release(pool, [job_id]), self.call_timeout_s * 4)
+
+        self.outbox.put(send)
+
+    def levels(self) -> dict[str, tuple[float, float]]:
+        """``(level, capacity)`` of every bucket as this replica last saw it in Redis."""
+        return dict(self._seen)
+
+    def leases_held(self, pool: str) -> int:
+        """Slots this replica holds in ``pool`` (Redis leases and local fallback ones)."""
+        return len(self._leases.get(pool, ())) + len(self._local_leases.get(pool, ()))
+
+    # -- background ------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the outbox, the heartbeat (also the breaker's probe) and lease renewal."""
+        loop = asyncio.get_running_loop()
+        self.outbox.start()
+        self._tasks = [loop.create_task(self._beat()), loop.create_task(self._renew())]
+
+    async def stop(self, flush_s: float = 2.0) -> None:
+        """Flush the outbox (bounded), stop background tasks, close the connection."""
+        if self.breaker.closed:
+            await self.outbox.flush(flush_s)
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks = []
+        await self.outbox.stop()
+        with contextlib.suppress(*_FAILURES):
+            await self.redis.close()
+
+    async def beat_once(self) -> bool:
+        """One heartbeat; True if Redis answered."""
+        try:
+            async with asyncio.timeout(max(self.call_timeout_s, 0.25)):
+                view = await self.redis.heartbeat(self.replica, self._queue_depth())
+        except _FAILURES:
+            self.breaker.failure()
+            return False
+        self.breaker.success()
+        self.replicas = max(1, view.replicas)
+        self.fleet_queue_depth = view.queue_depth
+        return True
+
+    async def _beat(self) -> None:
+        while True:
+            await self.beat_once()
+            await asyncio.sleep(self.heartbeat_s)
+
+    async def _renew(self) -> None:
+        period = max(0.05, self.redis.lease_ttl_s / 3)
+        while True:
+            await asyncio.sleep(period)
+            for pool, held in list(self._leases.items()):
+                if held and self.breaker.closed:
+                    with contextlib.suppress(StoreUnavailable):
+                        await self._call("renew", self.redis.renew(pool, list(held)))
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "backend": "redis",
+            "up": self.up,
+            "breaker": self.breaker.state,
+            "replica": self.replica,
+            "replicas": self.replicas,
+            "fleet_queue_depth": self.fleet_queue_depth,
+            "on_store_error": self.on_store_error,
+            "fallbacks": dict(self.fallbacks),
+            "outbox": len(self.outbox),
+            "outbox_dropped": self.outbox.dropped,
+            "leases": {p: len(h) for p, h in self._leases.items()},
+            "local_leases": {p: len(h) for p, h in self._local_leases.items()},
+        }

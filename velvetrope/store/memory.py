@@ -1,0 +1,53 @@
+"""The in-memory bucket store: one process, no shared state (``state.url: memory://``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from velvetrope.clock import Clock
+from velvetrope.core.bucket import (
+    BucketSnapshot,
+    Claim,
+    Denial,
+    Grant,
+    MemoryBuckets,
+    SettleLine,
+)
+
+__all__ = ["MemoryStore"]
+
+
+class MemoryStore:
+    """:class:`~velvetrope.store.base.BucketStore` over
+    :class:`~velvetrope.core.bucket.MemoryBuckets`; every call completes without
+    suspending."""
+
+    def __init__(self, clock: Clock, buckets: MemoryBuckets | None = None) -> None:
+        self.clock = clock
+        self.buckets = buckets if buckets is not None else MemoryBuckets()
+
+    async def reserve(self, job_id: str, tenant: str, claims: Sequence[Claim]) -> Grant | Denial:
+        return self.reserve_now(claims)
+
+    def reserve_now(self, claims: Sequence[Claim]) -> Grant | Denial:
+        """:meth:`reserve`, synchronously (used by the fail-open fallback)."""
+        now = self.clock.now()
+        res = self.buckets.reserve(claims, now)
+        if isinstance(res, Grant):
+            return Grant(res.claims, self.buckets.snapshots(claims, now))
+        return res
+
+    async def settle(
+        self, job_id: str, tenant: str, claims: Sequence[Claim], lines: Sequence[SettleLine]
+    ) -> bool:
+        return self.buckets.settle(lines, self.clock.now(), job_id)
+
+    async def snapshots(self, tenant: str, claims: Sequence[Claim]) -> tuple[BucketSnapshot, ...]:
+        return self.buckets.snapshots(claims, self.clock.now())
+
+    def levels(self) -> dict[str, tuple[float, float]]:
+        """Every bucket's ``(level, capacity)`` now."""
+        return self.buckets.levels(self.clock.now())
+
+    async def close(self) -> None:
+        return None
