@@ -9,10 +9,12 @@ connections, non-streaming, closed loop):
 * two workers on ``redis://`` behind one port (C).
 
 For A and B it also reports the gateway's CPU time per request (kernel accounting, over
-the whole run), and for B the Redis part of one admission: the p99 of the reserve call as
-the gateway's own ``velvetrope_state_call_seconds`` histogram records it (interpolated
-within its bucket, as ``histogram_quantile`` does).  Last, two gateway processes on one
-Redis serve one tenant pushing at twice its token limit for ``--limit-seconds``: the
+the whole run), and for B the Redis part of one admission: the p99 of one pipelined round
+trip to Redis (``velvetrope_state_call_seconds{op="round_trip"}``: the reservations of one
+event-loop tick travel together), next to the p99 of the reserve call as a request waits
+for it (which adds the event loop's own backlog at this load), both from the gateway's
+histogram, interpolated within a bucket as ``histogram_quantile`` does.  Last, two gateway
+processes on one Redis serve one tenant pushing at twice its token limit for ``--limit-seconds``: the
 relative error of the tokens admitted against burst + rate × window is ``shared_limit_err``.
 Ends with::
 
@@ -159,12 +161,13 @@ def main() -> None:
                     gw.url + "/admin/status",
                     headers={"Authorization": "Bearer bench-admin-token"},
                 ).json()["state"]["fallbacks"]
-            admit_p99_us = (
-                p99_from_histogram(text, "velvetrope_state_call_seconds", "reserve") * 1e6
-            )
+            hist = "velvetrope_state_call_seconds"
+            admit_p99_us = p99_from_histogram(text, hist, "round_trip") * 1e6
+            seen_p99_us = p99_from_histogram(text, hist, "reserve") * 1e6
             print(
                 f"  redis://   1 worker  {b_rps:8.0f} rps  {b_cpu:6.0f} µs CPU/req ({b_err} err;"
-                f" fallbacks {fallbacks or 'none'}); reserve p99 {admit_p99_us:.0f} µs"
+                f" fallbacks {fallbacks or 'none'}); round trip p99 {admit_p99_us:.0f} µs,"
+                f" reserve as a request waits for it p99 {seen_p99_us:.0f} µs"
             )
             cfg = shared(config(eng.url, True), rds.url)
             port = free_port()

@@ -161,3 +161,27 @@ def test_leases_are_fleet_wide_and_expire(fresh_redis: str) -> None:
             await b.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.integration
+def test_admit_and_finish_take_and_give_back_in_one_call(fresh_redis: str) -> None:
+    async def main() -> None:
+        s = RedisStore(connect(fresh_redis, password=None, timeout_s=1.0), namespace="af")
+        try:
+            assert s.combined
+            claims = [claim(300)]
+            res, lease = await s.admit("j1", "a", claims, "p", 300, 1, None)
+            assert isinstance(res, Grant) and lease is not None and lease.granted
+            res2, lease2 = await s.admit("j2", "a", claims, "p", 300, 1, None)
+            assert isinstance(res2, Grant) and lease2 is not None and not lease2.granted
+            denied, none = await s.admit("j3", "a", [claim(500)], "p", 500, 9, None)
+            assert isinstance(denied, Denial) and none is None  # 400 left: no lease asked
+            assert await s.finish("j1", "a", claims, settle_lines(claims, 100), "p") == (True, 1)
+            assert await s.finish("j1", "a", claims, settle_lines(claims, 100), "p") == (False, 0)
+            (snap,) = await s.snapshots("a", claims)
+            assert snap.remaining == pytest.approx(600, abs=0.01)  # 1000 - 300 (j2) - 100
+            assert (await s.acquire("p", "j4", 1, 1, None)).granted  # j1's slot is free
+        finally:
+            await s.close()
+
+    asyncio.run(main())

@@ -358,6 +358,15 @@ class AdmissionController:
             heapq.heappush(self._deadlines, (deadline, job.seq, job))
         return Queued(job, ahead_n, eta)
 
+    def would_start(self, job: Job) -> bool:
+        """Whether ``job`` (sized by :meth:`claims`) would be dispatched at once if it
+        arrived now: its pool has nothing queued and room for it.  Lets a driver take a
+        slot elsewhere (a fleet lease) in the same round trip as the bucket reservation."""
+        pool = self._pools.get(job.pool)
+        if pool is None or self.draining:
+            return False
+        return pool.sched.queued == 0 and pool.capacity.fits(job, self.clock.now())
+
     def reject(
         self, job: Job, reason: Reason, message: str, retry_after_s: float | None = None
     ) -> Rejected:

@@ -310,8 +310,21 @@ class Gateway:
         watcher = loop.create_task(watch.run(receive))
         try:
             claims = self.ctl.claims(job)
+            gate = self.gates.get(job.pool)
             try:
-                reservation = await self.state.reserve(job.id, tenant, claims)
+                if gate is not None and self.ctl.would_start(job):
+                    # a job that will start at once takes its fleet slot in the same trip
+                    reservation, _ = await self.state.admit(
+                        job.id,
+                        tenant,
+                        claims,
+                        job.pool,
+                        job.cost,
+                        gate.max_in_flight,
+                        gate.max_tokens,
+                    )
+                else:
+                    reservation = await self.state.reserve(job.id, tenant, claims)
             except StoreUnavailable as e:
                 rej = self.ctl.reject(job, Reason.STATE_UNAVAILABLE, str(e), 1.0)
                 await self._reject(send, rej)
@@ -390,13 +403,13 @@ class Gateway:
     def _on_outcome(self, o: Outcome) -> None:
         """Settle every ended job in the store it reserved from; give back its fleet slot."""
         job = o.job
-        if o.settlement.lines:
-            self.state.settle(job.id, job.tenant, job.claims, o.settlement.lines)
-        if job.dispatched_at is not None:
-            gate = self.gates.get(job.pool)
-            if gate is not None:
-                self.state.release(job.pool, job.id)
-                gate.released()
+        gate = self.gates.get(job.pool)
+        # settle; give back the slot if it held one (dispatched, or leased with its
+        # reservation)
+        pool = job.pool if gate is not None else None
+        self.state.finish(job.id, job.tenant, job.claims, o.settlement.lines, pool)
+        if gate is not None:
+            gate.released()
 
     async def _reject(self, send: Send, r: Rejected) -> None:
         headers = _ratelimit_headers(r.snapshots)

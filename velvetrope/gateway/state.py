@@ -45,17 +45,35 @@ class GatewayState(Protocol):
         """Reserve ``claims``; may raise :class:`~velvetrope.errors.StoreUnavailable`."""
         ...
 
-    def settle(
-        self, job_id: str, tenant: str, claims: Sequence[Claim], lines: Sequence[SettleLine]
+    async def admit(
+        self,
+        job_id: str,
+        tenant: str,
+        claims: Sequence[Claim],
+        pool: str,
+        tokens: int,
+        max_in_flight: int,
+        max_tokens: int | None,
+    ) -> tuple[Grant | Denial, bool]:
+        """Reserve ``claims`` and, if granted, take a fleet slot in the same round trip;
+        returns the reservation and whether a slot was taken."""
+        ...
+
+    def finish(
+        self,
+        job_id: str,
+        tenant: str,
+        claims: Sequence[Claim],
+        lines: Sequence[SettleLine],
+        pool: str | None,
     ) -> None:
-        """Settle a job's claims (never waits on I/O)."""
+        """A job ended: settle its claims and give back its slot in ``pool`` (never waits
+        on I/O)."""
         ...
 
     async def acquire(
         self, pool: str, job_id: str, tokens: int, max_in_flight: int, max_tokens: int | None
     ) -> bool: ...
-
-    def release(self, pool: str, job_id: str) -> None: ...
 
     def start(self) -> None: ...
 
@@ -75,18 +93,33 @@ class LocalState:
     async def reserve(self, job_id: str, tenant: str, claims: Sequence[Claim]) -> Grant | Denial:
         return self.store.reserve_now(claims)
 
-    def settle(
-        self, job_id: str, tenant: str, claims: Sequence[Claim], lines: Sequence[SettleLine]
+    async def admit(
+        self,
+        job_id: str,
+        tenant: str,
+        claims: Sequence[Claim],
+        pool: str,
+        tokens: int,
+        max_in_flight: int,
+        max_tokens: int | None,
+    ) -> tuple[Grant | Denial, bool]:
+        return self.store.reserve_now(claims), False
+
+    def finish(
+        self,
+        job_id: str,
+        tenant: str,
+        claims: Sequence[Claim],
+        lines: Sequence[SettleLine],
+        pool: str | None,
     ) -> None:
-        self.store.buckets.settle(lines, self.store.clock.now(), job_id)
+        if lines:
+            self.store.buckets.settle(lines, self.store.clock.now(), job_id)
 
     async def acquire(
         self, pool: str, job_id: str, tokens: int, max_in_flight: int, max_tokens: int | None
     ) -> bool:
         return True
-
-    def release(self, pool: str, job_id: str) -> None:
-        return None
 
     def start(self) -> None:
         return None

@@ -1,7 +1,11 @@
 """Shared state with a failure policy: per-call time budgets, a circuit breaker, a fallback.
 
 :class:`GuardedState` is what the gateway talks to when ``state.url`` is Redis.  Every call
-to Redis runs within ``call_timeout_s``; failures feed a :class:`CircuitBreaker`, so a dead
+to Redis runs within a budget: ``call_timeout_s`` plus a multiple of this process's own
+event-loop lag (measured every 50 ms, a decaying peak), because under load a reply waits
+for the loop as much as for Redis, and a budget that counts our own backlog as Redis's
+fault would trip the breaker exactly when shared limits matter most.  Failures feed a
+:class:`CircuitBreaker`, so a dead
 Redis costs no timeout per request once the breaker opened.  While Redis cannot be reached,
 ``on_store_error`` decides:
 
@@ -89,6 +93,9 @@ class GuardedState:
         self._local_leases: dict[str, set[str]] = {}  # pool -> job ids, fallback slots
         self.outbox = Outbox(ready=self.breaker.allow, on_result=self._result)
         self._tasks: list[asyncio.Task[None]] = []
+        self.loop_lag_s = 0.0  # decaying peak of the event loop's lag
+        if observe_call is not None:
+            redis.observe_round_trips(lambda s: observe_call("round_trip", s))
 
     # -- plumbing ------------------------------------------------------------------
 
@@ -103,7 +110,7 @@ class GuardedState:
         Raises :class:`StoreUnavailable` on any failure."""
         t0 = time.perf_counter()
         try:
-            async with asyncio.timeout(self.call_timeout_s):
+            async with asyncio.timeout(self.budget_s):
                 out = await coro
         except _FAILURES as e:
             self.breaker.failure()
@@ -112,6 +119,11 @@ class GuardedState:
         self.breaker.success()
         self._observe(op, time.perf_counter() - t0)
         return out
+
+    @property
+    def budget_s(self) -> float:
+        """The time one call may take now: the configured budget plus 4x the loop lag."""
+        return self.call_timeout_s + 4.0 * self.loop_lag_s
 
     @property
     def up(self) -> bool:
@@ -139,6 +151,9 @@ class GuardedState:
                 # the answer was lost, not necessarily the reservation: undo it if it
                 # happened (settling a job without a hold changes nothing)
                 self._settle_remote(job_id, tenant, claims, settle_lines(claims, 0))
+        return self._reserve_locally(job_id, claims)
+
+    def _reserve_locally(self, job_id: str, claims: Sequence[Claim]) -> Grant | Denial:
         if self.on_store_error == "fail_closed":
             self.fallbacks["reserve_refused"] += 1
             raise self._unavailable("reserve")
@@ -149,6 +164,86 @@ class GuardedState:
             self._local_jobs.add(job_id)
             return Grant(tuple(claims), self.local.snapshots(res.claims, self.clock.now()))
         return res
+
+    async def admit(
+        self,
+        job_id: str,
+        tenant: str,
+        claims: Sequence[Claim],
+        pool: str,
+        tokens: int,
+        max_in_flight: int,
+        max_tokens: int | None,
+    ) -> tuple[Grant | Denial, bool]:
+        """Reserve and, if granted, take a fleet slot, in one round trip where Redis allows
+        (else two calls).  Returns the reservation and whether a slot was taken; a failure
+        falls back as :meth:`reserve` does (the slot is then left to :meth:`acquire`)."""
+        if not claims or not self.redis.combined:
+            res = await self.reserve(job_id, tenant, claims)
+            if isinstance(res, Denial):
+                return res, False
+            try:
+                return res, await self.acquire(pool, job_id, tokens, max_in_flight, max_tokens)
+            except StoreUnavailable:
+                return res, False
+        if self.breaker.allow():
+            coro = self.redis.admit(job_id, tenant, claims, pool, tokens, max_in_flight, max_tokens)
+            try:
+                res, lease = await self._call("reserve", coro)
+            except StoreUnavailable:
+                self._finish_remote(job_id, tenant, claims, settle_lines(claims, 0), pool)
+            else:
+                for snap in res.snapshots:
+                    self._seen[snap.key] = (snap.remaining, snap.limit)
+                if lease is not None and lease.granted:
+                    self._leases.setdefault(pool, {})[job_id] = tokens
+                    return res, True
+                return res, False
+        return self._reserve_locally(job_id, claims), False
+
+    def finish(
+        self,
+        job_id: str,
+        tenant: str,
+        claims: Sequence[Claim],
+        lines: Sequence[SettleLine],
+        pool: str | None,
+    ) -> None:
+        """A job ended: settle its lines and give back its slot in ``pool`` (if any), each
+        where it was taken; both Redis steps leave as one outbox entry where Redis allows."""
+        held = self._leases.get(pool) if pool is not None else None
+        remote_lease = held is not None and held.pop(job_id, None) is not None
+        if pool is not None and not remote_lease:
+            local = self._local_leases.get(pool)
+            if local is not None:
+                local.discard(job_id)
+        remote_settle = bool(lines) and job_id not in self._local_jobs
+        if not remote_settle and lines:
+            self.settle(job_id, tenant, claims, lines)
+        if remote_settle and remote_lease and pool is not None and self.redis.combined:
+            self._finish_remote(job_id, tenant, claims, lines, pool)
+            return
+        if remote_settle:
+            self._settle_remote(job_id, tenant, claims, lines)
+        if remote_lease and pool is not None:
+            self._release_remote(pool, job_id)
+
+    def _finish_remote(
+        self,
+        job_id: str,
+        tenant: str,
+        claims: Sequence[Claim],
+        lines: Sequence[SettleLine],
+        pool: str,
+    ) -> None:
+        claims_t, lines_t = tuple(claims), tuple(lines)
+
+        def send() -> Any:
+            return asyncio.wait_for(
+                self.redis.finish(job_id, tenant, claims_t, lines_t, pool), self.budget_s * 4
+            )
+
+        self.outbox.put(send)
 
     def settle(
         self, job_id: str, tenant: str, claims: Sequence[Claim], lines: Sequence[SettleLine]
@@ -167,7 +262,7 @@ class GuardedState:
 
         def send() -> Any:
             return asyncio.wait_for(
-                self.redis.settle(job_id, tenant, claims_t, lines_t), self.call_timeout_s * 4
+                self.redis.settle(job_id, tenant, claims_t, lines_t), self.budget_s * 4
             )
 
         self.outbox.put(send)
@@ -177,8 +272,12 @@ class GuardedState:
     async def acquire(
         self, pool: str, job_id: str, tokens: int, max_in_flight: int, max_tokens: int | None
     ) -> bool:
-        """Take a fleet-wide slot for ``job_id``: in Redis, or (fail_open) one of this
-        replica's 1/N share of local slots; fail_closed raises :class:`StoreUnavailable`."""
+        """Take a fleet-wide slot for ``job_id`` (true at once if it holds one): in Redis, or
+        (fail_open) one of this replica's 1/N share of local slots; fail_closed raises
+        :class:`StoreUnavailable`."""
+        mine = self._leases.get(pool)
+        if mine is not None and job_id in mine:
+            return True  # taken earlier (with the reservation)
         if self.breaker.allow():
             coro = self.redis.acquire(pool, job_id, tokens, max_in_flight, max_tokens)
             try:
@@ -214,7 +313,7 @@ class GuardedState:
 
     def _release_remote(self, pool: str, job_id: str) -> None:
         def send() -> Any:
-            return asyncio.wait_for(self.redis.release(pool, [job_id]), self.call_timeout_s * 4)
+            return asyncio.wait_for(self.redis.release(pool, [job_id]), self.budget_s * 4)
 
         self.outbox.put(send)
 
@@ -232,7 +331,11 @@ class GuardedState:
         """Start the outbox, the heartbeat (also the breaker's probe) and lease renewal."""
         loop = asyncio.get_running_loop()
         self.outbox.start()
-        self._tasks = [loop.create_task(self._beat()), loop.create_task(self._renew())]
+        self._tasks = [
+            loop.create_task(self._beat()),
+            loop.create_task(self._renew()),
+            loop.create_task(self._watch_lag()),
+        ]
 
     async def stop(self, flush_s: float = 2.0) -> None:
         """Flush the outbox (bounded), stop background tasks, close the connection."""
@@ -251,7 +354,7 @@ class GuardedState:
     async def beat_once(self) -> bool:
         """One heartbeat; True if Redis answered."""
         try:
-            async with asyncio.timeout(max(self.call_timeout_s, 0.25)):
+            async with asyncio.timeout(max(self.budget_s, 0.25)):
                 view = await self.redis.heartbeat(self.replica, self._queue_depth())
         except _FAILURES:
             self.breaker.failure()
@@ -265,6 +368,14 @@ class GuardedState:
         while True:
             await self.beat_once()
             await asyncio.sleep(self.heartbeat_s)
+
+    async def _watch_lag(self, period_s: float = 0.05) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            t = loop.time()
+            await asyncio.sleep(period_s)
+            lag = max(0.0, loop.time() - t - period_s)
+            self.loop_lag_s = max(lag, self.loop_lag_s * 0.8)
 
     async def _renew(self) -> None:
         period = max(0.05, self.redis.lease_ttl_s / 3)
@@ -280,6 +391,7 @@ class GuardedState:
             "backend": "redis",
             "up": self.up,
             "breaker": self.breaker.state,
+            "budget_ms": round(self.budget_s * 1000, 2),
             "replica": self.replica,
             "replicas": self.replicas,
             "fleet_queue_depth": self.fleet_queue_depth,
