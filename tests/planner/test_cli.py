@@ -91,6 +91,18 @@ def test_text_output_explains_every_number(wfile: Path) -> None:
     assert len(lines) >= 10  # a value and its reason on every line
 
 
+def test_trace_plan_says_the_wait_replays_the_arrivals() -> None:
+    cmd = "plan --trace azure_code --service-model analytic --slo-p99 4s"
+    res = runner.invoke(app, cmd.split())
+    assert res.exit_code == 0, res.output
+    assert "over the whole trace" in res.stdout
+    assert "the queue wait replays the arrivals at the design rate" in res.stdout
+    assert "warning: arrivals come in bursts" in res.stdout
+    doc = json.loads(runner.invoke(app, [*cmd.split(), "--json"]).stdout)
+    assert doc["inputs"]["wait_model"] == "gdc-replay"
+    assert doc["inputs"]["arrival_scv_whole_trace"] > doc["inputs"]["arrival_scv"] > 10
+
+
 def test_plot_and_json(wfile: Path, tmp_path: Path) -> None:
     png = tmp_path / "plan.png"
     res = runner.invoke(app, [*plan_args(wfile), "--json", "--plot", str(png), "--peak-rps", "12"])

@@ -37,6 +37,7 @@ RNG = np.random.default_rng(9)
 PROMPT = np.rint(RNG.lognormal(np.log(1000), 0.6, 300)).astype(np.int64) + 1
 OUTPUT = np.rint(RNG.lognormal(np.log(130), 0.7, 300)).astype(np.int64) + 1
 CURVE = analytic_service_curve(PROFILE, PROMPT, OUTPUT)
+BURSTY = np.cumsum(np.where(RNG.random(4000) < 0.9, RNG.exponential(0.1, 4000), 9.1))
 
 
 def workload(rps: float, tenants: tuple[Tenant, ...] = (Tenant("default", 1.0),)) -> PlanWorkload:
@@ -163,6 +164,18 @@ def test_more_load_never_needs_fewer_replicas(l1: float, l2: float, metric: str)
     )
 
 
+@settings(max_examples=15, deadline=None)
+@given(st.floats(1.0, 150.0), st.floats(1.0, 150.0))
+def test_more_load_never_needs_fewer_replicas_with_bursty_arrivals(l1: float, l2: float) -> None:
+    lo, hi = sorted((l1, l2))
+    bursty = dataclasses.replace(workload(lo), arrival_pattern=BURSTY)
+    slo = Slo("wait", 1.0)
+    a = make_plan(bursty, CURVE, slo)
+    b = make_plan(bursty.with_design_rate(hi, "test"), CURVE, slo)
+    assert b.replicas >= a.replicas
+    assert b.at.wait_sample.size == a.at.wait_sample.size == BURSTY.size
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.floats(6.5, 30.0), st.floats(6.5, 30.0), st.floats(5.0, 120.0))
 def test_tighter_slo_never_needs_fewer_replicas(s1: float, s2: float, lam: float) -> None:
@@ -247,6 +260,16 @@ def test_warnings_name_where_the_model_is_weak() -> None:
     bursty = dataclasses.replace(workload(20.0), arrival_scv=9.0)
     plan = make_plan(bursty, CURVE, Slo("wait", 2.0))
     assert len(plan.warnings) == 1 and "bursty (C_a² = 9" in plan.warnings[0]
+    # with the arrivals themselves, bursts are replayed: the warning is about end-to-end
+    bursts = np.repeat(np.arange(30.0) * 600, 600)  # 600 at once every 600 s: 1 req/s
+    replayed = dataclasses.replace(bursty, arrival_pattern=bursts)
+    plan = make_plan(replayed, CURVE, Slo("wait", 60.0), concurrency=16)
+    assert plan.at.p_wait > 0.01
+    assert len(plan.warnings) == 1 and "arrivals come in bursts" in plan.warnings[0]
+    smooth = dataclasses.replace(replayed, arrival_pattern=np.arange(2000.0), arrival_scv=0.0)
+    assert make_plan(smooth, CURVE, Slo("wait", 60.0), concurrency=16).warnings == ()
+    ttft = make_plan(workload(20.0), CURVE, Slo("ttft", 2.0)).warnings
+    assert len(ttft) == 1 and "time to first token was measured" in ttft[0]
     long = dataclasses.replace(
         workload(5.0), prompt=np.array([9000, 100]), output=np.array([10, 0])
     )

@@ -90,9 +90,21 @@ def format_plan(plan: Plan) -> list[str]:
         f"p50 {_n(w.output_p50)} / p99 {_n(w.output_p99)} tokens; {_n(plan.tokens_per_request)} "
         f"tokens per request on average ({w.source})"
     )
+    whole = (
+        ""
+        if w.whole_trace_scv is None
+        else f" inside minutes, {w.whole_trace_scv:.3g} over the whole trace"
+    )
+    if w.arrival_pattern is not None:
+        how = (
+            "the queue wait replays the arrivals at the design rate through the "
+            f"{plan.max_in_flight} slots, each held R({k}) = {_s(c.residence(k))} (G/D/c)"
+        )
+    else:
+        how = "the Allen–Cunneen factor on the queue wait is their mean"
     add(
-        f"  variability       C_a² {w.arrival_scv:.3g} (inter-arrival), C_s² {c.mix.work_scv:.3g} "
-        "(iterations per request): the Allen–Cunneen factor on the queue wait is their mean"
+        f"  variability       C_a² {w.arrival_scv:.3g} (inter-arrival{whole}), C_s² "
+        f"{c.mix.work_scv:.3g} (iterations per request): {how}"
     )
     add("")
     method = {
