@@ -85,6 +85,10 @@ def test_text_output_explains_every_number(wfile: Path) -> None:
         "rule of thumb   refill",
         "model           refill",
         "KEDA threshold    ",
+        "rule of thumb   ",
+        "the seed's (L/S) × concurrency × 1.5 = (12 s / ",
+        "seed's rule     ",
+        "8 on vllm:num_requests_waiting",
     ):
         assert needle in out, needle
     lines = [ln for ln in out.splitlines() if ln.startswith("  ") and "—" in ln]

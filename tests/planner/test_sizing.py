@@ -26,8 +26,10 @@ from velvetrope.planner.sizing import (
     make_plan,
     plan_to_dict,
     queue_bound,
+    queue_depth_rule_of_thumb,
     replicas_for_utilisation,
     replicas_needed,
+    seed_keda_equivalent,
     service_floor_p99,
 )
 from velvetrope.planner.workload import PlanWorkload, Tenant
@@ -83,8 +85,13 @@ def test_seed_example_seven_gpus_through_the_planner() -> None:
 def test_queue_bound_formula_and_the_seed_example() -> None:
     # S = 800 ms, p99 budget L = 4 s, 32 in flight: a slot frees every S/32 = 25 ms, so the
     # request at depth Q starts after Q × 25 ms; with the whole budget for waiting that is
-    # 160, with L − S = 3.2 s left after its own service 128.  (The seed quotes "≈ 240",
-    # which would need a 6 s drain; see the sizing module docstring.)
+    # 160, with L − S = 3.2 s left after its own service 128.  The seed's rule of thumb
+    # (L/S) × concurrency × 1.5 gives its 240.
+    assert queue_depth_rule_of_thumb(4.0, 0.8, 32) == 240
+    assert queue_depth_rule_of_thumb(4.0, 0.8, 1) == 7  # 7.5: floored
+    for bad in ((0.0, 0.8, 32), (4.0, 0.0, 32), (4.0, 0.8, 0)):
+        with pytest.raises(PolicyError):
+            queue_depth_rule_of_thumb(*bad)
     assert queue_bound(0.8, 4.0 - 0.8, 32) == 128
     assert queue_bound(0.8, 4.0, 32) == 160
     assert queue_bound(0.8, -1.0, 32) == 0
@@ -209,6 +216,20 @@ def test_buckets_queue_bound_and_keda() -> None:
     assert plan.wait_budget_s == pytest.approx(10.0 - s)
     assert plan.queue_bound_pool == math.floor(n * plan.concurrency * (10.0 - s) / s + 1e-9)
     assert plan.keda_threshold == max(1, math.floor(x * plan.wait_budget_s / 2))
+    # the seed's rules beside the model's: queue depth (L/S) × concurrency × 1.5 with L the
+    # SLO's p99, and its 8 waiting per engine as the gateway depth that drains as fast
+    assert plan.rule_queue_bound_pool == math.floor(10.0 / s * n * plan.concurrency * 1.5 + 1e-9)
+    assert plan.rule_queue_bound_per_replica == math.floor(10.0 / s * plan.concurrency * 1.5 + 1e-9)
+    assert plan.seed_keda_threshold == max(1, round(8 * x / CURVE.max_throughput_rps))
+
+
+def test_seed_keda_equivalent() -> None:
+    assert seed_keda_equivalent(9.0, 9.0) == 8  # at saturation: the same 8
+    assert seed_keda_equivalent(4.5, 9.0) == 4  # half as fast: 4 drain in the same time
+    assert seed_keda_equivalent(0.1, 9.0) == 1  # never below one request
+    for bad in ((0.0, 9.0), (10.0, 9.0), (math.nan, 9.0)):
+        with pytest.raises(PolicyError):
+            seed_keda_equivalent(*bad)
 
 
 def test_json_schema() -> None:
@@ -243,6 +264,8 @@ def test_json_schema() -> None:
     assert fewer is None or fewer["replicas"] == plan.replicas - 1
     assert {"rule_of_thumb", "model"} <= set(back["buckets"][0])
     assert back["keda"]["threshold_per_replica"] >= 1
+    assert back["keda"]["seed_rule"]["vllm_num_requests_waiting"] == 8
+    assert back["queue"]["rule_of_thumb"]["bound_pool"] == plan.rule_queue_bound_pool
     assert len(back["service"]["concurrency"]) == len(back["service"]["throughput_rps"])
 
 

@@ -72,7 +72,7 @@ def _bucket(refill_tps: float, capacity: float) -> str:
 
 def format_plan(plan: Plan) -> list[str]:
     """The human-readable plan, one number per line with the reason for it."""
-    from velvetrope.planner.sizing import KNEE_FRACTION, RULE_OF_THUMB_FRACTION
+    from velvetrope.planner.sizing import KNEE_FRACTION, RULE_OF_THUMB_FRACTION, SEED_KEDA_WAITING
 
     w, c, at = plan.workload, plan.curve, plan.at
     slo = plan.slo
@@ -186,6 +186,13 @@ def format_plan(plan: Plan) -> list[str]:
         f"{_s(plan.wait_budget_s)} / {_s(at.service_mean_s)}⌋: a request deeper than this could "
         f"not start within the {_s(plan.wait_budget_s)} left for waiting"
     )
+    add(
+        f"    rule of thumb   {plan.rule_queue_bound_pool} in the pool "
+        f"({plan.rule_queue_bound_per_replica} per replica) — the seed's (L/S) × concurrency × "
+        f"1.5 = ({_s(slo.p99_s)} / {_s(at.service_mean_s)}) × {plan.max_in_flight} × 1.5, the "
+        "1.5 a cushion for long-tailed latencies: deeper, so fewer 503s but some admitted "
+        "requests start too late for the SLO"
+    )
     per_gpu = plan.per_replica_rps * plan.tokens_per_request / plan.gpus_per_replica
     for b in plan.buckets:
         add(f"  bucket {b.tenant!r} (share {b.share:.2f}), tokens = prompt + output:")
@@ -204,6 +211,15 @@ def format_plan(plan: Plan) -> list[str]:
         f"  KEDA threshold    {plan.keda_threshold} queued per replica (minReplicaCount {n}) — "
         f"scale out when the backlog would take half of the {_s(max(plan.wait_budget_s, 0.0))} "
         f"wait budget to drain at {_n(plan.per_replica_rps)} req/s per replica"
+    )
+    drain = SEED_KEDA_WAITING / c.max_throughput_rps
+    add(
+        f"    seed's rule     {plan.seed_keda_threshold} queued per replica — the seed scales at "
+        f"{SEED_KEDA_WAITING} on vllm:num_requests_waiting, but behind the gateway engines "
+        "hardly queue (dispatch goes only into free slots), so scale on the gateway's "
+        f"velvetrope_queue_depth: {SEED_KEDA_WAITING} waiting at a saturated engine drain in "
+        f"{_s(drain)} at {_n(c.max_throughput_rps)} req/s, as {plan.seed_keda_threshold} do at "
+        f"{_n(plan.per_replica_rps)} req/s"
     )
     out[1:1] = [f"warning: {w}" for w in plan.warnings]
     return out

@@ -42,8 +42,13 @@ Admission settings derived from the plan
   holds requests that would miss the SLO anyway, so the band sheds them at the door (503
   with ``Retry-After``) instead.  The seed's worked example (``S = 800 ms``, ``L = 4 s``,
   concurrency 32) gives ``32·(4 − 0.8)/0.8 = 128`` by this rule, ``32·4/0.8 = 160`` if the
-  whole 4 s is a *wait* budget; the seed's "≈ 240" needs a 6 s drain (1.5 × L) and does not
-  follow from these three numbers (see :func:`queue_bound`).
+  whole 4 s is a *wait* budget.
+* **The seed's rule of thumb** for the same bound (:func:`queue_depth_rule_of_thumb`),
+  printed next to it: ``⌊(L/S) × concurrency × 1.5⌋``, the 1.5 being the seed's cushion for
+  long-tailed latencies; its worked example gives ``(4/0.8) × 32 × 1.5 = 240``.  It is
+  deeper than the model's bound by ``1.5·L/W_b`` (1.9× in the example): it admits requests
+  that, at the mean service time, start after the SLO has passed, trading those misses
+  for fewer 503s when service times run short.
 * **Edge token bucket per tenant** (:class:`BucketSizing`), cost = prompt + output tokens:
   the seed's rule of thumb, refill ``= sustainable tok/s per GPU × GPUs × 0.7`` (the
   sustainable rate being ``X(K)·E[tokens]`` per replica) and capacity ``4 ×`` the refill
@@ -56,6 +61,15 @@ Admission settings derived from the plan
   wait budget to drain, i.e. at half the queue bound, before requests start missing the
   SLO.  Queue depth is zero most of the time at ρ ≤ 0.85, so ``minReplicaCount`` should be
   the planned ``N``: KEDA then only adds replicas in a spike.
+* **The seed's KEDA threshold**, 8 on ``vllm:num_requests_waiting`` per engine
+  (:data:`SEED_KEDA_WAITING`), does not carry over as a number on the engines: behind the
+  gateway an engine is sent at most ``K`` requests, and dispatch is held while engines
+  report a queue of their own (``gateway.saturation``), so their waiting count stays near
+  0 and the backlog sits in ``velvetrope_queue_depth`` instead.  What carries over is the
+  backlog: 8 requests waiting at an engine that serves ``X(max_num_seqs)`` req/s drain in
+  ``8/X(max)``; the same drain time at ``X(K)`` is ``max(1, round(8·X(K)/X(max)))`` queued
+  per replica in the gateway (:func:`seed_keda_equivalent`), which the plan prints next
+  to its own threshold.
 
 Units: seconds, requests per second, tokens per second.
 """
@@ -79,6 +93,8 @@ from velvetrope.planner.workload import PlanWorkload
 __all__ = [
     "RULE_OF_THUMB_BURST_S",
     "RULE_OF_THUMB_FRACTION",
+    "RULE_OF_THUMB_QUEUE_CUSHION",
+    "SEED_KEDA_WAITING",
     "TIER_RHO",
     "BucketSizing",
     "Plan",
@@ -88,8 +104,10 @@ __all__ = [
     "plan_to_dict",
     "plan_warnings",
     "queue_bound",
+    "queue_depth_rule_of_thumb",
     "replicas_for_utilisation",
     "replicas_needed",
+    "seed_keda_equivalent",
     "service_floor_p99",
 ]
 
@@ -101,6 +119,12 @@ RULE_OF_THUMB_FRACTION = 0.7
 
 RULE_OF_THUMB_BURST_S = 4.0
 """The seed's bucket capacity: this many seconds of refill."""
+
+RULE_OF_THUMB_QUEUE_CUSHION = 1.5
+"""The seed's queue depth: ``(L/S) × concurrency`` times this cushion for long tails."""
+
+SEED_KEDA_WAITING = 8
+"""The seed's KEDA threshold: requests waiting per engine on ``vllm:num_requests_waiting``."""
 
 KNEE_FRACTION = 0.95
 """Concurrencies are searched up to the knee where ``X`` reaches this fraction of its max."""
@@ -164,6 +188,31 @@ def queue_bound(service_s: float, wait_budget_s: float, concurrency: int) -> int
     if w <= 0:
         return 0
     return math.floor(concurrency * w / s + _EPS)
+
+
+def queue_depth_rule_of_thumb(latency_s: float, service_s: float, concurrency: int) -> int:
+    """The seed's queue depth: ``⌊(L/S) × concurrency × 1.5⌋`` (``L`` the p99 latency target,
+    ``S`` the mean service time); its example ``L = 4 s, S = 0.8 s``, 32 in flight, is 240.
+
+    A rule of thumb, printed beside :func:`queue_bound` (see the module docstring for how
+    they differ).  A quotient within 1e-9 of an integer counts as that integer.
+    """
+    lat, s = float(latency_s), float(service_s)
+    for name, v in (("latency_s", lat), ("service_s", s)):
+        if not (math.isfinite(v) and v > 0):
+            raise PolicyError(f"{name} must be finite and > 0 (got {v!r})")
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+        raise PolicyError(f"concurrency must be an int >= 1 (got {concurrency!r})")
+    return math.floor(lat / s * concurrency * RULE_OF_THUMB_QUEUE_CUSHION + _EPS)
+
+
+def seed_keda_equivalent(per_replica_rps: float, saturated_rps: float) -> int:
+    """Gateway queue depth per replica that drains as fast as the seed's 8 waiting requests
+    at a saturated engine: ``max(1, round(8 · X(K)/X(max)))`` (see the module docstring)."""
+    x, xmax = float(per_replica_rps), float(saturated_rps)
+    if not (math.isfinite(x) and math.isfinite(xmax) and 0 < x <= xmax * (1 + _EPS)):
+        raise PolicyError(f"need 0 < per_replica_rps <= saturated_rps (got {x!r}, {xmax!r})")
+    return max(1, round(SEED_KEDA_WAITING * x / xmax))
 
 
 def gpus_per_replica(profile_name: str, description: str = "") -> int:
@@ -287,7 +336,11 @@ class Plan:
         wait_budget_s: ``W_b``, the part of the p99 budget left for waiting.
         queue_bound_pool: the band's bound for the pool (``max_queued``);
         queue_bound_per_replica: the same per replica.
+        rule_queue_bound_pool, rule_queue_bound_per_replica: the seed's rule of thumb for
+            the same bounds (:func:`queue_depth_rule_of_thumb` with ``L`` the SLO's p99).
         keda_threshold: queue depth per replica at which KEDA adds a replica.
+        seed_keda_threshold: the seed's 8 on ``vllm:num_requests_waiting`` as a gateway
+            queue depth per replica (:func:`seed_keda_equivalent`).
         warnings: where the model is known to be weak for these inputs (see
             :func:`plan_warnings`), one sentence each.
         buckets: per tenant, rule of thumb and model.
@@ -311,7 +364,10 @@ class Plan:
     wait_budget_s: float
     queue_bound_pool: int
     queue_bound_per_replica: int
+    rule_queue_bound_pool: int
+    rule_queue_bound_per_replica: int
     keda_threshold: int
+    seed_keda_threshold: int
     buckets: tuple[BucketSizing, ...]
     warnings: tuple[str, ...] = ()
 
@@ -469,6 +525,8 @@ def make_plan(
     qb_pool = queue_bound(at.service_mean_s, budget, n * k)
     qb_rep = queue_bound(at.service_mean_s, budget, k)
     keda = max(1, math.floor(x_k * max(budget, 0.0) / 2.0))
+    rule_pool = queue_depth_rule_of_thumb(slo.p99_s, at.service_mean_s, n * k)
+    rule_rep = queue_depth_rule_of_thumb(slo.p99_s, at.service_mean_s, k)
     prof = curve.profile
     gpr = gpus if gpus is not None else gpus_per_replica(prof.name, prof.description)
     if gpr < 1:
@@ -506,7 +564,10 @@ def make_plan(
         wait_budget_s=budget,
         queue_bound_pool=qb_pool,
         queue_bound_per_replica=qb_rep,
+        rule_queue_bound_pool=rule_pool,
+        rule_queue_bound_per_replica=rule_rep,
         keda_threshold=keda,
+        seed_keda_threshold=seed_keda_equivalent(x_k, curve.max_throughput_rps),
         buckets=buckets,
         warnings=plan_warnings(workload, curve, k, at, slo),
     )
@@ -598,6 +659,11 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             "wait_budget_s": plan.wait_budget_s,
             "bound_pool": plan.queue_bound_pool,
             "bound_per_replica": plan.queue_bound_per_replica,
+            "rule_of_thumb": {
+                "bound_pool": plan.rule_queue_bound_pool,
+                "bound_per_replica": plan.rule_queue_bound_per_replica,
+                "formula": "(L/S) * concurrency * 1.5",
+            },
         },
         "buckets": [
             {
@@ -618,6 +684,10 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "keda": {
             "metric": "queue depth (requests queued in the gateway)",
             "threshold_per_replica": plan.keda_threshold,
+            "seed_rule": {
+                "vllm_num_requests_waiting": SEED_KEDA_WAITING,
+                "gateway_queue_depth_per_replica": plan.seed_keda_threshold,
+            },
             "min_replicas": plan.replicas,
         },
     }
