@@ -14,6 +14,12 @@ from hypothesis import strategies as st
 from velvetrope.engine import load_profile
 from velvetrope.errors import PolicyError
 from velvetrope.planner.predict import predict
+from velvetrope.planner.rules import (
+    queue_bound,
+    queue_depth_rule_of_thumb,
+    replicas_for_utilisation,
+    seed_keda_equivalent,
+)
 from velvetrope.planner.service import (
     ServiceCurve,
     analytic_service_curve,
@@ -25,11 +31,7 @@ from velvetrope.planner.sizing import (
     gpus_per_replica,
     make_plan,
     plan_to_dict,
-    queue_bound,
-    queue_depth_rule_of_thumb,
-    replicas_for_utilisation,
     replicas_needed,
-    seed_keda_equivalent,
     service_floor_p99,
 )
 from velvetrope.planner.workload import PlanWorkload, Tenant

@@ -11,8 +11,8 @@ For a per-replica concurrency ``K`` (the slots the admission core gives each rep
 ``ρ = λ/(N·X(K))`` is the design rate over the fleet's throughput with every slot busy.
 
 1. The utilisation bound gives ``N_ρ = ceil(λ/(X(K)·ρ_target))``
-   (:func:`replicas_for_utilisation` — the seed's rule: 50 req/s at 12 req/s per worker
-   and ρ = 0.6 is ``ceil(6.94) = 7``).
+   (:func:`~velvetrope.planner.rules.replicas_for_utilisation` — the seed's rule: 50 req/s
+   at 12 req/s per worker and ρ = 0.6 is ``ceil(6.94) = 7``).
 2. If the model (:func:`velvetrope.planner.predict.predict`) says ``N_ρ`` meets the SLO,
    that is the answer and *the ρ bound binds*; otherwise *the SLO binds*: ``N`` doubles
    until the SLO is met, then bisection finds the smallest such ``N``.  This relies on the
@@ -33,43 +33,45 @@ tighter SLO never needs fewer (the feasible sizes only shrink).
 
 Admission settings derived from the plan
 ----------------------------------------
-* **Queue bound per band** (:func:`queue_bound`): ``⌊c·W_b/S⌋`` where ``c = N·K`` slots,
-  ``S`` the mean service time at the design point and ``W_b`` the part of the p99 budget
-  ``L`` left for waiting (``L − S`` for an end-to-end SLO, ``L`` for a wait SLO,
-  ``L − mean first-token service`` for TTFT).  Derivation: with every slot busy, a slot
-  frees on average every ``S/c`` seconds (Little on the ``c`` slots), so the request at
-  position ``Q`` starts after ``Q·S/c``; it must start within ``W_b``.  A deeper queue only
-  holds requests that would miss the SLO anyway, so the band sheds them at the door (503
-  with ``Retry-After``) instead.  The seed's worked example (``S = 800 ms``, ``L = 4 s``,
-  concurrency 32) gives ``32·(4 − 0.8)/0.8 = 128`` by this rule, ``32·4/0.8 = 160`` if the
-  whole 4 s is a *wait* budget.
-* **The seed's rule of thumb** for the same bound (:func:`queue_depth_rule_of_thumb`),
-  printed next to it: ``⌊(L/S) × concurrency × 1.5⌋``, the 1.5 being the seed's cushion for
-  long-tailed latencies; its worked example gives ``(4/0.8) × 32 × 1.5 = 240``.  It is
-  deeper than the model's bound by ``1.5·L/W_b`` (1.9× in the example): it admits requests
-  that, at the mean service time, start after the SLO has passed, trading those misses
-  for fewer 503s when service times run short.
+* **Queue bound per band** (:func:`~velvetrope.planner.rules.queue_bound`): ``⌊c·W_b/S⌋``
+  where ``c = N·K`` slots, ``S`` the mean service time at the design point and ``W_b`` the
+  part of the p99 budget ``L`` left for waiting (``L − S`` for an end-to-end SLO, ``L`` for
+  a wait SLO, ``L − mean first-token service`` for TTFT).  Derivation: with every slot busy,
+  a slot frees on average every ``S/c`` seconds (Little on the ``c`` slots), so the request
+  at position ``Q`` starts after ``Q·S/c``; it must start within ``W_b``.  A deeper queue
+  only holds requests that would miss the SLO anyway, so the band sheds them at the door
+  (503 with ``Retry-After``) instead.  The seed's worked example (``S = 800 ms``, ``L = 4
+  s``, concurrency 32) gives ``32·(4 − 0.8)/0.8 = 128`` by this rule, ``32·4/0.8 = 160`` if
+  the whole 4 s is a *wait* budget.
+* **The seed's rule of thumb** for the same bound
+  (:func:`~velvetrope.planner.rules.queue_depth_rule_of_thumb`), printed next to it:
+  ``⌊(L/S) × concurrency × 1.5⌋``, the 1.5 being the seed's cushion for long-tailed
+  latencies; its worked example gives ``(4/0.8) × 32 × 1.5 = 240``.  It is deeper than the
+  model's bound by ``1.5·L/W_b`` (1.9× in the example): it admits requests that, at the mean
+  service time, start after the SLO has passed, trading those misses for fewer 503s when
+  service times run short.
 * **Edge token bucket per tenant** (:class:`BucketSizing`), cost = prompt + output tokens:
   the seed's rule of thumb, refill ``= sustainable tok/s per GPU × GPUs × 0.7`` (the
   sustainable rate being ``X(K)·E[tokens]`` per replica) and capacity ``4 ×`` the refill
-  (four seconds of it); and the model's answer, refill ``= share × ρ_target·N·X(K)·E[tokens]``
-  (all tenants at their limits load the fleet exactly to the target ρ) and capacity
-  ``= min(queue bound, spare·W_b)·E[tokens]`` with ``spare = (1 − ρ)·N·X(K)`` — the
-  largest burst the fleet clears within the wait budget.
-* **KEDA threshold** on the gateway's queue depth (``averageValue`` per replica):
-  ``max(1, ⌊X(K)·W_b/2⌋)``: scale out once the backlog per replica would take half the
-  wait budget to drain, i.e. at half the queue bound, before requests start missing the
-  SLO.  Queue depth is zero most of the time at ρ ≤ 0.85, so ``minReplicaCount`` should be
-  the planned ``N``: KEDA then only adds replicas in a spike.
+  (four seconds of it); and the model's answer, refill ``= share ×
+  ρ_target·N·X(K)·E[tokens]`` (all tenants at their limits load the fleet exactly to the
+  target ρ) and capacity ``= min(queue bound, spare·W_b)·E[tokens]`` with ``spare = (1 −
+  ρ)·N·X(K)`` — the largest burst the fleet clears within the wait budget.
+* **KEDA threshold** on the gateway's queue depth (``averageValue`` per replica): ``max(1,
+  ⌊X(K)·W_b/2⌋)``: scale out once the backlog per replica would take half the wait budget to
+  drain, i.e. at half the queue bound, before requests start missing the SLO.  Queue depth
+  is zero most of the time at ρ ≤ 0.85, so ``minReplicaCount`` should be the planned ``N``:
+  KEDA then only adds replicas in a spike.
 * **The seed's KEDA threshold**, 8 on ``vllm:num_requests_waiting`` per engine
-  (:data:`SEED_KEDA_WAITING`), does not carry over as a number on the engines: behind the
-  gateway an engine is sent at most ``K`` requests, and dispatch is held while engines
-  report a queue of their own (``gateway.saturation``), so their waiting count stays near
-  0 and the backlog sits in ``velvetrope_queue_depth`` instead.  What carries over is the
-  backlog: 8 requests waiting at an engine that serves ``X(max_num_seqs)`` req/s drain in
-  ``8/X(max)``; the same drain time at ``X(K)`` is ``max(1, round(8·X(K)/X(max)))`` queued
-  per replica in the gateway (:func:`seed_keda_equivalent`), which the plan prints next
-  to its own threshold.
+  (:data:`~velvetrope.planner.rules.SEED_KEDA_WAITING`), does not carry over as a number on
+  the engines: behind the gateway an engine is sent at most ``K`` requests, and dispatch is
+  held while engines report a queue of their own (``gateway.saturation``), so their waiting
+  count stays near 0 and the backlog sits in ``velvetrope_queue_depth`` instead.  What
+  carries over is the backlog: 8 requests waiting at an engine that serves
+  ``X(max_num_seqs)`` req/s drain in ``8/X(max)``; the same drain time at ``X(K)`` is
+  ``max(1, round(8·X(K)/X(max)))`` queued per replica in the gateway
+  (:func:`~velvetrope.planner.rules.seed_keda_equivalent`), which the plan prints next to
+  its own threshold.
 
 Units: seconds, requests per second, tokens per second.
 """
@@ -87,14 +89,20 @@ from numpy.typing import NDArray
 
 from velvetrope.errors import PolicyError
 from velvetrope.planner.predict import Metric, Prediction, predict
+from velvetrope.planner.rules import (
+    RULE_OF_THUMB_BURST_S,
+    RULE_OF_THUMB_FRACTION,
+    SEED_KEDA_WAITING,
+    queue_bound,
+    queue_depth_rule_of_thumb,
+    replicas_for_utilisation,
+    rho_warning,
+    seed_keda_equivalent,
+)
 from velvetrope.planner.service import ServiceCurve
 from velvetrope.planner.workload import PlanWorkload
 
 __all__ = [
-    "RULE_OF_THUMB_BURST_S",
-    "RULE_OF_THUMB_FRACTION",
-    "RULE_OF_THUMB_QUEUE_CUSHION",
-    "SEED_KEDA_WAITING",
     "TIER_RHO",
     "BucketSizing",
     "Plan",
@@ -103,28 +111,12 @@ __all__ = [
     "make_plan",
     "plan_to_dict",
     "plan_warnings",
-    "queue_bound",
-    "queue_depth_rule_of_thumb",
-    "replicas_for_utilisation",
     "replicas_needed",
-    "seed_keda_equivalent",
     "service_floor_p99",
 ]
 
 TIER_RHO: Mapping[str, float] = {"interactive": 0.6, "batch": 0.85}
 """Default target utilisation by tier."""
-
-RULE_OF_THUMB_FRACTION = 0.7
-"""The seed's bucket refill: this fraction of the fleet's sustainable token rate."""
-
-RULE_OF_THUMB_BURST_S = 4.0
-"""The seed's bucket capacity: this many seconds of refill."""
-
-RULE_OF_THUMB_QUEUE_CUSHION = 1.5
-"""The seed's queue depth: ``(L/S) × concurrency`` times this cushion for long tails."""
-
-SEED_KEDA_WAITING = 8
-"""The seed's KEDA threshold: requests waiting per engine on ``vllm:num_requests_waiting``."""
 
 KNEE_FRACTION = 0.95
 """Concurrencies are searched up to the knee where ``X`` reaches this fraction of its max."""
@@ -150,69 +142,6 @@ class Slo:
 
     def __str__(self) -> str:
         return f"p99 {self.metric} <= {self.p99_s:g} s"
-
-
-def replicas_for_utilisation(peak_rps: float, per_replica_rps: float, rho: float) -> int:
-    """``ceil(peak / (per_replica × ρ))``: replicas so that the peak runs at ρ or below.
-
-    The seed's rule: 50 req/s at 12 req/s per worker and ρ = 0.6 gives 7.  A quotient
-    within 1e-9 of an integer counts as that integer (no extra replica for rounding noise).
-    """
-    lam, mu, r = float(peak_rps), float(per_replica_rps), float(rho)
-    for name, v in (("peak_rps", lam), ("per_replica_rps", mu)):
-        if not (math.isfinite(v) and v > 0):
-            raise PolicyError(f"{name} must be finite and > 0 (got {v!r})")
-    if not (0 < r < 1):
-        raise PolicyError(f"rho must be in (0, 1) (got {rho!r})")
-    return max(1, math.ceil(lam / (mu * r) - _EPS))
-
-
-def queue_bound(service_s: float, wait_budget_s: float, concurrency: int) -> int:
-    """``⌊concurrency · wait_budget / service⌋``: the deepest queue that still drains in time.
-
-    With ``concurrency`` slots busy and a mean service time ``service_s``, a slot frees
-    every ``service_s/concurrency`` seconds on average, so the request at position ``Q``
-    starts after ``Q·service_s/concurrency``.  Bounding ``Q`` by this value means every
-    admitted request can start within ``wait_budget_s``.  For an end-to-end p99 budget ``L``
-    pass ``wait_budget_s = L − S``: ``(L − S)/S × concurrency``.  The seed's example
-    ``S = 0.8, L = 4, concurrency 32`` gives 128 (160 if all 4 s may be spent waiting).
-    A budget ``<= 0`` gives 0: every request that cannot start at once would miss it.
-    """
-    s, w = float(service_s), float(wait_budget_s)
-    if not (math.isfinite(s) and s > 0):
-        raise PolicyError(f"service_s must be finite and > 0 (got {service_s!r})")
-    if not math.isfinite(w):
-        raise PolicyError(f"wait_budget_s must be finite (got {wait_budget_s!r})")
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        raise PolicyError(f"concurrency must be an int >= 1 (got {concurrency!r})")
-    if w <= 0:
-        return 0
-    return math.floor(concurrency * w / s + _EPS)
-
-
-def queue_depth_rule_of_thumb(latency_s: float, service_s: float, concurrency: int) -> int:
-    """The seed's queue depth: ``⌊(L/S) × concurrency × 1.5⌋`` (``L`` the p99 latency target,
-    ``S`` the mean service time); its example ``L = 4 s, S = 0.8 s``, 32 in flight, is 240.
-
-    A rule of thumb, printed beside :func:`queue_bound` (see the module docstring for how
-    they differ).  A quotient within 1e-9 of an integer counts as that integer.
-    """
-    lat, s = float(latency_s), float(service_s)
-    for name, v in (("latency_s", lat), ("service_s", s)):
-        if not (math.isfinite(v) and v > 0):
-            raise PolicyError(f"{name} must be finite and > 0 (got {v!r})")
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        raise PolicyError(f"concurrency must be an int >= 1 (got {concurrency!r})")
-    return math.floor(lat / s * concurrency * RULE_OF_THUMB_QUEUE_CUSHION + _EPS)
-
-
-def seed_keda_equivalent(per_replica_rps: float, saturated_rps: float) -> int:
-    """Gateway queue depth per replica that drains as fast as the seed's 8 waiting requests
-    at a saturated engine: ``max(1, round(8 · X(K)/X(max)))`` (see the module docstring)."""
-    x, xmax = float(per_replica_rps), float(saturated_rps)
-    if not (math.isfinite(x) and math.isfinite(xmax) and 0 < x <= xmax * (1 + _EPS)):
-        raise PolicyError(f"need 0 < per_replica_rps <= saturated_rps (got {x!r}, {xmax!r})")
-    return max(1, round(SEED_KEDA_WAITING * x / xmax))
 
 
 def gpus_per_replica(profile_name: str, description: str = "") -> int:
@@ -396,6 +325,7 @@ def plan_warnings(
     concurrency: int,
     at: Prediction | None = None,
     slo: Slo | None = None,
+    rho: float = 0.0,
 ) -> tuple[str, ...]:
     """Sentences naming inputs for which the model is known to be weak (measured against the
     simulator; see :mod:`velvetrope.planner.predict` for the figures).
@@ -407,11 +337,12 @@ def plan_warnings(
     * no arrival pattern and ``C_a² > 2``: the Allen–Cunneen factor scales the conditional
       wait but keeps the Poisson probability of waiting, so the wait is optimistic;
     * an SLO on TTFT: the p99 TTFT was measured 8–27 % low on the conversation trace;
+    * a target ρ above 0.85 (:func:`rho_warning`), passed as ``rho``;
     * preemptions at the chosen concurrency: the engine recomputes work, the service
       curve includes it but the spread of service times grows beyond the model's;
     * requests cut to fit ``max_model_len``: the plan sizes for the cut lengths.
     """
-    out: list[str] = []
+    out = [w for w in (rho_warning(rho),) if w]
     if at is not None and at.stable and at.wait_sample.size:
         poisson = predict(curve, at.arrival_rps, at.replicas, at.concurrency).p_wait
         if at.p_wait >= max(0.01, BURST_FACTOR * poisson):
@@ -569,7 +500,7 @@ def make_plan(
         keda_threshold=keda,
         seed_keda_threshold=seed_keda_equivalent(x_k, curve.max_throughput_rps),
         buckets=buckets,
-        warnings=plan_warnings(workload, curve, k, at, slo),
+        warnings=plan_warnings(workload, curve, k, at, slo, rho),
     )
 
 
