@@ -235,3 +235,58 @@ def test_vtc_counts_jobs_that_started_without_queueing() -> None:
     assert isinstance(band, VirtualTokenCounter)
     # the counter is the service received: w_in·prompt + w_out·actual output (1·100 + 2·40)
     assert band.counters["A"] == pytest.approx(180.0)
+
+
+# --------------------------------------------------------------------------- EDF
+
+
+def _edf_order(tiers: list[dict[str, Any]], jobs: list[tuple[float, Job]]) -> list[Job]:
+    cfg = one_slot("fifo", tiers=tiers, queue={"ordering": "edf"})
+    ctl, clock = controller(cfg)
+    blocker = make_job(tier=tiers[0]["name"], predicted=100)
+    return run_fleet(ctl, clock, [(0.0, blocker), *jobs], service)[1:]
+
+
+def test_edf_takes_its_deadlines_from_the_tiers() -> None:
+    # One band for both tiers: a batch job queued first, an interactive one a second later.
+    # EDF serves the one whose tier deadline comes first (FCFS would serve batch first).
+    by_wait: list[dict[str, Any]] = [
+        {"name": "interactive", "max_wait_s": 2.0},
+        {"name": "batch", "max_wait_s": 60},
+    ]
+    by_ttft: list[dict[str, Any]] = [
+        {"name": "interactive", "slo": {"ttft_s": 2.0}},
+        {"name": "batch", "slo": {"e2e_s": 60.0}},
+    ]
+    for both in (by_wait, by_ttft):
+        batch = make_job(tier="batch", predicted=10)
+        inter = make_job(tier="interactive", predicted=10)
+        assert _edf_order(both, [(0.0, batch), (0.5, inter)]) == [inter, batch]
+    # a tier without a deadline goes after every job that has one
+    tiers: list[dict[str, Any]] = [{"name": "interactive", "max_wait_s": 30.0}, {"name": "batch"}]
+    batch = make_job(tier="batch", predicted=10)
+    inter = make_job(tier="interactive", predicted=10)
+    assert _edf_order(tiers, [(0.0, batch), (0.5, inter)]) == [inter, batch]
+
+
+def test_edf_keeps_a_jobs_own_earlier_deadline() -> None:
+    tiers = [{"name": "t", "max_wait_s": 60.0}]
+    late = make_job(tier="t", predicted=10)
+    urgent = make_job(tier="t", predicted=10, deadline=3.0)  # before its tier's 60 s
+    assert _edf_order(tiers, [(0.0, late), (0.5, urgent)]) == [urgent, late]
+
+
+def test_deadline_budgets() -> None:
+    from velvetrope.core.ordering import deadline_budgets
+
+    cfg = PolicyConfig.model_validate(
+        {
+            "tiers": [
+                {"name": "a", "max_wait_s": 5, "slo": {"ttft_s": 1}},
+                {"name": "b", "slo": {"ttft_s": 1, "e2e_s": 9}},
+                {"name": "c", "slo": {"e2e_s": 9}},
+                {"name": "d", "slo": {"tpot_s": 0.1}},
+            ]
+        }
+    )
+    assert deadline_budgets(cfg) == {"a": 5.0, "b": 1.0, "c": 9.0}

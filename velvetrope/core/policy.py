@@ -162,7 +162,11 @@ class QueuePolicy(_Model):
         "'weighted': bands share dispatched tokens by tier weight.",
     )
     fairness: str = Field("none", description="Between tenants in a band: vtc, round_robin, none.")
-    ordering: str = Field("fcfs", description="Inside a tenant: fcfs, sjf, sjf_aging, edf.")
+    ordering: str = Field(
+        "fcfs",
+        description="Inside a tenant: fcfs, sjf, sjf_aging, edf (deadline: arrival + the "
+        "tier's max_wait_s, else slo.ttft_s, else slo.e2e_s).",
+    )
     max_queued: int = Field(10_000, ge=0, description="Global bound on queued jobs.")
     vtc_input_weight: float = Field(1.0, ge=0, description="VTC weight of a prompt token.")
     vtc_output_weight: float = Field(2.0, ge=0, description="VTC weight of an output token.")
