@@ -54,7 +54,7 @@ from velvetrope.gateway.parse import Kind, parse_request
 from velvetrope.gateway.proxy import Relay, UpstreamAnswer, forward
 from velvetrope.gateway.saturation import EngineSaturation
 from velvetrope.gateway.upstreams import UpstreamPools
-from velvetrope.tokenizer import ApproxTokenizer, Tokenizer, get_tokenizer
+from velvetrope.tokenizer import Tokenizer, get_tokenizer
 
 __all__ = ["Gateway"]
 
@@ -104,9 +104,6 @@ class Gateway:
         self.keys = {k.digest: k.tenant for k in config.api_keys}
         self.admin_token = config.resolved_admin_token()
         self.tokenizer: Tokenizer = get_tokenizer(self.settings.tokenizer)
-        self._fast_count: Tokenizer = (
-            self.tokenizer if self.settings.exact_token_count else ApproxTokenizer()
-        )
         self._priority_header = self.settings.priority_header.lower().encode()
         self._timeout = aiohttp.ClientTimeout(
             total=None,
@@ -256,7 +253,7 @@ class Gateway:
             return
         try:
             raw = await read_body(scope, receive, self.settings.max_body_bytes)
-            tok = self._fast_count
+            tok = self.tokenizer
             parsed = parse_request(
                 raw,
                 kind,
