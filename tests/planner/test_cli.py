@@ -154,6 +154,12 @@ def test_verify_runs_the_simulator(wfile: Path, tmp_path: Path) -> None:
             "--trace azure_conv --service-model analytic --slo-metric e2e --slo-p99 1s",
             "cannot be met",
         ),
+        ("--worker-rps 12", "give --peak-rps"),
+        ("--worker-rps 12 --worker-tps 100 --peak-rps 5", "not both"),
+        ("--worker-tps 100 --peak-rps 5", "--tokens-per-request"),
+        ("--worker-rps 12 --peak-rps 5 --profile llama3-8b-h100", "--profile need an engine"),
+        ("--worker-rps 12 --peak-rps 5 --verify", "--verify need an engine"),
+        ("--trace azure_conv --tokens-per-request 9", "goes with --worker-tps"),
     ],
 )
 def test_errors_exit_2_with_a_reason(args: str, needle: str) -> None:

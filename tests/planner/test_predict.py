@@ -37,6 +37,15 @@ def conv_like(n: int = 300, seed: int = 5) -> ServiceCurve:
     return analytic_service_curve(PROFILE.with_overrides(max_num_seqs=256), p, o)
 
 
+def small_replica(max_num_seqs: int) -> ServiceCurve:
+    """A small engine (4000 KV blocks) serving short requests, for runs against the simulator."""
+    prof = PROFILE.with_overrides(name="small", max_num_seqs=max_num_seqs, num_gpu_blocks=4000)
+    rng = np.random.default_rng(2)
+    p = np.rint(rng.lognormal(np.log(400), 0.6, 500)).astype(np.int64) + 1
+    o = np.rint(rng.lognormal(np.log(60), 0.7, 500)).astype(np.int64) + 1
+    return analytic_service_curve(prof, p, o)
+
+
 def test_departure_rates_spread_evenly() -> None:
     d = fleet_departure_rates(np.array([0.0, 1.0, 1.5]), 2)
     assert d.tolist() == [0.0, 1.0, 2.0, 2.5, 3.0]
@@ -148,11 +157,7 @@ def test_more_replicas_never_hurt(lam: float, n: int, k: int) -> None:
 def test_model_against_the_simulator() -> None:
     # Two small replicas behind a FCFS gateway, at ρ ≈ 0.8 of K = 16 slots each: the p99
     # end-to-end latency of the real core + batchers against the model's.
-    prof = PROFILE.with_overrides(name="small", max_num_seqs=16, num_gpu_blocks=4000)
-    rng = np.random.default_rng(2)
-    p = np.rint(rng.lognormal(np.log(400), 0.6, 500)).astype(np.int64) + 1
-    o = np.rint(rng.lognormal(np.log(60), 0.7, 500)).astype(np.int64) + 1
-    curve = analytic_service_curve(prof, p, o)
+    curve = small_replica(16)
     lam = 0.8 * 2 * curve.throughput(16)
     pred = predict(curve, lam, 2, 16)
     wl = stationary_workload(curve, lam, 1.0, 6000, seed=4)
@@ -209,11 +214,7 @@ def test_pattern_quantiles_against_monte_carlo() -> None:
 def test_bursty_arrivals_against_the_simulator() -> None:
     # Gamma-renewal arrivals with CV 3 at ρ ≈ 0.45: the Poisson-based wait says nobody waits
     # at p99; the replay of the same arrivals and the simulator agree within 20 %.
-    prof = PROFILE.with_overrides(name="small", max_num_seqs=8, num_gpu_blocks=4000)
-    rng = np.random.default_rng(2)
-    p = np.rint(rng.lognormal(np.log(400), 0.6, 500)).astype(np.int64) + 1
-    o = np.rint(rng.lognormal(np.log(60), 0.7, 500)).astype(np.int64) + 1
-    curve = analytic_service_curve(prof, p, o)
+    curve = small_replica(8)
     n, k = 2, 8
     lam = 0.45 * n * curve.throughput(k)
     pattern = GammaRenewal(1.0, 3.0).times(7, count=8000)
