@@ -32,7 +32,7 @@ Last line::
 * ``k`` — for the conversation trace, the recommended replicas minus the smallest count
   whose *simulated* replay p99 end-to-end meets the SLO (searched downwards).  Target 0 or 1.
 
-Run: ``.venv/bin/python bench/planner_validate.py`` (about a minute; ``--skip-sim`` for
+Run: ``.venv/bin/python bench/planner_validate.py`` (about 30 s; ``--skip-sim`` for
 ``e`` alone, ``--skip-e`` for the rest).  Deterministic.
 """
 
