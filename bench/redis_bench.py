@@ -14,8 +14,9 @@ trip to Redis (``velvetrope_state_call_seconds{op="round_trip"}``: the reservati
 event-loop tick travel together), next to the p99 of the reserve call as a request waits
 for it (which adds the event loop's own backlog at this load), both from the gateway's
 histogram, interpolated within a bucket as ``histogram_quantile`` does.  Last, two gateway
-processes on one Redis serve one tenant pushing at twice its token limit for ``--limit-seconds``: the
-relative error of the tokens admitted against burst + rate × window is ``shared_limit_err``.
+processes on one Redis serve one tenant pushing at twice its token limit for
+``--limit-seconds``: the relative error of the tokens admitted against burst + rate ×
+window is ``shared_limit_err``.
 Ends with::
 
     redis: memory_rps=<A> redis_rps=<B> ratio=<B/A> workers2_rps=<C> admit_p99_us=<u>

@@ -107,11 +107,11 @@ def _limit_claims(owner: BucketOwner, name: str, lim: BucketLimits | None) -> li
         return out
     if lim.tokens_per_minute is not None:
         rate = lim.tokens_per_minute / 60.0
-        cap = lim.token_burst if lim.token_burst is not None else lim.tokens_per_minute
+        cap = lim.token_capacity or lim.tokens_per_minute
         out.append((f"{owner}:{name}:tok", TOKENS, owner, cap, rate, lim.token_debt_floor))
     if lim.requests_per_minute is not None:
         rate = lim.requests_per_minute / 60.0
-        cap = lim.request_burst if lim.request_burst is not None else lim.requests_per_minute
+        cap = lim.request_capacity or lim.requests_per_minute
         out.append((f"{owner}:{name}:req", REQUESTS, owner, cap, rate, None))
     return out
 

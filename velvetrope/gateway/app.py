@@ -56,7 +56,7 @@ from velvetrope.gateway.saturation import EngineSaturation
 from velvetrope.gateway.state import FleetGate, LocalState, build_state
 from velvetrope.gateway.upstreams import UpstreamPools
 from velvetrope.openai.errors import error_body
-from velvetrope.openai.tokenizer import ApproxTokenizer, Tokenizer, get_tokenizer
+from velvetrope.openai.tokenizer import Tokenizer, get_tokenizer
 from velvetrope.serving.asgi import Receive, Scope, Send, header, read_body, respond, serve_lifespan
 
 __all__ = ["Gateway"]
@@ -119,9 +119,6 @@ class Gateway:
         self.keys = {k.digest: k.tenant for k in config.api_keys}
         self.admin_token = config.resolved_admin_token()
         self.tokenizer: Tokenizer = get_tokenizer(self.settings.tokenizer)
-        self._fast_count: Tokenizer = (
-            self.tokenizer if self.settings.exact_token_count else ApproxTokenizer()
-        )
         self._priority_header = self.settings.priority_header.lower().encode()
         self._timeout = aiohttp.ClientTimeout(
             total=None,
@@ -276,7 +273,7 @@ class Gateway:
             return
         try:
             raw = await read_body(scope, receive, self.settings.max_body_bytes)
-            tok = self._fast_count
+            tok = self.tokenizer
             parsed = parse_request(
                 raw,
                 kind,
