@@ -91,7 +91,9 @@ class GuardedState:
         self._seen: dict[str, tuple[float, float]] = {}  # bucket -> (level, capacity) seen
         self._leases: dict[str, dict[str, int]] = {}  # pool -> job id -> tokens, in Redis
         self._local_leases: dict[str, set[str]] = {}  # pool -> job ids, fallback slots
-        self.outbox = Outbox(ready=self.breaker.allow, on_result=self._result)
+        self.outbox = Outbox(
+            ready=self.breaker.allow, on_result=self._result, timeout_s=lambda: self.budget_s * 4
+        )
         self._tasks: list[asyncio.Task[None]] = []
         self.loop_lag_s = 0.0  # decaying peak of the event loop's lag
         if observe_call is not None:
@@ -239,9 +241,7 @@ class GuardedState:
         claims_t, lines_t = tuple(claims), tuple(lines)
 
         def send() -> Any:
-            return asyncio.wait_for(
-                self.redis.finish(job_id, tenant, claims_t, lines_t, pool), self.budget_s * 4
-            )
+            return self.redis.send_finish(job_id, tenant, claims_t, lines_t, pool)
 
         self.outbox.put(send)
 
@@ -261,9 +261,7 @@ class GuardedState:
         claims_t, lines_t = tuple(claims), tuple(lines)
 
         def send() -> Any:
-            return asyncio.wait_for(
-                self.redis.settle(job_id, tenant, claims_t, lines_t), self.budget_s * 4
-            )
+            return self.redis.send_settle(job_id, tenant, claims_t, lines_t)
 
         self.outbox.put(send)
 
@@ -313,7 +311,7 @@ class GuardedState:
 
     def _release_remote(self, pool: str, job_id: str) -> None:
         def send() -> Any:
-            return asyncio.wait_for(self.redis.release(pool, [job_id]), self.budget_s * 4)
+            return self.redis.send_release(pool, [job_id])
 
         self.outbox.put(send)
 

@@ -161,8 +161,14 @@ class RedisStore:
     async def settle(
         self, job_id: str, tenant: str, claims: Sequence[Claim], lines: Sequence[SettleLine]
     ) -> bool:
+        return int(await self.send_settle(job_id, tenant, claims, lines)) == 1
+
+    def send_settle(
+        self, job_id: str, tenant: str, claims: Sequence[Claim], lines: Sequence[SettleLine]
+    ) -> Any:
+        """:meth:`settle` as an awaitable of the raw reply (a future when pipelined)."""
         keys, args = self._settle_call(job_id, tenant, claims, lines)
-        return int(await self._run(self._settle, keys, args)) == 1
+        return self._run(self._settle, keys, args)
 
     @property
     def combined(self) -> bool:
@@ -201,11 +207,22 @@ class RedisStore:
     ) -> tuple[bool, int]:
         """:meth:`settle` and :meth:`release` of one job in one call (requires
         :attr:`combined`); returns (settled, leases released)."""
+        r = await self.send_finish(job_id, tenant, claims, lines, pool)
+        return int(r[0]) == 1, int(r[1])
+
+    def send_finish(
+        self,
+        job_id: str,
+        tenant: str,
+        claims: Sequence[Claim],
+        lines: Sequence[SettleLine],
+        pool: str,
+    ) -> Any:
+        """:meth:`finish` as an awaitable of the raw reply (a future when pipelined)."""
         keys, args = self._settle_call(job_id, tenant, claims, lines)
         keys += self._lease_keys(pool)
         args.append(job_id)
-        r = await self._run(self._finish, keys, args)
-        return int(r[0]) == 1, int(r[1])
+        return self._run(self._finish, keys, args)
 
     async def snapshots(self, tenant: str, claims: Sequence[Claim]) -> tuple[BucketSnapshot, ...]:
         if not claims:
@@ -229,7 +246,11 @@ class RedisStore:
     async def release(self, pool: str, job_ids: Sequence[str]) -> int:
         if not job_ids:
             return 0
-        return int(await self._run(self._release, self._lease_keys(pool), list(job_ids)))
+        return int(await self.send_release(pool, job_ids))
+
+    def send_release(self, pool: str, job_ids: Sequence[str]) -> Any:
+        """:meth:`release` as an awaitable of the raw reply (a future when pipelined)."""
+        return self._run(self._release, self._lease_keys(pool), list(job_ids))
 
     async def renew(self, pool: str, job_ids: Sequence[str]) -> int:
         if not job_ids:
