@@ -162,6 +162,12 @@ class GatewaySettings(_Model):
         "approx", description="prompt token counting: approx, cl100k_base, o200k_base, hf:PATH"
     )
     priority_header: str = Field("x-velvetrope-tier", description="header asking for a tier")
+    progress_interval_s: float = Field(
+        2.0,
+        gt=0,
+        description="a queued streaming request with progress on gets an SSE comment this "
+        "often (the first after this long: short waits commit nothing)",
+    )
     upstream_connect_timeout_s: float = Field(5.0, gt=0)
     upstream_read_timeout_s: float = Field(600.0, gt=0, description="between bytes")
     drain_grace_s: float = Field(30.0, ge=0, description="SIGTERM: finish in-flight work this long")

@@ -358,6 +358,18 @@ class AdmissionController:
             heapq.heappush(self._deadlines, (deadline, job.seq, job))
         return Queued(job, ahead_n, eta)
 
+    def standing(self, job_id: str) -> tuple[int, float | None] | None:
+        """Where a queued job stands: ``(ahead, eta_s)``, at most ``ahead`` jobs before it
+        (those queued in its band and above, as :meth:`arrive` counts them) and the
+        predicted wait for their work (``None`` before a drain rate is known).  ``None``
+        when the job is not queued."""
+        job = self._jobs.get(job_id)
+        if job is None or job.state is not _QUEUED:
+            return None
+        pool = self._pools[job.pool]
+        n, tokens = pool.sched.ahead(job.band)
+        return max(0, n - 1), pool.drain.seconds_for(max(0.0, tokens - job.cost))
+
     def would_start(self, job: Job) -> bool:
         """Whether ``job`` (sized by :meth:`claims`) would be dispatched at once if it
         arrived now: its pool has nothing queued and room for it.  Lets a driver take a

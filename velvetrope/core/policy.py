@@ -133,6 +133,11 @@ class TenantPolicy(_Model):
     allowed_tiers: tuple[str, ...] = Field(
         (), description="Other tiers this tenant may ask for per request (header/body)."
     )
+    queue_progress: bool = Field(
+        False,
+        description="Gateway: a streaming request of this tenant that waits in the queue "
+        "gets SSE comments with its standing (commits the response to 200 early).",
+    )
 
 
 class PoolPolicy(_Model):
