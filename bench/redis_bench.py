@@ -9,9 +9,11 @@ connections, non-streaming, closed loop):
 * two workers on ``redis://`` behind one port (C).
 
 For A and B it also reports the gateway's CPU time per request (kernel accounting, over
-the whole run), and for B the Redis part of one admission: the p99 of one pipelined round
-trip to Redis (``velvetrope_state_call_seconds{op="round_trip"}``: the reservations of one
-event-loop tick travel together), next to the p99 of the reserve call as a request waits
+the whole run), and for B the Redis part of one admission (``admit_p99_us``): the p99 of
+the reserve call at one connection, where the gateway is not saturated; at 64 connections
+it also shows the p99 of one pipelined round trip to Redis
+(``velvetrope_state_call_seconds{op="round_trip"}``: the reservations of one event-loop
+tick travel together), next to the p99 of the reserve call as a request waits
 for it (which adds the event loop's own backlog at this load), both from the gateway's
 histogram, interpolated within a bucket as ``histogram_quantile`` does.  Last, two gateway
 processes on one Redis serve one tenant pushing at twice its token limit for
@@ -47,7 +49,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gateway_bench import KEY, config, load
+from gateway_bench import KEY, config, latencies, load
 
 from tests.support.redis_server import RedisServer
 from velvetrope.serving.launch import free_port, start, start_engine, start_gateway
@@ -76,14 +78,22 @@ def shared(cfg: dict[str, Any], url: str, **state: Any) -> dict[str, Any]:
     return cfg
 
 
-def p99_from_histogram(text: str, name: str, op: str) -> float:
-    """``histogram_quantile(0.99, ...)`` of one labelled Prometheus histogram."""
-    buckets: list[tuple[float, float]] = []
+def histogram(text: str, name: str, op: str) -> dict[float, float]:
+    """Cumulative bucket counts (``le`` → count) of one labelled Prometheus histogram."""
+    out: dict[float, float] = {}
     for line in text.splitlines():
         if line.startswith(name + "_bucket{") and f'op="{op}"' in line:
             bound = line.split('le="', 1)[1].split('"', 1)[0]
-            buckets.append((float(bound), float(line.rsplit(" ", 1)[1])))
-    buckets.sort()
+            out[float(bound)] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def p99_from_histogram(text: str, name: str, op: str, since: str = "") -> float:
+    """``histogram_quantile(0.99, ...)`` of one labelled Prometheus histogram; with
+    ``since`` (an earlier exposition), of what was observed after it."""
+    now = histogram(text, name, op)
+    before = histogram(since, name, op) if since else {}
+    buckets = sorted((le, n - before.get(le, 0.0)) for le, n in now.items())
     total = buckets[-1][1]
     rank = 0.99 * total
     prev_le, prev_n = 0.0, 0.0
@@ -146,6 +156,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--limit-seconds", type=float, default=20.0)
+    ap.add_argument("--latency-samples", type=int, default=2000)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="vr-redis-bench-"))
     rds = RedisServer()
@@ -158,17 +169,31 @@ def main() -> None:
             with start_gateway(shared(config(eng.url, True), rds.url), tmp) as gw:
                 b_rps, b_cpu, b_err = measure(gw.url, gw.pid, args.seconds, args.concurrency)
                 text = httpx.get(gw.url + "/metrics").text
-                fallbacks = httpx.get(
+                state = httpx.get(
                     gw.url + "/admin/status",
                     headers={"Authorization": "Bearer bench-admin-token"},
-                ).json()["state"]["fallbacks"]
+                ).json()["state"]
+                # the Redis part of one admission when the gateway is not saturated: one
+                # connection, sequential requests
+                uvloop.run(latencies(gw.url, args.latency_samples))
+                quiet = httpx.get(gw.url + "/metrics").text
             hist = "velvetrope_state_call_seconds"
-            admit_p99_us = p99_from_histogram(text, hist, "round_trip") * 1e6
-            seen_p99_us = p99_from_histogram(text, hist, "reserve") * 1e6
+            sat_rt = p99_from_histogram(text, hist, "round_trip") * 1e6
+            sat_seen = p99_from_histogram(text, hist, "reserve") * 1e6
+            admit_p99_us = p99_from_histogram(quiet, hist, "reserve", since=text) * 1e6
+            quiet_rt = p99_from_histogram(quiet, hist, "round_trip", since=text) * 1e6
             print(
                 f"  redis://   1 worker  {b_rps:8.0f} rps  {b_cpu:6.0f} µs CPU/req ({b_err} err;"
-                f" fallbacks {fallbacks or 'none'}); round trip p99 {admit_p99_us:.0f} µs,"
-                f" reserve as a request waits for it p99 {seen_p99_us:.0f} µs"
+                f" fallbacks {state['fallbacks'] or 'none'}, late calls {state['late_calls']})"
+            )
+            print(
+                f"    saturated ({args.concurrency} connections): reserve p99 {sat_seen:.0f} µs as"
+                f" a request waits for it (event-loop backlog included), round trip p99"
+                f" {sat_rt:.0f} µs"
+            )
+            print(
+                f"    one connection: reserve p99 {admit_p99_us:.0f} µs, round trip p99"
+                f" {quiet_rt:.0f} µs"
             )
             cfg = shared(config(eng.url, True), rds.url)
             port = free_port()

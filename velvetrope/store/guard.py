@@ -40,7 +40,7 @@ from velvetrope.core.bucket import Claim, Denial, Grant, MemoryBuckets, SettleLi
 from velvetrope.errors import StoreUnavailable
 from velvetrope.store.breaker import CircuitBreaker
 from velvetrope.store.outbox import Outbox
-from velvetrope.store.redis_store import RedisStore
+from velvetrope.store.redis_store import RedisStore, parse_admit, parse_lease, parse_reserve
 
 __all__ = ["GuardedState", "OnStoreError"]
 
@@ -96,6 +96,8 @@ class GuardedState:
         )
         self._tasks: list[asyncio.Task[None]] = []
         self.loop_lag_s = 0.0  # decaying peak of the event loop's lag
+        self.late = 0  # calls answered after the budget while Redis was answering
+        self.late_cap_s = 1.0
         if observe_call is not None:
             redis.observe_round_trips(lambda s: observe_call("round_trip", s))
 
@@ -107,13 +109,23 @@ class GuardedState:
         else:
             self.breaker.failure()
 
-    async def _call(self, op: str, coro: Any) -> Any:
-        """Run one Redis call within the budget; record its latency; feed the breaker.
-        Raises :class:`StoreUnavailable` on any failure."""
+    async def _call(self, op: str, call: Any) -> Any:
+        """Wait for one Redis call (an awaitable of its raw reply) within the budget;
+        record its latency; feed the breaker.  A call still pending when the budget runs
+        out while Redis demonstrably answers others is this process's backlog, not Redis's:
+        it may wait up to ``late_cap_s`` more (counted in ``late``).  Raises
+        :class:`StoreUnavailable` on any failure."""
         t0 = time.perf_counter()
+        fut = asyncio.ensure_future(call)  # a pipelined call is a future already: no task
         try:
-            async with asyncio.timeout(self.budget_s):
-                out = await coro
+            done, _ = await asyncio.wait((fut,), timeout=self.budget_s)
+            if not done and self.redis.answering(self.budget_s):
+                self.late += 1
+                done, _ = await asyncio.wait((fut,), timeout=self.late_cap_s)
+            if not done:
+                fut.cancel()
+                raise TimeoutError(f"no answer within {self.budget_s * 1000:.0f} ms")
+            out = fut.result()
         except _FAILURES as e:
             self.breaker.failure()
             self._observe(op, time.perf_counter() - t0)
@@ -143,9 +155,9 @@ class GuardedState:
         if not claims:
             return Grant(())
         if self.breaker.allow():
-            coro = self.redis.reserve(job_id, tenant, claims)
+            call = self.redis.send_reserve(job_id, tenant, claims)
             try:
-                res: Grant | Denial = await self._call("reserve", coro)
+                res = parse_reserve(claims, await self._call("reserve", call))
                 for snap in res.snapshots:
                     self._seen[snap.key] = (snap.remaining, snap.limit)
                 return res
@@ -189,9 +201,11 @@ class GuardedState:
             except StoreUnavailable:
                 return res, False
         if self.breaker.allow():
-            coro = self.redis.admit(job_id, tenant, claims, pool, tokens, max_in_flight, max_tokens)
+            call = self.redis.send_admit(
+                job_id, tenant, claims, pool, tokens, max_in_flight, max_tokens
+            )
             try:
-                res, lease = await self._call("reserve", coro)
+                res, lease = parse_admit(claims, await self._call("reserve", call))
             except StoreUnavailable:
                 self._finish_remote(job_id, tenant, claims, settle_lines(claims, 0), pool)
             else:
@@ -277,9 +291,9 @@ class GuardedState:
         if mine is not None and job_id in mine:
             return True  # taken earlier (with the reservation)
         if self.breaker.allow():
-            coro = self.redis.acquire(pool, job_id, tokens, max_in_flight, max_tokens)
+            call = self.redis.send_acquire(pool, job_id, tokens, max_in_flight, max_tokens)
             try:
-                ans = await self._call("acquire", coro)
+                ans = parse_lease(await self._call("acquire", call))
             except StoreUnavailable:
                 # the answer was lost, maybe not the lease: give it back if it was taken
                 self._release_remote(pool, job_id)
@@ -390,6 +404,7 @@ class GuardedState:
             "up": self.up,
             "breaker": self.breaker.state,
             "budget_ms": round(self.budget_s * 1000, 2),
+            "late_calls": self.late,
             "replica": self.replica,
             "replicas": self.replicas,
             "fleet_queue_depth": self.fleet_queue_depth,

@@ -43,6 +43,7 @@ class AutoPipeline:
         self._tasks: set[asyncio.Task[None]] = set()
         self.batches = 0
         self.calls = 0
+        self.last_reply = -1e18  # time.monotonic() of the last pipeline answered
 
     def run(self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """Queue one script call; returns an awaitable of its reply (or its error)."""
@@ -89,6 +90,7 @@ class AutoPipeline:
             pipe.evalsha(script.sha, len(keys), *keys, *args)
         t0 = time.perf_counter()
         results: list[Any] = await pipe.execute(raise_on_error=False)
+        self.last_reply = time.monotonic()
         if self.observe is not None:
             self.observe(time.perf_counter() - t0)
         missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]

@@ -27,6 +27,7 @@ through the outbox, batched the same way.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import Any
@@ -37,7 +38,7 @@ from velvetrope.core.bucket import BucketSnapshot, Claim, Denial, Grant, SettleL
 from velvetrope.store.base import FleetView, LeaseAnswer
 from velvetrope.store.pipeline import AutoPipeline
 
-__all__ = ["RedisStore", "load_script"]
+__all__ = ["RedisStore", "load_script", "parse_admit", "parse_lease", "parse_reserve"]
 
 _SLACK_MS = 5_000
 
@@ -155,8 +156,19 @@ class RedisStore:
     async def reserve(self, job_id: str, tenant: str, claims: Sequence[Claim]) -> Grant | Denial:
         if not claims:
             return Grant(())
+        return _answer(claims, await self.send_reserve(job_id, tenant, claims))
+
+    def send_reserve(self, job_id: str, tenant: str, claims: Sequence[Claim]) -> Any:
+        """:meth:`reserve` (with claims) as an awaitable of the raw reply (see
+        :func:`parse_reserve`)."""
         keys, args = self._reserve_call(job_id, tenant, claims)
-        return _answer(claims, await self._run(self._reserve, keys, args))
+        return self._run(self._reserve, keys, args)
+
+    def answering(self, within_s: float) -> bool:
+        """Whether Redis answered any pipelined call in the last ``within_s`` seconds (so
+        a late reply is this process's backlog, not Redis's)."""
+        pipe = self._pipe
+        return pipe is not None and time.monotonic() - pipe.last_reply < within_s
 
     async def settle(
         self, job_id: str, tenant: str, claims: Sequence[Claim], lines: Sequence[SettleLine]
@@ -188,14 +200,24 @@ class RedisStore:
     ) -> tuple[Grant | Denial, LeaseAnswer | None]:
         """:meth:`reserve`, then (if granted) :meth:`acquire`, atomically in one call
         (requires :attr:`combined`).  The lease is ``None`` when the reservation was denied."""
+        r = await self.send_admit(job_id, tenant, claims, pool, tokens, max_in_flight, max_tokens)
+        return parse_admit(claims, r)
+
+    def send_admit(
+        self,
+        job_id: str,
+        tenant: str,
+        claims: Sequence[Claim],
+        pool: str,
+        tokens: int,
+        max_in_flight: int,
+        max_tokens: int | None,
+    ) -> Any:
+        """:meth:`admit` as an awaitable of the raw reply (see :func:`parse_admit`)."""
         keys, args = self._reserve_call(job_id, tenant, claims)
         keys += self._lease_keys(pool)
         args += self._lease_args(job_id, tokens, max_in_flight, max_tokens)
-        r = await self._run(self._admit, keys, args)
-        res = _answer(claims, r[:-3])
-        if isinstance(res, Denial):
-            return res, None
-        return res, LeaseAnswer(int(r[-3]) == 1, int(r[-2]), int(r[-1]))
+        return self._run(self._admit, keys, args)
 
     async def finish(
         self,
@@ -239,9 +261,15 @@ class RedisStore:
     async def acquire(
         self, pool: str, job_id: str, tokens: int, max_in_flight: int, max_tokens: int | None
     ) -> LeaseAnswer:
+        r = await self.send_acquire(pool, job_id, tokens, max_in_flight, max_tokens)
+        return parse_lease(r)
+
+    def send_acquire(
+        self, pool: str, job_id: str, tokens: int, max_in_flight: int, max_tokens: int | None
+    ) -> Any:
+        """:meth:`acquire` as an awaitable of the raw reply (see :func:`parse_lease`)."""
         args = self._lease_args(job_id, tokens, max_in_flight, max_tokens)
-        r = await self._run(self._acquire, self._lease_keys(pool), args)
-        return LeaseAnswer(int(r[0]) == 1, int(r[1]), int(r[2]))
+        return self._run(self._acquire, self._lease_keys(pool), args)
 
     async def release(self, pool: str, job_ids: Sequence[str]) -> int:
         if not job_ids:
@@ -275,6 +303,26 @@ class RedisStore:
         await self.client.aclose()
         if pool is not None:
             await pool.disconnect()
+
+
+def parse_lease(r: Sequence[Any]) -> LeaseAnswer:
+    """A lease script's reply."""
+    return LeaseAnswer(int(r[0]) == 1, int(r[1]), int(r[2]))
+
+
+def parse_admit(
+    claims: Sequence[Claim], r: Sequence[Any]
+) -> tuple[Grant | Denial, LeaseAnswer | None]:
+    """The admit script's reply: the reservation, and the lease if one was asked for."""
+    res = _answer(claims, r[:-3])
+    if isinstance(res, Denial):
+        return res, None
+    return res, parse_lease(r[-3:])
+
+
+def parse_reserve(claims: Sequence[Claim], r: Sequence[Any]) -> Grant | Denial:
+    """The reserve script's reply as a grant or a denial."""
+    return _answer(claims, r)
 
 
 def _answer(claims: Sequence[Claim], r: Sequence[Any]) -> Grant | Denial:
