@@ -269,9 +269,26 @@ def plan_command(
         int, typer.Option(min=100, help="Requests per --verify run.")
     ] = 20_000,
     seed: Annotated[int, typer.Option(min=0, help="Seed of --verify's workload.")] = 0,
+    spec_tokens: Annotated[
+        int, typer.Option(min=0, help="Speculative decoding: draft tokens per step (0: off).")
+    ] = 0,
+    spec_acceptance: Annotated[
+        float, typer.Option(help="Speculative decoding: per-token acceptance rate.")
+    ] = 0.7,
+    spec_draft_ms: Annotated[
+        float, typer.Option(help="Speculative decoding: draft model ms per draft token.")
+    ] = 0.0,
+    prefix_hit_rate: Annotated[
+        float, typer.Option(help="Share of prompt tokens served from the prefix cache.")
+    ] = 0.0,
 ) -> None:
     """Size a fleet for a workload and an SLO, and derive the admission settings."""
     from velvetrope.engine import load_profile
+    from velvetrope.planner.engine_options import (
+        describe,
+        prefix_caching_profile,
+        with_speculation,
+    )
     from velvetrope.planner.service import analytic_service_curve, measure_service_curve
     from velvetrope.planner.sizing import Slo, make_plan, plan_to_dict
     from velvetrope.planner.workload import load_workload, workload_from_trace
@@ -285,7 +302,13 @@ def plan_command(
             raise PolicyError(
                 f"--service-model must be closed-loop or analytic (got {service_model!r})"
             )
-        prof = load_profile(profile)
+        prof = with_speculation(load_profile(profile), spec_tokens, spec_acceptance, spec_draft_ms)
+        prof = prefix_caching_profile(prof, prefix_hit_rate)
+        features = describe(prof, prefix_hit_rate)
+        if features and service_model != "closed-loop":
+            raise PolicyError("speculation and prefix caching need --service-model closed-loop")
+        if verify and prefix_hit_rate > 0:
+            raise PolicyError("--verify does not simulate shared prefixes; drop --prefix-hit-rate")
         if trace is not None:
             wl = workload_from_trace(trace, design_rps=peak_rps)
         else:
@@ -301,8 +324,12 @@ def plan_command(
             "wait" if slo_metric == "wait" else "ttft" if slo_metric == "ttft" else "e2e"
         )
         slo = Slo(metric, parse_duration(bound))
-        build = measure_service_curve if service_model == "closed-loop" else analytic_service_curve
-        curve = build(prof, wl.prompt, wl.output)
+        if service_model == "closed-loop":
+            curve = measure_service_curve(
+                prof, wl.prompt, wl.output, prefix_hit_rate=prefix_hit_rate
+            )
+        else:
+            curve = analytic_service_curve(prof, wl.prompt, wl.output)
         plan = make_plan(
             wl, curve, slo, tier=tier, rho_target=rho, concurrency=concurrency,
             gpus=gpus_per_replica,
@@ -327,10 +354,14 @@ def plan_command(
             doc["verify"] = _verify_dict(rows)
         if written is not None:
             doc["plot"] = str(written)
+        if features:
+            doc["engine_features"] = features
         typer.echo(json.dumps(doc, indent=2, allow_nan=False))
         return
     for line in format_plan(plan):
         typer.echo(line)
+    if features:
+        typer.echo(f"engine features: {features}")
     if rows is not None:
         typer.echo("")
         typer.echo(
