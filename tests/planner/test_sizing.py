@@ -129,11 +129,12 @@ def test_plan_is_the_fewest_replicas_meeting_slo_and_rho(metric: str) -> None:
 
 
 def test_slo_binding_plan_exceeds_the_rho_bound() -> None:
-    plan = make_plan(workload(60.0), CURVE, P99Target("e2e", 5.6), concurrency=64)
+    bound = 1.1 * service_floor_p99(CURVE, "e2e")  # tight: only more replicas can meet it
+    plan = make_plan(workload(60.0), CURVE, P99Target("e2e", bound), concurrency=64)
     assert plan.binding == "slo"
     assert plan.replicas > plan.replicas_for_rho
-    assert plan.at.e2e_p99_s <= 5.6
-    assert plan.one_fewer is not None and plan.one_fewer.e2e_p99_s > 5.6
+    assert plan.at.e2e_p99_s <= bound
+    assert plan.one_fewer is not None and plan.one_fewer.e2e_p99_s > bound
 
 
 def test_unreachable_slo_is_an_error() -> None:

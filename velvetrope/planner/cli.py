@@ -375,12 +375,29 @@ def plan_command(
         float | None,
         typer.Option(help="Mean prompt + output tokens, to turn --worker-tps into req/s."),
     ] = None,
+    spec_tokens: Annotated[
+        int, typer.Option(min=0, help="Speculative decoding: draft tokens per step (0: off).")
+    ] = 0,
+    spec_acceptance: Annotated[
+        float, typer.Option(help="Speculative decoding: per-token acceptance rate.")
+    ] = 0.7,
+    spec_draft_ms: Annotated[
+        float, typer.Option(help="Speculative decoding: draft model ms per draft token.")
+    ] = 0.0,
+    prefix_hit_rate: Annotated[
+        float, typer.Option(help="Share of prompt tokens served from the prefix cache.")
+    ] = 0.0,
 ) -> None:
     """Size a fleet for a workload and an SLO, and derive the admission settings.
 
     With --worker-rps or --worker-tps (a measured throughput per worker) no engine profile
     is needed: the seed's utilisation rule, and with --concurrency the queue wait."""
     from velvetrope.engine import load_profile
+    from velvetrope.planner.engine_options import (
+        describe,
+        prefix_caching_profile,
+        with_speculation,
+    )
     from velvetrope.planner.service import analytic_service_curve, measure_service_curve
     from velvetrope.planner.sizing import P99Target, make_plan, plan_to_dict
     from velvetrope.planner.workload import load_workload, workload_from_trace
@@ -411,6 +428,18 @@ def plan_command(
         elif tokens_per_request is not None:
             raise PolicyError("--tokens-per-request goes with --worker-tps")
         wl: PlanWorkload | None = None
+        features: str | None = None
+        if not measured:
+            base = load_profile(profile if profile is not None else "llama3-8b-h100")
+            prof = with_speculation(base, spec_tokens, spec_acceptance, spec_draft_ms)
+            prof = prefix_caching_profile(prof, prefix_hit_rate)
+            features = describe(prof, prefix_hit_rate)
+            if features and service_model != "closed-loop":
+                raise PolicyError("speculation and prefix caching need --service-model closed-loop")
+            if verify and prefix_hit_rate > 0:
+                raise PolicyError(
+                    "--verify does not simulate shared prefixes; drop --prefix-hit-rate"
+                )
         if trace is not None:
             wl = workload_from_trace(trace, design_rps=peak_rps)
         elif workload is not None:
@@ -429,7 +458,6 @@ def plan_command(
             )  # fmt: skip
         else:
             assert wl is not None
-            prof = load_profile(profile if profile is not None else "llama3-8b-h100")
     except (VelvetropeError, OSError) as exc:
         typer.echo(f"velvetrope plan: error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -449,8 +477,12 @@ def plan_command(
         if bound is None:
             raise PolicyError(f"give --slo-p99 (no default for tier {tier!r})")
         slo = P99Target(metric, parse_duration(bound))
-        build = measure_service_curve if service_model == "closed-loop" else analytic_service_curve
-        curve = build(prof, full.prompt, full.output)
+        if service_model == "closed-loop":
+            curve = measure_service_curve(
+                prof, full.prompt, full.output, prefix_hit_rate=prefix_hit_rate
+            )
+        else:
+            curve = analytic_service_curve(prof, full.prompt, full.output)
         plan = make_plan(
             full, curve, slo, tier=tier, rho_target=rho, concurrency=concurrency,
             gpus=gpus_per_replica,
@@ -475,10 +507,14 @@ def plan_command(
             doc["verify"] = _verify_dict(rows)
         if written is not None:
             doc["plot"] = str(written)
+        if features:
+            doc["engine_features"] = features
         typer.echo(json.dumps(doc, indent=2, allow_nan=False))
         return
     for line in format_plan(plan):
         typer.echo(line)
+    if features:
+        typer.echo(f"engine features: {features}")
     if rows is not None:
         typer.echo("")
         typer.echo(
