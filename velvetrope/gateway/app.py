@@ -314,15 +314,7 @@ class Gateway:
             try:
                 if gate is not None and self.ctl.would_start(job):
                     # a job that will start at once takes its fleet slot in the same trip
-                    reservation, _ = await self.state.admit(
-                        job.id,
-                        tenant,
-                        claims,
-                        job.pool,
-                        job.cost,
-                        gate.max_in_flight,
-                        gate.max_tokens,
-                    )
+                    reservation, _ = await self.state.admit(job.id, tenant, claims, gate.slot(job))
                 else:
                     reservation = await self.state.reserve(job.id, tenant, claims)
             except StoreUnavailable as e:

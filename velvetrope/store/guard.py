@@ -38,6 +38,7 @@ from redis.exceptions import RedisError
 from velvetrope.clock import Clock
 from velvetrope.core.bucket import Claim, Denial, Grant, MemoryBuckets, SettleLine, settle_lines
 from velvetrope.errors import StoreUnavailable
+from velvetrope.store.base import Slot
 from velvetrope.store.breaker import CircuitBreaker
 from velvetrope.store.outbox import Outbox
 from velvetrope.store.redis_store import RedisStore, parse_admit, parse_lease, parse_reserve
@@ -184,10 +185,7 @@ class GuardedState:
         job_id: str,
         tenant: str,
         claims: Sequence[Claim],
-        pool: str,
-        tokens: int,
-        max_in_flight: int,
-        max_tokens: int | None,
+        slot: Slot,
     ) -> tuple[Grant | Denial, bool]:
         """Reserve and, if granted, take a fleet slot, in one round trip where Redis allows
         (else two calls).  Returns the reservation and whether a slot was taken; a failure
@@ -197,22 +195,20 @@ class GuardedState:
             if isinstance(res, Denial):
                 return res, False
             try:
-                return res, await self.acquire(pool, job_id, tokens, max_in_flight, max_tokens)
+                return res, await self.acquire(job_id, slot)
             except StoreUnavailable:
                 return res, False
         if self.breaker.allow():
-            call = self.redis.send_admit(
-                job_id, tenant, claims, pool, tokens, max_in_flight, max_tokens
-            )
+            call = self.redis.send_admit(job_id, tenant, claims, slot)
             try:
                 res, lease = parse_admit(claims, await self._call("reserve", call))
             except StoreUnavailable:
-                self._finish_remote(job_id, tenant, claims, settle_lines(claims, 0), pool)
+                self._finish_remote(job_id, tenant, claims, settle_lines(claims, 0), slot.pool)
             else:
                 for snap in res.snapshots:
                     self._seen[snap.key] = (snap.remaining, snap.limit)
                 if lease is not None and lease.granted:
-                    self._leases.setdefault(pool, {})[job_id] = tokens
+                    self._leases.setdefault(slot.pool, {})[job_id] = slot.tokens
                     return res, True
                 return res, False
         return self._reserve_locally(job_id, claims), False
@@ -281,17 +277,16 @@ class GuardedState:
 
     # -- fleet slots ---------------------------------------------------------------------
 
-    async def acquire(
-        self, pool: str, job_id: str, tokens: int, max_in_flight: int, max_tokens: int | None
-    ) -> bool:
+    async def acquire(self, job_id: str, slot: Slot) -> bool:
         """Take a fleet-wide slot for ``job_id`` (true at once if it holds one): in Redis, or
         (fail_open) one of this replica's 1/N share of local slots; fail_closed raises
         :class:`StoreUnavailable`."""
+        pool = slot.pool
         mine = self._leases.get(pool)
         if mine is not None and job_id in mine:
             return True  # taken earlier (with the reservation)
         if self.breaker.allow():
-            call = self.redis.send_acquire(pool, job_id, tokens, max_in_flight, max_tokens)
+            call = self.redis.send_acquire(job_id, slot)
             try:
                 ans = parse_lease(await self._call("acquire", call))
             except StoreUnavailable:
@@ -299,14 +294,14 @@ class GuardedState:
                 self._release_remote(pool, job_id)
             else:
                 if ans.granted:
-                    self._leases.setdefault(pool, {})[job_id] = tokens
+                    self._leases.setdefault(pool, {})[job_id] = slot.tokens
                 return bool(ans.granted)
         if self.on_store_error == "fail_closed":
             self.fallbacks["lease_refused"] += 1
             raise self._unavailable("lease")
         self.fallbacks["lease_local"] += 1
         held = self._local_leases.setdefault(pool, set())
-        share = max(1, math.ceil(max_in_flight / max(1, self.replicas)))
+        share = max(1, math.ceil(slot.max_in_flight / max(1, self.replicas)))
         if len(held) >= share:
             return False
         held.add(job_id)
