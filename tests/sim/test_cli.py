@@ -57,3 +57,34 @@ def test_simulate_reports_bad_input_as_an_error() -> None:
     result = runner.invoke(app, ["simulate", "--limit", "10", "--lengths", "psychic"])
     assert result.exit_code == 2
     assert "length knowledge" in result.output
+
+
+def test_simulate_with_synthetic_arrivals_and_a_spike(tmp_path: Path) -> None:
+    from velvetrope.sim.inputs import prepare_workload
+    from velvetrope.sim.traffic import DayCycle, Spike
+
+    result = runner.invoke(
+        app,
+        [
+            "simulate",
+            "--limit", "500",
+            "--replicas", "1",
+            "--arrivals", "day:0.5:3:0",
+            "--spike", "300:60:4",
+            "--duration", "600",
+            "--seed", "3",
+            "--out", str(tmp_path),
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    process = DayCycle(0.5, 3.0, 0.0, spikes=(Spike(300.0, 60.0, 4.0),))
+    expected = prepare_workload("azure_conv", seed=3, limit=500, arrivals=process, duration=600.0)
+    text = (tmp_path / "report.md").read_text()
+    assert (
+        f"azure_conv's request mix at day:0.5:3:0 arrivals over 600 s, spike 300:60:4 "
+        f"({len(expected):,} requests)" in text
+    )
+    bad = runner.invoke(app, ["simulate", "--arrivals", "poisson:2", "--load", "0.5"])
+    assert bad.exit_code == 2 and "--load" in bad.output
+    bad = runner.invoke(app, ["simulate", "--arrivals", "poisson:2", "--spike", "1:2:3"])
+    assert bad.exit_code == 2 and "spikes" in bad.output

@@ -126,3 +126,19 @@ class TestSpec:
         for bad in ("1:2", "a:b:c", "0:0:2", "0:10:-1"):
             with pytest.raises(PolicyError):
                 parse_spike(bad)
+
+
+def test_prepare_workload_puts_the_trace_mix_on_synthetic_times() -> None:
+    from velvetrope.sim.inputs import prepare_workload
+    from velvetrope.sim.traces import load_trace
+
+    rows = load_trace("azure_code")[:200]
+    out = prepare_workload("azure_code", limit=200, arrivals=Poisson(2.0), duration=500.0)
+    times = Poisson(2.0).times(np.random.default_rng(0), duration=500.0)
+    assert [r.t for r in out] == times.tolist()
+    pairs = {(r.prompt_tokens, r.output_tokens) for r in rows}
+    assert all((r.prompt_tokens, r.output_tokens) in pairs for r in out)
+    with pytest.raises(PolicyError, match="duration"):
+        prepare_workload("azure_code", arrivals=Poisson(2.0))
+    with pytest.raises(PolicyError, match="duration"):
+        prepare_workload("azure_code", duration=10.0)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from velvetrope.errors import VelvetropeError
+from velvetrope.errors import PolicyError, VelvetropeError
 
 if TYPE_CHECKING:
     from velvetrope.core import PolicyConfig
@@ -80,6 +80,22 @@ def simulate_command(
     window: Annotated[
         str | None, typer.Option(help="Replay only START:END seconds of the trace.")
     ] = None,
+    arrivals: Annotated[
+        str,
+        typer.Option(
+            help="trace (its own times), poisson:RATE, gamma:RATE:CV, deterministic:RATE, "
+            "onoff:RATE_ON:ON_S:OFF_S[:RATE_OFF], mmpp:R0:R1:S0:S1 or "
+            "day:MEAN_RPS[:PEAK_TO_TROUGH[:PEAK_HOUR]], with the trace's request mix."
+        ),
+    ] = "trace",
+    spike: Annotated[
+        list[str] | None,
+        typer.Option(help="START_S:DURATION_S:FACTOR on top of day arrivals; repeatable."),
+    ] = None,
+    duration: Annotated[
+        float | None,
+        typer.Option(help="Seconds of synthetic arrivals (default: 86400 for day, else 3600)."),
+    ] = None,
     seed: Annotated[int, typer.Option(min=0, help="Seed: tenant mix, predictor, capacity.")] = 0,
     system_prompt: Annotated[
         int,
@@ -103,6 +119,7 @@ def simulate_command(
     from velvetrope.sim.metrics import parse_slo
     from velvetrope.sim.report import tier_table, write_report
     from velvetrope.sim.sweep import parse_sweep, run_sweep
+    from velvetrope.sim.traffic import DayCycle, parse_arrivals, parse_spike
     from velvetrope.sim.workload import TenantMix
 
     console = Console()
@@ -112,12 +129,19 @@ def simulate_command(
         mix = TenantMix.parse(tenants) if tenants is not None else None
         policy, max_tokens = _policy(config, mix, replicas, preset)
         slos: dict[str, SloPolicy] = dict(parse_slo(s) for s in (slo or []))
+        process = parse_arrivals(arrivals, [parse_spike(x) for x in spike or []])
+        if process is not None and load is not None:
+            raise PolicyError("--load rescales a trace's times; give synthetic arrivals a rate")
+        if process is not None and duration is None:
+            duration = 86_400.0 if isinstance(process, DayCycle) else 3600.0
         workload = prepare_workload(
             trace,
             tenants=mix,
             seed=seed,
             limit=limit,
             window=parse_window(window) if window is not None else None,
+            arrivals=process,
+            duration=duration,
         )
         prof = load_profile(profile)
         if system_prompt:
@@ -134,7 +158,10 @@ def simulate_command(
             "default_max_tokens": max_tokens,
             "slos": slos,
             "seed": seed,
-            "label": trace,
+            "label": trace
+            if process is None
+            else f"{trace}'s request mix at {arrivals} arrivals over {duration:g} s"
+            + "".join(f", spike {x}" for x in spike or []),
         }
         t0 = time.perf_counter()
         if sweep:

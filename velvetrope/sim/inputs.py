@@ -1,7 +1,9 @@
 """Building a run from user-level options: the workload to replay and a default policy.
 
 :func:`prepare_workload` loads a trace (a built-in name or a file), cuts it to a window or a
-prefix, and assigns tenants from a :class:`~velvetrope.sim.workload.TenantMix`.
+prefix, optionally replaces its arrival times by a synthetic process's (keeping the trace's
+request mix, :func:`~velvetrope.sim.traffic.with_mix`), and assigns tenants from a
+:class:`~velvetrope.sim.workload.TenantMix`.
 :func:`default_policy` is the policy used when no config file is given: the ``hybrid`` preset,
 one tier per tier named in the mix (in the mix's order, highest priority first; tenants
 without a tier go to the lowest), each tenant in its tier, and one pool with 64 slots per
@@ -12,9 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 from velvetrope.core import PolicyConfig
 from velvetrope.errors import PolicyError
+from velvetrope.sim.arrivals import ArrivalProcess
 from velvetrope.sim.traces import load_trace
+from velvetrope.sim.traffic import with_mix
 from velvetrope.sim.workload import TenantMix, TraceRequest, head, time_window
 
 __all__ = ["SLOTS_PER_REPLICA", "default_policy", "parse_window", "prepare_workload"]
@@ -42,14 +48,26 @@ def prepare_workload(
     seed: int = 0,
     limit: int | None = None,
     window: tuple[float, float] | None = None,
+    arrivals: ArrivalProcess | None = None,
+    duration: float | None = None,
 ) -> list[TraceRequest]:
     """Load ``trace``, keep ``window`` (rebased to 0) then the first ``limit`` requests, and
-    assign tenants from ``tenants`` (seeded).  An empty result raises PolicyError."""
+    assign tenants from ``tenants`` (seeded).  With ``arrivals``, the requests arrive at that
+    process's times over ``[0, duration)`` instead (``duration`` required), each a row of the
+    trace drawn with replacement; the process and the draw are seeded by ``seed``.  An
+    empty result raises PolicyError."""
     reqs: Sequence[TraceRequest] = load_trace(trace)
     if window is not None:
         reqs = time_window(reqs, window[0], window[1])
     if limit is not None:
         reqs = head(reqs, limit)
+    if arrivals is not None:
+        if duration is None:
+            raise PolicyError("synthetic arrivals need a duration")
+        rng = np.random.default_rng(seed)
+        reqs = with_mix(arrivals.times(rng, duration=duration), reqs, rng)
+    elif duration is not None:
+        raise PolicyError("a duration goes with synthetic arrivals; use a window for a trace")
     if tenants is not None:
         reqs = tenants.assign(reqs, seed)
     if not reqs:
