@@ -76,6 +76,14 @@ def simulate_command(
         list[str] | None,
         typer.Option(help="KEY=V1,V2 with KEY in policy, load, lengths, replicas, router."),
     ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(min=1, help="Sweep: local worker processes (default: one per core)."),
+    ] = None,
+    cluster: Annotated[
+        str | None,
+        typer.Option(help="Sweep: a Dask scheduler's address (tcp://host:8786) to run on."),
+    ] = None,
     limit: Annotated[int | None, typer.Option(min=1, help="Replay only the first N rows.")] = None,
     window: Annotated[
         str | None, typer.Option(help="Replay only START:END seconds of the trace.")
@@ -165,7 +173,12 @@ def simulate_command(
         }
         t0 = time.perf_counter()
         if sweep:
-            result = run_sweep(policy, workload, prof, parse_sweep(sweep), base=base)
+            from velvetrope.cluster import sweep_executor
+
+            with sweep_executor(workers, cluster) as executor:
+                result = run_sweep(
+                    policy, workload, prof, parse_sweep(sweep), base=base, executor=executor
+                )
             wall = time.perf_counter() - t0
             table = Table(title=f"velvetrope simulate sweep: {trace}")
             for h in result.header():

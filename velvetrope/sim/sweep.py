@@ -6,16 +6,21 @@ A sweep is a cartesian product of values per key (:data:`SWEEP_KEYS`)::
     replicas=2,4                   router=least_loaded,round_robin
 
 ``policy`` replaces the config's preset (queue fields the config sets explicitly are kept);
-the others override the matching :func:`~velvetrope.sim.loop.run_simulation` argument.
-Points run one after another (one core), in the order the keys and values were given, with a
-:mod:`rich` progress bar on stderr.  The report has one row per point and, when ``load`` is
-swept, a latency-versus-load plot with one curve per combination of the other keys.
+the others override the matching :func:`~velvetrope.sim.loop.run_simulation` argument
+(``seed=0,1,2`` repeats every point with other seeds).  Points are listed in the order the
+keys and values were given, with a :mod:`rich` progress bar on stderr.  They run one after
+another, or on any :class:`concurrent.futures.Executor` (a local process pool, a Dask
+cluster's executor: :mod:`velvetrope.cluster`): each point is one task, a pure function of
+its inputs, so the results — and the report — are the same bytes whichever runs them.  The
+report has one row per point and, when ``load`` is swept, a latency-versus-load plot with
+one curve per combination of the other keys.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor, Future, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +37,7 @@ from velvetrope.sim.workload import TraceRequest
 
 __all__ = ["SWEEP_KEYS", "SweepResult", "parse_sweep", "run_sweep"]
 
-SWEEP_KEYS = ("policy", "load", "lengths", "replicas", "router")
+SWEEP_KEYS = ("policy", "load", "lengths", "replicas", "router", "seed")
 
 
 def parse_sweep(items: Sequence[str]) -> dict[str, list[str]]:
@@ -63,14 +68,14 @@ def _convert(key: str, value: str) -> Any:
         if value not in preset_names():
             raise PolicyError(f"unknown policy {value!r}; presets: {', '.join(preset_names())}")
         return value
-    if key in ("load", "replicas"):
+    if key in ("load", "replicas", "seed"):
         kind: type[float] | type[int] = float if key == "load" else int
         try:
             x = kind(value)
         except ValueError:
             raise PolicyError(f"bad {key} {value!r}: not a {kind.__name__}") from None
-        if not x > 0:
-            raise PolicyError(f"{key} must be > 0, got {value!r}")
+        if not (x >= 0 if key == "seed" else x > 0):
+            raise PolicyError(f"{key} must be {'>= 0' if key == 'seed' else '> 0'}, got {value!r}")
         return x
     return value
 
@@ -184,6 +189,26 @@ class SweepResult:
         return path
 
 
+def run_point(
+    config: PolicyConfig,
+    workload: Sequence[TraceRequest],
+    profile: EngineProfile,
+    params: Mapping[str, str],
+    base: Mapping[str, Any] | None = None,
+) -> SimResult:
+    """One point of a sweep: ``base`` (``replicas`` default 4) overridden by ``params``.
+    A module-level function, so an executor in another process can run it."""
+    kw: dict[str, Any] = {"replicas": 4, **(base or {})}
+    cfg = config
+    for k, v in params.items():
+        if k == "policy":
+            cfg = config.model_copy(update={"preset": v})
+        else:
+            kw[k] = _convert(k, v)
+    replicas = kw.pop("replicas")
+    return run_simulation(cfg, workload, replicas, profile, **kw)
+
+
 def run_sweep(
     config: PolicyConfig,
     workload: Sequence[TraceRequest],
@@ -192,10 +217,13 @@ def run_sweep(
     *,
     base: Mapping[str, Any] | None = None,
     progress: bool = True,
+    executor: Executor | None = None,
 ) -> SweepResult:
     """Run every point of ``sweep`` (see :func:`parse_sweep`); ``base`` holds the other
     :func:`~velvetrope.sim.loop.run_simulation` keyword arguments (``replicas`` included,
-    default 4).  ``progress`` shows a rich progress bar on stderr."""
+    default 4).  ``executor`` runs the points (default: one after another, here);
+    ``progress`` shows a rich progress bar on stderr.  The result lists the points in sweep
+    order whatever order they finish in."""
     keys = tuple(sweep)
     if not keys:
         raise PolicyError("an empty sweep")
@@ -204,35 +232,54 @@ def run_sweep(
             raise PolicyError(f"bad sweep key {k!r} or no values")
         for v in vals:
             _convert(k, v)
-    combos = list(itertools.product(*(sweep[k] for k in keys)))
-    results: list[tuple[dict[str, str], SimResult]] = []
+    points = [
+        dict(zip(keys, values, strict=True))
+        for values in itertools.product(*(sweep[k] for k in keys))
+    ]
+    results: list[SimResult | None] = [None] * len(points)
+    bar = _Bar(len(points)) if progress else None
+    try:
+        if executor is None:
+            for i, params in enumerate(points):
+                if bar is not None:
+                    bar.show(" ".join(f"{k}={v}" for k, v in params.items()))
+                results[i] = run_point(config, workload, profile, params, base)
+                if bar is not None:
+                    bar.advance()
+        else:
+            futures: dict[Future[SimResult], int] = {
+                executor.submit(run_point, config, workload, profile, params, base): i
+                for i, params in enumerate(points)
+            }
+            if bar is not None:
+                bar.show(f"simulating on {type(executor).__name__}")
+            for fut in as_completed(futures):
+                results[futures[fut]] = fut.result()
+                if bar is not None:
+                    bar.advance()
+    finally:
+        if bar is not None:
+            bar.close()
+    done = tuple((p, r) for p, r in zip(points, results, strict=True) if r is not None)
+    return SweepResult(keys, done)
 
-    def one(values: tuple[str, ...]) -> None:
-        params = dict(zip(keys, values, strict=True))
-        kw: dict[str, Any] = {"replicas": 4, **(base or {})}
-        cfg = config
-        for k, v in params.items():
-            if k == "policy":
-                cfg = config.model_copy(update={"preset": v})
-            else:
-                kw[k] = _convert(k, v)
-        replicas = kw.pop("replicas")
-        results.append((params, run_simulation(cfg, workload, replicas, profile, **kw)))
 
-    if progress:
+class _Bar:
+    """A rich progress bar on stderr."""
+
+    def __init__(self, total: int) -> None:
         from rich.console import Console
         from rich.progress import Progress
 
-        with Progress(console=Console(stderr=True), transient=False) as bar:
-            task = bar.add_task("simulating", total=len(combos))
-            for values in combos:
-                bar.update(
-                    task,
-                    description=" ".join(f"{k}={v}" for k, v in zip(keys, values, strict=True)),
-                )
-                one(values)
-                bar.advance(task)
-    else:
-        for values in combos:
-            one(values)
-    return SweepResult(keys, tuple(results))
+        self._progress = Progress(console=Console(stderr=True), transient=False)
+        self._progress.start()
+        self._task = self._progress.add_task("simulating", total=total)
+
+    def show(self, description: str) -> None:
+        self._progress.update(self._task, description=description)
+
+    def advance(self) -> None:
+        self._progress.advance(self._task)
+
+    def close(self) -> None:
+        self._progress.stop()
