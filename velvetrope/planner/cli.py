@@ -230,6 +230,33 @@ def format_plan(plan: Plan) -> list[str]:
     return out
 
 
+def _startup_lines(
+    plan: Plan,
+    spike: float | None,
+    duration: str,
+    startup: str,
+    top_share: float,
+    lower_max_wait: str,
+    scaled_object: Path | None,
+    as_json: bool,
+) -> list[str] | None:
+    """``plan --spike``: the start-up question's answer, as lines (or one JSON line)."""
+    if spike is None:
+        return None
+    from velvetrope.planner.startup import format_startup, plan_startup, startup_to_dict
+    from velvetrope.sim.keda import load_scaled_object
+
+    sp = plan_startup(
+        plan, factor=spike, duration_s=parse_duration(duration),
+        startup_s=0.0 if startup.strip() in ("0", "0s") else parse_duration(startup),
+        top_share=top_share, lower_max_wait_s=parse_duration(lower_max_wait),
+        scaled_object=None if scaled_object is None else load_scaled_object(scaled_object),
+    )  # fmt: skip
+    if as_json:
+        return [json.dumps(startup_to_dict(sp), allow_nan=False)]
+    return ["", *format_startup(sp)]
+
+
 def _verify_dict(rows: list[VerifyRow]) -> list[dict[str, Any]]:
     out = []
     for r in rows:
@@ -387,6 +414,24 @@ def plan_command(
     prefix_hit_rate: Annotated[
         float, typer.Option(help="Share of prompt tokens served from the prefix cache.")
     ] = 0.0,
+    spike: Annotated[
+        float | None,
+        typer.Option(help="Start-up question: a spike of this many times the design rate."),
+    ] = None,
+    spike_duration: Annotated[str, typer.Option(help="How long the spike lasts.")] = "10m",
+    startup: Annotated[
+        str, typer.Option(help="From asking for a replica to its serving (model load).")
+    ] = "120s",
+    top_share: Annotated[
+        float, typer.Option(help="Share of requests in the top tier (the one sized for).")
+    ] = 0.2,
+    lower_max_wait: Annotated[
+        str, typer.Option(help="The lower tiers' max wait (their max_wait_s).")
+    ] = "60s",
+    scaled_object: Annotated[
+        Path | None,
+        typer.Option(help="A KEDA ScaledObject file whose other settings the answer keeps."),
+    ] = None,
 ) -> None:
     """Size a fleet for a workload and an SLO, and derive the admission settings.
 
@@ -487,6 +532,10 @@ def plan_command(
             full, curve, slo, tier=tier, rho_target=rho, concurrency=concurrency,
             gpus=gpus_per_replica,
         )  # fmt: skip
+        start_lines = _startup_lines(
+            plan, spike, spike_duration, startup, top_share, lower_max_wait, scaled_object,
+            json_out,
+        )  # fmt: skip
         rows: list[VerifyRow] | None = None
         if verify:
             from velvetrope.planner.verify import verify_plan
@@ -503,6 +552,8 @@ def plan_command(
 
     if json_out:
         doc = plan_to_dict(plan)
+        if start_lines is not None:
+            doc["startup"] = json.loads(start_lines[0])
         if rows is not None:
             doc["verify"] = _verify_dict(rows)
         if written is not None:
@@ -515,6 +566,8 @@ def plan_command(
         typer.echo(line)
     if features:
         typer.echo(f"engine features: {features}")
+    for line in start_lines or []:
+        typer.echo(line)
     if rows is not None:
         typer.echo("")
         typer.echo(
