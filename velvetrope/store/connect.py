@@ -57,7 +57,16 @@ class _FastPack:
 
 
 class FastPackConnection(_FastPack, Connection):
-    """A TCP connection with linear-time command packing."""
+    """A TCP connection with linear-time command packing (and its address string, which
+    redis-py formats on every read, made once)."""
+
+    _host_error_text: str | None = None
+
+    def _host_error(self) -> str:
+        text = self._host_error_text
+        if text is None:
+            text = self._host_error_text = super()._host_error()
+        return text
 
 
 class _FastPackSSLConnection(_FastPack, SSLConnection):
@@ -95,14 +104,17 @@ def parse_nodes(netloc: str, default_port: int) -> list[tuple[str, int]]:
 def connect(url: str, *, password: str | None, timeout_s: float, max_connections: int = 64) -> Any:
     """A redis-py asyncio client (``Redis`` or ``RedisCluster``) for ``url``.
 
-    ``timeout_s`` bounds connecting, every socket operation and the wait for a free
-    connection (at most ``max_connections`` per process); callers also bound each call with
-    their own budget."""
+    ``timeout_s`` bounds connecting and the wait for a free connection (at most
+    ``max_connections`` per process).  Reads carry no socket timeout of their own: every
+    caller bounds its call with its own budget (:class:`~velvetrope.store.guard.GuardedState`),
+    and a per-read timeout would cost a timer per reply of every pipeline.  A connection
+    whose peer vanished is found by TCP keepalive."""
     parts = urlsplit(url)
     scheme = parts.scheme
     common: dict[str, Any] = {
-        "socket_timeout": timeout_s,
+        "socket_timeout": None,
         "socket_connect_timeout": timeout_s,
+        "socket_keepalive": True,
         "decode_responses": False,
     }
     url_password = unquote(parts.password) if parts.password else None

@@ -98,6 +98,8 @@ class GuardedState:
         self._tasks: list[asyncio.Task[None]] = []
         self.loop_lag_s = 0.0  # decaying peak of the event loop's lag
         self.late = 0  # calls answered after the budget while Redis was answering
+        self._watch: list[tuple[float, asyncio.Future[Any]]] = []  # (deadline, call)
+        self._watchdog: asyncio.Task[None] | None = None
         self.late_cap_s = 1.0
         if observe_call is not None:
             redis.observe_round_trips(lambda s: observe_call("round_trip", s))
@@ -115,18 +117,19 @@ class GuardedState:
         record its latency; feed the breaker.  A call still pending when the budget runs
         out while Redis demonstrably answers others is this process's backlog, not Redis's:
         it may wait up to ``late_cap_s`` more (counted in ``late``).  Raises
-        :class:`StoreUnavailable` on any failure."""
+        :class:`StoreUnavailable` on any failure.
+
+        A pipelined call is a plain future: the watchdog (one task, every few ms) fails it
+        when its time is up, so a call costs no timer of its own."""
         t0 = time.perf_counter()
-        fut = asyncio.ensure_future(call)  # a pipelined call is a future already: no task
         try:
-            done, _ = await asyncio.wait((fut,), timeout=self.budget_s)
-            if not done and self.redis.answering(self.budget_s):
-                self.late += 1
-                done, _ = await asyncio.wait((fut,), timeout=self.late_cap_s)
-            if not done:
-                fut.cancel()
-                raise TimeoutError(f"no answer within {self.budget_s * 1000:.0f} ms")
-            out = fut.result()
+            if type(call) is asyncio.Future and self._watchdog is not None:
+                if not call.done():
+                    deadline = time.monotonic() + self.budget_s
+                    self._watch.append((deadline, call))
+                out = await call
+            else:
+                out = await self._wait_alone(call)
         except _FAILURES as e:
             self.breaker.failure()
             self._observe(op, time.perf_counter() - t0)
@@ -134,6 +137,43 @@ class GuardedState:
         self.breaker.success()
         self._observe(op, time.perf_counter() - t0)
         return out
+
+    async def _wait_alone(self, call: Any) -> Any:
+        """:meth:`_call`'s wait for a call the watchdog does not watch (a task on a
+        cluster, or before :meth:`start`)."""
+        fut = asyncio.ensure_future(call)
+        done, _ = await asyncio.wait((fut,), timeout=self.budget_s)
+        if not done and self.redis.answering(self.budget_s):
+            self.late += 1
+            done, _ = await asyncio.wait((fut,), timeout=self.late_cap_s)
+        if not done:
+            fut.cancel()
+            raise TimeoutError(f"no answer within {self.budget_s * 1000:.0f} ms")
+        return fut.result()
+
+    async def _watch_calls(self, period_s: float = 0.005) -> None:
+        """Fail watched calls whose time is up; give late ones (Redis answering others)
+        ``late_cap_s`` more."""
+        while True:
+            await asyncio.sleep(period_s)
+            watch = self._watch
+            if not watch:
+                continue
+            now = time.monotonic()
+            keep: list[tuple[float, asyncio.Future[Any]]] = []
+            for deadline, fut in watch:
+                if fut.done():
+                    continue
+                if now < deadline:
+                    keep.append((deadline, fut))
+                elif deadline > 0 and self.redis.answering(self.budget_s):
+                    self.late += 1
+                    keep.append((-(now + self.late_cap_s), fut))  # negative: already late
+                elif deadline < 0 and now < -deadline:
+                    keep.append((deadline, fut))
+                else:
+                    fut.set_exception(TimeoutError("no answer from Redis within the budget"))
+            self._watch = keep
 
     @property
     def budget_s(self) -> float:
@@ -338,10 +378,12 @@ class GuardedState:
         """Start the outbox, the heartbeat (also the breaker's probe) and lease renewal."""
         loop = asyncio.get_running_loop()
         self.outbox.start()
+        self._watchdog = loop.create_task(self._watch_calls())
         self._tasks = [
             loop.create_task(self._beat()),
             loop.create_task(self._renew()),
             loop.create_task(self._watch_lag()),
+            self._watchdog,
         ]
 
     async def stop(self, flush_s: float = 2.0) -> None:
@@ -354,6 +396,7 @@ class GuardedState:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks = []
+        self._watchdog = None
         await self.outbox.stop()
         with contextlib.suppress(*_FAILURES):
             await self.redis.close()
