@@ -30,6 +30,7 @@ from velvetrope.errors import ConfigError
 
 __all__ = [
     "ApiKey",
+    "AutoscaleSettings",
     "GatewayConfig",
     "GatewaySettings",
     "Listen",
@@ -176,6 +177,43 @@ class GatewaySettings(_Model):
     saturation: SaturationSettings = Field(default_factory=SaturationSettings)
 
 
+class AutoscaleSettings(_Model):
+    """The engines' autoscaler, as ``velvetrope simulate --autoscale`` models it: the numbers
+    of the KEDA ScaledObject that scales the pool's engine Deployment (``deploy/keda``), by
+    the same names in snake case, and how long a new engine takes to serve.  The gateway
+    itself does not read this section."""
+
+    pool: str | None = Field(None, description="the pool whose engines scale (default: first)")
+    query: str = Field(
+        'sum(avg_over_time(velvetrope_queue_depth{pool="default"}[1m]))',
+        description="the Prometheus trigger's query: velvetrope_queue_depth, "
+        "vllm:num_requests_waiting, vllm:kv_cache_usage_perc, DCGM_FI_DEV_GPU_UTIL, "
+        "instant or avg_over_time(...[w])",
+    )
+    threshold: float = Field(gt=0, description="target per replica (AverageValue) or total")
+    activation_threshold: float = Field(0.0, description="KEDA activationThreshold (0 <-> 1)")
+    metric_type: Literal["AverageValue", "Value"] = "AverageValue"
+    min_replicas: int = Field(1, ge=0, description="minReplicaCount")
+    max_replicas: int = Field(100, ge=1, description="maxReplicaCount")
+    polling_interval_s: float = Field(30.0, gt=0, description="pollingInterval")
+    cooldown_s: float = Field(300.0, ge=0, description="cooldownPeriod (scale to zero only)")
+    use_cached_metrics: bool = Field(False, description="the trigger's useCachedMetrics")
+    behavior: dict[str, Any] | None = Field(
+        None, description="advanced.horizontalPodAutoscalerConfig.behavior, as in the HPA"
+    )
+    sync_period_s: float = Field(15.0, gt=0, description="the HPA controller's sync period")
+    scrape_interval_s: float = Field(15.0, gt=0, description="Prometheus' scrape interval")
+    startup: str = Field(
+        "120", description="start-up delay: SECONDS, LO-HI or lognormal:MEDIAN:SIGMA"
+    )
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AutoscaleSettings:
+        if self.max_replicas < self.min_replicas:
+            raise ValueError("max_replicas must be >= min_replicas")
+        return self
+
+
 class GatewayConfig(_Model):
     """The whole gateway configuration."""
 
@@ -190,10 +228,15 @@ class GatewayConfig(_Model):
     routes: tuple[Route, ...] = Field((), description="model -> pool; default: the first pool")
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     state: StateSettings = Field(default_factory=StateSettings)
+    autoscale: AutoscaleSettings | None = Field(
+        None, description="the engines' KEDA autoscaler, for simulate --autoscale"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> GatewayConfig:
         pools = {p.name for p in self.policy.pools}
+        if self.autoscale is not None and self.autoscale.pool not in (None, *pools):
+            raise ValueError(f"autoscale.pool {self.autoscale.pool!r} is not in policy.pools")
         for name in self.upstreams:
             if name not in pools:
                 raise ValueError(f"upstreams names pool {name!r}, not in policy.pools")

@@ -220,3 +220,35 @@ class TestManifests:
         f.write_text("kind: Service\n", encoding="utf-8")
         with pytest.raises(PolicyError, match="no ScaledObject"):
             load_scaled_object(f)
+
+
+def test_the_config_section_matches_the_deploy_file() -> None:
+    from velvetrope.config import parse_config
+
+    cfg = parse_config(
+        {
+            "autoscale": {
+                "threshold": 16,
+                "min_replicas": 2,
+                "max_replicas": 8,
+                "polling_interval_s": 15,
+                "behavior": {
+                    "scaleUp": {
+                        "stabilizationWindowSeconds": 0,
+                        "policies": [{"type": "Pods", "value": 2, "periodSeconds": 60}],
+                    },
+                    "scaleDown": {
+                        "stabilizationWindowSeconds": 600,
+                        "policies": [{"type": "Pods", "value": 1, "periodSeconds": 300}],
+                    },
+                },
+            }
+        }
+    )
+    assert cfg.autoscale is not None
+    so = ScaledObject.from_settings(cfg.autoscale)
+    deployed = load_scaled_object(DEPLOY)
+    assert so == deployed  # notes and the query text aside (compare=False / same default)
+    bad = cfg.autoscale.model_copy(update={"query": "sum(up)"})
+    with pytest.raises(PolicyError, match="autoscale"):
+        ScaledObject.from_settings(bad)

@@ -52,6 +52,7 @@ from typing import Any
 
 import yaml
 
+from velvetrope.config import AutoscaleSettings
 from velvetrope.errors import PolicyError
 from velvetrope.sim.hpa import Behavior, Hpa, HpaDecision, HpaSpec, MetricType
 
@@ -245,6 +246,31 @@ class ScaledObject:
                 behavior=None if raw is None else Behavior.from_spec(raw, "behavior"),
                 query=query,
                 notes=tuple(notes),
+            )
+        except PolicyError as exc:
+            raise PolicyError(f"{source}: {exc}") from None
+
+    @classmethod
+    def from_settings(cls, settings: AutoscaleSettings, source: str = "autoscale") -> ScaledObject:
+        """From the gateway config's ``autoscale`` section (the same numbers, snake case)."""
+        try:
+            signals, window = signals_in_query(settings.query)
+            return cls(
+                threshold=settings.threshold,
+                signals=signals,
+                window_s=window,
+                min_replicas=settings.min_replicas,
+                max_replicas=settings.max_replicas,
+                polling_interval_s=settings.polling_interval_s,
+                cooldown_s=settings.cooldown_s,
+                activation_threshold=settings.activation_threshold,
+                metric_type=settings.metric_type,
+                use_cached_metrics=settings.use_cached_metrics,
+                behavior=None
+                if settings.behavior is None
+                else Behavior.from_spec(settings.behavior, "behavior"),
+                sync_period_s=settings.sync_period_s,
+                query=settings.query,
             )
         except PolicyError as exc:
             raise PolicyError(f"{source}: {exc}") from None
