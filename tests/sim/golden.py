@@ -1,0 +1,130 @@
+"""Scenarios whose results are pinned byte for byte (``test_loop_golden``).
+
+Each scenario is a :func:`~velvetrope.sim.loop.run_simulation` call exercising a part of the
+loop: queueing, shedding, bucket limits, engine refusals, preemption, client timeouts (some
+arriving at the same instant), deadlines, load rescaling, noisy predictions, prefix caching.
+:func:`digest` hashes everything a run returns.  ``python -m tests.sim.golden`` prints the
+digests of the code on the path: the pinned values were printed by the simulator's loop
+before the event environment replaced it, so the test proves the two decide alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from velvetrope.core import PolicyConfig
+from velvetrope.engine import load_profile
+from velvetrope.sim.arrivals import Poisson
+from velvetrope.sim.inputs import default_policy, prepare_workload
+from velvetrope.sim.loop import run_simulation
+from velvetrope.sim.prefixes import with_system_prompts
+from velvetrope.sim.result import SimResult
+from velvetrope.sim.workload import TenantMix, TraceRequest
+
+SMALL = load_profile("llama3-8b-h100").with_overrides(
+    num_gpu_blocks=200, max_model_len=2048, max_num_seqs=16, max_num_batched_tokens=2048
+)
+H100 = load_profile("llama3-8b-h100")
+MIX = TenantMix.parse("gold:interactive:0.2,silver:standard:0.3,bronze:batch:0.5")
+
+STRESS = PolicyConfig.model_validate(
+    {
+        "preset": "hybrid",
+        "queue": {"max_queued": 40},
+        "tiers": [{"name": "gold", "max_wait_s": 3.0}, {"name": "bronze", "max_wait_s": 6.0}],
+        "tenants": [
+            {"name": "a", "tier": "gold", "limits": {"tokens_per_minute": 400_000}},
+            {"name": "b", "tier": "bronze", "max_queued": 25},
+            {"name": "c", "tier": "bronze", "limits": {"requests_per_minute": 120}},
+        ],
+        "pools": [{"name": "default", "max_in_flight": 12, "max_tokens_in_flight": 20_000}],
+    }
+)
+
+
+def _stress(
+    n: int = 400, rate: float = 30.0, seed: int = 3, dup: bool = False
+) -> list[TraceRequest]:
+    rng = np.random.default_rng(seed)
+    times = Poisson(rate).times(seed, count=n)
+    if dup:  # groups of three at one instant: their client timeouts fall together too
+        times = np.repeat(times[::3], 3)[:n]
+    out = []
+    for i, t in enumerate(times.tolist()):
+        prompt = int(rng.integers(20, 900))
+        output = int(rng.integers(0, 300))
+        if i == 1:
+            prompt = 2040
+        out.append(TraceRequest(t, prompt, output, "abc"[i % 3], None, max(output, 1) + 50))
+    return out
+
+
+def _conv() -> SimResult:
+    work = prepare_workload("azure_conv", tenants=MIX, seed=1, limit=700)
+    return run_simulation(
+        default_policy(MIX, 2), work, 2, H100, load=1.3, lengths="noisy:0.5",
+        client_timeout_s=20.0, seed=1, record_decisions=True,
+    )  # fmt: skip
+
+
+def _prefix() -> SimResult:
+    work = with_system_prompts(prepare_workload("azure_code", tenants=MIX, limit=500), 800)
+    prof = H100.with_overrides(enable_prefix_caching=True)
+    return run_simulation(
+        default_policy(MIX, 1, "fifo"), work, 1, prof, load=1.1, record_decisions=True
+    )
+
+
+def _least_loaded() -> SimResult:
+    work = _stress()
+    return run_simulation(
+        STRESS, work, 2, SMALL, lengths="oracle", client_timeout_s=4.0, record_decisions=True
+    )
+
+
+def _round_robin() -> SimResult:
+    work = _stress()
+    return run_simulation(STRESS, work, 2, SMALL, router="round_robin", record_decisions=True)
+
+
+def _same_instant() -> SimResult:
+    work = _stress(dup=True, rate=60.0)
+    return run_simulation(STRESS, work, 3, SMALL, client_timeout_s=2.5, record_decisions=True)
+
+
+SCENARIOS: dict[str, Callable[[], SimResult]] = {
+    "stress-least-loaded": _least_loaded,
+    "stress-round-robin": _round_robin,
+    "stress-same-instant": _same_instant,
+    "conv-overload": _conv,
+    "code-prefix": _prefix,
+}
+
+
+def digest(res: SimResult) -> str:
+    """SHA-256 over the decision log, every per-request array, the span, the pools' stats
+    and the samples."""
+    h = hashlib.sha256()
+    h.update(repr(res.decisions).encode())
+    for f in dataclasses.fields(res.records):
+        h.update(f.name.encode())
+        h.update(np.ascontiguousarray(getattr(res.records, f.name)).tobytes())
+    h.update(repr(res.span_s).encode())
+    h.update(repr(res.pools).encode())
+    for a in res.samples:
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()[:40]
+
+
+def current() -> dict[str, Any]:
+    return {name: digest(fn()) for name, fn in SCENARIOS.items()}
+
+
+if __name__ == "__main__":
+    for name, d in current().items():
+        print(f'    "{name}": "{d}",')
