@@ -13,8 +13,13 @@ pool's replicas are a contiguous range.  Routers (:data:`ROUTERS`):
 
 The fleet also keeps the busy-time accounting the report needs: a replica is *busy* from the
 moment work is added to an idle replica until its batcher runs out of work.  The event loop
-(:mod:`velvetrope.sim.loop`) owns the timing; it reads and updates the public lists here
+(:mod:`velvetrope.sim.runner`) owns the timing; it reads and updates the public lists here
 directly, since they sit on its hot path.
+
+Replicas can be added while a run goes on (:meth:`Fleet.add`, an autoscaled pool): a new
+replica gets the next number and takes work only once :meth:`Fleet.enable` d (its start-up
+over); :meth:`Fleet.disable` takes a replica out of routing (draining).  The routers choose
+among a pool's enabled replicas in number order, so a fixed fleet routes as before.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ class PoolStats:
 
     ``busy_fraction`` is the mean over its replicas of busy time / ``span_s`` (the share of
     wall-clock time a GPU had a batch to run); ``steps`` and ``preemptions`` are summed.
+    ``replicas`` counts every replica the pool had (those added while the run went on too).
     """
 
     pool: str
@@ -72,12 +78,15 @@ class Fleet:
 
     __slots__ = (
         "_next",
+        "_token_events",
         "active",
         "batchers",
         "busy_s",
         "busy_since",
         "load",
+        "members",
         "pool_names",
+        "pool_of",
         "profile",
         "ranges",
         "router",
@@ -108,24 +117,57 @@ class Fleet:
         """Whether a replica has a step scheduled (maintained by the event loop)."""
         self.busy_since = [0.0] * lo
         self.busy_s = [0.0] * lo
-        self._next = [lo_ for lo_, _ in self.ranges]
+        self._token_events = token_events
+        self.pool_of = [j for j, (a, b) in enumerate(self.ranges) for _ in range(a, b)]
+        self.members: list[list[int]] = [list(range(a, b)) for a, b in self.ranges]
+        """Per pool, the replicas that take work, in number order."""
+        self._next = [0] * len(self.ranges)
 
     def __len__(self) -> int:
         return len(self.batchers)
 
+    def add(self, pool: int) -> int:
+        """A new replica in pool number ``pool`` (not taking work until enabled)."""
+        k = len(self.batchers)
+        self.batchers.append(Batcher(self.profile, token_events=self._token_events))
+        self.load.append(0)
+        self.active.append(False)
+        self.busy_since.append(0.0)
+        self.busy_s.append(0.0)
+        self.pool_of.append(pool)
+        return k
+
+    def enable(self, k: int) -> None:
+        """Replica ``k`` takes work."""
+        m = self.members[self.pool_of[k]]
+        if k not in m:
+            m.append(k)
+            m.sort()
+
+    def disable(self, k: int) -> None:
+        """Replica ``k`` takes no more work (what it has goes on)."""
+        m = self.members[self.pool_of[k]]
+        if k in m:
+            m.remove(k)
+
     def route(self, pool: int) -> int:
-        """The replica that takes the next job of pool number ``pool``."""
-        lo, hi = self.ranges[pool]
+        """The replica that takes the next job of pool number ``pool`` (which must have an
+        enabled replica)."""
+        m = self.members[pool]
         if self.router == "round_robin":
-            k = self._next[pool]
-            self._next[pool] = lo if k + 1 >= hi else k + 1
-            return k
+            i = self._next[pool] % len(m)
+            self._next[pool] = i + 1
+            return m[i]
         load = self.load
-        best = lo
-        for k in range(lo + 1, hi):
+        best = m[0]
+        for k in m:
             if load[k] < load[best]:
                 best = k
         return best
+
+    def busy_until(self, k: int, now: float) -> float:
+        """Replica ``k``'s busy seconds up to ``now``."""
+        return self.busy_s[k] + (now - self.busy_since[k] if self.active[k] else 0.0)
 
     def start_busy(self, k: int, now: float) -> None:
         """Replica ``k`` goes from idle to busy at ``now``."""
@@ -140,20 +182,18 @@ class Fleet:
     def stats(self, span_s: float) -> list[PoolStats]:
         """Per-pool statistics over ``[0, span_s]`` (open busy periods count up to ``span_s``)."""
         out = []
-        for name, (lo, hi) in zip(self.pool_names, self.ranges, strict=True):
+        for j, name in enumerate(self.pool_names):
+            ks = [k for k, p in enumerate(self.pool_of) if p == j]
             busy = 0.0
-            for k in range(lo, hi):
-                b = self.busy_s[k]
-                if self.active[k]:
-                    b += span_s - self.busy_since[k]
-                busy += b / span_s if span_s > 0 else 0.0
+            for k in ks:
+                busy += self.busy_until(k, span_s) / span_s if span_s > 0 else 0.0
             out.append(
                 PoolStats(
                     pool=name,
-                    replicas=hi - lo,
-                    busy_fraction=busy / (hi - lo),
-                    steps=sum(self.batchers[k].num_steps for k in range(lo, hi)),
-                    preemptions=sum(self.batchers[k].num_preemptions for k in range(lo, hi)),
+                    replicas=len(ks),
+                    busy_fraction=busy / len(ks),
+                    steps=sum(self.batchers[k].num_steps for k in ks),
+                    preemptions=sum(self.batchers[k].num_preemptions for k in ks),
                 )
             )
         return out

@@ -28,27 +28,25 @@ profile's ``max_model_len`` is failed with ``upstream_error`` when dispatched (v
 engine always samples at least one).  A row without ``max_tokens`` declares
 ``max(default_max_tokens, output)``.
 
-Ties in time are resolved in one fixed order, so a run is a pure function of its inputs:
-step ends (by replica number) first, then queue deadlines, then client timeouts (in arrival
-order), then arrivals (in workload order).
+Events come from one event environment (:mod:`velvetrope.sim.env`, driven by
+:func:`velvetrope.sim.runner.drive`): ties in time are resolved in one fixed order, so a run
+is a pure function of its inputs: step ends (by replica number) first, then queue deadlines,
+then client timeouts (in arrival order), then arrivals (in workload order).
 
 Tiers: a request runs in the tier the gateway would give it,
 ``ctl.resolve_tier(tenant, requested=row.tier)``, except that a tenant the config does not
 list takes the row's tier when the row names a tier that exists (the trace's tenants stand
 for tenants the config would list).
 
-Speed: the loop holds its state in local variables, keeps arrivals and client timeouts as
-sorted lists walked by index (only replica step ends live in a heap), runs replica steps in an
-inner loop up to the next arrival, deadline or timeout, delivers only non-empty event lists
-and uses ``Batcher(token_events=False)`` (TPOT comes from the first-token and finish times).
-The cyclic garbage collector is paused during the run (nothing the loop allocates forms
-cycles; reference counting frees it).  See ``bench/sim_bench.py``.
+Speed: the handlers hold their state in local variables, arrivals are scheduled one at a
+time, only non-empty event lists are delivered and the batchers run with
+``Batcher(token_events=False)`` (TPOT comes from the first-token and finish times).  The
+cyclic garbage collector is paused during the run (nothing the loop allocates forms cycles;
+reference counting frees it).  See ``bench/sim_bench.py``.
 """
 
 from __future__ import annotations
 
-import gc
-import heapq
 import math
 from collections.abc import Callable, Mapping, Sequence
 
@@ -57,32 +55,25 @@ import numpy as np
 from velvetrope.clock import ManualClock
 from velvetrope.core import (
     AdmissionController,
-    Admitted,
     Job,
-    JobState,
     Outcome,
     OutputEstimator,
     PolicyConfig,
-    Queued,
-    Reason,
-    Rejected,
-    Usage,
 )
 from velvetrope.core.policy import SloPolicy
-from velvetrope.engine import EngineEvent, EngineProfile, Finished, FirstToken
+from velvetrope.engine import EngineProfile
 from velvetrope.errors import PolicyError
 from velvetrope.sim.capacity import Capacity, fleet_capacity
 from velvetrope.sim.fleet import Fleet, pool_replicas
 from velvetrope.sim.lengths import LengthKnowledge, parse_lengths, predicted_outputs
 from velvetrope.sim.metrics import JobRecords, config_slos
 from velvetrope.sim.result import LogEntry, RunInfo, SimResult
+from velvetrope.sim.runner import Inputs, drive
 from velvetrope.sim.workload import TraceRequest, rescale_time, trace_stats
 
 __all__ = ["policy_label", "run_simulation", "scale_to_load"]
 
 _INF = math.inf
-_QUEUED = JobState.QUEUED
-_DISPATCHED = JobState.DISPATCHED
 
 
 def policy_label(config: PolicyConfig) -> str:
@@ -206,167 +197,18 @@ def run_simulation(
     max_len = profile.max_model_len
     fits = [p + o <= max_len for p, o in zip(prompts, outputs, strict=True)]
     shared = [(r.prefix_id, r.prefix_tokens) for r in workload]
-    replica_of = [-1] * n
-    jobs: list[Job | None] = [None] * n
-
-    # -- the loop ----------------------------------------------------------------------
-    batchers = fleet.batchers
-    load_ = fleet.load
-    active = fleet.active
-    route = fleet.route
-    start_busy = fleet.start_busy
-    stop_busy = fleet.stop_busy
-    heap: list[tuple[float, int]] = []
-    pend: list[list[EngineEvent] | None] = [None] * len(fleet)
-    starts: list[int] = []
-    set_clock = clock.set
-    dispatchable = ctl.dispatchable
-    first_token = ctl.first_token
-    complete = ctl.complete
-    live_job = ctl.job
-    heappush = heapq.heappush
-    heappop = heapq.heappop
-    heapreplace = heapq.heapreplace
-    timeout = client_timeout_s
-    samples_t: list[float] = []
-    samples_q: list[int] = []
-    samples_f: list[int] = []
-
-    def launch(batch: list[Job], now: float) -> bool:
-        """Send dispatched jobs to replicas; True if some failed (capacity was released)."""
-        failed = False
-        for job in batch:
-            idx = int(job.id)
-            if not fits[idx]:
-                ctl.fail(job.id, Reason.UPSTREAM_ERROR)
-                failed = True
-                continue
-            k = route(req_pool[idx])
-            pid, ptok = shared[idx]
-            batchers[k].add(
-                job.id, prompts[idx], outputs[idx], now, prefix_id=pid, prefix_tokens=ptok
-            )
-            load_[k] += 1
-            replica_of[idx] = k
-            if record_decisions:
-                decisions.append((now, "dispatch", job.id, str(k)))
-            if not active[k]:
-                start_busy(k, now)
-                starts.append(k)
-        return failed
-
-    def dispatch(now: float) -> None:
-        while True:
-            batch = dispatchable()
-            if not batch or not launch(batch, now):
-                return
-
-    def flush(now: float) -> None:
-        for k in starts:
-            heappush(heap, (now, k))
-            pend[k] = None
-        starts.clear()
-
-    i = 0
-    tp = 0
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        while True:
-            ta = times[i] if i < n else _INF
-            tto = times[tp] + timeout if timeout is not None and tp < i else _INF
-            dl = ctl.next_deadline()
-            td = dl if dl is not None else _INF
-            h = ta if ta < tto else tto
-            if td < h:
-                h = td
-            # replica steps that end by the horizon
-            while heap:
-                top = heap[0]
-                t = top[0]
-                if t > h:
-                    break
-                k = top[1]
-                ev = pend[k]
-                if ev:
-                    set_clock(t)
-                    freed = False
-                    for e in ev:
-                        if timeout is not None and live_job(e.seq_id) is None:
-                            continue  # the client gave up during the step
-                        if type(e) is FirstToken:
-                            first_token(e.seq_id)
-                        elif type(e) is Finished:
-                            complete(e.seq_id, Usage(e.prompt_tokens, e.output_tokens))
-                            load_[k] -= 1
-                            freed = True
-                    if freed and ctl.queued:
-                        dispatch(t)
-                b = batchers[k]
-                if b.has_work:
-                    res = b.step(t)
-                    pend[k] = res.events
-                    heapreplace(heap, (t + res.duration, k))
-                else:
-                    heappop(heap)
-                    pend[k] = None
-                    stop_busy(k, t)
-                if starts:
-                    flush(t)
-            if h == _INF:
-                break
-            if h < clock.now():  # a deadline already handled by dispatchable()
-                h = clock.now()
-            set_clock(h)
-            if td <= h:
-                ctl.tick()
-                dispatch(h)
-            elif tto <= h:
-                assert timeout is not None
-                while tp < i and times[tp] + timeout <= h:
-                    job = jobs[tp]
-                    assert job is not None
-                    if job.state is _QUEUED:
-                        ctl.cancel(job.id)
-                    elif job.state is _DISPATCHED:
-                        k = replica_of[tp]
-                        snap = batchers[k].seq_state(job.id)
-                        batchers[k].abort(job.id)
-                        load_[k] -= 1
-                        gen = snap.generated_tokens if snap is not None else 0
-                        ctl.cancel(job.id, Usage(job.prompt_tokens, gen))
-                    tp += 1
-                dispatch(h)
-            else:
-                job = Job(
-                    str(i),
-                    workload[i].tenant,
-                    tiers[i],
-                    prompts[i],
-                    caps[i],
-                    pool=pool_names[req_pool[i]],
-                    predicted_output=preds[i],
-                )
-                jobs[i] = job
-                d = ctl.arrive(job)
-                kind = d.__class__
-                if record_decisions:
-                    decisions.append((h, "arrive", job.id, _decision_detail(d)))
-                if kind is Admitted:
-                    if launch([job], h):
-                        dispatch(h)
-                elif kind is Queued:
-                    dispatch(h)
-                samples_t.append(h)
-                samples_q.append(ctl.queued)
-                samples_f.append(ctl.in_flight)
-                i += 1
-            flush(h)
-    finally:
-        if was_enabled:
-            gc.enable()
-
-    span = clock.now()
+    inputs = Inputs(
+        times=times, tenants=[r.tenant for r in workload], tiers=tiers, prompts=prompts,
+        outputs=outputs, caps=caps, preds=preds, pools=req_pool, pool_names=pool_names,
+        fits=fits, shared=shared,
+    )  # fmt: skip
+    trace = drive(
+        ctl, clock, fleet, inputs, timeout=client_timeout_s, decisions=decisions,
+        record=record_decisions,
+    )  # fmt: skip
+    jobs = trace.jobs
+    samples_t, samples_q, samples_f = trace.samples_t, trace.samples_q, trace.samples_f
+    span = trace.span_s
     records = _records(jobs, tiers, prompts, outputs)
     info = RunInfo(
         label=label,
@@ -395,14 +237,6 @@ def run_simulation(
         ),
         decisions=tuple(decisions) if record_decisions else None,
     )
-
-
-def _decision_detail(d: Admitted | Queued | Rejected) -> str:
-    if isinstance(d, Admitted):
-        return "admitted"
-    if isinstance(d, Queued):
-        return "queued"
-    return f"rejected:{d.reason.code}"
 
 
 def _records(

@@ -1,0 +1,409 @@
+"""The simulator's event loop on the event environment (:mod:`velvetrope.sim.env`).
+
+:func:`drive` runs one prepared workload: every source of events is an event on the one
+heap, at its time, with a priority class, and a tie in time goes by class, then by rank
+within the class, then by scheduling order:
+
+==========  =========================================================  ===============
+class       event                                                      rank
+==========  =========================================================  ===============
+0 STEP      a replica's step ends (or an idle replica was given work)  replica number
+1 READY     a starting replica's start-up is over                      replica number
+2 PROM      Prometheus scrapes the autoscaler's signal
+3 SCALE     the autoscaler's poll or sync
+4 DEADLINE  the earliest queue deadline
+5 TIMEOUT   the earliest client timeout pending (all those due go)
+6 ARRIVAL   the next request arrives                                   arrival index
+==========  =========================================================  ===============
+
+Handlers do what the loop always did: an arrival becomes a :class:`~velvetrope.core.Job`
+through ``ctl.arrive``; admitted or dispatchable jobs go to a replica's batcher; a step's
+events are delivered when it ends (``FirstToken`` → ``ctl.first_token``, ``Finished`` →
+``ctl.complete``), then the replica's next step is computed and scheduled; ``ctl.tick`` runs
+at the earliest queue deadline; a client timeout cancels a queued job or aborts a dispatched
+one.  After anything that can free capacity the loop asks ``ctl.dispatchable()``.  Arrivals
+are scheduled one at a time (each schedules the next); the earliest queue deadline and the
+earliest pending client timeout are read again after every event that is not a step end
+(what the loop before did on each pass) and scheduled anew, the older event becoming stale
+(ignored when it comes up).  A deadline event ticks the core even if the job it was for has
+been dispatched meanwhile, and a timeout event for a request that has already ended still
+moves the clock, as before: the run's span is unchanged.  The
+:class:`~velvetrope.clock.ManualClock` the core reads is set by the handlers that touch the
+core (a step end only if it delivers events), so a run's span is the last such moment.
+
+With an :class:`Autoscaling` the pool it names is dynamic: its replicas come from a
+:class:`~velvetrope.sim.replicas.ReplicaPool`, the autoscaler's signal is scraped every
+``scrape_interval_s``, and each change of the replica count starts replicas (taking work
+once their start-up is over) or drains them (no new work; gone once their batcher is
+empty).  The pool's in-flight limits follow its ready replicas (per replica × ready), and
+the decision log gains ``scale``, ``ready``, ``drain`` and ``gone`` entries.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from velvetrope.clock import ManualClock
+from velvetrope.core import (
+    AdmissionController,
+    Admitted,
+    Job,
+    JobState,
+    Queued,
+    Reason,
+    Rejected,
+    Usage,
+)
+from velvetrope.engine import EngineEvent, Finished, FirstToken
+from velvetrope.sim.env import Environment, priority
+from velvetrope.sim.fleet import Fleet
+from velvetrope.sim.replicas import Replica, ReplicaPool
+from velvetrope.sim.result import LogEntry
+
+__all__ = ["Autoscaling", "Inputs", "Scaler", "Trace", "drive"]
+
+STEP, READY, PROM, SCALE, DEADLINE, TIMEOUT, ARRIVAL = range(7)
+_QUEUED = JobState.QUEUED
+_DISPATCHED = JobState.DISPATCHED
+
+
+class Scaler(Protocol):
+    """What drives an autoscaled pool: KEDA's model, or a script in the tests."""
+
+    def next_at(self) -> float:
+        """When it next acts (``inf``: never)."""
+        ...
+
+    def fire(self, now: float, current: int, ready: int) -> int:
+        """Act at ``now`` with ``current`` replicas asked for, ``ready`` of them serving;
+        returns the replica count it sets."""
+        ...
+
+
+@dataclass(slots=True)
+class Autoscaling:
+    """One autoscaled pool: its number, the scaler, the replicas, the signal and its scrape
+    interval (``signal(now)`` is read at each scrape and handed to ``record``), and the
+    in-flight limits per ready replica."""
+
+    pool: int
+    scaler: Scaler
+    replicas: ReplicaPool
+    slots_per_replica: int
+    tokens_per_replica: int | None
+    scrape_interval_s: float = 15.0
+    signal: Callable[[float], float] | None = None
+    record: Callable[[float, float], None] | None = None
+
+
+@dataclass(slots=True)
+class Inputs:
+    """Per-request inputs, prepared once (aligned lists, in workload order)."""
+
+    times: list[float]
+    tenants: list[str]
+    tiers: list[str]
+    prompts: list[int]
+    outputs: list[int]
+    caps: list[int]
+    preds: list[int | None]
+    pools: list[int]
+    pool_names: list[str]
+    fits: list[bool]
+    shared: list[tuple[str | None, int]]
+
+
+@dataclass(slots=True)
+class Trace:
+    """What :func:`drive` returns besides the core's own state."""
+
+    jobs: list[Job | None]
+    decisions: list[LogEntry]
+    samples_t: list[float]
+    samples_q: list[int]
+    samples_f: list[int]
+    span_s: float
+
+
+def drive(
+    ctl: AdmissionController,
+    clock: ManualClock,
+    fleet: Fleet,
+    inp: Inputs,
+    *,
+    timeout: float | None,
+    decisions: list[LogEntry],
+    record: bool,
+    autoscaling: Autoscaling | None = None,
+    until: float = 0.0,
+) -> Trace:
+    """Run every event of the workload (see the module docstring); an autoscaler's polls and
+    scrapes go on at least ``until``."""
+    env = Environment()
+    schedule = env.schedule
+    n = len(inp.times)
+    times, prompts, outputs, fits, shared = (
+        inp.times,
+        inp.prompts,
+        inp.outputs,
+        inp.fits,
+        inp.shared,
+    )
+    jobs: list[Job | None] = [None] * n
+    replica_of = [-1] * n
+    batchers = fleet.batchers
+    load_ = fleet.load
+    active = fleet.active
+    route = fleet.route
+    pend: list[list[EngineEvent] | None] = [None] * len(fleet)
+    step_prio = [priority(STEP, k) for k in range(len(fleet))]
+    set_clock = clock.set
+    dispatchable = ctl.dispatchable
+    first_token = ctl.first_token
+    complete = ctl.complete
+    live_job = ctl.job
+    samples_t: list[float] = []
+    samples_q: list[int] = []
+    samples_f: list[int] = []
+    draining: dict[int, Replica] = {}
+    auto = autoscaling
+
+    def launch(batch: Sequence[Job], now: float) -> bool:
+        """Send dispatched jobs to replicas; True if some failed (capacity was released)."""
+        failed = False
+        for job in batch:
+            idx = int(job.id)
+            if not fits[idx]:
+                ctl.fail(job.id, Reason.UPSTREAM_ERROR)
+                failed = True
+                continue
+            k = route(inp.pools[idx])
+            pid, ptok = shared[idx]
+            batchers[k].add(
+                job.id, prompts[idx], outputs[idx], now, prefix_id=pid, prefix_tokens=ptok
+            )
+            load_[k] += 1
+            replica_of[idx] = k
+            if record:
+                decisions.append((now, "dispatch", job.id, str(k)))
+            if not active[k]:
+                fleet.start_busy(k, now)
+                pend[k] = None
+                schedule(now, step_prio[k], on_step, k)
+        return failed
+
+    def dispatch(now: float) -> None:
+        while True:
+            batch = dispatchable()
+            if not batch or not launch(batch, now):
+                return
+
+    def on_step(k: int) -> None:
+        t = env.now
+        ev = pend[k]
+        if ev:
+            set_clock(t)
+            freed = False
+            for e in ev:
+                if timeout is not None and live_job(e.seq_id) is None:
+                    continue  # the client gave up during the step
+                if type(e) is FirstToken:
+                    first_token(e.seq_id)
+                elif type(e) is Finished:
+                    complete(e.seq_id, Usage(e.prompt_tokens, e.output_tokens))
+                    load_[k] -= 1
+                    freed = True
+            if freed and ctl.queued:
+                dispatch(t)
+        b = batchers[k]
+        if b.has_work:
+            res = b.step(t)
+            pend[k] = res.events
+            schedule(t + res.duration, step_prio[k], on_step, k)
+        else:
+            pend[k] = None
+            fleet.stop_busy(k, t)
+            if k in draining:
+                leave(k, t)
+
+    # The queue deadline and the next client timeout are re-read after every event that is
+    # not a step end, as the loop before the environment did at each pass; an event left
+    # behind by a later one is stale and ignored (its version no longer matches).
+    ver = [0, 0]  # deadline, timeout
+    tp = [0]  # the next arrival whose client timeout is pending
+    arrived = [0]
+
+    def horizon(now: float) -> None:
+        d = ctl.next_deadline()
+        ver[0] += 1
+        if d is not None:
+            schedule(max(d, now), priority(DEADLINE), on_deadline, ver[0])
+        ver[1] += 1
+        if timeout is not None and tp[0] < arrived[0]:
+            schedule(max(times[tp[0]] + timeout, now), priority(TIMEOUT), on_timeout, ver[1])
+
+    def on_deadline(v: int) -> None:
+        if v != ver[0]:
+            return
+        now = env.now
+        set_clock(now)
+        ctl.tick()
+        dispatch(now)
+        horizon(now)
+
+    def on_timeout(v: int) -> None:
+        if v != ver[1]:
+            return
+        assert timeout is not None
+        now = env.now
+        set_clock(now)
+        j = tp[0]
+        while j < arrived[0] and times[j] + timeout <= now:
+            job = jobs[j]
+            assert job is not None
+            if job.state is _QUEUED:
+                ctl.cancel(job.id)
+            elif job.state is _DISPATCHED:
+                k = replica_of[j]
+                snap = batchers[k].seq_state(job.id)
+                batchers[k].abort(job.id)
+                load_[k] -= 1
+                gen = snap.generated_tokens if snap is not None else 0
+                ctl.cancel(job.id, Usage(job.prompt_tokens, gen))
+            j += 1
+        tp[0] = j
+        dispatch(now)
+        horizon(now)
+
+    def on_arrival(i: int) -> None:
+        h = env.now
+        set_clock(h)
+        job = Job(
+            str(i),
+            inp.tenants[i],
+            inp.tiers[i],
+            prompts[i],
+            inp.caps[i],
+            pool=inp.pool_names[inp.pools[i]],
+            predicted_output=inp.preds[i],
+        )
+        jobs[i] = job
+        d = ctl.arrive(job)
+        kind = d.__class__
+        if record:
+            decisions.append((h, "arrive", job.id, _detail(d)))
+        if kind is Admitted:
+            if launch([job], h):
+                dispatch(h)
+        elif kind is Queued:
+            dispatch(h)
+        samples_t.append(h)
+        samples_q.append(ctl.queued)
+        samples_f.append(ctl.in_flight)
+        arrived[0] = i + 1
+        if i + 1 < n:
+            schedule(times[i + 1], priority(ARRIVAL, i + 1), on_arrival, i + 1)
+        horizon(h)
+
+    # -- the autoscaled pool ---------------------------------------------------------------
+
+    def set_engines(now: float) -> None:
+        assert auto is not None
+        cap = ctl.pool_capacity(inp.pool_names[auto.pool])
+        ready = auto.replicas.ready
+        cap.max_in_flight = auto.slots_per_replica * ready
+        if auto.tokens_per_replica is not None:
+            cap.max_tokens = auto.tokens_per_replica * ready
+
+    def on_ready(r: Replica) -> None:
+        assert auto is not None
+        now = env.now
+        if not auto.replicas.become_ready(r, now):
+            return
+        k = r.slot
+        fleet.enable(k)
+        if record:
+            decisions.append((now, "ready", "", str(k)))
+        set_engines(now)
+        set_clock(now)
+        dispatch(now)
+
+    def leave(k: int, now: float) -> None:
+        assert auto is not None
+        auto.replicas.leave(draining.pop(k), now)
+        if record:
+            decisions.append((now, "gone", "", str(k)))
+
+    def on_scale(_: None) -> None:
+        assert auto is not None
+        now = env.now
+        pool = auto.replicas
+        want = auto.scaler.fire(now, pool.asked, pool.ready)
+        if want != pool.asked:
+            if record:
+                decisions.append((now, "scale", "", f"{pool.asked}->{want}"))
+            started, drained = pool.scale(now, want)
+            for r in started:
+                k = fleet.add(auto.pool)
+                assert k == r.slot, "the pool numbers replicas as the fleet does"
+                pend.append(None)
+                step_prio.append(priority(STEP, k))
+                schedule(r.ready_at, priority(READY, k), on_ready, r)
+            for r in drained:
+                k = r.slot
+                fleet.disable(k)
+                draining[k] = r
+                if record:
+                    decisions.append((now, "drain", "", str(k)))
+                if not active[k]:
+                    leave(k, now)
+            if drained:
+                set_engines(now)
+        nxt = auto.scaler.next_at()
+        if nxt < math.inf and keep_going(nxt):
+            schedule(nxt, priority(SCALE), on_scale, None)
+
+    def on_prom(_: None) -> None:
+        assert auto is not None and auto.signal is not None and auto.record is not None
+        now = env.now
+        auto.record(now, auto.signal(now))
+        nxt = now + auto.scrape_interval_s
+        if keep_going(nxt):
+            schedule(nxt, priority(PROM), on_prom, None)
+
+    def keep_going(t: float) -> bool:
+        """Whether the autoscaler's clockwork goes on to ``t``: until ``until`` and while
+        requests are still to come or to finish, or replicas to start or to leave."""
+        assert auto is not None
+        return t <= until or bool(
+            arrived[0] < n or ctl.queued or ctl.in_flight or draining
+            or auto.replicas.ready != auto.replicas.asked
+        )  # fmt: skip
+
+    if auto is not None:
+        set_engines(0.0)
+        if auto.signal is not None:
+            schedule(0.0, priority(PROM), on_prom, None)
+        schedule(auto.scaler.next_at(), priority(SCALE), on_scale, None)
+    if n:
+        schedule(times[0], priority(ARRIVAL, 0), on_arrival, 0)
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        env.run()
+    finally:
+        if was_enabled:
+            gc.enable()
+    return Trace(jobs, decisions, samples_t, samples_q, samples_f, clock.now())
+
+
+def _detail(d: Admitted | Queued | Rejected) -> str:
+    if isinstance(d, Admitted):
+        return "admitted"
+    if isinstance(d, Queued):
+        return "queued"
+    return f"rejected:{d.reason.code}"
