@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -70,6 +71,9 @@ from velvetrope.sim.metrics import JobRecords, config_slos
 from velvetrope.sim.result import LogEntry, RunInfo, SimResult
 from velvetrope.sim.runner import Inputs, drive
 from velvetrope.sim.workload import TraceRequest, rescale_time, trace_stats
+
+if TYPE_CHECKING:
+    from velvetrope.sim.autoscale import AutoscaleSpec
 
 __all__ = ["policy_label", "run_simulation", "scale_to_load"]
 
@@ -121,6 +125,7 @@ def run_simulation(
     seed: int = 0,
     label: str = "workload",
     record_decisions: bool = False,
+    autoscale: AutoscaleSpec | None = None,
 ) -> SimResult:
     """Replay ``workload`` (sorted by ``t``) through ``config`` on a modelled fleet.
 
@@ -133,7 +138,9 @@ def run_simulation(
     ``pool_of`` maps a request to a pool name (default: the first pool).  ``slos`` per tier
     (``*`` for the rest; see :mod:`velvetrope.sim.metrics`).  ``seed`` drives the noisy
     predictor and the capacity measurement.  ``record_decisions`` keeps the decision log
-    (:attr:`SimResult.decisions`).  Bad parameters raise :class:`~velvetrope.errors.PolicyError`.
+    (:attr:`SimResult.decisions`).  ``autoscale`` makes one pool's replicas come and go
+    under KEDA's model (:mod:`velvetrope.sim.autoscale`; the result's
+    :attr:`SimResult.autoscale`).  Bad parameters raise :class:`~velvetrope.errors.PolicyError`.
     The same inputs give the same result, bit for bit.
     """
     knowledge = parse_lengths(lengths)
@@ -156,7 +163,14 @@ def run_simulation(
     ctl = AdmissionController(config, clock, estimator=estimator, observers=observers)
     policy = ctl.config
     pool_names = [p.name for p in policy.pools]
-    fleet = Fleet(profile, pool_replicas(pool_names, replicas), router)
+    counts = pool_replicas(pool_names, replicas)
+    configured = dict(counts)
+    if autoscale is not None:
+        scaled = autoscale.pool or pool_names[0]
+        if scaled not in counts:
+            raise PolicyError(f"autoscale pool {scaled!r} is not in the policy's pools")
+        counts[scaled] = max(1, autoscale.scaled_object.min_replicas)
+    fleet = Fleet(profile, counts, router)
     capacity: Capacity | None = None
     if load is not None:
         capacity = fleet_capacity(profile, workload, len(fleet), seed=seed)
@@ -202,9 +216,16 @@ def run_simulation(
         outputs=outputs, caps=caps, preds=preds, pools=req_pool, pool_names=pool_names,
         fits=fits, shared=shared,
     )  # fmt: skip
+    attached = None
+    if autoscale is not None:
+        from velvetrope.sim.autoscale import attach
+
+        scaled = autoscale.pool or pool_names[0]
+        attached = attach(autoscale, ctl, fleet, pool_names, configured[scaled], seed)
     trace = drive(
         ctl, clock, fleet, inputs, timeout=client_timeout_s, decisions=decisions,
-        record=record_decisions,
+        record=record_decisions, autoscaling=None if attached is None else attached.auto,
+        until=0.0 if autoscale is None else autoscale.horizon_s,
     )  # fmt: skip
     jobs = trace.jobs
     samples_t, samples_q, samples_f = trace.samples_t, trace.samples_q, trace.samples_f
@@ -236,6 +257,7 @@ def run_simulation(
             np.asarray(samples_f, dtype=np.int64),
         ),
         decisions=tuple(decisions) if record_decisions else None,
+        autoscale=None if attached is None else attached.finish(span),
     )
 
 

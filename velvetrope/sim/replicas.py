@@ -11,7 +11,7 @@ Which replicas a scale-down takes (:meth:`ReplicaPool.scale`) follows the Replic
 controller's deletion ranking (``getPodsToDelete``/``ActivePodsWithRanks``): pods that are
 not ready go before ready ones, and among equals the one that has been ready (or existed)
 for the shortest time goes first — here: starting replicas newest first, then ready ones
-most recently ready first.  Which replica takes a request is the fleet's business (only
+most recently ready first (the higher number first among equals: the newer pod).  Which replica takes a request is the fleet's business (only
 ready replicas are offered to the router).
 
 The simulator's loop owns the timing: it creates the replicas' engines, schedules each
@@ -128,8 +128,12 @@ class ReplicaPool:
         self.samples: list[tuple[float, int, int]] = []
 
     def add_ready(self, now: float, n: int) -> list[Replica]:
-        """``n`` replicas that are up from the start (the fleet before any scaling)."""
-        out = [Replica(self.new_slot(), now, now, ReplicaState.READY) for _ in range(n)]
+        """``n`` new replicas that are up from the start (the fleet before any scaling)."""
+        return self.adopt(now, [self.new_slot() for _ in range(n)])
+
+    def adopt(self, now: float, slots: list[int]) -> list[Replica]:
+        """Replicas already up in these engine slots (a fleet built beforehand)."""
+        out = [Replica(k, now, now, ReplicaState.READY) for k in slots]
         self.replicas.extend(out)
         self._sample(now)
         return out
@@ -160,8 +164,11 @@ class ReplicaPool:
             self.replicas.append(r)
             started.append(r)
         if target < have:
-            starting = sorted(self._in(ReplicaState.STARTING), key=lambda r: -r.asked_at)
-            ready = sorted(self._in(ReplicaState.READY), key=lambda r: -r.ready_at)
+            newest = self._in(ReplicaState.STARTING)
+            starting = sorted(newest, key=lambda r: (r.asked_at, r.slot), reverse=True)
+            ready = sorted(
+                self._in(ReplicaState.READY), key=lambda r: (r.ready_at, r.slot), reverse=True
+            )
             for r in (starting + ready)[: have - target]:
                 if r.state is ReplicaState.STARTING:
                     r.state, r.gone_at = ReplicaState.GONE, now

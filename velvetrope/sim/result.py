@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
@@ -20,15 +21,21 @@ from velvetrope.core.policy import SloPolicy
 from velvetrope.sim.capacity import Capacity
 from velvetrope.sim.fleet import PoolStats
 from velvetrope.sim.metrics import JobRecords, TierStats, summarize
+from velvetrope.sim.runner import LogEntry as _RunnerLogEntry
+
+if TYPE_CHECKING:
+    from velvetrope.sim.autoscale import AutoscaleTrace
 
 __all__ = ["LogEntry", "RunInfo", "SimResult"]
 
-LogEntry = tuple[float, str, str, str]
+LogEntry = _RunnerLogEntry
 """One entry of the decision log: ``(time, kind, job id, detail)``.
 
 Kinds: ``arrive`` (detail ``admitted``, ``queued`` or ``rejected:<reason>``), ``dispatch``
 (detail: the replica number) and ``end`` (detail ``<state>:<reason>``, one per job, at its
-terminal time, rejections included)."""
+terminal time, rejections included); with an autoscaled pool also ``scale`` (detail
+``<before>-><after>`` replicas asked for), ``ready``, ``drain`` and ``gone`` (detail: the
+replica number), with an empty job id."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +92,8 @@ class SimResult:
     ``span_s`` is the virtual time from 0 to the last event; ``pools`` the engines' busy time,
     steps and preemptions; ``tiers`` the config's tiers, highest first; ``samples`` the queue
     depth and jobs in flight seen right after each arrival, as ``(t, queued, in_flight)``;
-    ``decisions`` the decision log when it was recorded (see :data:`LogEntry`).
+    ``decisions`` the decision log when it was recorded (see :data:`LogEntry`);
+    ``autoscale`` the autoscaled pool's replicas, scale events and GPU time, if one was.
     """
 
     info: RunInfo
@@ -96,6 +104,7 @@ class SimResult:
     slos: dict[str, SloPolicy]
     samples: tuple[NDArray[np.float64], NDArray[np.int64], NDArray[np.int64]]
     decisions: tuple[LogEntry, ...] | None = None
+    autoscale: AutoscaleTrace | None = None
     _summary: list[TierStats] = field(default_factory=list, repr=False)
 
     def summary(self) -> list[TierStats]:

@@ -62,9 +62,11 @@ from velvetrope.engine import EngineEvent, Finished, FirstToken
 from velvetrope.sim.env import Environment, priority
 from velvetrope.sim.fleet import Fleet
 from velvetrope.sim.replicas import Replica, ReplicaPool
-from velvetrope.sim.result import LogEntry
 
-__all__ = ["Autoscaling", "Inputs", "Scaler", "Trace", "drive"]
+LogEntry = tuple[float, str, str, str]
+"""A decision-log entry (:data:`velvetrope.sim.result.LogEntry`, which is this type)."""
+
+__all__ = ["Autoscaling", "Inputs", "LogEntry", "Scaler", "Trace", "drive"]
 
 STEP, READY, PROM, SCALE, DEADLINE, TIMEOUT, ARRIVAL = range(7)
 _QUEUED = JobState.QUEUED
@@ -347,11 +349,11 @@ def drive(
             if record:
                 decisions.append((now, "scale", "", f"{pool.asked}->{want}"))
             started, drained = pool.scale(now, want)
-            for r in started:
-                k = fleet.add(auto.pool)
-                assert k == r.slot, "the pool numbers replicas as the fleet does"
-                pend.append(None)
-                step_prio.append(priority(STEP, k))
+            for r in started:  # the pool took a new engine slot from the fleet for each
+                k = r.slot
+                while len(pend) <= k:
+                    pend.append(None)
+                    step_prio.append(priority(STEP, len(step_prio)))
                 schedule(r.ready_at, priority(READY, k), on_ready, r)
             for r in drained:
                 k = r.slot
