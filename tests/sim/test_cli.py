@@ -88,3 +88,31 @@ def test_simulate_with_synthetic_arrivals_and_a_spike(tmp_path: Path) -> None:
     assert bad.exit_code == 2 and "--load" in bad.output
     bad = runner.invoke(app, ["simulate", "--arrivals", "poisson:2", "--spike", "1:2:3"])
     assert bad.exit_code == 2 and "spikes" in bad.output
+
+
+def test_simulate_autoscale_from_the_deploy_file(tmp_path: Path) -> None:
+    deploy = Path(__file__).resolve().parents[2] / "deploy" / "keda" / "scaledobject.yaml"
+    result = runner.invoke(
+        app,
+        [
+            "simulate",
+            "--limit", "300",
+            "--replicas", "1",
+            "--arrivals", "poisson:40",
+            "--duration", "240",
+            "--autoscale", str(deploy),
+            "--startup", "60",
+            "--out", str(tmp_path),
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "GPU-hours:" in result.output and "scale events:" in result.output
+    text = (tmp_path / "report.md").read_text()
+    assert "## Autoscaling" in text and "start-up 60 s" in text
+    assert "threshold 16 AverageValue, replicas 2..8" in text
+    assert (tmp_path / "replicas.png").stat().st_size > 10_000
+    # 40 req/s is more than 2 replicas serve: KEDA asks for more
+    up = [line for line in text.splitlines() if "→" in line and "hpa" in line]
+    assert up, text
+    bad = runner.invoke(app, ["simulate", "--limit", "50", "--autoscale", "config"])
+    assert bad.exit_code == 2 and "autoscale section" in bad.output

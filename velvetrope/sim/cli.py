@@ -9,6 +9,7 @@ latency-versus-load plot.  Wall time is printed on stdout only, never in a repor
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -18,6 +19,7 @@ from velvetrope.errors import PolicyError, VelvetropeError
 
 if TYPE_CHECKING:
     from velvetrope.core import PolicyConfig
+    from velvetrope.sim.autoscale import AutoscaleSpec
     from velvetrope.sim.workload import TenantMix
 
 __all__ = ["simulate_command"]
@@ -38,6 +40,27 @@ def _policy(
     if preset is not None:
         policy = policy.model_copy(update={"preset": preset})
     return policy, gw.gateway.default_max_tokens
+
+
+def _autoscale_spec(
+    source: str, config: Path | None, startup: str | None, horizon_s: float
+) -> AutoscaleSpec:
+    """``--autoscale config|FILE`` and ``--startup`` as an AutoscaleSpec."""
+    from velvetrope.sim.autoscale import AutoscaleSpec
+    from velvetrope.sim.replicas import StartupDelay
+
+    if source == "config":
+        from velvetrope.config import load_config
+
+        gw = load_config(config) if config is not None else None
+        if gw is None or gw.autoscale is None:
+            raise PolicyError("--autoscale config needs --config with an autoscale section")
+        spec = AutoscaleSpec.from_settings(gw.autoscale, horizon_s=horizon_s)
+    else:
+        spec = AutoscaleSpec.from_file(source, horizon_s=horizon_s)
+    if startup is not None:
+        spec = replace(spec, startup=StartupDelay.parse(startup))
+    return spec
 
 
 def simulate_command(
@@ -103,6 +126,20 @@ def simulate_command(
     duration: Annotated[
         float | None,
         typer.Option(help="Seconds of synthetic arrivals (default: 86400 for day, else 3600)."),
+    ] = None,
+    autoscale: Annotated[
+        str | None,
+        typer.Option(
+            help="Autoscale the first pool: 'config' (the config's autoscale section) or a "
+            "KEDA ScaledObject file (deploy/keda/scaledobject.yaml)."
+        ),
+    ] = None,
+    startup: Annotated[
+        str | None,
+        typer.Option(
+            help="Engine start-up delay: SECONDS, LO-HI or lognormal:MEDIAN:SIGMA "
+            "(default: the config's, else 120)."
+        ),
     ] = None,
     seed: Annotated[int, typer.Option(min=0, help="Seed: tenant mix, predictor, capacity.")] = 0,
     system_prompt: Annotated[
@@ -190,10 +227,18 @@ def simulate_command(
             simulated = sum(r.span_s for _, r in result.points)
         else:
             reps = base.pop("replicas")
+            if autoscale is not None:
+                base["autoscale"] = _autoscale_spec(autoscale, config, startup, duration or 0.0)
             res = run_simulation(policy, workload, reps, prof, **base)
             wall = time.perf_counter() - t0
             console.print(tier_table(res))
             path = write_report(res, out)
+            if res.autoscale is not None:
+                from velvetrope.sim.autoscale_report import autoscale_rows, write_autoscale
+
+                path = write_autoscale(res, out)
+                for what, value in autoscale_rows(res):
+                    console.print(f"{what}: {value}", highlight=False)
             simulated = res.span_s
     except VelvetropeError as exc:
         typer.echo(f"velvetrope simulate: error: {exc}", err=True)

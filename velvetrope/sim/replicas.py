@@ -11,7 +11,8 @@ Which replicas a scale-down takes (:meth:`ReplicaPool.scale`) follows the Replic
 controller's deletion ranking (``getPodsToDelete``/``ActivePodsWithRanks``): pods that are
 not ready go before ready ones, and among equals the one that has been ready (or existed)
 for the shortest time goes first — here: starting replicas newest first, then ready ones
-most recently ready first (the higher number first among equals: the newer pod).  Which replica takes a request is the fleet's business (only
+most recently ready first (the higher number first among equals: the newer pod).  Which
+replica takes a request is the fleet's business (only
 ready replicas are offered to the router).
 
 The simulator's loop owns the timing: it creates the replicas' engines, schedules each
