@@ -142,3 +142,19 @@ def test_overload_policies_and_summary(conv: list[TraceRequest]) -> None:
     assert 0.0 <= no.goodput_frac < yes.goodput_frac <= 1.0
     assert no.tiers[0].goodput < 0.5 < 0.99 <= yes.tiers[0].goodput  # the interactive tier
     assert no.window_good[-1] < no.window_good[0]  # without admission it decays
+
+
+def test_autoscaling_study_runs_a_case_on_a_short_day() -> None:
+    from experiments.k_autoscaling import day
+    from experiments.k_autoscaling import run as k
+
+    work = day.day_workload(0.5, hours=0.25)
+    assert work and max(r.t for r in work) < 900.0
+    assert {r.tier for r in work} == {"interactive", "standard", "batch"}
+    static = k.run_case(k.Case("static 2", static=2), work)
+    assert static.peak == 2 and static.events == 0
+    assert static.gpu_hours == pytest.approx(2 * 4 * 24.0)  # held for the whole day
+    scaled = k.run_case(k.Case("qd", "queue_depth", 8.0, 90.0), work)
+    assert scaled.peak >= 2
+    assert 0.0 <= scaled.attainment[0] <= 1.0
+    assert scaled.replicas_t[0] == 0.0

@@ -1,0 +1,93 @@
+"""Autoscaling what-if: a simulated day under KEDA, and a sweep of day slices on two cores.
+
+1. The simulated day of study (k) (``experiments/k_autoscaling/day.py``: the Azure
+   conversation mix arriving in a day-shaped curve at a mean of 5 req/s, 4:1 between 14:00
+   and 02:00, a 3× spike at 10:00 and a 2× spike at 19:30; Llama-3-70B on 4×H100 per replica,
+   128 in flight each; the ``hybrid`` policy with three tiers) through KEDA on the gateway's
+   queue depth with the shipped ScaledObject and the seed's threshold of 8 queued per
+   replica, engines serving 120 s after they are asked for.  ``wall_s`` times
+   :func:`~velvetrope.sim.loop.run_simulation` alone.  ``gpu_hours_vs_static`` is the run's
+   GPU-hours over those of a fleet sized statically for its peak (the most replicas the
+   autoscaler asked for, held all day); ``top_tier_slo`` the interactive tier's SLO
+   attainment (requests completed within TTFT ≤ 2 s / offered).
+2. A sweep: the slice 09:00-11:00 of the same day (the 3× spike) at thresholds 8 and 7 (the
+   planner's) × start-up 90 s and 180 s, 4 runs, first one after another, then on a local
+   process pool of 2 workers (:func:`velvetrope.cluster.sweep_executor`).
+
+Ends with::
+
+    autoscale: sim_hours=24 requests=<n> wall_s=<w> gpu_hours_vs_static=<r> top_tier_slo=<p>
+    sweep: runs=4 serial_s=<a> parallel_s=<b> speedup=<a/b>
+
+Run: ``.venv/bin/python bench/autoscale_bench.py`` (about 3 minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from experiments.k_autoscaling.day import (
+    DAY_S,
+    PLANNER_THRESHOLD,
+    SEED_THRESHOLD,
+    day_workload,
+    run_day,
+    scaled,
+)
+from velvetrope.cluster import sweep_executor
+from velvetrope.sim.workload import TraceRequest, time_window
+
+MEAN_RPS = 5.0
+SLICE = (9 * 3600.0, 11 * 3600.0)
+
+
+def slice_point(work: list[TraceRequest], threshold: int, startup_s: float) -> float:
+    """One sweep point: the GPU-hours of the slice (a module-level function: picklable)."""
+    res = run_day(work, autoscale=scaled("queue_depth", threshold, startup_s, SLICE[1] - SLICE[0]))
+    assert res.autoscale is not None
+    return res.autoscale.gpu_hours
+
+
+def main() -> None:
+    work = day_workload(MEAN_RPS)
+    t0 = time.perf_counter()
+    res = run_day(work, autoscale=scaled("queue_depth", SEED_THRESHOLD, 120.0, DAY_S))
+    wall = time.perf_counter() - t0
+    tr = res.autoscale
+    assert tr is not None
+    static = tr.peak_replicas * tr.end_s * tr.spec.gpus_per_replica / 3600.0
+    top = res.summary()[0]
+    print(
+        f"day: {len(work):,} requests, {tr.end_s / 3600:.2f} simulated h, replicas 2 to "
+        f"{tr.peak_replicas}, {tr.gpu_hours:.1f} GPU-hours (static at the peak: {static:.1f}), "
+        f"{top.tier} {top.good:,}/{top.offered:,} within its SLO"
+    )
+
+    part = time_window(work, *SLICE)
+    points = [(part, th, s) for th in (SEED_THRESHOLD, PLANNER_THRESHOLD) for s in (90.0, 180.0)]
+    t1 = time.perf_counter()
+    serial = [slice_point(*p) for p in points]
+    serial_s = time.perf_counter() - t1
+    with sweep_executor(workers=2) as pool:
+        assert pool is not None
+        t2 = time.perf_counter()
+        parallel = list(pool.map(slice_point, *zip(*points, strict=True)))
+        parallel_s = time.perf_counter() - t2
+    assert parallel == serial, "the pool must give the serial results"
+    print(
+        f"autoscale: sim_hours={tr.end_s / 3600:.0f} requests={len(work)} wall_s={wall:.1f} "
+        f"gpu_hours_vs_static={tr.gpu_hours / static:.3f} "
+        f"top_tier_slo={top.good / top.offered:.4f}"
+    )
+    print(
+        f"sweep: runs={len(points)} serial_s={serial_s:.1f} parallel_s={parallel_s:.1f} "
+        f"speedup={serial_s / parallel_s:.2f}"
+    )
+
+
+if __name__ == "__main__":
+    main()
