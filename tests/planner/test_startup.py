@@ -87,3 +87,27 @@ def test_plan_prints_the_answer() -> None:
     doc = json.loads(result.output)
     assert doc["startup"]["startup_s"] == 180.0
     assert doc["startup"]["threshold"] >= 1
+
+
+def test_the_simulator_confirms_the_answer() -> None:
+    from velvetrope.planner.startup_verify import verify_startup
+
+    sp = plan_startup(PLAN, factor=3.0, duration_s=600, startup_s=90)
+    chk = verify_startup(sp)
+    assert chk.top_lost_simulated == 0
+    assert chk.top_wait_p99_simulated <= PLAN.wait_budget_s
+    assert chk.first_ready_predicted is not None and chk.first_ready_simulated is not None
+    # the simulated queue reaches the threshold within a sync or two of the fluid model's
+    assert 0 <= chk.first_ready_simulated - chk.first_ready_predicted <= 30
+    assert chk.lower_lost_simulated == pytest.approx(chk.lower_lost_predicted, rel=0.25)
+    assert chk.lower_offered_simulated == pytest.approx(sp.lower_offered, rel=0.05)
+    assert "predicted" in "\n".join(chk.lines())
+
+
+def test_plan_verifies_the_answer_in_json() -> None:
+    args = ["plan", "--trace", "azure_code", "--service-model", "analytic", "--spike", "2",
+            "--spike-duration", "3m", "--verify", "--verify-requests", "200", "--json"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    check = json.loads(result.output)["startup"]["verify"]
+    assert check["top_lost_simulated"] == 0 and check["requests"] > 0

@@ -16,6 +16,7 @@ and exit with status 2.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -239,8 +240,11 @@ def _startup_lines(
     lower_max_wait: str,
     scaled_object: Path | None,
     as_json: bool,
+    verify: bool,
+    seed: int,
 ) -> list[str] | None:
-    """``plan --spike``: the start-up question's answer, as lines (or one JSON line)."""
+    """``plan --spike``: the start-up question's answer, as lines (or one JSON line), and
+    with ``verify`` its check in the simulator."""
     if spike is None:
         return None
     from velvetrope.planner.startup import format_startup, plan_startup, startup_to_dict
@@ -252,9 +256,20 @@ def _startup_lines(
         top_share=top_share, lower_max_wait_s=parse_duration(lower_max_wait),
         scaled_object=None if scaled_object is None else load_scaled_object(scaled_object),
     )  # fmt: skip
+    check = None
+    if verify:
+        from velvetrope.planner.startup_verify import verify_startup
+
+        check = verify_startup(sp, seed)
     if as_json:
-        return [json.dumps(startup_to_dict(sp), allow_nan=False)]
-    return ["", *format_startup(sp)]
+        doc = startup_to_dict(sp)
+        if check is not None:
+            doc["verify"] = {
+                k: (v if not isinstance(v, float) or math.isfinite(v) else None)
+                for k, v in dataclasses.asdict(check).items()
+            }
+        return [json.dumps(doc, allow_nan=False)]
+    return ["", *format_startup(sp), *(check.lines() if check is not None else [])]
 
 
 def _verify_dict(rows: list[VerifyRow]) -> list[dict[str, Any]]:
@@ -534,7 +549,7 @@ def plan_command(
         )  # fmt: skip
         start_lines = _startup_lines(
             plan, spike, spike_duration, startup, top_share, lower_max_wait, scaled_object,
-            json_out,
+            json_out, verify, seed,
         )  # fmt: skip
         rows: list[VerifyRow] | None = None
         if verify:
