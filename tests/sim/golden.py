@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from velvetrope.core import PolicyConfig
+from tests.sim.test_loop import SMALL
+from tests.sim.test_loop import STRESS_POLICY as STRESS
 from velvetrope.engine import load_profile
 from velvetrope.sim.arrivals import Poisson
 from velvetrope.sim.inputs import default_policy, prepare_workload
@@ -26,25 +27,8 @@ from velvetrope.sim.prefixes import with_system_prompts
 from velvetrope.sim.result import SimResult
 from velvetrope.sim.workload import TenantMix, TraceRequest
 
-SMALL = load_profile("llama3-8b-h100").with_overrides(
-    num_gpu_blocks=200, max_model_len=2048, max_num_seqs=16, max_num_batched_tokens=2048
-)
 H100 = load_profile("llama3-8b-h100")
 MIX = TenantMix.parse("gold:interactive:0.2,silver:standard:0.3,bronze:batch:0.5")
-
-STRESS = PolicyConfig.model_validate(
-    {
-        "preset": "hybrid",
-        "queue": {"max_queued": 40},
-        "tiers": [{"name": "gold", "max_wait_s": 3.0}, {"name": "bronze", "max_wait_s": 6.0}],
-        "tenants": [
-            {"name": "a", "tier": "gold", "limits": {"tokens_per_minute": 400_000}},
-            {"name": "b", "tier": "bronze", "max_queued": 25},
-            {"name": "c", "tier": "bronze", "limits": {"requests_per_minute": 120}},
-        ],
-        "pools": [{"name": "default", "max_in_flight": 12, "max_tokens_in_flight": 20_000}],
-    }
-)
 
 
 def _stress(

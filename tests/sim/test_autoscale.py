@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.sim.golden import SMALL
+from tests.sim.test_loop import SMALL
 from velvetrope.core import PolicyConfig
 from velvetrope.sim.autoscale import AutoscaleSpec, ScriptedScaler
 from velvetrope.sim.keda import ScaledObject
