@@ -103,9 +103,12 @@ def day_workload(mean_rps: float, seed: int = 0, hours: float = 24.0) -> list[Tr
     return MIX.assign(work, seed)
 
 
-def scaled(signal: str, threshold: float, startup_s: float, horizon_s: float) -> AutoscaleSpec:
-    """The deploy ScaledObject on ``signal`` with ``threshold`` and a fixed start-up."""
-    so = replace(load_scaled_object(DEPLOY), threshold=float(threshold))
+def scaled(
+    signal: str, threshold: float, startup_s: float, horizon_s: float, min_replicas: int = 2
+) -> AutoscaleSpec:
+    """The deploy ScaledObject on ``signal`` with ``threshold``, ``min_replicas`` (its
+    ``minReplicaCount``, 2 as shipped) and a fixed start-up."""
+    so = replace(load_scaled_object(DEPLOY), threshold=float(threshold), min_replicas=min_replicas)
     if signal != "queue_depth":
         so = replace(so, signals=(signal,), query=QUERIES[signal])
     return AutoscaleSpec(

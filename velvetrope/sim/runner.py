@@ -161,6 +161,7 @@ def drive(
     load_ = fleet.load
     active = fleet.active
     route = fleet.route
+    members = fleet.members
     pend: list[list[EngineEvent] | None] = [None] * len(fleet)
     step_prio = [priority(STEP, k) for k in range(len(fleet))]
     set_clock = clock.set
@@ -179,11 +180,12 @@ def drive(
         failed = False
         for job in batch:
             idx = int(job.id)
-            if not fits[idx]:
+            pool = inp.pools[idx]
+            if not fits[idx] or not members[pool]:  # too long, or no engine to take it
                 ctl.fail(job.id, Reason.UPSTREAM_ERROR)
                 failed = True
                 continue
-            k = route(inp.pools[idx])
+            k = route(pool)
             pid, ptok = shared[idx]
             batchers[k].add(
                 job.id, prompts[idx], outputs[idx], now, prefix_id=pid, prefix_tokens=ptok
