@@ -19,6 +19,7 @@ import numpy as np
 
 from tests.sim.test_loop import SMALL
 from tests.sim.test_loop import STRESS_POLICY as STRESS
+from velvetrope.core import PolicyConfig
 from velvetrope.engine import load_profile
 from velvetrope.sim.arrivals import Poisson
 from velvetrope.sim.inputs import default_policy, prepare_workload
@@ -81,12 +82,47 @@ def _same_instant() -> SimResult:
     return run_simulation(STRESS, work, 3, SMALL, client_timeout_s=2.5, record_decisions=True)
 
 
+ROUTED = PolicyConfig.model_validate(
+    {
+        "preset": "priority",
+        "queue": {"max_queued": 60},
+        "tiers": [
+            {
+                "name": "gold",
+                "max_wait_s": 2.0,
+                "degrade": {"wait_s": 0.5, "max_tokens": 64, "pool": "short"},
+            },
+            {"name": "bronze", "max_wait_s": 6.0},
+        ],
+        "tenants": [
+            {"name": "a", "tier": "gold"},
+            {"name": "b", "tier": "bronze"},
+            {"name": "c", "tier": "bronze"},
+        ],
+        "pools": [
+            {"name": "long", "max_in_flight_per_engine": 6},
+            {"name": "short", "max_in_flight_per_engine": 5},
+        ],
+        "routes": [{"name": "short-answers", "pool": "short", "max_predicted_output": 120}],
+    }
+)
+
+
+def _routed() -> SimResult:
+    work = _stress(n=500, rate=40.0, seed=5)
+    return run_simulation(
+        ROUTED, work, {"long": 2, "short": 1}, SMALL, lengths="oracle", client_timeout_s=5.0,
+        record_decisions=True, record_engines=True,
+    )  # fmt: skip
+
+
 SCENARIOS: dict[str, Callable[[], SimResult]] = {
     "stress-least-loaded": _least_loaded,
     "stress-round-robin": _round_robin,
     "stress-same-instant": _same_instant,
     "conv-overload": _conv,
     "code-prefix": _prefix,
+    "routes-degrade-engines": _routed,
 }
 
 
@@ -102,6 +138,10 @@ def digest(res: SimResult) -> str:
     h.update(repr(res.pools).encode())
     for a in res.samples:
         h.update(np.ascontiguousarray(a).tobytes())
+    engines = getattr(res, "engines", None)
+    if engines is not None:
+        for f in dataclasses.fields(engines):
+            h.update(np.ascontiguousarray(getattr(engines, f.name)).tobytes())
     return h.hexdigest()[:40]
 
 

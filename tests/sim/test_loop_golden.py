@@ -1,8 +1,9 @@
 """The event loop decides exactly as the loop it replaced: digests of whole runs, pinned.
 
 The values were printed by ``python -m tests.sim.golden`` on the hand-rolled loop (the next
-event as a minimum over four sources) just before the event environment replaced it; see
-:mod:`tests.sim.golden` for what each scenario exercises.
+event as a minimum over five sources, with the fleet's scrapes and fast-forward) just before
+the event environment replaced it; see :mod:`tests.sim.golden` for what each scenario
+exercises.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ import pytest
 from tests.sim.golden import SCENARIOS, digest
 
 GOLDEN = {
-    "stress-least-loaded": "416c80549d18ef3ba5e9c31a2d2df0a50bddb11d",
-    "stress-round-robin": "ad28ddf16f077a65f88546746b2f47c767a328eb",
-    "stress-same-instant": "e4b6d0ef8af4d1228a0cef3aa8deb5de4e03f128",
-    "conv-overload": "8ce33ce5527e6fab33f7fe535a466cde6d2231e2",
-    "code-prefix": "5733f1646abbea1b76112382df1be28b6ddb967b",
+    "stress-least-loaded": "3f9ba03449b9d70e0e85cc980140a70e668ec7e2",
+    "stress-round-robin": "76596d81514043cff745c5080165ec835c56c1c7",
+    "stress-same-instant": "100916cca8c77a5c1d1c4375034d93ebe975a2d0",
+    "conv-overload": "851bdc776e78390db8aa00fdbbce0fb161949b52",
+    "code-prefix": "2b87a519a38980b4a14c3888f7087984939be6d0",
+    "routes-degrade-engines": "28b26f06c84d042da5137c9e7bfe157ad9ba6d40",
 }
 
 
