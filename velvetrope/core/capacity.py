@@ -84,14 +84,17 @@ class PoolCapacity:
         self.engines = 1
         self.set_engines(1)
 
-    def set_engines(self, n: int) -> None:
-        """The pool now has ``n`` live engines: limits given per engine become that × ``n``
-        (fixed limits are left alone).  The caller dispatches what now fits."""
+    def set_engines(self, n: int, probes: int = 0) -> None:
+        """The pool now has ``n`` live engines, and ``probes`` more that may take one probe
+        request each (a half-open circuit breaker): limits given per engine become that ×
+        ``n``, plus one slot (and one engine's token budget) per probe; fixed limits are
+        left alone.  The caller dispatches what now fits."""
         self.engines = max(0, n)
+        probes = max(0, probes)
         if self.per_engine_slots is not None:
-            self.max_in_flight = self.per_engine_slots * self.engines
+            self.max_in_flight = self.per_engine_slots * self.engines + probes
         if self.per_engine_tokens is not None:
-            self.max_tokens = self.per_engine_tokens * self.engines
+            self.max_tokens = self.per_engine_tokens * (self.engines + probes)
 
     def fits(self, job: Job, now: float) -> bool:
         """Whether ``job`` may be dispatched now."""

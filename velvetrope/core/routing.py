@@ -44,13 +44,23 @@ from typing import NamedTuple
 from velvetrope.core.policy import PolicyConfig, RouteRule
 from velvetrope.core.request import Job
 
-__all__ = ["DEFAULT_ROUTE", "Degradation", "Routed", "Router", "least_loaded"]
+__all__ = [
+    "DEFAULT_ROUTE",
+    "FALLBACK_POOL",
+    "MAX_TOKENS",
+    "Degradation",
+    "Routed",
+    "Router",
+    "least_loaded",
+]
 
 DEFAULT_ROUTE = "default"
 """The reason code of a job that no rule matched (it goes to the first pool)."""
 
 MAX_TOKENS = "max_tokens"
+"""The degradation action that capped ``max_tokens``."""
 FALLBACK_POOL = "pool"
+"""The degradation action that sent a job to its tier's fallback pool."""
 
 
 class Routed(NamedTuple):
