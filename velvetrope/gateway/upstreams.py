@@ -155,6 +155,7 @@ class UpstreamPools:
         self._checks = Periodic()
         self._resolves = Periodic()
         self._shape: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+        self._dns_lock = asyncio.Lock()
 
     def _state(self, pool: str, url: str, u: Upstream, source: str | None = None) -> UpstreamState:
         if u.metrics_url is None:
@@ -279,7 +280,12 @@ class UpstreamPools:
 
     async def refresh_dns(self, session: aiohttp.ClientSession) -> None:
         """Re-resolve every ``discovery: dns`` upstream; probe new addresses before they
-        join, drop addresses that no longer resolve."""
+        join, drop addresses that no longer resolve.  One refresh at a time."""
+        async with self._dns_lock:
+            await self._refresh_dns(session)
+        self.changed()
+
+    async def _refresh_dns(self, session: aiohttp.ClientSession) -> None:
         for pool, u in self._dns:
             parts = urlsplit(u.url)
             host = parts.hostname or ""
@@ -297,7 +303,6 @@ class UpstreamPools:
             await asyncio.gather(*(self._probe(session, x) for x in new))
             keep = set(wanted)
             self.pools[pool] = [x for x in current if x.source != u.url or x.url in keep] + new
-        self.changed()
 
     def start(self, session: aiohttp.ClientSession) -> None:
         """Run the health checks (and DNS refreshes, if any) in the background."""
