@@ -21,8 +21,9 @@ request gets tenant ``"default"``, no tier and no ``max_tokens``; assign tenants
 Required keys: ``t`` (seconds, a finite number ``>= 0``), ``tenant`` (non-empty string),
 ``prompt_tokens`` (integer ``>= 1``), ``output_tokens`` (integer ``>= 0``); optional: ``tier``
 (non-empty string or null), ``max_tokens`` (integer ``>= output_tokens`` and ``>= 1``, or
-null).  Unknown or repeated keys and wrong types are errors.  ``t`` must be non-decreasing
-from line to line: an unsorted JSONL file is *rejected*, not sorted, since it is the format
+null), ``model`` (non-empty string or null: the requested model, which routing rules see).
+Unknown or repeated keys and wrong types are errors.  ``t`` must be non-decreasing from line
+to line: an unsorted JSONL file is *rejected*, not sorted, since it is the format
 we write (:func:`write_jsonl` always writes sorted output) and disorder there means a broken
 producer.  Times are kept as written (not rebased), so a write/read round trip is exact.
 
@@ -241,7 +242,7 @@ def read_azure_csv(path: PathLike) -> list[TraceRequest]:
 # --------------------------------------------------------------------------- JSONL
 
 _REQUIRED = frozenset({"t", "tenant", "prompt_tokens", "output_tokens"})
-_OPTIONAL = frozenset({"tier", "max_tokens"})
+_OPTIONAL = frozenset({"tier", "max_tokens", "model"})
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -289,9 +290,12 @@ def _parse_record(obj: object) -> TraceRequest:
     max_tokens = obj.get("max_tokens")
     if max_tokens is not None and not _is_int(max_tokens):
         raise ValueError(f"'max_tokens' must be an integer or null, got {max_tokens!r}")
+    model = obj.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ValueError(f"'model' must be a string or null, got {model!r}")
     try:
         return TraceRequest(
-            t, obj["prompt_tokens"], obj["output_tokens"], obj["tenant"], tier, max_tokens
+            t, obj["prompt_tokens"], obj["output_tokens"], obj["tenant"], tier, max_tokens, model
         )
     except PolicyError as e:
         raise ValueError(str(e)) from None
@@ -348,6 +352,8 @@ def _record(r: TraceRequest) -> dict[str, object]:
     obj["output_tokens"] = r.output_tokens
     if r.max_tokens is not None:
         obj["max_tokens"] = r.max_tokens
+    if r.model is not None:
+        obj["model"] = r.model
     return obj
 
 
@@ -355,8 +361,9 @@ def write_jsonl(requests: Sequence[TraceRequest], path: PathLike) -> None:
     """Write ``requests`` as JSONL (gzipped if ``path`` ends in ``.gz``), atomically.
 
     ``requests`` must be sorted by ``t`` (else :class:`~velvetrope.errors.PolicyError`, and
-    nothing is written).  Keys ``tier`` and ``max_tokens`` are written only when set.  Floats
-    are written in shortest round-trip form, so :func:`read_jsonl` gives back equal requests.
+    nothing is written).  Keys ``tier``, ``max_tokens`` and ``model`` are written only when
+    set.  Floats are written in shortest round-trip form, so :func:`read_jsonl` gives back
+    equal requests.
     The file appears complete or not at all (written to a temporary file, then renamed);
     I/O failures raise :class:`OSError`.
     """

@@ -109,7 +109,8 @@ class TraceRequest:
     a prefill-only request, which some traces record).
     ``max_tokens`` is the declared ``max_tokens`` (``None``: not declared); when declared it is
     ``>= 1`` and ``>= output_tokens``, since an engine stops at ``max_tokens``.  ``tenant`` is a
-    non-empty name, ``tier`` a non-empty name or ``None`` (the tenant's configured tier).
+    non-empty name, ``tier`` a non-empty name or ``None`` (the tenant's configured tier),
+    ``model`` the requested model (``None``: unnamed; routing rules on models see it).
 
     Construction validates and normalises (numpy scalars become ``int``/``float``); a bad field
     raises :class:`~velvetrope.errors.PolicyError`.
@@ -121,6 +122,7 @@ class TraceRequest:
     tenant: str = "default"
     tier: str | None = None
     max_tokens: int | None = None
+    model: str | None = None
 
     def __post_init__(self) -> None:
         t = self.t
@@ -140,6 +142,8 @@ class TraceRequest:
             raise PolicyError(f"tenant must be a non-empty string, got {self.tenant!r}")
         if self.tier is not None and (not isinstance(self.tier, str) or not self.tier):
             raise PolicyError(f"tier must be a non-empty string or None, got {self.tier!r}")
+        if self.model is not None and (not isinstance(self.model, str) or not self.model):
+            raise PolicyError(f"model must be a non-empty string or None, got {self.model!r}")
         if self.max_tokens is not None:
             cap = _count("max_tokens", self.max_tokens, 1)
             if output > cap:
