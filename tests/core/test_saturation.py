@@ -124,11 +124,30 @@ def test_an_engine_seen_queueing_holds_dispatch_until_it_has_room() -> None:
     assert gw.arrive(2) == [] and gw.ctl.queued == 2 and gw.sat.held == 1
     gw.complete("e", 2)  # by the reading corrected for the two that came back: full
     assert gw.pump() == []
-    gw.scrape("e")  # a fresh reading says the same
-    assert gw.pump() == []
     gw.complete("e", 1)  # room for exactly one
     assert len(gw.pump()) == 1 and gw.ctl.queued == 1
     assert gw.sat.pending == 0 and gw.sat.ours("e") == 2
+    assert gw.pump() == []
+
+
+def test_an_engine_running_all_it_was_allowed_is_probed_with_one_more() -> None:
+    gw = Gateway(["e"])
+    gw.arrive(3)
+    gw.scrape("e")  # runs 2, queues 1: capacity 2
+    gw.complete("e", 1)
+    gw.arrive(3)
+    assert gw.ctl.queued == 3
+    gw.scrape("e")  # runs the 2 it was allowed, nothing queued: perhaps it runs more
+    assert len(gw.pump()) == 1 and gw.ctl.queued == 2
+    gw.scrape("e")  # it does not: the third waits in the engine, capacity back to 2
+    assert gw.pump() == [] and gw.sat.status(gw.clock.now())["e"]["capacity"] == 2
+    big = Gateway(["e"])
+    big.arrive(3)
+    big.scrape("e")
+    big.complete("e", 1)
+    big.sat.observe("e", reading(2, max_num_seqs=8, kv=0.99), 0.0)  # KV full: no probe
+    big.arrive(1)
+    assert big.ctl.queued == 1
 
 
 @pytest.mark.parametrize("max_waiting", [0, 2])
@@ -163,7 +182,6 @@ def test_the_hung_engine_episode_leaves_exact_accounting() -> None:
     gw.drain()
     assert before == 2
     gw.arrive(2)  # two long streams in flight
-    gw.scrape("e")
     gw.set_live([])  # SIGSTOP: the health check fails
     gw.arrive(20)  # dispatched (the rule has no live engine to judge), then 503
     assert gw.no_upstream == 20 and gw.sat.pending == 0

@@ -22,9 +22,11 @@ where ``running_e`` and ``waiting_e`` are from its last reading, ``ours_e`` is t
 this pool's jobs sent to ``e`` and not yet ended, and ``ours_at_e`` was that number when the
 reading was taken: the reading is corrected by what was sent to the engine and came back
 since.  ``capacity_e`` (what the engine runs at once) is learned: a reading that shows the
-engine queueing (``waiting > 0``) sets it to ``running``, and a reading that shows it running
-more than that raises it (with ``max_waiting`` ≥ 1 the gateway sends enough for the engine
-to show a larger capacity; with 0 it never probes).  The pool admits a dispatch while
+engine queueing (``waiting > 0``) sets it to ``running``; a reading that shows it running
+all it was allowed with no queue and room in its KV cache raises it to ``running + 1``, a
+probe (the engine's capacity moves with the lengths it holds, and a capacity learned
+under KV pressure must be able to grow back), so the engine's own queue is held to
+``max_waiting`` plus that one probe.  The pool admits a dispatch while
 ``Σ_e max(0, room_e) − pending ≥ 1``, where ``pending`` counts jobs dispatched from the
 pool and not yet sent to an engine.  Per engine:
 
@@ -137,10 +139,11 @@ class EngineSaturation:
         e.reading = reading
         e.at = now
         e.ours_at = e.ours
-        if reading.running > 0 and (
-            reading.waiting > 0 or (e.capacity is not None and reading.running > e.capacity)
-        ):
+        cap = e.capacity
+        if reading.running > 0 and reading.waiting > 0:
             e.capacity = reading.running
+        elif cap is not None and reading.running >= cap and reading.kv_usage < self.max_kv_usage:
+            e.capacity = reading.running + 1  # running all it was given, no queue: probe one
 
     def started(self, job: Job, now: float) -> None:
         """``job`` was dispatched from the pool: pending until :meth:`sent` or its end."""
