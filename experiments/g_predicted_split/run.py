@@ -84,7 +84,7 @@ SEED = 3
 FloatArray = NDArray[np.float64]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Lat:
     """Latencies of the completed requests of one run: TTFT, e2e, and which are truly short."""
 
@@ -171,8 +171,9 @@ class Study:
         return None if best is None else best[1:]
 
     def gpus_for(self, predictor: str | None, metric: str, target: float) -> int | None:
-        """Fewest replicas (shared when ``predictor`` is None) with short p99 ≤ target."""
-        for n in SHARED_N:
+        """Fewest replicas (shared when ``predictor`` is None) with short p99 ≤ target,
+        among the sizes the shared pool was measured at."""
+        for n in sorted(self.shared):
             if predictor is None:
                 sh = self.shared[n]
                 if self.counts(sh) and sh.p99(metric, True) <= target:
@@ -399,8 +400,8 @@ def write(
     rows = []
     for metric, target in TARGETS:
         row = [f"short p99 {metric.upper()} ≤ {target:g} s"]
-        for p in (None, *PREDICTORS):
-            g = study.gpus_for(p, metric, target)
+        for pred in (None, *PREDICTORS):
+            g = study.gpus_for(pred, metric, target)
             row.append(f"> {max(SHARED_N)}" if g is None else str(g))
         rows.append(row)
     r.table(["target", "shared", *(f"split `{p}`" for p in PREDICTORS)], rows)
