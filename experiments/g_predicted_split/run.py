@@ -264,6 +264,30 @@ def main() -> None:
 # --------------------------------------------------------------------------- report
 
 
+def _p99_table(
+    study: Study, predictors: Sequence[str], *, short: bool
+) -> tuple[list[str], list[list[str]]]:
+    """Header and rows: per GPU count, the shared pool's p99 TTFT and e2e of the short (or
+    long) requests, then each predictor's best split (by short p99 e2e) and its p99s."""
+    kind = "short" if short else "long"
+    header = ["GPUs", f"shared: {kind} p99 TTFT", f"{kind} p99 e2e"]
+    for p in predictors:
+        header += [f"split `{p}`: a + b", f"{kind} p99 TTFT", f"{kind} p99 e2e"]
+    rows = []
+    for n in SHARED_N:
+        sh = study.shared[n]
+        cells = [str(n), f2(sh.p99("ttft", short)), f2(sh.p99("e2e", short))]
+        for p in predictors:
+            b = study.best(p, n, "e2e")
+            cells += (
+                ["–", "–", "–"]
+                if b is None
+                else [f"{b[0]} + {b[1]}", f2(b[2].p99("ttft", short)), f2(b[2].p99("e2e", short))]
+            )
+        rows.append(cells)
+    return header, rows
+
+
 def ratio(x: float, y: float) -> float:
     return x / y if y > 0 else math.nan
 
@@ -375,22 +399,7 @@ def write(
         ]
     )
     r.h2("GPUs and short-request p99, side by side")
-    rows = []
-    for n in SHARED_N:
-        s = study.shared[n]
-        cells = [str(n), f2(s.p99("ttft", True)), f2(s.p99("e2e", True))]
-        for p in PREDICTORS:
-            b = study.best(p, n, "e2e")
-            cells += (
-                ["–", "–", "–"]
-                if b is None
-                else [f"{b[0]} + {b[1]}", f2(b[2].p99("ttft", True)), f2(b[2].p99("e2e", True))]
-            )
-        rows.append(cells)
-    header = ["GPUs", "shared: short p99 TTFT", "short p99 e2e"]
-    for p in PREDICTORS:
-        header += [f"split `{p}`: a + b", "short p99 TTFT", "short p99 e2e"]
-    r.table(header, rows)
+    r.table(*_p99_table(study, PREDICTORS, short=True))
     r.para(
         "Seconds. For each predictor, the split of that many GPUs with the lowest short p99 "
         "e2e among those that keep the long requests' service; '–': no split does."
@@ -406,25 +415,7 @@ def write(
         rows.append(row)
     r.table(["target", "shared", *(f"split `{p}`" for p in PREDICTORS)], rows)
     r.h2("What the long requests get")
-    rows = []
-    for n in SHARED_N:
-        row = [
-            str(n),
-            f2(study.shared[n].p99("ttft", False)),
-            f2(study.shared[n].p99("e2e", False)),
-        ]
-        for p in (MAIN, "oracle"):
-            b = study.best(p, n, "e2e")
-            row += (
-                ["–", "–", "–"]
-                if b is None
-                else [f"{b[0]} + {b[1]}", f2(b[2].p99("ttft", False)), f2(b[2].p99("e2e", False))]
-            )
-        rows.append(row)
-    header = ["GPUs", "shared: long p99 TTFT", "long p99 e2e"]
-    for p in (MAIN, "oracle"):
-        header += [f"split `{p}`", "long p99 TTFT", "long p99 e2e"]
-    r.table(header, rows)
+    r.table(*_p99_table(study, (MAIN, "oracle"), short=False))
     r.h2("Reading the results")
     r.bullets(
         [
