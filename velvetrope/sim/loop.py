@@ -227,6 +227,7 @@ def run_simulation(
     dispatchable = ctl.dispatchable
     route_job = ctl.route
     sent = scrapes.sent
+    fresh = scrapes.fresh
     first_token = ctl.first_token
     complete = ctl.complete
     live_job = ctl.job
@@ -250,6 +251,7 @@ def run_simulation(
             k = route(req_pool[idx])
             batchers[k].add(job.id, prompts[idx], outputs[idx], now)
             sent(job, k)
+            fresh[k] += 1
             load_[k] += 1
             replica_of[idx] = k
             if record_decisions:
@@ -310,6 +312,7 @@ def run_simulation(
                     if freed and ctl.queued:
                         dispatch(t)
                 b = batchers[k]
+                fresh[k] = 0
                 if b.has_work:
                     res = b.step(t)
                     pend[k] = res.events

@@ -14,7 +14,12 @@ models, and hands to the same core objects:
 * :meth:`EngineScrapes.sent` tells the rule which replica took a job (the gateway's
   ``sent``); the rule hears of each job's start and end from the controller itself.
 
-Readings are never stale here (a modelled engine always answers).  With
+A reading is what vLLM's gauges say: the state after the engine's last scheduling step.
+A sequence added since that step has not been scheduled yet and is not counted as waiting
+(vLLM updates ``vllm:num_requests_waiting`` from each step's scheduler statistics, so a
+request handed to it between steps shows up only once a step has tried to schedule it);
+the loop counts those adds in :attr:`EngineScrapes.fresh` and zeroes a replica's count when
+it starts a step.  Readings are never stale here (a modelled engine always answers).  With
 ``record=True`` each scrape also records every replica's running and waiting sequences
 (:class:`EngineSamples`), with or without the saturation rule: what an operator's Prometheus
 would have scraped.
@@ -54,6 +59,7 @@ class EngineScrapes:
         "_running",
         "_t",
         "_waiting",
+        "fresh",
         "interval_s",
         "next_at",
         "record",
@@ -76,6 +82,8 @@ class EngineScrapes:
         self.record = record
         self.next_at = self.interval_s if (self._rules or record) else math.inf
         """Virtual time of the next scrape (``inf``: nothing to scrape)."""
+        self.fresh = [0] * len(fleet)
+        """Sequences added to each replica since its last step started (kept by the loop)."""
         self._t: list[float] = []
         self._running: list[list[int]] = []
         self._waiting: list[list[int]] = []
@@ -89,16 +97,18 @@ class EngineScrapes:
     def fire(self, now: float) -> None:
         """Read every replica at ``now`` and schedule the next scrape."""
         batchers = self._fleet.batchers
+        fresh = self.fresh
+        waiting = [max(0, b.num_waiting - f) for b, f in zip(batchers, fresh, strict=True)]
         for rule, lo, hi in self._rules:
             for k in range(lo, hi):
                 b = batchers[k]
                 rule.observe(
-                    self._ids[k], EngineReading(b.num_running, b.num_waiting, b.kv_usage), now
+                    self._ids[k], EngineReading(b.num_running, waiting[k], b.kv_usage), now
                 )
         if self.record:
             self._t.append(now)
             self._running.append([b.num_running for b in batchers])
-            self._waiting.append([b.num_waiting for b in batchers])
+            self._waiting.append(waiting)
         self.next_at = now + self.interval_s
 
     def samples(self) -> EngineSamples | None:
