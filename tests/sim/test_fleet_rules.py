@@ -138,3 +138,18 @@ def test_simulate_cli_honours_the_configs_routes_and_says_so(tmp_path: Any) -> N
     assert "the trace names no tenants" in result.output and "tier 'lo'" in result.output
     report = (out / "report.md").read_text()
     assert "big: 2 ×" in report and "tiny: 4 ×" in report  # from the config's upstreams
+
+
+def test_readings_count_waiting_as_vllm_does() -> None:
+    """An engine that is never sent more than it runs never reports a waiting request, though
+    every dispatch lands between two of its steps (vLLM's gauge is updated per step)."""
+    cfg = PolicyConfig.model_validate(
+        {
+            "pools": [{"name": "default", "max_in_flight": 8}],
+            "saturation": {"scrape_interval_s": 0.05},
+        }
+    )
+    res = run_simulation(cfg, burst(200), 1, SMALL, record_engines=True)
+    assert res.engines is not None
+    assert int(res.engines.running.max()) == 8
+    assert int(res.engines.waiting.max()) == 0
