@@ -81,7 +81,8 @@ def test_gateway_and_simulator_route_a_recorded_stream_alike(tmp_path: Path) -> 
     res = run_simulation(
         policy, recorded, {"long": 1, "short": 1, "small": 1}, load_profile("llama3-8b-h100")
     )
-    assert res.records.pool is not None
-    assert [p for p, _ in via_gateway] == res.records.pool.tolist()
+    assert res.records.pool is not None and res.records.route is not None
+    in_sim = list(zip(res.records.pool.tolist(), res.records.route.tolist(), strict=True))
+    assert via_gateway == in_sim  # the same pools, for the same reasons
     assert {p for p, _ in via_gateway} == {"long", "short", "small"}
     assert {r for _, r in via_gateway} == {"small-model", "gold-short", "short", "default"}

@@ -432,6 +432,7 @@ def _records(
     nan = math.nan
     arrival, dispatched, first, end, state, reason, tenant, pred = [], [], [], [], [], [], [], []
     pool: list[str] = []
+    route: list[str] = []
     degraded: list[str] = []
     for job in jobs:
         assert job is not None
@@ -444,6 +445,7 @@ def _records(
         tenant.append(job.tenant)
         pred.append(job.predicted_output if job.predicted_output is not None else -1)
         pool.append(job.pool)
+        route.append(job.route or "")
         degraded.append(",".join(job.degraded))
     return JobRecords(
         arrival=np.asarray(arrival, dtype=np.float64),
@@ -458,5 +460,6 @@ def _records(
         output=np.asarray(outputs, dtype=np.int64),
         predicted=np.asarray(pred, dtype=np.int64),
         pool=np.asarray(pool, dtype=np.str_),
+        route=np.asarray(route, dtype=np.str_),
         degraded=np.asarray(degraded, dtype=np.str_),
     )

@@ -151,7 +151,8 @@ class JobRecords:
     :class:`~velvetrope.core.request.Reason` code; ``output`` is the output length the
     engine generated (or would have): the true length, or the capped ``max_tokens`` of a
     degraded request; ``predicted`` the prediction the core used; ``pool`` where the core
-    routed it and ``degraded`` its degradation actions, comma-separated (empty: none).
+    routed it, ``route`` the reason code of that choice (the rule's name or ``default``)
+    and ``degraded`` its degradation actions, comma-separated (empty: none).
     """
 
     arrival: FloatArray
@@ -166,6 +167,7 @@ class JobRecords:
     output: IntArray
     predicted: IntArray
     pool: NDArray[np.str_] | None = None
+    route: NDArray[np.str_] | None = None
     degraded: NDArray[np.str_] | None = None
 
     def __len__(self) -> int:
