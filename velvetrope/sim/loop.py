@@ -210,6 +210,7 @@ def run_simulation(
     pool_index = {p: i for i, p in enumerate(pool_names)}
     req_pool = [0] * n
     max_len = profile.max_model_len
+    shared = [(r.prefix_id, r.prefix_tokens) for r in workload]
     replica_of = [-1] * n
     jobs: list[Job | None] = [None] * n
 
@@ -249,7 +250,10 @@ def run_simulation(
                 failed = True
                 continue
             k = route(req_pool[idx])
-            batchers[k].add(job.id, prompts[idx], outputs[idx], now)
+            pid, ptok = shared[idx]
+            batchers[k].add(
+                job.id, prompts[idx], outputs[idx], now, prefix_id=pid, prefix_tokens=ptok
+            )
             sent(job, k)
             fresh[k] += 1
             load_[k] += 1
