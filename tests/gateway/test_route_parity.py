@@ -27,7 +27,7 @@ def stream() -> list[TraceRequest]:
         for tenant in ("gold", "silver", "bronze"):
             for model in ("big", "small"):
                 for max_tokens in (30, 150, 600):
-                    out.append(TraceRequest(t, 8, 4, tenant, None, max_tokens, model))
+                    out.append(TraceRequest(t, 8, 4, tenant, None, max_tokens, model=model))
                     t += 0.5
     return out
 
