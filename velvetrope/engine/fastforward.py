@@ -272,11 +272,12 @@ def _starts(b: Batcher, n: int, context: int, steps: int, now: float) -> list[fl
         rng = range(first, last + 1, n)
         durations = [head + ctx * x + tail for x in rng] if tail else [head + ctx * x for x in rng]
         return list(accumulate(durations, add, initial=now))
-    a = np.arange(first, last + 1, n, dtype=np.int64) * ctx
+    a = np.arange(first - n, last + 1, n, dtype=np.float64)  # integers: exact
+    a *= ctx
     a += head
     if tail:
         a += tail
-    a[0] += now
-    out: list[float] = np.add.accumulate(a).tolist()
-    out.insert(0, now)
+    a[0] = now
+    np.add.accumulate(a, out=a)
+    out: list[float] = a.tolist()
     return out

@@ -50,8 +50,8 @@ up to and including the step where sequences finish
 (:func:`~velvetrope.engine.fastforward.plan_decode_run`) and puts only its end in the heap.
 The stretch is applied to the batcher in closed form when it ends, or earlier, up to the
 step in progress, the moment anything touches that replica (a dispatch to it, a client
-timeout of one of its jobs): a step starting exactly then counts as started when the step
-by-step loop would have handled that step end first (ties go by replica number, and every
+timeout of one of its jobs): a step starting exactly then counts as started when a
+step-by-step loop would have handled that step end first (ties go by replica number, and every
 step end before the arrival, deadline or timeout at the same time).  The result is the same,
 bit for bit, as stepping every iteration (``fast_forward=False``).
 """
