@@ -55,9 +55,9 @@ def check(ops: list[tuple[str, int]]) -> JobHeap:
         assert len(q) == len(live)
     expected = [e[2] for e in sorted(e for e in ref if e[2].state is JobState.QUEUED)]
     order = []
-    while (job := q.peek()) is not None:
+    while (head := q.peek()) is not None:
         order.append(q.pop())
-        job.state = JobState.DISPATCHED
+        head.state = JobState.DISPATCHED
     assert order == expected
     return q
 
