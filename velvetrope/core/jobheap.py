@@ -36,6 +36,7 @@ _REBUILD_MIN_DEAD = 64
 
 RUN = 32
 """Slots per run after a split or a rebuild; a run is split when it doubles."""
+_SPLIT = 2 * RUN
 
 
 class JobHeap:
@@ -62,7 +63,7 @@ class JobHeap:
         maxes = self._maxes
         self.live += 1
         if not maxes or key >= maxes[-1]:
-            if maxes and len(self._jobs[-1]) < 2 * RUN:
+            if maxes and len(self._jobs[-1]) < _SPLIT:
                 self._keys[-1].append(key)
                 self._jobs[-1].append(job)
                 maxes[-1] = key
@@ -79,7 +80,7 @@ class JobHeap:
         at = bisect_right(keys, key, lo)
         keys.insert(at, key)
         jobs.insert(at, job)
-        if len(jobs) - lo > 2 * RUN:
+        if len(jobs) - lo > _SPLIT:
             if lo:
                 del keys[:lo]
                 del jobs[:lo]
