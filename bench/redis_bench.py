@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import os
 import sys
 import tempfile
 import time
@@ -44,28 +42,10 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gateway_bench import KEY, config, load
+from gateway_bench import KEY, config, python_load
 
 from tests.support.redis_server import RedisServer
 from velvetrope.serving.launch import free_port, start, start_engine, start_gateway
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of ``pid`` and its reaped children."""
-    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return sum(int(x) for x in f[11:15]) / _TICK
-
-
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds of ``pid`` and its live children (workers)."""
-    total = cpu_s(pid)
-    for child in Path(f"/proc/{pid}/task").glob("*/children"):
-        for c in child.read_text().split():
-            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-                total += tree_cpu_s(int(c))
-    return total
 
 
 def shared(cfg: dict[str, Any], url: str, **state: Any) -> dict[str, Any]:
@@ -94,14 +74,9 @@ def p99_from_histogram(text: str, name: str, op: str) -> float:
 
 
 def measure(url: str, pid: int, seconds: float, concurrency: int) -> tuple[float, float, int]:
-    """(rps, gateway CPU µs per request, errors) of one closed-loop run."""
-    c0 = tree_cpu_s(pid)
-    t0 = time.perf_counter()
-    rps, errors = uvloop.run(load(url, concurrency, seconds))
-    wall = time.perf_counter() - t0
-    cpu = tree_cpu_s(pid) - c0
-    # load() warms up for 1 s before it counts: CPU over the whole run, per request sent
-    return rps, cpu / max(1.0, rps * wall) * 1e6, errors
+    """(rps, gateway CPU µs per request, errors) of one closed-loop run (Python generator)."""
+    r = python_load(url, pid, False, concurrency, seconds)
+    return r.rps, r.cpu_us, r.errors
 
 
 async def push_at_twice(urls: list[str], rate: float, burst: float, seconds: float) -> float:
