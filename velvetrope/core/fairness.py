@@ -194,8 +194,15 @@ class VirtualTokenCounter:
         h = self._backlogged[t]
         job = h.pop()
         self._live -= 1
-        self._last = self.counters[t]
-        self._charge(job)
+        counters = self.counters
+        c = self._last = counters[t]
+        out = job.predicted_output
+        if out is None:
+            out = job.max_tokens
+        w = self._weights.get(t)
+        counters[t] = c + (self._w_in * job.prompt_tokens + self._w_out * out) / (
+            w if w is not None else self._w(t)
+        )  # as _charge: the pop path, inline
         if h.live == 0:
             del self._backlogged[t]
         self._chosen = None

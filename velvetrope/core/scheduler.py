@@ -77,6 +77,7 @@ class Scheduler:
         "_key",
         "_mode",
         "_others",
+        "_shared",
         "_strict",
         "_tier_band",
         "_vtime",
@@ -103,6 +104,7 @@ class Scheduler:
         self._weighted = self._mode == "weighted"
         self._strict = self._mode == "strict"
         self._others = [[x for x in self.bands if x is not b] for b in self.bands]
+        self._shared = [b for b in self.bands if b.min_share > 0]  # strict bands with a share
         self._chosen: Band | None = None
         self._vtime = 0.0
         self.queued = 0
@@ -141,13 +143,8 @@ class Scheduler:
                 if b.count and (chosen is None or b.vpass < chosen.vpass):
                     chosen = b
         else:
-            for b in self.bands:
-                if (
-                    b.min_share > 0
-                    and b.credit >= 1.0
-                    and b.count
-                    and (chosen is None or b.credit > chosen.credit)
-                ):
+            for b in self._shared:
+                if b.credit >= 1.0 and b.count and (chosen is None or b.credit > chosen.credit):
                     chosen = b
             if chosen is None:
                 for b in self.bands:
@@ -174,12 +171,11 @@ class Scheduler:
             self._vtime = b.vpass
             b.vpass += cost / b.weight
         elif self._strict:
-            for x in self.bands:
-                if x.min_share > 0:
-                    if x is b or x.count:
-                        x.credit += x.min_share
-                    else:
-                        x.credit = 0.0
+            for x in self._shared:
+                if x is b or x.count:
+                    x.credit += x.min_share
+                else:
+                    x.credit = 0.0
             b.credit = max(0.0, b.credit - 1.0)
         return job
 
