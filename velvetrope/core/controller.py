@@ -63,6 +63,7 @@ _DISPATCHED = JobState.DISPATCHED
 _DEFAULT_RETRY_S = 1.0
 _NO_SETTLEMENT = Settlement(())
 _MISSING: Any = object()
+_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot paths)
 
 
 class Admitted(NamedTuple):
@@ -306,7 +307,7 @@ class AdmissionController:
             self._jobs[job.id] = job
             self._start(job, pool, now)
             sched.on_start_direct(job)
-            return Admitted._make((job,))  # _make: no Python-level __new__ frame
+            return _tuple(Admitted, (job,))
         # 3. queue bounds: the tenant's own (429), then the band's and the global one (503)
         tq = self._tenant_queued.get(job.tenant, 0)
         tbound = self._bounds.get(job.tenant, _MISSING)
@@ -356,7 +357,7 @@ class AdmissionController:
             deadline = limit if deadline is None or limit < deadline else deadline
         if deadline is not None:
             heapq.heappush(self._deadlines, (deadline, job.seq, job))
-        return Queued._make((job, ahead_n, eta))
+        return _tuple(Queued, (job, ahead_n, eta))
 
     def reject(
         self, job: Job, reason: Reason, message: str, retry_after_s: float | None = None
@@ -521,7 +522,7 @@ class AdmissionController:
         job.finished_at = now
         if settlement.lines and self.buckets is not None:
             self.buckets.settle(settlement.lines, now)
-        out = Outcome._make((job, state, reason, settlement, now))
+        out = _tuple(Outcome, (job, state, reason, settlement, now))
         for obs in self.observers:
             obs(out)
         return out
