@@ -58,6 +58,7 @@ import numpy as np
 
 from velvetrope.engine.batcher import Batcher
 from velvetrope.engine.events import EngineEvent, Finished
+from velvetrope.engine.profile import EngineProfile
 from velvetrope.engine.queues import GONE, RUNNING
 
 __all__ = ["DecodeRun", "plan_decode_run"]
@@ -245,31 +246,49 @@ def plan_decode_run(batcher: Batcher, now: float, min_steps: int = 2) -> DecodeR
     return DecodeRun(b, c0, _starts(b, n, context, steps, now), finishes)
 
 
+_LINEAR: dict[tuple[int, int], tuple[EngineProfile, float, float, float] | None] = {}
+"""Per (profile id, batch size): step_time's constant part, context coefficient and tail,
+or ``None`` when the closed form does not reproduce ``step_time`` (the profile is kept in
+the value, so its id stays its own)."""
+
+
+def _linear(p: EngineProfile, n: int) -> tuple[float, float, float] | None:
+    """``(head, ctx, tail)`` with ``step_time(0, n, c) == head + ctx * c + tail`` bit for bit
+    (the order step_time sums in), checked once per profile and ``n`` at two contexts."""
+    hit = _LINEAR.get((id(p), n))
+    if hit is None or hit[0] is not p:
+        head = p.step_base_s + p.tp_allreduce_s + p.per_prefill_token_s * 0 + p.per_decode_seq_s * n
+        ctx, tail = p.per_context_token_s, p.tp_per_token_s * n
+        exact = all(head + ctx * c + tail == p.step_time(0, n, c) for c in (n, 10**6 + n))
+        if len(_LINEAR) > 4096:
+            _LINEAR.clear()
+        hit = _LINEAR[id(p), n] = (p, head, ctx, tail) if exact else None
+        if hit is None:
+            return None
+    return hit[1], hit[2], hit[3]
+
+
 def _starts(b: Batcher, n: int, context: int, steps: int, now: float) -> list[float]:
     """``[now, e1, ..., e_steps]``: the ends of ``steps`` decode steps of ``n`` sequences
     whose first step attends to ``context + n`` tokens, bit for bit those of step-by-step.
 
     Step ``j`` lasts ``profile.step_time(0, n, context + n * j)`` and ends at
-    ``e_{j-1} + duration`` (``e_0 = now``).  The closed form evaluates step_time's sum in its
-    order, with the constant part computed once, and accumulates left to right (numpy's
-    ``add.accumulate`` is a sequential scan, not a pairwise sum, so it rounds exactly like
-    the loop; numpy only for long runs, where it is faster).  The durations are checked
-    against ``step_time`` at both ends and replaced by per-step calls if either differs (a
-    profile whose formula changed stays exact, only slower).
+    ``e_{j-1} + duration`` (``e_0 = now``).  The closed form (:func:`_linear`) evaluates
+    step_time's sum in its order, with the constant part computed once, and accumulates left
+    to right (numpy's ``add.accumulate`` is a sequential scan, not a pairwise sum, so it
+    rounds exactly like the loop; numpy only for long runs, where it is faster).  A profile
+    whose step time the closed form does not reproduce gets per-step ``step_time`` calls:
+    exact, only slower.
     """
     p = b._profile
     first, last = context + n, context + n * steps
-    head = p.step_base_s + p.tp_allreduce_s + p.per_prefill_token_s * 0 + p.per_decode_seq_s * n
-    ctx = p.per_context_token_s
-    tail = p.tp_per_token_s * n
-    step_time = p.step_time
-    d_first, d_last = head + ctx * first + tail, head + ctx * last + tail
-    if d_first != step_time(0, n, first) or d_last != step_time(0, n, last):
-        return list(
-            accumulate([step_time(0, n, x) for x in range(first, last + 1, n)], add, initial=now)
-        )
+    rng = range(first, last + 1, n)
+    lin = _linear(p, n)
+    if lin is None:
+        step_time = p.step_time
+        return list(accumulate([step_time(0, n, x) for x in rng], add, initial=now))
+    head, ctx, tail = lin
     if steps < _NUMPY_FROM:
-        rng = range(first, last + 1, n)
         durations = [head + ctx * x + tail for x in rng] if tail else [head + ctx * x for x in rng]
         return list(accumulate(durations, add, initial=now))
     a = np.arange(first - n, last + 1, n, dtype=np.float64)  # integers: exact
