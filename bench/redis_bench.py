@@ -9,17 +9,24 @@ connections, non-streaming, closed loop):
 * two workers on ``redis://`` behind one port (C).
 
 For A and B it also reports the gateway's CPU time per request (kernel accounting, over
-the whole run), and for B the Redis part of one admission: the p99 of the reserve call as
-the gateway's own ``velvetrope_state_call_seconds`` histogram records it (interpolated
-within its bucket, as ``histogram_quantile`` does).  Last, two gateway processes on one
-Redis serve one tenant pushing at twice its token limit for ``--limit-seconds``: the
-relative error of the tokens admitted against burst + rate × window is ``shared_limit_err``.
+the whole run), and for B the Redis part of one admission (``admit_p99_us``): the p99 of
+the reserve call at one connection, where the gateway is not saturated; at 64 connections
+it also shows the p99 of one pipelined round trip to Redis
+(``velvetrope_state_call_seconds{op="round_trip"}``: the reservations of one event-loop
+tick travel together), next to the p99 of the reserve call as a request waits
+for it (which adds the event loop's own backlog at this load), both from the gateway's
+histogram, interpolated within a bucket as ``histogram_quantile`` does.  Last, two gateway
+processes on one Redis serve one tenant pushing at twice its token limit for
+``--limit-seconds``: the relative error of the tokens admitted against burst + rate ×
+window is ``shared_limit_err``.
 Ends with::
 
     redis: memory_rps=<A> redis_rps=<B> ratio=<B/A> workers2_rps=<C> admit_p99_us=<u>
            shared_limit_err=<e>                    (on one line)
 
-Run: ``.venv/bin/python bench/redis_bench.py [--seconds 8] [--limit-seconds 20]``.
+A and B run in alternating rounds (``--rounds``, 3 by default), each figure the median.
+
+Run: ``.venv/bin/python bench/redis_bench.py [--seconds 8] [--rounds 3] [--limit-seconds 20]``.
 All traffic goes to 127.0.0.1; every process started here is stopped by its PID.
 """
 
@@ -42,7 +49,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gateway_bench import KEY, config, python_load
+from gateway_bench import KEY, config, cpu_seconds, latencies, python_load
 
 from tests.support.redis_server import RedisServer
 from velvetrope.serving.launch import free_port, start, start_engine, start_gateway
@@ -53,14 +60,22 @@ def shared(cfg: dict[str, Any], url: str, **state: Any) -> dict[str, Any]:
     return cfg
 
 
-def p99_from_histogram(text: str, name: str, op: str) -> float:
-    """``histogram_quantile(0.99, ...)`` of one labelled Prometheus histogram."""
-    buckets: list[tuple[float, float]] = []
+def histogram(text: str, name: str, op: str) -> dict[float, float]:
+    """Cumulative bucket counts (``le`` → count) of one labelled Prometheus histogram."""
+    out: dict[float, float] = {}
     for line in text.splitlines():
         if line.startswith(name + "_bucket{") and f'op="{op}"' in line:
             bound = line.split('le="', 1)[1].split('"', 1)[0]
-            buckets.append((float(bound), float(line.rsplit(" ", 1)[1])))
-    buckets.sort()
+            out[float(bound)] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def p99_from_histogram(text: str, name: str, op: str, since: str = "") -> float:
+    """``histogram_quantile(0.99, ...)`` of one labelled Prometheus histogram; with
+    ``since`` (an earlier exposition), of what was observed after it."""
+    now = histogram(text, name, op)
+    before = histogram(since, name, op) if since else {}
+    buckets = sorted((le, n - before.get(le, 0.0)) for le, n in now.items())
     total = buckets[-1][1]
     rank = 0.99 * total
     prev_le, prev_n = 0.0, 0.0
@@ -71,6 +86,13 @@ def p99_from_histogram(text: str, name: str, op: str) -> float:
             return prev_le + (le - prev_le) * (rank - prev_n) / max(1e-12, n - prev_n)
         prev_le, prev_n = le, n
     return prev_le
+
+
+def median_run(runs: list[tuple[float, float, int]]) -> tuple[float, float, int]:
+    """Median rps and median CPU per request of several rounds; errors summed."""
+    rps = sorted(r for r, _, _ in runs)[len(runs) // 2]
+    cpu = sorted(c for _, c, _ in runs)[len(runs) // 2]
+    return rps, cpu, sum(e for _, _, e in runs)
 
 
 def measure(url: str, pid: int, seconds: float, concurrency: int) -> tuple[float, float, int]:
@@ -118,28 +140,63 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--limit-seconds", type=float, default=20.0)
+    ap.add_argument("--latency-samples", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="vr-redis-bench-"))
     rds = RedisServer()
     rds.start()
     try:
-        with start_engine("--instant") as eng:
-            with start_gateway(config(eng.url, True), tmp) as gw:
-                a_rps, a_cpu, a_err = measure(gw.url, gw.pid, args.seconds, args.concurrency)
+        with (
+            start_engine("--instant") as eng,
+            start_gateway(config(eng.url, True), tmp) as ga,
+            start_gateway(shared(config(eng.url, True), rds.url), tmp) as gw,
+        ):
+            # A and B alternate, round by round, so that a noisy neighbour hits both alike;
+            # each figure is the median of its rounds
+            runs: dict[str, list[tuple[float, float, int]]] = {"A": [], "B": []}
+            assert rds.proc is not None
+            redis_cpu = 0.0
+            b_requests = 0.0
+            for _ in range(args.rounds):
+                runs["A"].append(measure(ga.url, ga.pid, args.seconds, args.concurrency))
+                r0 = cpu_seconds(rds.proc.pid)
+                t0 = time.perf_counter()
+                runs["B"].append(measure(gw.url, gw.pid, args.seconds, args.concurrency))
+                redis_cpu += cpu_seconds(rds.proc.pid) - r0
+                b_requests += runs["B"][-1][0] * (time.perf_counter() - t0)
+            a_rps, a_cpu, a_err = median_run(runs["A"])
+            b_rps, b_cpu, b_err = median_run(runs["B"])
+            for name, rs in runs.items():
+                print(f"  rounds {name}: " + ", ".join(f"{r:.0f} rps/{c:.0f} µs" for r, c, _ in rs))
             print(f"  memory://  1 worker  {a_rps:8.0f} rps  {a_cpu:6.0f} µs CPU/req ({a_err} err)")
-            with start_gateway(shared(config(eng.url, True), rds.url), tmp) as gw:
-                b_rps, b_cpu, b_err = measure(gw.url, gw.pid, args.seconds, args.concurrency)
-                text = httpx.get(gw.url + "/metrics").text
-                fallbacks = httpx.get(
-                    gw.url + "/admin/status",
-                    headers={"Authorization": "Bearer bench-admin-token"},
-                ).json()["state"]["fallbacks"]
-            admit_p99_us = (
-                p99_from_histogram(text, "velvetrope_state_call_seconds", "reserve") * 1e6
-            )
+            text = httpx.get(gw.url + "/metrics").text
+            state = httpx.get(
+                gw.url + "/admin/status",
+                headers={"Authorization": "Bearer bench-admin-token"},
+            ).json()["state"]
+            # the Redis part of one admission when the gateway is not saturated: one
+            # connection, sequential requests
+            uvloop.run(latencies(gw.url, args.latency_samples))
+            quiet = httpx.get(gw.url + "/metrics").text
+            hist = "velvetrope_state_call_seconds"
+            sat_rt = p99_from_histogram(text, hist, "round_trip") * 1e6
+            sat_seen = p99_from_histogram(text, hist, "reserve") * 1e6
+            admit_p99_us = p99_from_histogram(quiet, hist, "reserve", since=text) * 1e6
+            quiet_rt = p99_from_histogram(quiet, hist, "round_trip", since=text) * 1e6
             print(
                 f"  redis://   1 worker  {b_rps:8.0f} rps  {b_cpu:6.0f} µs CPU/req ({b_err} err;"
-                f" fallbacks {fallbacks or 'none'}); reserve p99 {admit_p99_us:.0f} µs"
+                f" fallbacks {state['fallbacks'] or 'none'}, late calls {state['late_calls']});"
+                f" redis-server {redis_cpu / max(1.0, b_requests) * 1e6:.0f} µs CPU/req"
+            )
+            print(
+                f"    saturated ({args.concurrency} connections): reserve p99 {sat_seen:.0f} µs as"
+                f" a request waits for it (event-loop backlog included), round trip p99"
+                f" {sat_rt:.0f} µs"
+            )
+            print(
+                f"    one connection: reserve p99 {admit_p99_us:.0f} µs, round trip p99"
+                f" {quiet_rt:.0f} µs"
             )
             cfg = shared(config(eng.url, True), rds.url)
             port = free_port()

@@ -69,6 +69,10 @@ def config_check(path: str = typer.Argument(..., help="The gateway YAML file."))
         f"pools={[p.name for p in policy.pools]} "
         f"upstreams={sum(len(u) for u in cfg.upstreams.values())}"
     )
+    from velvetrope.core.policy import bucket_report
+
+    for line in bucket_report(policy):
+        typer.echo(line)
 
 
 @config_app.command("hash-key")

@@ -158,11 +158,16 @@ class GatewaySettings(_Model):
     max_body_bytes: int = Field(1 << 20, ge=1024, description="larger bodies get 413")
     max_tokens_limit: int = Field(32_768, ge=1, description="larger max_tokens get 400")
     default_max_tokens: int = Field(1024, ge=1, description="when the request names none")
-    tokenizer: str = Field("approx", description="cl100k_base, o200k_base, approx, hf:PATH")
-    exact_token_count: bool = Field(
-        False, description="count prompt tokens exactly on the request path (costs CPU)"
+    tokenizer: str = Field(
+        "approx", description="prompt token counting: approx, cl100k_base, o200k_base, hf:PATH"
     )
     priority_header: str = Field("x-velvetrope-tier", description="header asking for a tier")
+    progress_interval_s: float = Field(
+        2.0,
+        gt=0,
+        description="a queued streaming request with progress on gets an SSE comment this "
+        "often (the first after this long: short waits commit nothing)",
+    )
     upstream_connect_timeout_s: float = Field(5.0, gt=0)
     upstream_read_timeout_s: float = Field(600.0, gt=0, description="between bytes")
     drain_grace_s: float = Field(30.0, ge=0, description="SIGTERM: finish in-flight work this long")

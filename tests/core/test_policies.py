@@ -81,10 +81,12 @@ def test_sjf_lowers_mean_latency_against_fifo() -> None:
     assert results["sjf"] < 0.6 * results["fifo"]
 
 
-def _starvation_run(preset: str, horizon: float) -> tuple[Job, list[Job]]:
+def _starvation_run(
+    preset: str, horizon: float, queue: dict[str, Any] | None = None
+) -> tuple[Job, list[Job]]:
     """Shorts arrive exactly as fast as they are served (rho = 1 on their own), with a
-    backlog of 5 at t=0; one long job arrives at t=0.05."""
-    ctl, clock = controller(one_slot(preset, queue={"aging_s": 15.0, "aging_ref_tokens": 1000}))
+    backlog of 5 at t=0; one long job arrives at t=0.05.  ``queue`` overrides the preset."""
+    ctl, clock = controller(one_slot(preset, **({"queue": queue} if queue else {})))
     short_s = 10 * TPOT
     arrivals = [(0.0, make_job(predicted=10)) for _ in range(5)]
     arrivals += [(k * short_s, make_job(predicted=10)) for k in range(1, int(horizon / short_s))]
@@ -99,8 +101,10 @@ def test_sjf_starves_a_long_job_under_an_endless_stream_of_shorts() -> None:
     assert long not in order
 
 
-def test_sjf_aging_bounds_the_long_jobs_wait() -> None:
-    long, order = _starvation_run("sjf_aging", horizon=120.0)
+@pytest.mark.parametrize("preset", ["sjf_aging", "hybrid"])
+def test_aging_bounds_the_long_jobs_wait_at_the_presets_15_s(preset: str) -> None:
+    # No queue fields given: the preset's own aging_s (15 s) and ordering are under test.
+    long, order = _starvation_run(preset, horizon=120.0)
     assert long in order
     assert long.dispatched_at is not None
     wait = long.dispatched_at - long.arrival
@@ -235,3 +239,131 @@ def test_vtc_counts_jobs_that_started_without_queueing() -> None:
     assert isinstance(band, VirtualTokenCounter)
     # the counter is the service received: w_in·prompt + w_out·actual output (1·100 + 2·40)
     assert band.counters["A"] == pytest.approx(180.0)
+
+
+# --------------------------------------------------------------------------- EDF
+
+
+def _edf_order(tiers: list[dict[str, Any]], jobs: list[tuple[float, Job]]) -> list[Job]:
+    cfg = one_slot("fifo", tiers=tiers, queue={"ordering": "edf"})
+    ctl, clock = controller(cfg)
+    blocker = make_job(tier=tiers[0]["name"], predicted=100)
+    return run_fleet(ctl, clock, [(0.0, blocker), *jobs], service)[1:]
+
+
+def test_edf_takes_its_deadlines_from_the_tiers() -> None:
+    # One band for both tiers: a batch job queued first, an interactive one a second later.
+    # EDF serves the one whose tier deadline comes first (FCFS would serve batch first).
+    by_wait: list[dict[str, Any]] = [
+        {"name": "interactive", "max_wait_s": 2.0},
+        {"name": "batch", "max_wait_s": 60},
+    ]
+    by_ttft: list[dict[str, Any]] = [
+        {"name": "interactive", "slo": {"ttft_s": 2.0}},
+        {"name": "batch", "slo": {"e2e_s": 60.0}},
+    ]
+    for both in (by_wait, by_ttft):
+        batch = make_job(tier="batch", predicted=10)
+        inter = make_job(tier="interactive", predicted=10)
+        assert _edf_order(both, [(0.0, batch), (0.5, inter)]) == [inter, batch]
+    # a tier without a deadline goes after every job that has one
+    tiers: list[dict[str, Any]] = [{"name": "interactive", "max_wait_s": 30.0}, {"name": "batch"}]
+    batch = make_job(tier="batch", predicted=10)
+    inter = make_job(tier="interactive", predicted=10)
+    assert _edf_order(tiers, [(0.0, batch), (0.5, inter)]) == [inter, batch]
+
+
+def test_edf_keeps_a_jobs_own_earlier_deadline() -> None:
+    tiers = [{"name": "t", "max_wait_s": 60.0}]
+    late = make_job(tier="t", predicted=10)
+    urgent = make_job(tier="t", predicted=10, deadline=3.0)  # before its tier's 60 s
+    assert _edf_order(tiers, [(0.0, late), (0.5, urgent)]) == [urgent, late]
+
+
+def test_deadline_budgets() -> None:
+    from velvetrope.core.ordering import deadline_budgets
+
+    cfg = PolicyConfig.model_validate(
+        {
+            "tiers": [
+                {"name": "a", "max_wait_s": 5, "slo": {"ttft_s": 1}},
+                {"name": "b", "slo": {"ttft_s": 1, "e2e_s": 9}},
+                {"name": "c", "slo": {"e2e_s": 9}},
+                {"name": "d", "slo": {"tpot_s": 0.1}},
+            ]
+        }
+    )
+    assert deadline_budgets(cfg) == {"a": 5.0, "b": 1.0, "c": 9.0}
+
+
+# --------------------------------------------------------------------------- every preset
+# parameter matters: each test below fails when the parameter it names is changed
+
+
+@pytest.mark.parametrize("preset", ["sjf", "sjf_aging"])
+def test_sjf_presets_order_by_size_alone_across_tiers_and_tenants(preset: str) -> None:
+    # bands single: the gold tier gets no precedence; fairness none: tenant g, which queued
+    # first, gets no turn before b's shorter jobs.
+    ctl, clock = controller(one_slot(preset, tiers=[{"name": "gold"}, {"name": "bronze"}]))
+    blocker = make_job("g", "gold", predicted=100)
+    longs = [make_job("g", "gold", predicted=800, max_tokens=1000) for _ in range(3)]
+    shorts = [make_job("b", "bronze", predicted=20) for _ in range(3)]
+    arrivals = [(0.0, blocker), *((0.001, j) for j in longs), *((0.002, j) for j in shorts)]
+    order = run_fleet(ctl, clock, arrivals, service)
+    assert order == [blocker, *shorts, *longs]
+
+
+def test_priority_is_strict_by_tier_and_fifo_inside_whatever_the_tenant_or_size() -> None:
+    # bands strict (not weighted): every gold job before any bronze one; fairness none: g1's
+    # jobs, queued first, all go before g2's; ordering fcfs: g2's tiny jobs do not jump.
+    ctl, clock = controller(one_slot("priority", tiers=[{"name": "gold"}, {"name": "bronze"}]))
+    blocker = make_job("b", "bronze", predicted=100)
+    bronze = [make_job("b", "bronze", predicted=10) for _ in range(3)]
+    g1 = [make_job("g1", "gold", predicted=500, max_tokens=500) for _ in range(3)]
+    g2 = [make_job("g2", "gold", predicted=5) for _ in range(3)]
+    arrivals = [(0.0, blocker), *((0.001, j) for j in bronze)]
+    arrivals += [(0.002, j) for j in g1] + [(0.003, j) for j in g2]
+    assert run_fleet(ctl, clock, arrivals, service) == [blocker, *g1, *g2, *bronze]
+
+
+def test_fair_ignores_tiers_and_keeps_each_tenants_own_order() -> None:
+    # bands single: tenant b (bronze) is served alongside a (gold), not after all of it;
+    # ordering fcfs: a's jobs go in the order a sent them, small ones do not jump.
+    ctl, clock = controller(one_slot("fair", tiers=[{"name": "gold"}, {"name": "bronze"}]))
+    blocker = make_job("a", "gold", predicted=100)
+    a = [make_job("a", "gold", predicted=p, max_tokens=500) for p in (500, 10, 500, 10)]
+    b = [make_job("b", "bronze", predicted=100) for _ in range(4)]
+    arrivals = [(0.0, blocker), *((0.001, j) for j in a), *((0.002, j) for j in b)]
+    order = run_fleet(ctl, clock, arrivals, service)
+    assert [j for j in order if j in a] == a
+    assert order.index(b[0]) <= 3
+
+
+def test_hybrid_shares_by_tokens_between_tenants_not_by_turns() -> None:
+    # fairness vtc: A's jobs cost 1000 + 2 x 100 = 1200 counter units, B's 10 + 2 x 100 =
+    # 210, so B gets about 5.7 dispatches per one of A's (round robin: 1 to 1; none: A's
+    # backlog, queued first, goes first).
+    ctl, clock = controller(one_slot("hybrid"))
+    blocker = make_job("A", prompt=1000, predicted=100)
+    heavy = [make_job("A", prompt=1000, predicted=100, max_tokens=200) for _ in range(30)]
+    light = [make_job("B", prompt=10, predicted=100, max_tokens=200) for _ in range(30)]
+    arrivals = [(0.0, blocker), *((0.001, j) for j in heavy), *((0.002, j) for j in light)]
+    first = run_fleet(ctl, clock, arrivals, service)[1:21]
+    n_a = sum(j.tenant == "A" for j in first)
+    assert n_a >= 1 and 20 - n_a >= 4 * n_a
+
+
+@pytest.mark.parametrize(("short_at", "short_first"), [(1.5, True), (2.2, False)])
+def test_hybrid_boosts_completions_under_200_tokens_3x(short_at: float, short_first: bool) -> None:
+    # sjf_aging keys: arrival + 15 s x min(1, cost/1000).  A 200-token job (not short: the
+    # bound is strict) queued at t = 0 has key 3.0; a 190-token one, short and boosted 3x,
+    # has key t + 15 x 63.3/1000 = t + 0.95.  Queued at t = 1.5 it goes first (2.45 < 3.0;
+    # without the boost 4.35 would not); at t = 2.2 it does not (3.15 > 3.0; a 6x boost,
+    # 2.675, would).  So the test pins short_output_tokens = 200 and 1.9 < short_boost < 3.56.
+    ctl, clock = controller(one_slot("hybrid"))
+    blocker = make_job(predicted=300, max_tokens=1000)
+    edge = make_job(prompt=0, predicted=200, max_tokens=1000)
+    short = make_job(prompt=0, predicted=190, max_tokens=1000)
+    arrivals = [(0.0, blocker), (0.0, edge), (short_at, short)]
+    order = run_fleet(ctl, clock, arrivals, service)
+    assert order[1:] == ([short, edge] if short_first else [edge, short])

@@ -47,8 +47,9 @@ runner = CliRunner()
 H100 = load_profile("llama3-8b-h100")
 # A small engine: a 2,048-token budget chunks long prompts; 64 sequences at most.
 SMALL = load_profile("llama3-70b-4xh100").with_overrides(
-    name="small", max_num_batched_tokens=2048, max_num_seqs=64, max_model_len=4096
-)
+    name="small", max_num_batched_tokens=2048, max_num_seqs=64, max_model_len=4096,
+    tp_per_token_s=0.0,
+)  # fmt: skip
 
 
 def observations(
@@ -123,6 +124,17 @@ def test_noise_free_measurements_give_the_exact_coefficients(
 ) -> None:
     errs = fitted(profile, make_plan(profile, quick=quick, repeats=1))
     assert max(errs.values()) < 1e-9, errs
+
+
+def test_tensor_parallel_terms_are_measured_inside_the_fitted_coefficients() -> None:
+    tp = SMALL.with_overrides(tp_allreduce_s=0.002, tp_per_token_s=1e-5)
+    obs = observations(tp, make_plan(tp, quick=True, repeats=1))
+    fit = fit_observations(aggregate_observations(obs), jitter_s=1e-4)
+    got = build_profile(fit, tp, "fit", "fit")
+    assert (got.tp_allreduce_s, got.tp_per_token_s) == (0.0, 0.0)
+    assert got.step_base_s == pytest.approx(tp.step_base_s + 0.002, rel=1e-6)
+    assert got.per_prefill_token_s == pytest.approx(tp.per_prefill_token_s + 1e-5, rel=1e-6)
+    assert got.per_decode_seq_s == pytest.approx(tp.per_decode_seq_s + 1e-5, rel=1e-6)
 
 
 def test_speed_scales_wall_times_back_to_model_time() -> None:

@@ -73,9 +73,10 @@ def snapshot(b: Batcher) -> dict[str, Any]:
 class Pair:
     """A stepped batcher and a fast-forwarded one, driven through the same program."""
 
-    def __init__(self, profile: EngineProfile, priority: bool) -> None:
-        self.ref = Batcher(profile, priority=priority, token_events=False, seed=7)
-        self.ff = Batcher(profile, priority=priority, token_events=False, seed=7)
+    def __init__(self, profile: EngineProfile, priority: bool, first: bool = False) -> None:
+        kw: dict[str, Any] = {"priority": priority, "token_events": False, "seed": 7}
+        self.ref = Batcher(profile, prefill_first=first, **kw)
+        self.ff = Batcher(profile, prefill_first=first, **kw)
         self.t = 0.0
         self.seen: Counter[str] = Counter()
 
@@ -150,8 +151,10 @@ _run = st.tuples(st.just("run"), st.floats(0.0, 1.0))
 _ops = st.lists(st.one_of(_add, _add, _abort, _run, _run, _run, _run), min_size=5, max_size=60)
 
 
-def play(profile: EngineProfile, priority: bool, ops: list[tuple[Any, ...]]) -> Pair:
-    pair = Pair(profile, priority)
+def play(
+    profile: EngineProfile, priority: bool, ops: list[tuple[Any, ...]], first: bool = False
+) -> Pair:
+    pair = Pair(profile, priority, first)
     for n, op in enumerate(ops):
         if op[0] == "add":
             pair.add(f"s{n}", op[1], op[2], op[3], op[4])
@@ -177,6 +180,18 @@ def test_decode_runs_equal_step_by_step(
     profile: EngineProfile, priority: bool, ops: list[tuple[Any, ...]]
 ) -> None:
     play(profile, priority, ops)
+
+
+@pytest.mark.parametrize("priority", [False, True])
+@pytest.mark.parametrize("profile", SMALL, ids=lambda p: p.name)
+@settings(max_examples=40, deadline=None)
+@given(ops=_ops)
+def test_decode_runs_equal_step_by_step_prefill_first(
+    profile: EngineProfile, priority: bool, ops: list[tuple[Any, ...]]
+) -> None:
+    """vLLM V0's order (waiting prompts first, whole) checks admission before the running
+    sequences take their blocks."""
+    play(profile, priority, ops, first=True)
 
 
 @pytest.mark.parametrize("priority", [False, True])
@@ -211,7 +226,7 @@ def test_seeded_programs_cover_every_kind_of_run(profile: EngineProfile) -> None
     preemptions = 0
     for seed in range(6):
         for priority in (False, True):
-            pair = play(profile, priority, program(seed, 300))
+            pair = play(profile, priority, program(seed, 300), first=seed % 2 == 1)
             seen += pair.seen
             preemptions += pair.ref.num_preemptions
     kinds = ("run", "no run", "cut", "whole", "finishes", "block-limited", "block boundary")

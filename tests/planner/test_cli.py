@@ -85,10 +85,26 @@ def test_text_output_explains_every_number(wfile: Path) -> None:
         "rule of thumb   refill",
         "model           refill",
         "KEDA threshold    ",
+        "rule of thumb   ",
+        "the seed's (L/S) × concurrency × 1.5 = (12 s / ",
+        "seed's rule     ",
+        "8 on vllm:num_requests_waiting",
     ):
         assert needle in out, needle
     lines = [ln for ln in out.splitlines() if ln.startswith("  ") and "—" in ln]
     assert len(lines) >= 10  # a value and its reason on every line
+
+
+def test_trace_plan_says_the_wait_replays_the_arrivals() -> None:
+    cmd = "plan --trace azure_code --service-model analytic --slo-p99 4s"
+    res = runner.invoke(app, cmd.split())
+    assert res.exit_code == 0, res.output
+    assert "over the whole trace" in res.stdout
+    assert "the queue wait replays the arrivals at the design rate" in res.stdout
+    assert "warning: arrivals come in bursts" in res.stdout
+    doc = json.loads(runner.invoke(app, [*cmd.split(), "--json"]).stdout)
+    assert doc["inputs"]["wait_model"] == "gdc-replay"
+    assert doc["inputs"]["arrival_scv_whole_trace"] > doc["inputs"]["arrival_scv"] > 10
 
 
 def test_plot_and_json(wfile: Path, tmp_path: Path) -> None:
@@ -138,6 +154,12 @@ def test_verify_runs_the_simulator(wfile: Path, tmp_path: Path) -> None:
             "--trace azure_conv --service-model analytic --slo-metric e2e --slo-p99 1s",
             "cannot be met",
         ),
+        ("--worker-rps 12", "give --peak-rps"),
+        ("--worker-rps 12 --worker-tps 100 --peak-rps 5", "not both"),
+        ("--worker-tps 100 --peak-rps 5", "--tokens-per-request"),
+        ("--worker-rps 12 --peak-rps 5 --profile llama3-8b-h100", "--profile need an engine"),
+        ("--worker-rps 12 --peak-rps 5 --verify", "--verify need an engine"),
+        ("--trace azure_conv --tokens-per-request 9", "goes with --worker-tps"),
     ],
 )
 def test_errors_exit_2_with_a_reason(args: str, needle: str) -> None:

@@ -513,3 +513,39 @@ def test_invalid_parameters_raise_policy_error(call: object, match: str) -> None
     assert callable(call)
     with pytest.raises(PolicyError, match=match):
         call()
+
+
+# --------------------------------------------------------------------------- G/D/c replay
+
+
+def gdc_heap(arrivals: npt.NDArray[np.float64], c: int, service: float) -> list[float]:
+    """G/D/c by the textbook event view: each job takes the server that frees first."""
+    free = [0.0] * c
+    out = []
+    for a in arrivals:
+        start = max(float(a), heapq.heappop(free))
+        out.append(start - float(a))
+        heapq.heappush(free, start + service)
+    return out
+
+
+@pytest.mark.parametrize(("c", "service", "seed"), [(1, 0.3, 0), (3, 1.2, 1), (16, 7.0, 2)])
+def test_gdc_waits_match_a_server_heap(c: int, service: float, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    gaps = np.where(rng.random(3000) < 0.8, rng.exponential(0.05, 3000), rng.exponential(3, 3000))
+    arrivals = np.cumsum(gaps)  # bursts and lulls
+    got = q.gdc_waits(arrivals, c, service)
+    ref = gdc_heap(arrivals, c, service)
+    assert np.max(np.abs(got - np.array(ref))) < 1e-9
+    assert 0.05 < float(np.mean(got > 0)) < 0.95  # a case where both waiting and not occur
+
+
+def test_gdc_waits_small_cases() -> None:
+    # two servers, service 1: a burst of four at t = 0 waits 0, 0, 1, 1
+    assert q.gdc_waits([0.0, 0.0, 0.0, 0.0], 2, 1.0).tolist() == [0.0, 0.0, 1.0, 1.0]
+    # spaced wider than the service time: nobody waits (exact zeros, no rounding residue)
+    assert not np.any(q.gdc_waits(np.arange(100) * 1.1 + 1e6, 1, 1.0))
+    assert q.gdc_waits(np.zeros(0), 3, 1.0).size == 0
+    for bad in (([1.0, 0.0], 1, 1.0), ([0.0], 0, 1.0), ([0.0], 1, 0.0), ([[0.0]], 1, 1.0)):
+        with pytest.raises(PolicyError):
+            q.gdc_waits(*bad)

@@ -14,6 +14,12 @@ from hypothesis import strategies as st
 from velvetrope.engine import load_profile
 from velvetrope.errors import PolicyError
 from velvetrope.planner.predict import predict
+from velvetrope.planner.rules import (
+    queue_bound,
+    queue_depth_rule_of_thumb,
+    replicas_for_utilisation,
+    seed_keda_equivalent,
+)
 from velvetrope.planner.service import (
     ServiceCurve,
     analytic_service_curve,
@@ -25,8 +31,6 @@ from velvetrope.planner.sizing import (
     gpus_per_replica,
     make_plan,
     plan_to_dict,
-    queue_bound,
-    replicas_for_utilisation,
     replicas_needed,
     service_floor_p99,
 )
@@ -37,6 +41,7 @@ RNG = np.random.default_rng(9)
 PROMPT = np.rint(RNG.lognormal(np.log(1000), 0.6, 300)).astype(np.int64) + 1
 OUTPUT = np.rint(RNG.lognormal(np.log(130), 0.7, 300)).astype(np.int64) + 1
 CURVE = analytic_service_curve(PROFILE, PROMPT, OUTPUT)
+BURSTY = np.cumsum(np.where(RNG.random(4000) < 0.9, RNG.exponential(0.1, 4000), 9.1))
 
 
 def workload(rps: float, tenants: tuple[Tenant, ...] = (Tenant("default", 1.0),)) -> PlanWorkload:
@@ -82,8 +87,13 @@ def test_seed_example_seven_gpus_through_the_planner() -> None:
 def test_queue_bound_formula_and_the_seed_example() -> None:
     # S = 800 ms, p99 budget L = 4 s, 32 in flight: a slot frees every S/32 = 25 ms, so the
     # request at depth Q starts after Q × 25 ms; with the whole budget for waiting that is
-    # 160, with L − S = 3.2 s left after its own service 128.  (The seed quotes "≈ 240",
-    # which would need a 6 s drain; see the sizing module docstring.)
+    # 160, with L − S = 3.2 s left after its own service 128.  The seed's rule of thumb
+    # (L/S) × concurrency × 1.5 gives its 240.
+    assert queue_depth_rule_of_thumb(4.0, 0.8, 32) == 240
+    assert queue_depth_rule_of_thumb(4.0, 0.8, 1) == 7  # 7.5: floored
+    for bad in ((0.0, 0.8, 32), (4.0, 0.0, 32), (4.0, 0.8, 0)):
+        with pytest.raises(PolicyError):
+            queue_depth_rule_of_thumb(*bad)
     assert queue_bound(0.8, 4.0 - 0.8, 32) == 128
     assert queue_bound(0.8, 4.0, 32) == 160
     assert queue_bound(0.8, -1.0, 32) == 0
@@ -119,11 +129,12 @@ def test_plan_is_the_fewest_replicas_meeting_slo_and_rho(metric: str) -> None:
 
 
 def test_slo_binding_plan_exceeds_the_rho_bound() -> None:
-    plan = make_plan(workload(60.0), CURVE, P99Target("e2e", 5.6), concurrency=64)
+    bound = 1.1 * service_floor_p99(CURVE, "e2e")  # tight: only more replicas can meet it
+    plan = make_plan(workload(60.0), CURVE, P99Target("e2e", bound), concurrency=64)
     assert plan.binding == "slo"
     assert plan.replicas > plan.replicas_for_rho
-    assert plan.at.e2e_p99_s <= 5.6
-    assert plan.one_fewer is not None and plan.one_fewer.e2e_p99_s > 5.6
+    assert plan.at.e2e_p99_s <= bound
+    assert plan.one_fewer is not None and plan.one_fewer.e2e_p99_s > bound
 
 
 def test_unreachable_slo_is_an_error() -> None:
@@ -163,6 +174,18 @@ def test_more_load_never_needs_fewer_replicas(l1: float, l2: float, metric: str)
     )
 
 
+@settings(max_examples=15, deadline=None)
+@given(st.floats(1.0, 150.0), st.floats(1.0, 150.0))
+def test_more_load_never_needs_fewer_replicas_with_bursty_arrivals(l1: float, l2: float) -> None:
+    lo, hi = sorted((l1, l2))
+    bursty = dataclasses.replace(workload(lo), arrival_pattern=BURSTY)
+    slo = P99Target("wait", 1.0)
+    a = make_plan(bursty, CURVE, slo)
+    b = make_plan(bursty.with_design_rate(hi, "test"), CURVE, slo)
+    assert b.replicas >= a.replicas
+    assert b.at.wait_sample.size == a.at.wait_sample.size == BURSTY.size
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.floats(6.5, 30.0), st.floats(6.5, 30.0), st.floats(5.0, 120.0))
 def test_tighter_slo_never_needs_fewer_replicas(s1: float, s2: float, lam: float) -> None:
@@ -196,6 +219,20 @@ def test_buckets_queue_bound_and_keda() -> None:
     assert plan.wait_budget_s == pytest.approx(10.0 - s)
     assert plan.queue_bound_pool == math.floor(n * plan.concurrency * (10.0 - s) / s + 1e-9)
     assert plan.keda_threshold == max(1, math.floor(x * plan.wait_budget_s / 2))
+    # the seed's rules beside the model's: queue depth (L/S) × concurrency × 1.5 with L the
+    # SLO's p99, and its 8 waiting per engine as the gateway depth that drains as fast
+    assert plan.rule_queue_bound_pool == math.floor(10.0 / s * n * plan.concurrency * 1.5 + 1e-9)
+    assert plan.rule_queue_bound_per_replica == math.floor(10.0 / s * plan.concurrency * 1.5 + 1e-9)
+    assert plan.seed_keda_threshold == max(1, round(8 * x / CURVE.max_throughput_rps))
+
+
+def test_seed_keda_equivalent() -> None:
+    assert seed_keda_equivalent(9.0, 9.0) == 8  # at saturation: the same 8
+    assert seed_keda_equivalent(4.5, 9.0) == 4  # half as fast: 4 drain in the same time
+    assert seed_keda_equivalent(0.1, 9.0) == 1  # never below one request
+    for bad in ((0.0, 9.0), (10.0, 9.0), (math.nan, 9.0)):
+        with pytest.raises(PolicyError):
+            seed_keda_equivalent(*bad)
 
 
 def test_json_schema() -> None:
@@ -230,6 +267,8 @@ def test_json_schema() -> None:
     assert fewer is None or fewer["replicas"] == plan.replicas - 1
     assert {"rule_of_thumb", "model"} <= set(back["buckets"][0])
     assert back["keda"]["threshold_per_replica"] >= 1
+    assert back["keda"]["seed_rule"]["vllm_num_requests_waiting"] == 8
+    assert back["queue"]["rule_of_thumb"]["bound_pool"] == plan.rule_queue_bound_pool
     assert len(back["service"]["concurrency"]) == len(back["service"]["throughput_rps"])
 
 
@@ -248,6 +287,16 @@ def test_warnings_name_where_the_model_is_weak() -> None:
     bursty = dataclasses.replace(workload(20.0), arrival_scv=9.0)
     plan = make_plan(bursty, CURVE, P99Target("wait", 2.0))
     assert len(plan.warnings) == 1 and "bursty (C_a² = 9" in plan.warnings[0]
+    # with the arrivals themselves, bursts are replayed: the warning is about end-to-end
+    bursts = np.repeat(np.arange(30.0) * 600, 600)  # 600 at once every 600 s: 1 req/s
+    replayed = dataclasses.replace(bursty, arrival_pattern=bursts)
+    plan = make_plan(replayed, CURVE, P99Target("wait", 60.0), concurrency=16)
+    assert plan.at.p_wait > 0.01
+    assert len(plan.warnings) == 1 and "arrivals come in bursts" in plan.warnings[0]
+    smooth = dataclasses.replace(replayed, arrival_pattern=np.arange(2000.0), arrival_scv=0.0)
+    assert make_plan(smooth, CURVE, P99Target("wait", 60.0), concurrency=16).warnings == ()
+    ttft = make_plan(workload(20.0), CURVE, P99Target("ttft", 2.0)).warnings
+    assert len(ttft) == 1 and "time to first token was measured" in ttft[0]
     long = dataclasses.replace(
         workload(5.0), prompt=np.array([9000, 100]), output=np.array([10, 0])
     )

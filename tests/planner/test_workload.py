@@ -10,7 +10,10 @@ import pytest
 
 from velvetrope.errors import ConfigError, PolicyError
 from velvetrope.planner.workload import (
+    PATTERN_SIZE,
     YAML_SAMPLE_SIZE,
+    arrival_pattern,
+    gap_scv,
     load_workload,
     one_minute_rates,
     parse_workload,
@@ -74,8 +77,42 @@ def test_builtin_conversation_trace() -> None:
     counts = np.bincount((t[t < 60 * k] // 60).astype(int), minlength=k) / 60
     assert w.design_rps == pytest.approx(float(np.percentile(counts, 99)))
     assert w.name == "azure_conv"
-    assert 1.0 < w.arrival_scv < 1.5  # inter-arrival CV ≈ 1.09
+    assert 1.0 < w.arrival_scv < 1.2  # gaps inside minutes: close to Poisson
+    assert w.whole_trace_scv is not None and 1.15 < w.whole_trace_scv < 1.25
     assert w.prompt_p50 == 1020 and w.output_p99 == 601
+    assert w.arrival_pattern is not None and len(w.arrival_pattern) > 19_000
+
+
+def test_code_trace_is_bursty_inside_minutes_too() -> None:
+    w = workload_from_trace("azure_code")
+    assert w.whole_trace_scv is not None and w.whole_trace_scv > 150  # idle minutes included
+    assert 30 < w.arrival_scv < 80  # what is left once every minute runs at one rate
+    assert w.arrival_pattern is not None
+    assert w.arrival_scv == pytest.approx(gap_scv(w.arrival_pattern))
+
+
+def test_arrival_pattern_runs_every_minute_at_one_rate() -> None:
+    # minutes from the first arrival: 3 arrivals, none, 2; the one at 185 s is in a partial
+    # minute and drops out
+    pat = arrival_pattern(np.array([0.0, 20.0, 40.0, 125.0, 150.0, 185.0]))
+    # minute 0 becomes [0, 3): 0, 20 and 40 s scaled by 3/60; minute 2 becomes [3, 5)
+    assert pat.tolist() == pytest.approx([0.0, 1.0, 2.0, 3 + 5 * 2 / 60, 4.0])
+    # shorter than two whole minutes: scaled as a whole to one arrival per second
+    assert arrival_pattern(np.array([5.0, 6.0, 9.0])).tolist() == pytest.approx([0.0, 0.5, 2.0])
+    with pytest.raises(PolicyError):
+        arrival_pattern(np.array([3.0, 3.0]))
+
+
+def test_yaml_workload_has_a_seeded_arrival_pattern() -> None:
+    w = parse_workload(GOOD)
+    again = parse_workload(GOOD)
+    assert w.arrival_pattern is not None and again.arrival_pattern is not None
+    assert len(w.arrival_pattern) == PATTERN_SIZE
+    assert np.array_equal(w.arrival_pattern, again.arrival_pattern)
+    assert float(w.arrival_pattern[-1]) == pytest.approx(PATTERN_SIZE, rel=0.05)  # 1 req/s
+    assert gap_scv(w.arrival_pattern) == pytest.approx(1.5**2, rel=0.2)  # arrival_cv: 1.5
+    even = parse_workload(GOOD.replace("arrival_cv: 1.5", "arrival_cv: 0"))
+    assert even.arrival_pattern is not None and gap_scv(even.arrival_pattern) < 1e-12
 
 
 def test_yaml_workload(tmp_path: Path) -> None:

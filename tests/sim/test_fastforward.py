@@ -18,6 +18,7 @@ from velvetrope.core import PolicyConfig
 from velvetrope.engine import EngineProfile, list_profiles, load_profile
 from velvetrope.engine.fastforward import DecodeRun
 from velvetrope.sim.loop import run_simulation
+from velvetrope.sim.prefixes import with_system_prompts
 from velvetrope.sim.result import SimResult
 from velvetrope.sim.workload import TraceRequest
 
@@ -84,6 +85,22 @@ def test_fast_forward_equals_step_by_step(
         assert_same(ff, step)
         if preempt:
             assert sum(p.preemptions for p in ff.pools) > 0
+    assert spy.seen["whole"] > 0
+    assert spy.seen["cut"] > 0
+
+
+@pytest.mark.parametrize("preempt", [False, True], ids=["roomy", "preempting"])
+def test_fast_forward_equals_step_by_step_with_prefix_caching(
+    preempt: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shared system prompts on engines with automatic prefix caching."""
+    spy = Spy(monkeypatch)
+    profile = load_profile("llama3-8b-h100").with_overrides(enable_prefix_caching=True)
+    if preempt:
+        profile = preempting(profile)
+    work = with_system_prompts(stress_workload(n=300, rate=20.0, seed=12), 256)
+    ff, step = both(STRESS_POLICY, work, 2, profile, client_timeout_s=4.0)
+    assert_same(ff, step)
     assert spy.seen["whole"] > 0
     assert spy.seen["cut"] > 0
 

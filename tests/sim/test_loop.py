@@ -175,10 +175,12 @@ def harness(
             elif job.state is JobState.DISPATCHED:
                 k = where[job.id]
                 snap = batchers[k].seq_state(job.id)
-                assert snap is not None
+                # None: it finished inside the step in progress, whose events the client
+                # has not seen yet; like the simulator, count nothing generated
                 batchers[k].abort(job.id)
                 outstanding[k] -= 1
-                ctl.cancel(job.id, Usage(job.prompt_tokens, snap.generated_tokens))
+                gen = snap.generated_tokens if snap is not None else 0
+                ctl.cancel(job.id, Usage(job.prompt_tokens, gen))
             dispatch(t)
         else:
             r = workload[idx]

@@ -108,11 +108,11 @@ def _limit_claims(owner: BucketOwner, name: str, lim: BucketLimits | None) -> li
         return out
     if lim.tokens_per_minute is not None:
         rate = lim.tokens_per_minute / 60.0
-        cap = lim.token_burst if lim.token_burst is not None else lim.tokens_per_minute
+        cap = lim.token_capacity or lim.tokens_per_minute
         out.append((f"{owner}:{name}:tok", TOKENS, owner, cap, rate, lim.token_debt_floor))
     if lim.requests_per_minute is not None:
         rate = lim.requests_per_minute / 60.0
-        cap = lim.request_burst if lim.request_burst is not None else lim.requests_per_minute
+        cap = lim.request_capacity or lim.requests_per_minute
         out.append((f"{owner}:{name}:req", REQUESTS, owner, cap, rate, None))
     return out
 
@@ -358,6 +358,27 @@ class AdmissionController:
         if deadline is not None:
             heapq.heappush(self._deadlines, (deadline, job.seq, job))
         return _tuple(Queued, (job, ahead_n, eta))
+
+    def standing(self, job_id: str) -> tuple[int, float | None] | None:
+        """Where a queued job stands: ``(ahead, eta_s)``, at most ``ahead`` jobs before it
+        (those queued in its band and above, as :meth:`arrive` counts them) and the
+        predicted wait for their work (``None`` before a drain rate is known).  ``None``
+        when the job is not queued."""
+        job = self._jobs.get(job_id)
+        if job is None or job.state is not _QUEUED:
+            return None
+        pool = self._pools[job.pool]
+        n, tokens = pool.sched.ahead(job.band)
+        return max(0, n - 1), pool.drain.seconds_for(max(0.0, tokens - job.cost))
+
+    def would_start(self, job: Job) -> bool:
+        """Whether ``job`` (sized by :meth:`claims`) would be dispatched at once if it
+        arrived now: its pool has nothing queued and room for it.  Lets a driver take a
+        slot elsewhere (a fleet lease) in the same round trip as the bucket reservation."""
+        pool = self._pools.get(job.pool)
+        if pool is None or self.draining:
+            return False
+        return pool.sched.queued == 0 and pool.capacity.fits(job, self.clock.now())
 
     def reject(
         self, job: Job, reason: Reason, message: str, retry_after_s: float | None = None

@@ -13,20 +13,28 @@ Registered policies (:data:`ORDERINGS`):
     re-sorting is ever needed.  A job that has waited ``aging_s`` is ahead of every job
     that arrives after that, which bounds starvation.
 ``edf``
-    deadline (jobs without one last, in arrival order).
+    earliest deadline first.  A job's deadline is the earlier of its own ``deadline`` (set
+    by a caller) and its arrival plus its tier's *deadline budget*
+    (:func:`deadline_budgets`): the tier's ``max_wait_s`` if set — the deadline at which
+    the controller expires the job, so EDF serves first the job that would expire first —
+    else its ``slo.ttft_s`` (the first token is due then, so the job must start by then),
+    else its ``slo.e2e_s``.  Jobs with no deadline go last, in arrival order.  Inside one
+    tier every job gets the same budget, so EDF orders like FCFS there; it differs where
+    tiers with different budgets share a queue (``bands: single``, or a tenant allowed
+    several tiers) and for jobs given their own deadline.
 
 Keys never change after a job is queued, so every queue operation stays O(log n).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
-from velvetrope.core.policy import QueuePolicy
+from velvetrope.core.policy import PolicyConfig, QueuePolicy
 from velvetrope.core.request import Job
 from velvetrope.errors import PolicyError
 
-__all__ = ["ORDERINGS", "KeyFn", "job_cost", "make_key"]
+__all__ = ["ORDERINGS", "KeyFn", "deadline_budgets", "job_cost", "make_key"]
 
 KeyFn = Callable[[Job], float]
 
@@ -41,7 +49,10 @@ def job_cost(job: Job, policy: QueuePolicy) -> float:
     return cost
 
 
-def _fcfs(policy: QueuePolicy) -> KeyFn:
+Budgets = Mapping[str, float]
+
+
+def _fcfs(policy: QueuePolicy, budgets: Budgets) -> KeyFn:
     def key(job: Job) -> float:
         return job.arrival
 
@@ -62,11 +73,11 @@ def _cost_fn(policy: QueuePolicy) -> KeyFn:
     return cost
 
 
-def _sjf(policy: QueuePolicy) -> KeyFn:
+def _sjf(policy: QueuePolicy, budgets: Budgets) -> KeyFn:
     return _cost_fn(policy)
 
 
-def _sjf_aging(policy: QueuePolicy) -> KeyFn:
+def _sjf_aging(policy: QueuePolicy, budgets: Budgets) -> KeyFn:
     aging = policy.aging_s
     scale = aging / policy.aging_ref_tokens
     cost = _cost_fn(policy)
@@ -78,14 +89,33 @@ def _sjf_aging(policy: QueuePolicy) -> KeyFn:
     return key
 
 
-def _edf(policy: QueuePolicy) -> KeyFn:
+def deadline_budgets(config: PolicyConfig) -> dict[str, float]:
+    """Seconds from arrival to each tier's EDF deadline: ``max_wait_s``, else ``slo.ttft_s``,
+    else ``slo.e2e_s``; tiers with none of them are left out (see the module docstring)."""
+    out: dict[str, float] = {}
+    for t in config.tiers:
+        slo = t.slo
+        budget = t.max_wait_s
+        if budget is None and slo is not None:
+            budget = slo.ttft_s if slo.ttft_s is not None else slo.e2e_s
+        if budget is not None:
+            out[t.name] = budget
+    return out
+
+
+def _edf(policy: QueuePolicy, budgets: Budgets) -> KeyFn:
+    inf = float("inf")
+
     def key(job: Job) -> float:
-        return job.deadline if job.deadline is not None else float("inf")
+        b = budgets.get(job.tier)
+        d = job.arrival + b if b is not None else inf
+        own = job.deadline
+        return own if own is not None and own < d else d
 
     return key
 
 
-ORDERINGS: dict[str, Callable[[QueuePolicy], KeyFn]] = {
+ORDERINGS: dict[str, Callable[[QueuePolicy, Budgets], KeyFn]] = {
     "fcfs": _fcfs,
     "sjf": _sjf,
     "sjf_aging": _sjf_aging,
@@ -93,12 +123,16 @@ ORDERINGS: dict[str, Callable[[QueuePolicy], KeyFn]] = {
 }
 
 
-def make_key(policy: QueuePolicy) -> KeyFn:
-    """The key function of ``policy.ordering``; :class:`PolicyError` if unknown."""
+def make_key(policy: QueuePolicy, budgets: Mapping[str, float] | None = None) -> KeyFn:
+    """The key function of ``policy.ordering``; :class:`PolicyError` if unknown.
+
+    ``budgets`` (tier name → seconds, :func:`deadline_budgets`) gives ``edf`` the deadlines
+    of jobs that carry none; the other orderings ignore it.
+    """
     try:
         factory = ORDERINGS[policy.ordering]
     except KeyError:
         raise PolicyError(
             f"unknown ordering {policy.ordering!r}; known: {', '.join(sorted(ORDERINGS))}"
         ) from None
-    return factory(policy)
+    return factory(policy, budgets if budgets is not None else {})

@@ -12,6 +12,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
+    "DEFAULT_BURST_S",
+    "SEED_BURST_S",
     "BandMode",
     "BucketLimits",
     "EstimatorPolicy",
@@ -21,6 +23,7 @@ __all__ = [
     "SloPolicy",
     "TenantPolicy",
     "TierPolicy",
+    "bucket_report",
 ]
 
 BandMode = Literal["single", "strict", "weighted"]
@@ -30,6 +33,22 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+DEFAULT_BURST_S = 60.0
+"""A bucket's capacity when no burst is set: this many seconds of refill (one minute).
+
+Kept at a minute, not the seed's four seconds, on purpose: a limit named per minute then
+holds a minute's worth (what OpenAI's ``x-ratelimit-limit-*`` headers report), and a
+per-tenant refill can be far below a fleet's, where four seconds of it may not fit one
+long request (``request_too_large``, which no retry cures).  The seed's four seconds
+sizes a bucket whose refill is the fleet's sustainable rate; set ``token_burst`` to
+follow it (``velvetrope plan`` prints that size, ``velvetrope config check`` the one in
+force)."""
+
+
+SEED_BURST_S = 4.0
+"""The seed's bucket capacity, in seconds of refill (printed for comparison)."""
+
+
 class BucketLimits(_Model):
     """Edge limits for one key (a tenant, a tier or a model).  Each is optional."""
 
@@ -37,7 +56,9 @@ class BucketLimits(_Model):
         None, gt=0, description="Token refill rate, per minute (prompt + expected output)."
     )
     token_burst: float | None = Field(
-        None, gt=0, description="Token bucket capacity; defaults to one minute of refill."
+        None,
+        gt=0,
+        description="Token bucket capacity; defaults to one minute of refill (DEFAULT_BURST_S).",
     )
     token_debt_floor: float | None = Field(
         None,
@@ -48,6 +69,25 @@ class BucketLimits(_Model):
     request_burst: float | None = Field(
         None, gt=0, description="Request bucket capacity; defaults to one minute of refill."
     )
+
+    @property
+    def token_capacity(self) -> float | None:
+        """The token bucket's capacity in force: ``token_burst``, else
+        :data:`DEFAULT_BURST_S` of refill; ``None`` without a token limit."""
+        if self.tokens_per_minute is None:
+            return None
+        if self.token_burst is not None:
+            return self.token_burst
+        return self.tokens_per_minute * DEFAULT_BURST_S / 60.0
+
+    @property
+    def request_capacity(self) -> float | None:
+        """The request bucket's capacity in force, like :attr:`token_capacity`."""
+        if self.requests_per_minute is None:
+            return None
+        if self.request_burst is not None:
+            return self.request_burst
+        return self.requests_per_minute * DEFAULT_BURST_S / 60.0
 
 
 class SloPolicy(_Model):
@@ -93,6 +133,11 @@ class TenantPolicy(_Model):
     allowed_tiers: tuple[str, ...] = Field(
         (), description="Other tiers this tenant may ask for per request (header/body)."
     )
+    queue_progress: bool = Field(
+        False,
+        description="Gateway: a streaming request of this tenant that waits in the queue "
+        "gets SSE comments with its standing (commits the response to 200 early).",
+    )
 
 
 class PoolPolicy(_Model):
@@ -122,7 +167,11 @@ class QueuePolicy(_Model):
         "'weighted': bands share dispatched tokens by tier weight.",
     )
     fairness: str = Field("none", description="Between tenants in a band: vtc, round_robin, none.")
-    ordering: str = Field("fcfs", description="Inside a tenant: fcfs, sjf, sjf_aging, edf.")
+    ordering: str = Field(
+        "fcfs",
+        description="Inside a tenant: fcfs, sjf, sjf_aging, edf (deadline: arrival + the "
+        "tier's max_wait_s, else slo.ttft_s, else slo.e2e_s).",
+    )
     max_queued: int = Field(10_000, ge=0, description="Global bound on queued jobs.")
     vtc_input_weight: float = Field(1.0, ge=0, description="VTC weight of a prompt token.")
     vtc_output_weight: float = Field(2.0, ge=0, description="VTC weight of an output token.")
@@ -207,3 +256,32 @@ class PolicyConfig(_Model):
             if t.name == name:
                 return i
         raise KeyError(name)
+
+
+def bucket_report(config: PolicyConfig) -> list[str]:
+    """One line per token bucket of ``config`` (tenants, default tenant, tiers, models): the
+    refill and the capacity in force, with where the capacity came from and, when it is
+    the default, the seed's four-second size beside it (see :data:`DEFAULT_BURST_S`)."""
+    scopes: list[tuple[str, BucketLimits | None]] = [
+        *((f"tenant {t.name!r}", t.limits) for t in config.tenants),
+        *((f"tier {t.name!r}", t.limits) for t in config.tiers),
+        *((f"model {m!r}", lim) for m, lim in config.models.items()),
+    ]
+    if config.default_tenant is not None:
+        scopes.append(("default tenant", config.default_tenant.limits))
+    out = []
+    for scope, lim in scopes:
+        if lim is None or lim.tokens_per_minute is None or lim.token_capacity is None:
+            continue
+        tpm, cap = lim.tokens_per_minute, lim.token_capacity
+        if lim.token_burst is not None:
+            why = f"token_burst, {cap / tpm * 60:.3g} s of refill"
+        else:
+            seed = tpm * SEED_BURST_S / 60.0
+            why = (
+                f"token_burst unset: {DEFAULT_BURST_S:g} s of refill, so a per-minute limit holds "
+                f"a minute; the seed's rule of thumb is {SEED_BURST_S:g} s = {seed:,.0f} "
+                "tokens (token_burst), sized for a fleet-wide refill"
+            )
+        out.append(f"bucket {scope}: {tpm:,.0f} tokens/min, capacity {cap:,.0f} — {why}")
+    return out

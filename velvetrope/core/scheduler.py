@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from velvetrope.core.fairness import BandQueue, make_band
-from velvetrope.core.ordering import make_key
+from velvetrope.core.ordering import deadline_budgets, make_key
 from velvetrope.core.policy import PolicyConfig
 from velvetrope.core.request import Job
 
@@ -90,7 +90,7 @@ class Scheduler:
     def __init__(self, policy: PolicyConfig, weight: Callable[[str], float]) -> None:
         q = policy.queue
         self._mode = q.bands
-        self._key = make_key(q)
+        self._key = make_key(q, deadline_budgets(policy))
         if self._mode == "single":
             bound = q.max_queued
             self.bands = [Band(0, "all", make_band(q, weight), 1.0, 0.0, bound)]

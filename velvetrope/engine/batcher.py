@@ -116,8 +116,11 @@ class Batcher:
     ``priority`` policy.  ``token_events=False`` leaves out the :class:`Tokens` events
     (everything else is unchanged): a simulator that needs only first-token and finish
     times saves about 40% of :meth:`step`'s cost.  ``seed`` seeds the acceptance draws of
-    speculative decoding (unused otherwise), so runs are reproducible.  Not thread-safe; all
-    methods are synchronous and cheap.
+    speculative decoding (unused otherwise), so runs are reproducible.
+    ``prefill_first=True`` is vLLM V0's scheduler without chunked prefill: a step that can
+    admit waiting prompts runs only them (whole, never split) and running sequences wait;
+    it exists to replay results published for V0 engines.  Not thread-safe; all methods
+    are synchronous and cheap.
     """
 
     __slots__ = (
@@ -125,6 +128,7 @@ class Batcher:
         "_n_waiting",
         "_order",
         "_pc",
+        "_prefill_first",
         "_priority",
         "_profile",
         "_rng",
@@ -147,8 +151,10 @@ class Batcher:
         priority: bool = False,
         token_events: bool = True,
         seed: int = 0,
+        prefill_first: bool = False,
     ) -> None:
         self._profile = profile
+        self._prefill_first = prefill_first
         self._priority = priority
         self._token_events = token_events
         self._pc: PrefixCachingAllocator | None = None
@@ -374,26 +380,14 @@ class Batcher:
         self.spec_accepted_tokens += j
         return j
 
-    def step(self, now: float) -> StepResult:
-        """Schedule and run one iteration starting at ``now``; see the module docstring.
-
-        ``now`` should not be earlier than the previous step's end (not checked: the caller
-        owns the clock).  Returns a zero-length, event-free result when there is no work.
-        """
+    def _schedule_running(
+        self, stamp: int, budget: int, scheduled: list[SeqRecord], preempted: list[SeqRecord]
+    ) -> int:
+        """Phase 1: running sequences in admission order (preempting if blocks run out)."""
         running = self._running
-        if not running and not self._n_waiting:
-            return StepResult(now, 0.0, [], 0, 0, 0)
-        self._steps += 1
-        stamp = self._steps
         kv = self._kv
-        profile = self._profile
-        bs = profile.block_size
-        k = profile.spec_tokens
-        budget = profile.max_num_batched_tokens
-        scheduled: list[SeqRecord] = []
-        preempted: list[SeqRecord] = []
-
-        # 1. running sequences, in admission order
+        bs = self._profile.block_size
+        k = self._profile.spec_tokens
         i = 0
         while i < len(running) and budget > 0:
             s = running[i]
@@ -429,29 +423,69 @@ class Batcher:
             scheduled.append(s)
             budget -= new
             i += 1
+        return budget
 
-        # 2. waiting sequences, unless this step had to preempt
-        if not preempted:
-            waiting = self._waiting
-            max_seqs = profile.max_num_seqs
-            while budget > 0 and len(running) < max_seqs:
-                s_or_none = waiting.peek()
-                if s_or_none is None:
-                    break
-                s = s_or_none
-                new = self._admit(s, budget)
-                if not new:
-                    break
-                waiting.pop()
-                self._n_waiting -= 1
-                s.state = RUNNING
-                s.decoding = False
-                s.spec = 0
-                running.append(s)
-                s.new = new
-                s.scheduled_at = stamp
-                scheduled.append(s)
-                budget -= new
+    def _schedule_waiting(self, stamp: int, budget: int, scheduled: list[SeqRecord]) -> int:
+        """Phase 2: admit waiting sequences while seats, budget and blocks allow.
+
+        In prefill-first mode a prompt is never split across steps (vLLM V0 without chunked
+        prefill), unless it alone exceeds the whole budget.
+        """
+        running = self._running
+        waiting = self._waiting
+        max_seqs = self._profile.max_num_seqs
+        whole = self._prefill_first
+        while budget > 0 and len(running) < max_seqs:
+            s = waiting.peek()
+            if s is None:
+                break
+            if whole and s.known > budget and scheduled:
+                break
+            new = self._admit(s, budget)
+            if not new:
+                break
+            waiting.pop()
+            self._n_waiting -= 1
+            s.state = RUNNING
+            s.decoding = False
+            s.spec = 0
+            running.append(s)
+            s.new = new
+            s.scheduled_at = stamp
+            scheduled.append(s)
+            budget -= new
+        return budget
+
+    def step(self, now: float, *, admit: bool = True) -> StepResult:
+        """Schedule and run one iteration starting at ``now``; see the module docstring.
+
+        ``now`` should not be earlier than the previous step's end (not checked: the caller
+        owns the clock).  Returns a zero-length, event-free result when there is no work.
+        ``admit=False`` skips phase 2 (no waiting sequence joins the batch this step): a
+        driver emulating vLLM 0.6's multi-step scheduling admits only every ``k`` steps.
+        With nothing running it makes an empty, zero-length step.
+        """
+        running = self._running
+        if not running and not self._n_waiting:
+            return StepResult(now, 0.0, [], 0, 0, 0)
+        self._steps += 1
+        stamp = self._steps
+        kv = self._kv
+        profile = self._profile
+        bs = profile.block_size
+        budget = profile.max_num_batched_tokens
+        scheduled: list[SeqRecord] = []
+        preempted: list[SeqRecord] = []
+        if self._prefill_first and admit and self._n_waiting:
+            # vLLM V0: a step that can admit prompts runs them alone; decodes wait
+            budget = self._schedule_waiting(stamp, budget, scheduled)
+            if not scheduled:
+                budget = self._schedule_running(stamp, budget, scheduled, preempted)
+        else:
+            # 1. running sequences, in admission order; 2. waiting ones, unless preempting
+            budget = self._schedule_running(stamp, budget, scheduled, preempted)
+            if admit and not preempted:
+                budget = self._schedule_waiting(stamp, budget, scheduled)
 
         # 3. duration from the batch composition, then advance and report
         prefill = decode = context = verify = 0

@@ -33,8 +33,11 @@ A stretch starting at ``now`` is planned only when, for each of its steps,
   preemption happens (the stretch is cut before the first step that would run short);
 * nothing is admitted: the waiting queue is empty, or the batch is full, or (without
   prefix caching) the head's first chunk does not fit after the first step's block
-  requests (free blocks only decrease until the last step, so it never fits later);
-* the batcher reports no per-token events (``token_events=False``).
+  requests (before them with ``prefill_first``, whose steps try the waiting prompts
+  first); free blocks only decrease until the last step, so it never fits later;
+* the batcher reports no per-token events (``token_events=False``), and each step would be
+  ``step(now)`` with admission on (a driver that calls ``step(now, admit=False)`` on some
+  steps does not plan runs).
 
 Block boundaries are not stretch ends: a sequence with ``c`` computed tokens takes a new
 block at step ``j`` exactly when ``c + j - 1`` is a multiple of ``block_size``, and the
@@ -205,14 +208,15 @@ def plan_decode_run(batcher: Batcher, now: float, min_steps: int = 2) -> DecodeR
     bs = p.block_size
     free = b._kv.num_free
     admit = 0  # blocks the waiting head's first chunk needs, if each step tries to admit it
-    budget = p.max_num_batched_tokens - n
+    first_fit = b._prefill_first  # admission is tried before the running sequences' blocks
+    budget = p.max_num_batched_tokens - (0 if first_fit else n)
     if b._n_waiting and budget > 0 and n < p.max_num_seqs:
         head = b._waiting.peek()
         if head is not None:
             if b._pc is not None:
                 return None
             admit = -(-min(head.known, budget) // bs)
-            if admit <= free - n:
+            if admit <= free - (0 if first_fit else n):
                 return None  # it fits whatever the first step allocates
     steps = p.max_model_len
     c0: list[int] = []
@@ -241,7 +245,7 @@ def plan_decode_run(batcher: Batcher, now: float, min_steps: int = 2) -> DecodeR
         steps = lo
         if steps < min_steps:
             return None
-    if admit and admit <= free - sum(1 for c in c0 if c % bs == 0):
+    if admit and not first_fit and admit <= free - sum(1 for c in c0 if c % bs == 0):
         return None
     return DecodeRun(b, c0, _starts(b, n, context, steps, now), finishes)
 

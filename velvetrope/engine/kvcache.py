@@ -23,7 +23,7 @@ Both operations cost O(blocks moved), done by list slicing (no per-block Python 
 
 from __future__ import annotations
 
-__all__ = ["BlockAllocator", "blocks_for"]
+__all__ = ["BlockAllocator", "BlockPool", "blocks_for"]
 
 
 def blocks_for(tokens: int, block_size: int) -> int:
@@ -31,14 +31,10 @@ def blocks_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
-class BlockAllocator:
-    """A fixed pool of KV-cache block ids with a LIFO free list.
+class BlockPool:
+    """What every block pool has: its size, and how much of it is free (``num_free``)."""
 
-    LIFO reuse mirrors a warm cache (the most recently freed block is handed out first) and
-    makes allocation order deterministic, which the tests rely on.
-    """
-
-    __slots__ = ("_free", "block_size", "num_blocks")
+    __slots__ = ("block_size", "num_blocks")
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks < 1 or block_size < 1:
@@ -48,6 +44,34 @@ class BlockAllocator:
             )
         self.num_blocks = num_blocks
         self.block_size = block_size
+
+    @property
+    def num_free(self) -> int:
+        """Blocks held by no table (allocatable now)."""
+        raise NotImplementedError
+
+    @property
+    def num_used(self) -> int:
+        """Blocks held by some table (``num_blocks - num_free``)."""
+        return self.num_blocks - self.num_free
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks in use, in ``[0, 1]``."""
+        return (self.num_blocks - self.num_free) / self.num_blocks
+
+
+class BlockAllocator(BlockPool):
+    """A fixed pool of KV-cache block ids with a LIFO free list.
+
+    LIFO reuse mirrors a warm cache (the most recently freed block is handed out first) and
+    makes allocation order deterministic, which the tests rely on.
+    """
+
+    __slots__ = ("_free",)
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        super().__init__(num_blocks, block_size)
         # Reversed so that block 0 is handed out first.
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
 
@@ -55,16 +79,6 @@ class BlockAllocator:
     def num_free(self) -> int:
         """Blocks not held by any table."""
         return len(self._free)
-
-    @property
-    def num_used(self) -> int:
-        """Blocks held by some table (``num_blocks - num_free``)."""
-        return self.num_blocks - len(self._free)
-
-    @property
-    def usage(self) -> float:
-        """Fraction of blocks in use, in ``[0, 1]``."""
-        return (self.num_blocks - len(self._free)) / self.num_blocks
 
     def allocate(self, n: int, table: list[int]) -> None:
         """Move ``n`` free blocks to the end of ``table``.

@@ -35,6 +35,8 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from velvetrope.engine.kvcache import BlockPool
+
 __all__ = ["PrefixCachingAllocator", "block_hashes"]
 
 _ROOT = 0x5EED
@@ -68,7 +70,7 @@ def block_hashes(prefix_id: str, n: int) -> tuple[int, ...]:
     return tuple(chain[:n])
 
 
-class PrefixCachingAllocator:
+class PrefixCachingAllocator(BlockPool):
     """A KV block pool with reference counts, a hash map of cached blocks and LRU eviction.
 
     Same interface as :class:`~velvetrope.engine.kvcache.BlockAllocator` (``allocate``,
@@ -76,16 +78,10 @@ class PrefixCachingAllocator:
     :meth:`acquire`, :meth:`register` for sharing; see the module docstring.
     """
 
-    __slots__ = ("_by_hash", "_free", "_hash", "_ref", "block_size", "evictions", "num_blocks")
+    __slots__ = ("_by_hash", "_free", "_hash", "_ref", "evictions")
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
-        if num_blocks < 1 or block_size < 1:
-            raise ValueError(
-                f"a KV cache needs num_blocks >= 1 and block_size >= 1 "
-                f"(got {num_blocks}, {block_size})"
-            )
-        self.num_blocks = num_blocks
-        self.block_size = block_size
+        super().__init__(num_blocks, block_size)
         self._ref = [0] * num_blocks
         self._hash: list[int | None] = [None] * num_blocks
         self._by_hash: dict[int, int] = {}
@@ -97,16 +93,6 @@ class PrefixCachingAllocator:
     def num_free(self) -> int:
         """Blocks held by no table (cached or not): allocatable now."""
         return len(self._free)
-
-    @property
-    def num_used(self) -> int:
-        """Blocks held by at least one table."""
-        return self.num_blocks - len(self._free)
-
-    @property
-    def usage(self) -> float:
-        """Fraction of blocks held by some table, in ``[0, 1]``."""
-        return (self.num_blocks - len(self._free)) / self.num_blocks
 
     @property
     def num_cached(self) -> int:

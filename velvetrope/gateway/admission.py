@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from typing import Literal
 
 from velvetrope.core import (
@@ -83,6 +84,8 @@ class Admission:
         job: Job,
         disconnected: asyncio.Future[None],
         reservation: Grant | Denial | None = None,
+        progress: Callable[[], Awaitable[None]] | None = None,
+        every_s: float = 2.0,
     ) -> Waited:
         """Arrive (with the bucket store's ``reservation``) and, if queued, wait for
         dispatch, expiry or the client's disconnect.
@@ -91,6 +94,7 @@ class Admission:
         :meth:`complete`, :meth:`fail` or :meth:`cancel`), ``Rejected``, the ``Outcome``
         of an expiry, or ``"disconnected"``: the client left before the job was started
         upstream (it was cancelled, whether still queued or dispatched in the same tick).
+        While queued, ``progress`` (if given) is awaited every ``every_s`` seconds.
         """
         d = self.ctl.arrive(job, reservation)
         if isinstance(d, Rejected):
@@ -104,9 +108,14 @@ class Admission:
         fut: asyncio.Future[Outcome | None] = asyncio.get_running_loop().create_future()
         self._waiters[job.id] = fut
         self.pump()
-        if not fut.done():
+        timeout = every_s if progress is not None else None
+        while not fut.done() and not disconnected.done():
             try:
-                await asyncio.wait((fut, disconnected), return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(
+                    (fut, disconnected), timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+                if not done and progress is not None:
+                    await progress()
             except asyncio.CancelledError:
                 self._abandon(job)
                 raise

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import itertools
 import logging
 import math
 import os
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -48,6 +50,7 @@ from velvetrope.errors import (
     UpstreamUnreachable,
 )
 from velvetrope.gateway.admission import Admission
+from velvetrope.gateway.client_stream import PROGRESS_HEADER, ClientStream
 from velvetrope.gateway.httpclient import HttpClient
 from velvetrope.gateway.metrics import GatewayMetrics
 from velvetrope.gateway.parse import Kind, parse_request
@@ -56,7 +59,7 @@ from velvetrope.gateway.saturation import EngineSaturation
 from velvetrope.gateway.state import FleetGate, LocalState, build_state
 from velvetrope.gateway.upstreams import UpstreamPools
 from velvetrope.openai.errors import error_body
-from velvetrope.openai.tokenizer import ApproxTokenizer, Tokenizer, get_tokenizer
+from velvetrope.openai.tokenizer import Tokenizer, get_tokenizer
 from velvetrope.serving.asgi import Receive, Scope, Send, header, read_body, respond, serve_lifespan
 
 __all__ = ["Gateway"]
@@ -119,9 +122,6 @@ class Gateway:
         self.keys = {k.digest: k.tenant for k in config.api_keys}
         self.admin_token = config.resolved_admin_token()
         self.tokenizer: Tokenizer = get_tokenizer(self.settings.tokenizer)
-        self._fast_count: Tokenizer = (
-            self.tokenizer if self.settings.exact_token_count else ApproxTokenizer()
-        )
         self._priority_header = self.settings.priority_header.lower().encode()
         self._timeout = aiohttp.ClientTimeout(
             total=None,
@@ -152,7 +152,15 @@ class Gateway:
     # -- lifecycle ---------------------------------------------------------------
 
     async def startup(self) -> None:
-        """Open the upstream connection pool and start health checks."""
+        """Open the upstream connection pool and start health checks.  Everything alive at
+        start-up (modules, config, the core's tables) is moved out of the garbage
+        collector's reach (``gc.freeze``): collections then walk only what requests
+        allocate, not the whole heap of a process that imported numpy and friends; and a young
+        generation of 50,000 objects (not 700) lets the many short-lived objects of a
+        request die by reference counting before any collection looks at them."""
+        gc.collect()
+        gc.freeze()
+        gc.set_threshold(50_000, 20, 100)
         if self.session is None:
             self.session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
@@ -276,7 +284,7 @@ class Gateway:
             return
         try:
             raw = await read_body(scope, receive, self.settings.max_body_bytes)
-            tok = self._fast_count
+            tok = self.tokenizer
             parsed = parse_request(
                 raw,
                 kind,
@@ -308,24 +316,34 @@ class Gateway:
         loop = asyncio.get_running_loop()
         watch = _Watch(loop.create_future())
         watcher = loop.create_task(watch.run(receive))
+        client = ClientStream(send)
         try:
             claims = self.ctl.claims(job)
+            gate = self.gates.get(job.pool)
             try:
-                reservation = await self.state.reserve(job.id, tenant, claims)
+                if gate is not None and self.ctl.would_start(job):
+                    # a job that will start at once takes its fleet slot in the same trip
+                    reservation, _ = await self.state.admit(job.id, tenant, claims, gate.slot(job))
+                else:
+                    reservation = await self.state.reserve(job.id, tenant, claims)
             except StoreUnavailable as e:
                 rej = self.ctl.reject(job, Reason.STATE_UNAVAILABLE, str(e), 1.0)
-                await self._reject(send, rej)
+                await self._reject(client, rej)
                 return
-            res = await self.admission.admit(job, watch.gone, reservation)
+            progress = None
+            if parsed.stream and (
+                self.ctl.tenant_policy(tenant).queue_progress
+                or header(scope, PROGRESS_HEADER) == b"1"
+            ):
+                progress = self._progress(job, client)
+            res = await self.admission.admit(
+                job, watch.gone, reservation, progress, self.settings.progress_interval_s
+            )
             if isinstance(res, Rejected):
-                await self._reject(send, res)
+                await self._reject(client, res)
             elif isinstance(res, Outcome):
-                await respond(
-                    send,
-                    503,
-                    error_body(503, "the request waited past its deadline in the queue", "expired"),
-                    [(b"retry-after", b"1")],
-                )
+                msg = "the request waited past its deadline in the queue"
+                await client.error(503, msg, "expired", [(b"retry-after", b"1")])
             elif isinstance(res, Admitted):
                 snaps = reservation.snapshots if isinstance(reservation, Grant) else ()
                 await self._proxy(
@@ -334,7 +352,7 @@ class Gateway:
                     parsed.stream,
                     parsed.client_wants_usage,
                     parsed.upstream_body(),
-                    send,
+                    client,
                     watch,
                     snaps,
                 )
@@ -348,9 +366,7 @@ class Gateway:
             elif live is not None:
                 self.admission.fail(job.id, Reason.UPSTREAM_ERROR, Usage(0, 0))
             with contextlib.suppress(Exception):
-                await respond(
-                    send, 500, error_body(500, "internal error in the gateway", "internal_error")
-                )
+                await client.error(500, "internal error in the gateway", "internal_error")
         finally:
             watcher.cancel()
 
@@ -362,7 +378,7 @@ class Gateway:
         if up is None:
             await respond(send, 503, error_body(503, "no healthy upstream", "no_healthy_upstream"))
             return
-        client = _ClientStream(send)
+        client = ClientStream(send)
         try:
             answer = await forward(
                 self.http,
@@ -390,20 +406,32 @@ class Gateway:
     def _on_outcome(self, o: Outcome) -> None:
         """Settle every ended job in the store it reserved from; give back its fleet slot."""
         job = o.job
-        if o.settlement.lines:
-            self.state.settle(job.id, job.tenant, job.claims, o.settlement.lines)
-        if job.dispatched_at is not None:
-            gate = self.gates.get(job.pool)
-            if gate is not None:
-                self.state.release(job.pool, job.id)
-                gate.released()
+        gate = self.gates.get(job.pool)
+        # settle; give back the slot if it held one (dispatched, or leased with its
+        # reservation)
+        pool = job.pool if gate is not None else None
+        self.state.finish(job.id, job.tenant, job.claims, o.settlement.lines, pool)
+        if gate is not None:
+            gate.released()
 
-    async def _reject(self, send: Send, r: Rejected) -> None:
+    def _progress(self, job: Job, client: ClientStream) -> Callable[[], Awaitable[None]]:
+        """The comment a waiting streaming request gets every ``progress_interval_s``."""
+
+        async def tell() -> None:
+            standing = self.ctl.standing(job.id)
+            if standing is None:
+                return
+            ahead, eta = standing
+            when = "unknown" if eta is None else f"{eta:.1f}"
+            await client.comment(f"velvetrope queued ahead<={ahead} eta_s={when}")
+
+        return tell
+
+    async def _reject(self, client: ClientStream, r: Rejected) -> None:
         headers = _ratelimit_headers(r.snapshots)
         if r.retry_after_s is not None and math.isfinite(r.retry_after_s):
             headers.append((b"retry-after", str(max(1, math.ceil(r.retry_after_s))).encode()))
-        code = r.reason.code
-        await respond(send, r.status, error_body(r.status, r.message, code), headers)
+        await client.error(r.status, r.message, r.reason.code, headers)
 
     async def _proxy(
         self,
@@ -412,7 +440,7 @@ class Gateway:
         stream: bool,
         wants_usage: bool,
         body: bytes,
-        send: Send,
+        client: ClientStream,
         watch: _Watch,
         snaps: tuple[BucketSnapshot, ...],
     ) -> None:
@@ -423,12 +451,7 @@ class Gateway:
                 got = await gate.hold(self.state, job, watch.gone, adm.pump)
             except StoreUnavailable as e:
                 adm.fail(job.id, Reason.STATE_UNAVAILABLE, Usage(0, 0))
-                await respond(
-                    send,
-                    503,
-                    error_body(503, str(e), "state_unavailable"),
-                    [(b"retry-after", b"1")],
-                )
+                await client.error(503, str(e), "state_unavailable", [(b"retry-after", b"1")])
                 return
             if not got:
                 adm.cancel(job.id, Usage(0, 0))
@@ -438,20 +461,13 @@ class Gateway:
         extra = [(b"x-velvetrope-queue-ms", f"{queue_ms:.1f}".encode())]
         if snaps:
             extra += _ratelimit_headers(snaps)
-        client = _ClientStream(send)
         tried: set[str] = set()
         while True:
             up = self.upstreams.pick(job.pool)
             if up is None or up.url in tried:
                 adm.fail(job.id, Reason.NO_HEALTHY_UPSTREAM)
-                await respond(
-                    send,
-                    503,
-                    error_body(
-                        503, f"no healthy upstream in pool {job.pool!r}", "no_healthy_upstream"
-                    ),
-                    [(b"retry-after", b"1")],
-                )
+                msg = f"no healthy upstream in pool {job.pool!r}"
+                await client.error(503, msg, "no_healthy_upstream", [(b"retry-after", b"1")])
                 return
             tried.add(up.url)
             sig = self.saturation.get(job.pool)
@@ -488,11 +504,11 @@ class Gateway:
                 continue
             except UpstreamTimeout as e:
                 adm.fail(job.id, Reason.UPSTREAM_TIMEOUT, relay.usage_so_far())
-                await self._upstream_error(client, 504, str(e), "upstream_timeout")
+                await client.error(504, str(e), "upstream_timeout")
                 return
             except UpstreamError as e:
                 adm.fail(job.id, Reason.UPSTREAM_ERROR, relay.usage_so_far())
-                await self._upstream_error(client, 502, str(e), "upstream_error")
+                await client.error(502, str(e), "upstream_error")
                 return
             finally:
                 watch.target = None
@@ -505,7 +521,7 @@ class Gateway:
         job: Job,
         answer: UpstreamAnswer,
         relay: Relay,
-        client: _ClientStream,
+        client: ClientStream,
         extra: list[tuple[bytes, bytes]],
     ) -> None:
         """Settle the job from the upstream's answer and complete the client's response."""
@@ -526,47 +542,12 @@ class Gateway:
             # the engine refused the request as sent (e.g. too long for the model): no work
             # done, and the client's mistake, not an upstream failure
             adm.fail(job.id, Reason.UPSTREAM_REJECTED, Usage(0, 0))
-            await respond(
-                send, answer.status, answer.body or b"", [(b"content-type", answer.content_type)]
-            )
+            await client.passthrough(answer.status, answer.body or b"", answer.content_type)
             return
         adm.fail(job.id, Reason.UPSTREAM_ERROR, Usage(0, 0))
         detail = (answer.body or b"")[:200].decode("utf-8", "replace")
-        await respond(
-            send,
-            502,
-            error_body(502, f"upstream answered {answer.status}: {detail}", "upstream_error"),
-        )
-
-    async def _upstream_error(
-        self, client: _ClientStream, status: int, message: str, code: str
-    ) -> None:
-        if client.started:
-            # the stream began: end it with an error event the client can read
-            await client.chunk(b"data: " + error_body(status, message, code) + b"\n\n")
-            await client.end()
-        else:
-            await respond(client.send, status, error_body(status, message, code))
-
-
-class _ClientStream:
-    """The client side of a streamed answer: one start, then chunks, then the end."""
-
-    __slots__ = ("send", "started")
-
-    def __init__(self, send: Send) -> None:
-        self.send = send
-        self.started = False
-
-    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
-        self.started = True
-        await self.send({"type": "http.response.start", "status": status, "headers": headers})
-
-    async def chunk(self, data: bytes) -> None:
-        await self.send({"type": "http.response.body", "body": data, "more_body": True})
-
-    async def end(self) -> None:
-        await self.send({"type": "http.response.body", "body": b"", "more_body": False})
+        msg = f"upstream answered {answer.status}: {detail}"
+        await client.error(502, msg, "upstream_error")
 
 
 class _Watch:

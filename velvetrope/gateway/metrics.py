@@ -174,9 +174,24 @@ class GatewayMetrics:
         )
         self.store_calls = Histogram(
             "velvetrope_state_call_seconds",
-            "Latency of calls to shared state (Redis), by operation.",
+            "Latency of calls to shared state (Redis) as a request waits for them, by "
+            "operation; op=round_trip: one pipelined round trip on the wire.",
             ["op"],
-            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1),
+            buckets=(
+                0.0001,
+                0.00025,
+                0.0005,
+                0.001,
+                0.0025,
+                0.005,
+                0.01,
+                0.025,
+                0.05,
+                0.1,
+                0.25,
+                0.5,
+                1.0,
+            ),
             registry=self.registry,
         )
         self._store_children: dict[str, Any] = {}

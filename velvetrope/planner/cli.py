@@ -5,6 +5,8 @@ Registered in :mod:`velvetrope.cli` as ``app.command("plan")(plan_command)``::
     velvetrope plan --profile llama3-70b-4xh100 --trace azure_conv --peak-rps 50 \\
         --slo-p99 4s --tier interactive
     velvetrope plan --workload workload.yaml --json --plot plan.png --verify
+    velvetrope plan --worker-rps 12 --peak-rps 50 --tier interactive        # no profile
+    velvetrope plan --worker-tps 24000 --trace azure_conv --concurrency 32  # tokens/s
 
 The output explains every number in one line; ``--json`` prints the same plan as JSON
 (:func:`velvetrope.planner.sizing.plan_to_dict`, plus ``verify`` rows when asked).  Errors
@@ -25,9 +27,11 @@ import typer
 from velvetrope.errors import PolicyError, VelvetropeError
 
 if TYPE_CHECKING:
+    from velvetrope.planner.measured import MeasuredPlan
     from velvetrope.planner.predict import Metric
     from velvetrope.planner.sizing import Plan
     from velvetrope.planner.verify import VerifyRow
+    from velvetrope.planner.workload import PlanWorkload
 
 __all__ = ["format_plan", "parse_duration", "plan_command"]
 
@@ -72,7 +76,8 @@ def _bucket(refill_tps: float, capacity: float) -> str:
 
 def format_plan(plan: Plan) -> list[str]:
     """The human-readable plan, one number per line with the reason for it."""
-    from velvetrope.planner.sizing import KNEE_FRACTION, RULE_OF_THUMB_FRACTION
+    from velvetrope.planner.rules import RULE_OF_THUMB_FRACTION, SEED_KEDA_WAITING
+    from velvetrope.planner.sizing import KNEE_FRACTION
 
     w, c, at = plan.workload, plan.curve, plan.at
     slo = plan.slo
@@ -90,9 +95,21 @@ def format_plan(plan: Plan) -> list[str]:
         f"p50 {_n(w.output_p50)} / p99 {_n(w.output_p99)} tokens; {_n(plan.tokens_per_request)} "
         f"tokens per request on average ({w.source})"
     )
+    whole = (
+        ""
+        if w.whole_trace_scv is None
+        else f" inside minutes, {w.whole_trace_scv:.3g} over the whole trace"
+    )
+    if w.arrival_pattern is not None:
+        how = (
+            "the queue wait replays the arrivals at the design rate through the "
+            f"{plan.max_in_flight} slots, each held R({k}) = {_s(c.residence(k))} (G/D/c)"
+        )
+    else:
+        how = "the Allen–Cunneen factor on the queue wait is their mean"
     add(
-        f"  variability       C_a² {w.arrival_scv:.3g} (inter-arrival), C_s² {c.mix.work_scv:.3g} "
-        "(iterations per request): the Allen–Cunneen factor on the queue wait is their mean"
+        f"  variability       C_a² {w.arrival_scv:.3g} (inter-arrival{whole}), C_s² "
+        f"{c.mix.work_scv:.3g} (iterations per request): {how}"
     )
     add("")
     method = {
@@ -174,6 +191,13 @@ def format_plan(plan: Plan) -> list[str]:
         f"{_s(plan.wait_budget_s)} / {_s(at.service_mean_s)}⌋: a request deeper than this could "
         f"not start within the {_s(plan.wait_budget_s)} left for waiting"
     )
+    add(
+        f"    rule of thumb   {plan.rule_queue_bound_pool} in the pool "
+        f"({plan.rule_queue_bound_per_replica} per replica) — the seed's (L/S) × concurrency × "
+        f"1.5 = ({_s(slo.p99_s)} / {_s(at.service_mean_s)}) × {plan.max_in_flight} × 1.5, the "
+        "1.5 a cushion for long-tailed latencies: deeper, so fewer 503s but some admitted "
+        "requests start too late for the SLO"
+    )
     per_gpu = plan.per_replica_rps * plan.tokens_per_request / plan.gpus_per_replica
     for b in plan.buckets:
         add(f"  bucket {b.tenant!r} (share {b.share:.2f}), tokens = prompt + output:")
@@ -192,6 +216,15 @@ def format_plan(plan: Plan) -> list[str]:
         f"  KEDA threshold    {plan.keda_threshold} queued per replica (minReplicaCount {n}) — "
         f"scale out when the backlog would take half of the {_s(max(plan.wait_budget_s, 0.0))} "
         f"wait budget to drain at {_n(plan.per_replica_rps)} req/s per replica"
+    )
+    drain = SEED_KEDA_WAITING / c.max_throughput_rps
+    add(
+        f"    seed's rule     {plan.seed_keda_threshold} queued per replica — the seed scales at "
+        f"{SEED_KEDA_WAITING} on vllm:num_requests_waiting, but behind the gateway engines "
+        "hardly queue (dispatch goes only into free slots), so scale on the gateway's "
+        f"velvetrope_queue_depth: {SEED_KEDA_WAITING} waiting at a saturated engine drain in "
+        f"{_s(drain)} at {_n(c.max_throughput_rps)} req/s, as {plan.seed_keda_threshold} do at "
+        f"{_n(plan.per_replica_rps)} req/s"
     )
     out[1:1] = [f"warning: {w}" for w in plan.warnings]
     return out
@@ -217,10 +250,71 @@ def _verify_dict(rows: list[VerifyRow]) -> list[dict[str, Any]]:
     return out
 
 
+def _measured_plan(
+    *,
+    worker_rps: float | None,
+    worker_tps: float | None,
+    tokens_per_request: float | None,
+    peak_rps: float | None,
+    wl: PlanWorkload | None,
+    tier: str,
+    rho: float | None,
+    concurrency: int | None,
+    slo_p99: str | None,
+    slo_metric: Metric,
+) -> MeasuredPlan:
+    """``plan --worker-rps/--worker-tps``: the measured-throughput planner's inputs resolved."""
+    from velvetrope.planner.measured import plan_from_throughput
+    from velvetrope.planner.sizing import TIER_RHO, P99Target
+
+    if (worker_rps is None) == (worker_tps is None):
+        raise PolicyError("give one of --worker-rps and --worker-tps, not both")
+    if peak_rps is not None:
+        lam, lam_origin = peak_rps, "given with --peak-rps"
+    elif wl is not None:
+        lam, lam_origin = wl.design_rps, wl.design_rate_origin
+    else:
+        raise PolicyError("give --peak-rps (or a --trace or --workload to take it from)")
+    if worker_rps is not None:
+        x, x_origin = worker_rps, "measured, given with --worker-rps"
+    else:
+        assert worker_tps is not None
+        if not (math.isfinite(worker_tps) and worker_tps > 0):
+            raise PolicyError(f"--worker-tps must be > 0 (got {worker_tps!r})")
+        if tokens_per_request is not None:
+            tok, tok_origin = tokens_per_request, "--tokens-per-request"
+        elif wl is not None:
+            tok, tok_origin = wl.mean_tokens, f"the mean prompt + output of {wl.source}"
+        else:
+            raise PolicyError("--worker-tps needs --tokens-per-request (or a --trace/--workload)")
+        if not (math.isfinite(tok) and tok > 0):
+            raise PolicyError(f"--tokens-per-request must be > 0 (got {tok!r})")
+        x = worker_tps / tok
+        x_origin = (
+            f"measured {_n(worker_tps)} tok/s per worker (--worker-tps) / {_n(tok)} tokens per "
+            f"request ({tok_origin})"
+        )
+    if rho is None:
+        if tier not in TIER_RHO:
+            raise PolicyError(f"no default utilisation for tier {tier!r}; give --rho")
+        rho = TIER_RHO[tier]
+    bound = slo_p99 if slo_p99 is not None else None
+    if bound is None and concurrency is not None:
+        bound = _DEFAULT_SLO.get(tier)
+    slo = None if bound is None else P99Target(slo_metric, parse_duration(bound))
+    arrivals = "Poisson arrivals" if wl is None else f"the arrivals of {wl.source}"
+    return plan_from_throughput(
+        lam, x, rho_target=rho, tier=tier, design_rate_origin=lam_origin,
+        per_worker_origin=x_origin, concurrency=concurrency, slo=slo,
+        arrival_pattern=None if wl is None else wl.arrival_pattern, arrivals=arrivals,
+    )  # fmt: skip
+
+
 def plan_command(
     profile: Annotated[
-        str, typer.Option(help="Engine profile: a built-in name or a YAML file.")
-    ] = "llama3-8b-h100",
+        str | None,
+        typer.Option(help="Engine profile: a built-in name or a YAML file [llama3-8b-h100]."),
+    ] = None,
     trace: Annotated[
         str | None,
         typer.Option(help="Size for a trace: azure_conv, azure_code, or a .csv/.jsonl file."),
@@ -269,15 +363,50 @@ def plan_command(
         int, typer.Option(min=100, help="Requests per --verify run.")
     ] = 20_000,
     seed: Annotated[int, typer.Option(min=0, help="Seed of --verify's workload.")] = 0,
+    worker_rps: Annotated[
+        float | None,
+        typer.Option(help="Measured req/s per worker: no engine profile needed."),
+    ] = None,
+    worker_tps: Annotated[
+        float | None,
+        typer.Option(help="Measured tokens/s per worker (prompt + output)."),
+    ] = None,
+    tokens_per_request: Annotated[
+        float | None,
+        typer.Option(help="Mean prompt + output tokens, to turn --worker-tps into req/s."),
+    ] = None,
+    spec_tokens: Annotated[
+        int, typer.Option(min=0, help="Speculative decoding: draft tokens per step (0: off).")
+    ] = 0,
+    spec_acceptance: Annotated[
+        float, typer.Option(help="Speculative decoding: per-token acceptance rate.")
+    ] = 0.7,
+    spec_draft_ms: Annotated[
+        float, typer.Option(help="Speculative decoding: draft model ms per draft token.")
+    ] = 0.0,
+    prefix_hit_rate: Annotated[
+        float, typer.Option(help="Share of prompt tokens served from the prefix cache.")
+    ] = 0.0,
 ) -> None:
-    """Size a fleet for a workload and an SLO, and derive the admission settings."""
+    """Size a fleet for a workload and an SLO, and derive the admission settings.
+
+    With --worker-rps or --worker-tps (a measured throughput per worker) no engine profile
+    is needed: the seed's utilisation rule, and with --concurrency the queue wait."""
     from velvetrope.engine import load_profile
+    from velvetrope.planner.engine_options import (
+        describe,
+        prefix_caching_profile,
+        with_speculation,
+    )
     from velvetrope.planner.service import analytic_service_curve, measure_service_curve
     from velvetrope.planner.sizing import P99Target, make_plan, plan_to_dict
     from velvetrope.planner.workload import load_workload, workload_from_trace
 
+    measured = worker_rps is not None or worker_tps is not None
     try:
-        if (trace is None) == (workload is None):
+        if trace is not None and workload is not None:
+            raise PolicyError("give exactly one of --trace and --workload")
+        if trace is None and workload is None and not measured:
             raise PolicyError("give exactly one of --trace and --workload")
         if slo_metric not in ("wait", "ttft", "e2e"):
             raise PolicyError(f"--slo-metric must be wait, ttft or e2e (got {slo_metric!r})")
@@ -285,26 +414,77 @@ def plan_command(
             raise PolicyError(
                 f"--service-model must be closed-loop or analytic (got {service_model!r})"
             )
-        prof = load_profile(profile)
+        if measured:
+            given = [
+                name
+                for name, v in (
+                    ("--profile", profile), ("--verify", verify or None), ("--plot", plot),
+                    ("--gpus-per-replica", gpus_per_replica),
+                )
+                if v is not None
+            ]  # fmt: skip
+            if given:
+                raise PolicyError(f"{', '.join(given)} need an engine model, not --worker-rps/tps")
+        elif tokens_per_request is not None:
+            raise PolicyError("--tokens-per-request goes with --worker-tps")
+        wl: PlanWorkload | None = None
+        features: str | None = None
+        if not measured:
+            base = load_profile(profile if profile is not None else "llama3-8b-h100")
+            prof = with_speculation(base, spec_tokens, spec_acceptance, spec_draft_ms)
+            prof = prefix_caching_profile(prof, prefix_hit_rate)
+            features = describe(prof, prefix_hit_rate)
+            if features and service_model != "closed-loop":
+                raise PolicyError("speculation and prefix caching need --service-model closed-loop")
+            if verify and prefix_hit_rate > 0:
+                raise PolicyError(
+                    "--verify does not simulate shared prefixes; drop --prefix-hit-rate"
+                )
         if trace is not None:
             wl = workload_from_trace(trace, design_rps=peak_rps)
-        else:
-            assert workload is not None
+        elif workload is not None:
             wl = load_workload(workload)
             if peak_rps is not None:
                 origin = f"given with --peak-rps ({workload} says {wl.design_rps:g} req/s)"
                 wl = wl.with_design_rate(peak_rps, origin)
-        bound = slo_p99 if slo_p99 is not None else _DEFAULT_SLO.get(tier)
-        if bound is None:
-            raise PolicyError(f"give --slo-p99 (no default for tier {tier!r})")
         metric: Metric = (
             "wait" if slo_metric == "wait" else "ttft" if slo_metric == "ttft" else "e2e"
         )
+        if measured:
+            mplan = _measured_plan(
+                worker_rps=worker_rps, worker_tps=worker_tps,
+                tokens_per_request=tokens_per_request, peak_rps=peak_rps, wl=wl, tier=tier,
+                rho=rho, concurrency=concurrency, slo_p99=slo_p99, slo_metric=metric,
+            )  # fmt: skip
+        else:
+            assert wl is not None
+    except (VelvetropeError, OSError) as exc:
+        typer.echo(f"velvetrope plan: error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if measured:
+        from velvetrope.planner.measured import format_measured_plan, measured_plan_to_dict
+
+        if json_out:
+            typer.echo(json.dumps(measured_plan_to_dict(mplan), indent=2, allow_nan=False))
+        else:
+            for line in format_measured_plan(mplan):
+                typer.echo(line)
+        return
+    assert wl is not None
+    full: PlanWorkload = wl
+    try:
+        bound = slo_p99 if slo_p99 is not None else _DEFAULT_SLO.get(tier)
+        if bound is None:
+            raise PolicyError(f"give --slo-p99 (no default for tier {tier!r})")
         slo = P99Target(metric, parse_duration(bound))
-        build = measure_service_curve if service_model == "closed-loop" else analytic_service_curve
-        curve = build(prof, wl.prompt, wl.output)
+        if service_model == "closed-loop":
+            curve = measure_service_curve(
+                prof, full.prompt, full.output, prefix_hit_rate=prefix_hit_rate
+            )
+        else:
+            curve = analytic_service_curve(prof, full.prompt, full.output)
         plan = make_plan(
-            wl, curve, slo, tier=tier, rho_target=rho, concurrency=concurrency,
+            full, curve, slo, tier=tier, rho_target=rho, concurrency=concurrency,
             gpus=gpus_per_replica,
         )  # fmt: skip
         rows: list[VerifyRow] | None = None
@@ -327,14 +507,18 @@ def plan_command(
             doc["verify"] = _verify_dict(rows)
         if written is not None:
             doc["plot"] = str(written)
+        if features:
+            doc["engine_features"] = features
         typer.echo(json.dumps(doc, indent=2, allow_nan=False))
         return
     for line in format_plan(plan):
         typer.echo(line)
+    if features:
+        typer.echo(f"engine features: {features}")
     if rows is not None:
         typer.echo("")
         typer.echo(
-            f"verify: simulated {verify_requests:,} requests at {_n(wl.design_rps)} req/s "
+            f"verify: simulated {verify_requests:,} requests at {_n(full.design_rps)} req/s "
             "(stationary, FCFS, first 10% left out) with the real admission core and batchers"
         )
         head = f"  {'replicas':<9} {'metric':<7} {'predicted p99':>14} {'simulated p99':>14}"

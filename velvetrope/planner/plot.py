@@ -32,14 +32,17 @@ def latency_curve(
     plan: Plan, metric: Metric, points: int = 60
 ) -> tuple[list[float], list[float], list[float]]:
     """``(rho, p50, p99)`` of ``metric`` at the plan's size for ``points`` loads in
-    0.02 … 0.98 (seconds; lists of equal length)."""
+    0.02 … 0.98 (seconds; lists of equal length), with the plan's arrival pattern."""
     n, k = plan.replicas, plan.concurrency
     full = n * plan.per_replica_rps
     rhos = [float(r) for r in np.linspace(0.02, 0.98, points)]
     p50: list[float] = []
     p99: list[float] = []
     for r in rhos:
-        p = predict(plan.curve, r * full, n, k, arrival_scv=plan.workload.arrival_scv)
+        w = plan.workload
+        p = predict(
+            plan.curve, r * full, n, k, arrival_scv=w.arrival_scv, arrival_pattern=w.arrival_pattern
+        )
         p50.append(p.quantile(metric, 0.5))
         p99.append(p.quantile(metric, 0.99))
     return rhos, p50, p99

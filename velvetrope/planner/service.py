@@ -334,14 +334,21 @@ _PHI = (math.sqrt(5.0) - 1.0) / 2.0
 
 
 def _closed_loop(
-    profile: EngineProfile, mix: LengthMix, offset: float, n: int, warmup: int, measure: int
+    profile: EngineProfile,
+    mix: LengthMix,
+    offset: float,
+    n: int,
+    warmup: int,
+    measure: int,
+    shared: float = 0.0,
 ) -> tuple[float, float, float]:
     """Throughput (req/s), mean step (s) and preemptions per request at concurrency ``n``.
 
     Draw ``k`` is the mix's request at quantile ``frac(offset + k·φ)`` of the work-sorted
     mix (a golden-ratio, low-discrepancy sequence): every window of consecutive draws has
     almost exactly the mix's length distribution, so a few hundred completions estimate
-    the throughput as well as tens of thousands drawn at random.
+    the throughput as well as tens of thousands drawn at random.  ``shared``: the share of
+    every prompt that is one common prefix (prefix caching, when the profile has it on).
     """
     b = Batcher(profile, token_events=False)
     by_work = np.argsort(mix.work, kind="stable")
@@ -353,7 +360,11 @@ def _closed_loop(
     def admit(now: float) -> None:
         nonlocal nxt
         i = int(((offset + nxt * _PHI) % 1.0) * size)
-        b.add(str(nxt), prompts[i], outputs[i], now)
+        if shared:
+            b.add(str(nxt), prompts[i], outputs[i], now, prefix_id="shared",
+                  prefix_tokens=int(shared * prompts[i]))  # fmt: skip
+        else:
+            b.add(str(nxt), prompts[i], outputs[i], now)
         nxt += 1
 
     now = 0.0
@@ -392,6 +403,7 @@ def measure_service_curve(
     completions_per_slot: int = 3,
     saturation_gain: float = 0.01,
     seed: int = 0,
+    prefix_hit_rate: float = 0.0,
 ) -> ServiceCurve:
     """Measure ``X(n)`` by running the batcher in a closed loop at each grid concurrency.
 
@@ -405,6 +417,9 @@ def measure_service_curve(
     engine is saturated there (KV cache or compute), larger ``n`` only queues inside it,
     and the curve is flat beyond the last point measured.  Deterministic.
     ``grid`` defaults to :func:`concurrency_grid` of ``max_num_seqs``.
+    ``prefix_hit_rate``: the first ``prefix_hit_rate`` of every prompt is one shared prefix
+    (served from the prefix cache when the profile enables it;
+    :mod:`velvetrope.planner.engine_options`).
     """
     mix = LengthMix.fit(prompt, output, profile)
     g = _check_grid(grid, profile)
@@ -425,6 +440,7 @@ def measure_service_curve(
             n,
             max(2 * n, 100),
             max(min_completions, completions_per_slot * n),
+            prefix_hit_rate,
         )
         ns.append(n)
         xs.append(x)

@@ -1,9 +1,9 @@
 """Sizing: the fewest replicas that meet an SLO, and the admission settings that go with them.
 
 Inputs: a :class:`~velvetrope.planner.workload.PlanWorkload` (design rate, length mix,
-``C_a²``, tenants), a :class:`~velvetrope.planner.service.ServiceCurve` for the engine, a
-:class:`P99Target` (a p99 bound on end-to-end latency, queue wait or time to first token)
-and a target utilisation ρ (by tier: :data:`TIER_RHO`, 0.6 interactive, 0.85 batch).
+arrival pattern, tenants), a :class:`~velvetrope.planner.service.ServiceCurve` for the engine, an
+:class:`P99Target` (a p99 bound on end-to-end latency, queue wait or time to first token) and a
+target utilisation ρ (by tier: :data:`TIER_RHO`, 0.6 interactive, 0.85 batch).
 
 The search (:func:`make_plan`)
 ------------------------------
@@ -11,8 +11,8 @@ For a per-replica concurrency ``K`` (the slots the admission core gives each rep
 ``ρ = λ/(N·X(K))`` is the design rate over the fleet's throughput with every slot busy.
 
 1. The utilisation bound gives ``N_ρ = ceil(λ/(X(K)·ρ_target))``
-   (:func:`replicas_for_utilisation` — the seed's rule: 50 req/s at 12 req/s per worker
-   and ρ = 0.6 is ``ceil(6.94) = 7``).
+   (:func:`~velvetrope.planner.rules.replicas_for_utilisation` — the seed's rule: 50 req/s
+   at 12 req/s per worker and ρ = 0.6 is ``ceil(6.94) = 7``).
 2. If the model (:func:`velvetrope.planner.predict.predict`) says ``N_ρ`` meets the SLO,
    that is the answer and *the ρ bound binds*; otherwise *the SLO binds*: ``N`` doubles
    until the SLO is met, then bisection finds the smallest such ``N``.  This relies on the
@@ -33,29 +33,45 @@ tighter SLO never needs fewer (the feasible sizes only shrink).
 
 Admission settings derived from the plan
 ----------------------------------------
-* **Queue bound per band** (:func:`queue_bound`): ``⌊c·W_b/S⌋`` where ``c = N·K`` slots,
-  ``S`` the mean service time at the design point and ``W_b`` the part of the p99 budget
-  ``L`` left for waiting (``L − S`` for an end-to-end SLO, ``L`` for a wait SLO,
-  ``L − mean first-token service`` for TTFT).  Derivation: with every slot busy, a slot
-  frees on average every ``S/c`` seconds (Little on the ``c`` slots), so the request at
-  position ``Q`` starts after ``Q·S/c``; it must start within ``W_b``.  A deeper queue only
-  holds requests that would miss the SLO anyway, so the band sheds them at the door (503
-  with ``Retry-After``) instead.  The seed's worked example (``S = 800 ms``, ``L = 4 s``,
-  concurrency 32) gives ``32·(4 − 0.8)/0.8 = 128`` by this rule, ``32·4/0.8 = 160`` if the
-  whole 4 s is a *wait* budget; the seed's "≈ 240" needs a 6 s drain (1.5 × L) and does not
-  follow from these three numbers (see :func:`queue_bound`).
+* **Queue bound per band** (:func:`~velvetrope.planner.rules.queue_bound`): ``⌊c·W_b/S⌋``
+  where ``c = N·K`` slots, ``S`` the mean service time at the design point and ``W_b`` the
+  part of the p99 budget ``L`` left for waiting (``L − S`` for an end-to-end SLO, ``L`` for
+  a wait SLO, ``L − mean first-token service`` for TTFT).  Derivation: with every slot busy,
+  a slot frees on average every ``S/c`` seconds (Little on the ``c`` slots), so the request
+  at position ``Q`` starts after ``Q·S/c``; it must start within ``W_b``.  A deeper queue
+  only holds requests that would miss the SLO anyway, so the band sheds them at the door
+  (503 with ``Retry-After``) instead.  The seed's worked example (``S = 800 ms``, ``L = 4
+  s``, concurrency 32) gives ``32·(4 − 0.8)/0.8 = 128`` by this rule, ``32·4/0.8 = 160`` if
+  the whole 4 s is a *wait* budget.
+* **The seed's rule of thumb** for the same bound
+  (:func:`~velvetrope.planner.rules.queue_depth_rule_of_thumb`), printed next to it:
+  ``⌊(L/S) × concurrency × 1.5⌋``, the 1.5 being the seed's cushion for long-tailed
+  latencies; its worked example gives ``(4/0.8) × 32 × 1.5 = 240``.  It is deeper than the
+  model's bound by ``1.5·L/W_b`` (1.9× in the example): it admits requests that, at the mean
+  service time, start after the SLO has passed, trading those misses for fewer 503s when
+  service times run short.
 * **Edge token bucket per tenant** (:class:`BucketSizing`), cost = prompt + output tokens:
   the seed's rule of thumb, refill ``= sustainable tok/s per GPU × GPUs × 0.7`` (the
   sustainable rate being ``X(K)·E[tokens]`` per replica) and capacity ``4 ×`` the refill
-  (four seconds of it); and the model's answer, refill ``= share × ρ_target·N·X(K)·E[tokens]``
-  (all tenants at their limits load the fleet exactly to the target ρ) and capacity
-  ``= min(queue bound, spare·W_b)·E[tokens]`` with ``spare = (1 − ρ)·N·X(K)`` — the
-  largest burst the fleet clears within the wait budget.
-* **KEDA threshold** on the gateway's queue depth (``averageValue`` per replica):
-  ``max(1, ⌊X(K)·W_b/2⌋)``: scale out once the backlog per replica would take half the
-  wait budget to drain, i.e. at half the queue bound, before requests start missing the
-  SLO.  Queue depth is zero most of the time at ρ ≤ 0.85, so ``minReplicaCount`` should be
-  the planned ``N``: KEDA then only adds replicas in a spike.
+  (four seconds of it); and the model's answer, refill ``= share ×
+  ρ_target·N·X(K)·E[tokens]`` (all tenants at their limits load the fleet exactly to the
+  target ρ) and capacity ``= min(queue bound, spare·W_b)·E[tokens]`` with ``spare = (1 −
+  ρ)·N·X(K)`` — the largest burst the fleet clears within the wait budget.
+* **KEDA threshold** on the gateway's queue depth (``averageValue`` per replica): ``max(1,
+  ⌊X(K)·W_b/2⌋)``: scale out once the backlog per replica would take half the wait budget to
+  drain, i.e. at half the queue bound, before requests start missing the SLO.  Queue depth
+  is zero most of the time at ρ ≤ 0.85, so ``minReplicaCount`` should be the planned ``N``:
+  KEDA then only adds replicas in a spike.
+* **The seed's KEDA threshold**, 8 on ``vllm:num_requests_waiting`` per engine
+  (:data:`~velvetrope.planner.rules.SEED_KEDA_WAITING`), does not carry over as a number on
+  the engines: behind the gateway an engine is sent at most ``K`` requests, and dispatch is
+  held while engines report a queue of their own (``gateway.saturation``), so their waiting
+  count stays near 0 and the backlog sits in ``velvetrope_queue_depth`` instead.  What
+  carries over is the backlog: 8 requests waiting at an engine that serves
+  ``X(max_num_seqs)`` req/s drain in ``8/X(max)``; the same drain time at ``X(K)`` is
+  ``max(1, round(8·X(K)/X(max)))`` queued per replica in the gateway
+  (:func:`~velvetrope.planner.rules.seed_keda_equivalent`), which the plan prints next to
+  its own threshold.
 
 Units: seconds, requests per second, tokens per second.
 """
@@ -69,15 +85,24 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
+from numpy.typing import NDArray
 
 from velvetrope.errors import PolicyError
 from velvetrope.planner.predict import Metric, Prediction, predict
+from velvetrope.planner.rules import (
+    RULE_OF_THUMB_BURST_S,
+    RULE_OF_THUMB_FRACTION,
+    SEED_KEDA_WAITING,
+    queue_bound,
+    queue_depth_rule_of_thumb,
+    replicas_for_utilisation,
+    rho_warning,
+    seed_keda_equivalent,
+)
 from velvetrope.planner.service import ServiceCurve
 from velvetrope.planner.workload import PlanWorkload
 
 __all__ = [
-    "RULE_OF_THUMB_BURST_S",
-    "RULE_OF_THUMB_FRACTION",
     "TIER_RHO",
     "BucketSizing",
     "P99Target",
@@ -86,8 +111,6 @@ __all__ = [
     "make_plan",
     "plan_to_dict",
     "plan_warnings",
-    "queue_bound",
-    "replicas_for_utilisation",
     "replicas_needed",
     "service_floor_p99",
 ]
@@ -95,17 +118,13 @@ __all__ = [
 TIER_RHO: Mapping[str, float] = {"interactive": 0.6, "batch": 0.85}
 """Default target utilisation by tier."""
 
-RULE_OF_THUMB_FRACTION = 0.7
-"""The seed's bucket refill: this fraction of the fleet's sustainable token rate."""
-
-RULE_OF_THUMB_BURST_S = 4.0
-"""The seed's bucket capacity: this many seconds of refill."""
-
 KNEE_FRACTION = 0.95
 """Concurrencies are searched up to the knee where ``X`` reaches this fraction of its max."""
 
 _P = 0.99
 _EPS = 1e-9
+
+FloatArray = NDArray[np.float64]
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,44 +142,6 @@ class P99Target:
 
     def __str__(self) -> str:
         return f"p99 {self.metric} <= {self.p99_s:g} s"
-
-
-def replicas_for_utilisation(peak_rps: float, per_replica_rps: float, rho: float) -> int:
-    """``ceil(peak / (per_replica × ρ))``: replicas so that the peak runs at ρ or below.
-
-    The seed's rule: 50 req/s at 12 req/s per worker and ρ = 0.6 gives 7.  A quotient
-    within 1e-9 of an integer counts as that integer (no extra replica for rounding noise).
-    """
-    lam, mu, r = float(peak_rps), float(per_replica_rps), float(rho)
-    for name, v in (("peak_rps", lam), ("per_replica_rps", mu)):
-        if not (math.isfinite(v) and v > 0):
-            raise PolicyError(f"{name} must be finite and > 0 (got {v!r})")
-    if not (0 < r < 1):
-        raise PolicyError(f"rho must be in (0, 1) (got {rho!r})")
-    return max(1, math.ceil(lam / (mu * r) - _EPS))
-
-
-def queue_bound(service_s: float, wait_budget_s: float, concurrency: int) -> int:
-    """``⌊concurrency · wait_budget / service⌋``: the deepest queue that still drains in time.
-
-    With ``concurrency`` slots busy and a mean service time ``service_s``, a slot frees
-    every ``service_s/concurrency`` seconds on average, so the request at position ``Q``
-    starts after ``Q·service_s/concurrency``.  Bounding ``Q`` by this value means every
-    admitted request can start within ``wait_budget_s``.  For an end-to-end p99 budget ``L``
-    pass ``wait_budget_s = L − S``: ``(L − S)/S × concurrency``.  The seed's example
-    ``S = 0.8, L = 4, concurrency 32`` gives 128 (160 if all 4 s may be spent waiting).
-    A budget ``<= 0`` gives 0: every request that cannot start at once would miss it.
-    """
-    s, w = float(service_s), float(wait_budget_s)
-    if not (math.isfinite(s) and s > 0):
-        raise PolicyError(f"service_s must be finite and > 0 (got {service_s!r})")
-    if not math.isfinite(w):
-        raise PolicyError(f"wait_budget_s must be finite (got {wait_budget_s!r})")
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-        raise PolicyError(f"concurrency must be an int >= 1 (got {concurrency!r})")
-    if w <= 0:
-        return 0
-    return math.floor(concurrency * w / s + _EPS)
 
 
 def gpus_per_replica(profile_name: str, description: str = "") -> int:
@@ -199,10 +180,12 @@ def replicas_needed(
     rho_target: float,
     *,
     arrival_scv: float = 1.0,
+    arrival_pattern: FloatArray | None = None,
     max_replicas: int = 10_000,
 ) -> tuple[int, int, Prediction]:
     """``(N, N_ρ, prediction at N)``: the fewest replicas at ``concurrency`` slots each that
-    meet ``slo`` with ``ρ <= rho_target`` (see the module docstring for the search)."""
+    meet ``slo`` with ``ρ <= rho_target`` (see the module docstring for the search).
+    ``arrival_scv`` and ``arrival_pattern`` go to :func:`~velvetrope.planner.predict.predict`."""
     x_k = curve.throughput(concurrency)
     n_rho = replicas_for_utilisation(arrival_rps, x_k, rho_target)
     floor = service_floor_p99(curve, slo.metric)
@@ -216,7 +199,10 @@ def replicas_needed(
         raise PolicyError(f"the utilisation bound alone needs {n_rho} > {max_replicas} replicas")
 
     def at(n: int) -> Prediction:
-        return predict(curve, arrival_rps, n, concurrency, arrival_scv=arrival_scv)
+        return predict(
+            curve, arrival_rps, n, concurrency, arrival_scv=arrival_scv,
+            arrival_pattern=arrival_pattern,
+        )  # fmt: skip
 
     first = at(n_rho)
     if first.p99(slo.metric) <= slo.p99_s:
@@ -279,7 +265,11 @@ class Plan:
         wait_budget_s: ``W_b``, the part of the p99 budget left for waiting.
         queue_bound_pool: the band's bound for the pool (``max_queued``);
         queue_bound_per_replica: the same per replica.
+        rule_queue_bound_pool, rule_queue_bound_per_replica: the seed's rule of thumb for
+            the same bounds (:func:`queue_depth_rule_of_thumb` with ``L`` the SLO's p99).
         keda_threshold: queue depth per replica at which KEDA adds a replica.
+        seed_keda_threshold: the seed's 8 on ``vllm:num_requests_waiting`` as a gateway
+            queue depth per replica (:func:`seed_keda_equivalent`).
         warnings: where the model is known to be weak for these inputs (see
             :func:`plan_warnings`), one sentence each.
         buckets: per tenant, rule of thumb and model.
@@ -303,7 +293,10 @@ class Plan:
     wait_budget_s: float
     queue_bound_pool: int
     queue_bound_per_replica: int
+    rule_queue_bound_pool: int
+    rule_queue_bound_per_replica: int
     keda_threshold: int
+    seed_keda_threshold: int
     buckets: tuple[BucketSizing, ...]
     warnings: tuple[str, ...] = ()
 
@@ -319,26 +312,56 @@ class Plan:
 
 
 BURSTY_SCV = 2.0
-"""Above this inter-arrival ``C_a²`` the plan warns that its queue-wait model is optimistic."""
+"""Without an arrival pattern, above this ``C_a²`` the plan warns that its wait is optimistic."""
+
+BURST_FACTOR = 2.0
+"""With a pattern, arrivals count as bursty when this many times more requests wait than
+Poisson arrivals at the same load would make wait (and at least 1 % of them)."""
 
 
-def plan_warnings(workload: PlanWorkload, curve: ServiceCurve, concurrency: int) -> tuple[str, ...]:
-    """Sentences naming inputs for which the model is known to be weak.
+def plan_warnings(
+    workload: PlanWorkload,
+    curve: ServiceCurve,
+    concurrency: int,
+    at: Prediction | None = None,
+    slo: P99Target | None = None,
+    rho: float = 0.0,
+) -> tuple[str, ...]:
+    """Sentences naming inputs for which the model is known to be weak (measured against the
+    simulator; see :mod:`velvetrope.planner.predict` for the figures).
 
-    * ``C_a² > 2``: the Allen–Cunneen factor scales the conditional wait but keeps the
-      Poisson probability of waiting; with bursty arrivals (clumps of requests) arrivals
-      find the slots full far more often.  Measured with ``--verify`` on the code trace
-      (``C_a² ≈ 173``, Gamma renewal arrivals): p99 wait 0 s predicted, 7.9 s simulated.
+    * bursty arrivals (``at`` made from an arrival pattern, and the share of requests that
+      wait at least :data:`BURST_FACTOR` times the Poisson model's and 1 %): the waits are
+      replayed from the arrivals and hold, but the end-to-end p99 was measured up to 26 %
+      low on the code trace;
+    * no arrival pattern and ``C_a² > 2``: the Allen–Cunneen factor scales the conditional
+      wait but keeps the Poisson probability of waiting, so the wait is optimistic;
+    * an SLO on TTFT: the p99 TTFT was measured 8–27 % low on the conversation trace;
+    * a target ρ above 0.85 (:func:`rho_warning`), passed as ``rho``;
     * preemptions at the chosen concurrency: the engine recomputes work, the service
-      curve includes it but the spread of service times grows beyond the model's.
+      curve includes it but the spread of service times grows beyond the model's;
     * requests cut to fit ``max_model_len``: the plan sizes for the cut lengths.
     """
-    out: list[str] = []
-    if workload.arrival_scv > BURSTY_SCV:
+    out = [w for w in (rho_warning(rho),) if w]
+    if at is not None and at.stable and at.wait_sample.size:
+        poisson = predict(curve, at.arrival_rps, at.replicas, at.concurrency).p_wait
+        if at.p_wait >= max(0.01, BURST_FACTOR * poisson):
+            out.append(
+                f"arrivals come in bursts ({at.p_wait:.1%} of requests wait at "
+                f"{at.replicas} replicas, {poisson:.1%} would with Poisson arrivals): the "
+                "waits are replayed from the arrivals, but the end-to-end p99 of such "
+                "workloads was measured up to 26% low; check with --verify"
+            )
+    elif workload.arrival_pattern is None and workload.arrival_scv > BURSTY_SCV:
         out.append(
             f"arrivals are bursty (C_a² = {workload.arrival_scv:.3g} > {BURSTY_SCV:g}): the "
             "queue-wait prediction keeps the Poisson probability of waiting and is optimistic; "
             "check with --verify"
+        )
+    if slo is not None and slo.metric == "ttft":
+        out.append(
+            "the p99 time to first token was measured 8–27% below the simulator's on the "
+            "conversation trace; leave headroom or check with --verify"
         )
     # the grid point at or below the concurrency (past the grid: the last, saturated one)
     idx = int(np.searchsorted(curve.concurrency, concurrency, side="right")) - 1
@@ -394,6 +417,7 @@ def make_plan(
         raise PolicyError(f"rho must be in (0, 1) (got {rho_target!r})")
     lam = workload.design_rps
     scv = workload.arrival_scv
+    pattern = workload.arrival_pattern
     if concurrency is not None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise PolicyError(f"concurrency must be an int >= 1 (got {concurrency!r})")
@@ -407,8 +431,9 @@ def make_plan(
     for k in ks:
         try:
             n, n_rho, pred = replicas_needed(
-                curve, lam, k, slo, rho, arrival_scv=scv, max_replicas=max_replicas
-            )
+                curve, lam, k, slo, rho, arrival_scv=scv, arrival_pattern=pattern,
+                max_replicas=max_replicas,
+            )  # fmt: skip
         except PolicyError as exc:
             results.append((k, None))
             error = exc
@@ -421,7 +446,9 @@ def make_plan(
         assert error is not None
         raise error
     n, _, k, n_rho, at = best
-    one_fewer = predict(curve, lam, n - 1, k, arrival_scv=scv) if n > 1 else None
+    one_fewer = (
+        predict(curve, lam, n - 1, k, arrival_scv=scv, arrival_pattern=pattern) if n > 1 else None
+    )
     x_k = curve.throughput(k)
     mix = curve.mix
     tokens = mix.mean_tokens
@@ -429,6 +456,8 @@ def make_plan(
     qb_pool = queue_bound(at.service_mean_s, budget, n * k)
     qb_rep = queue_bound(at.service_mean_s, budget, k)
     keda = max(1, math.floor(x_k * max(budget, 0.0) / 2.0))
+    rule_pool = queue_depth_rule_of_thumb(slo.p99_s, at.service_mean_s, n * k)
+    rule_rep = queue_depth_rule_of_thumb(slo.p99_s, at.service_mean_s, k)
     prof = curve.profile
     gpr = gpus if gpus is not None else gpus_per_replica(prof.name, prof.description)
     if gpr < 1:
@@ -466,9 +495,12 @@ def make_plan(
         wait_budget_s=budget,
         queue_bound_pool=qb_pool,
         queue_bound_per_replica=qb_rep,
+        rule_queue_bound_pool=rule_pool,
+        rule_queue_bound_per_replica=rule_rep,
         keda_threshold=keda,
+        seed_keda_threshold=seed_keda_equivalent(x_k, curve.max_throughput_rps),
         buckets=buckets,
-        warnings=plan_warnings(workload, curve, k),
+        warnings=plan_warnings(workload, curve, k, at, slo, rho),
     )
 
 
@@ -519,6 +551,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             "design_rate_origin": w.design_rate_origin,
             "mean_rps": w.mean_rps,
             "arrival_scv": w.arrival_scv,
+            "arrival_scv_whole_trace": w.whole_trace_scv,
+            "wait_model": "gdc-replay" if w.arrival_pattern is not None else "allen-cunneen",
             "prompt_tokens": {"p50": w.prompt_p50, "p99": w.prompt_p99},
             "output_tokens": {"p50": w.output_p50, "p99": w.output_p99},
             "tier": plan.tier,
@@ -556,6 +590,11 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
             "wait_budget_s": plan.wait_budget_s,
             "bound_pool": plan.queue_bound_pool,
             "bound_per_replica": plan.queue_bound_per_replica,
+            "rule_of_thumb": {
+                "bound_pool": plan.rule_queue_bound_pool,
+                "bound_per_replica": plan.rule_queue_bound_per_replica,
+                "formula": "(L/S) * concurrency * 1.5",
+            },
         },
         "buckets": [
             {
@@ -576,6 +615,10 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "keda": {
             "metric": "queue depth (requests queued in the gateway)",
             "threshold_per_replica": plan.keda_threshold,
+            "seed_rule": {
+                "vllm_num_requests_waiting": SEED_KEDA_WAITING,
+                "gateway_queue_depth_per_replica": plan.seed_keda_threshold,
+            },
             "min_replicas": plan.replicas,
         },
     }

@@ -8,15 +8,19 @@ the p99 of queue wait, time to first token and end-to-end latency with the model
 What is simulated, and why
 --------------------------
 The model predicts a *stationary* operating point (:mod:`velvetrope.planner.predict`), so
-the check replays one: arrivals at ``design_rps`` (Poisson when ``C_a² = 1``, else a Gamma
-renewal process with the workload's inter-arrival CV, deterministic when ``C_a² = 0``),
-each request's (prompt, output) drawn from the workload's length mix as fitted to the
-engine (:class:`~velvetrope.planner.service.LengthMix`).  The policy is the one the model
-assumes: the ``fifo`` preset (FCFS, one band, no fairness), one pool with
-``max_in_flight = N·K``, an unbounded queue, no shedding and no buckets, least-loaded
-routing.  The first ``warmup`` fraction of requests (by arrival) is left out of the
-percentiles, so the empty start does not flatter the simulated fleet.  Deterministic for a
-given seed.
+the check replays one: the workload's arrival pattern at ``design_rps`` — for a trace its
+own arrivals, every minute at the design rate; for a workload file the seeded Poisson or
+Gamma-renewal sample (:mod:`velvetrope.planner.workload`) — repeated as often as the
+request count needs (without a pattern: Poisson when ``C_a² = 1``, else a Gamma renewal
+process with the workload's inter-arrival CV, deterministic when ``C_a² = 0``), each
+request's (prompt, output) drawn independently from the workload's length mix as fitted to
+the engine (:class:`~velvetrope.planner.service.LengthMix`).  The model sees the same
+arrivals, so the check tests the fleet model (slots, service, waits), not the arrivals.
+The policy is the one the model assumes: the ``fifo`` preset (FCFS, one band, no
+fairness), one pool with ``max_in_flight = N·K``, an unbounded queue, no shedding and no
+buckets, least-loaded routing.  The first ``warmup`` fraction of requests (by arrival) is
+left out of the percentiles, so the empty start does not flatter the simulated fleet.
+Deterministic for a given seed.
 """
 
 from __future__ import annotations
@@ -48,14 +52,27 @@ FloatArray = NDArray[np.float64]
 
 
 def stationary_workload(
-    curve: ServiceCurve, rate_rps: float, arrival_scv: float, requests: int, seed: int
+    curve: ServiceCurve,
+    rate_rps: float,
+    arrival_scv: float,
+    requests: int,
+    seed: int,
+    *,
+    pattern: FloatArray | None = None,
 ) -> list[TraceRequest]:
-    """``requests`` arrivals at ``rate_rps`` with inter-arrival SCV ``arrival_scv`` and
-    lengths drawn (seeded) from ``curve``'s fitted mix (see the module docstring)."""
+    """``requests`` arrivals at ``rate_rps`` with lengths drawn (seeded) from ``curve``'s
+    fitted mix (see the module docstring).
+
+    The arrival times are ``pattern`` (a workload's arrival pattern at 1 req/s) divided by
+    the rate, repeated end to end as often as ``requests`` needs; without a pattern, a
+    renewal process with inter-arrival SCV ``arrival_scv`` seeded by ``seed``.
+    """
     if requests < 1:
         raise PolicyError(f"requests must be >= 1 (got {requests})")
     cv = math.sqrt(max(arrival_scv, 0.0))
-    if cv == 0.0:
+    if pattern is not None:
+        times = _tiled(np.asarray(pattern, dtype=np.float64), requests) / rate_rps
+    elif cv == 0.0:
         times = Deterministic(rate_rps).times(seed, count=requests)
     elif abs(cv - 1.0) < 1e-9:
         times = Poisson(rate_rps).times(seed, count=requests)
@@ -66,6 +83,16 @@ def stationary_workload(
     prompts = curve.mix.prompt[idx].tolist()
     outputs = curve.mix.output[idx].tolist()
     return [TraceRequest(t, p, o) for t, p, o in zip(times.tolist(), prompts, outputs, strict=True)]
+
+
+def _tiled(pattern: FloatArray, count: int) -> FloatArray:
+    """The first ``count`` times of ``pattern`` repeated end to end, each copy starting one
+    mean gap after the previous one ends."""
+    span = float(pattern[-1] - pattern[0]) * len(pattern) / max(len(pattern) - 1, 1)
+    reps = -(-count // len(pattern))
+    base = pattern - pattern[0]
+    out = (base[None, :] + span * np.arange(reps)[:, None]).ravel()[:count]
+    return np.asarray(out, dtype=np.float64)
 
 
 def fifo_policy(max_in_flight: int, max_queued: int) -> PolicyConfig:
@@ -152,8 +179,9 @@ def verify_plan(
     See the module docstring for what is replayed.  Returns one row per size, recommended
     size first.
     """
+    w = plan.workload
     wl = stationary_workload(
-        plan.curve, plan.workload.design_rps, plan.workload.arrival_scv, requests, seed
+        plan.curve, w.design_rps, w.arrival_scv, requests, seed, pattern=w.arrival_pattern
     )
     rows = []
     for n in (plan.replicas, plan.replicas - 1):
@@ -167,7 +195,8 @@ def verify_plan(
                 plan.workload.design_rps,
                 n,
                 plan.concurrency,
-                arrival_scv=plan.workload.arrival_scv,
+                arrival_scv=w.arrival_scv,
+                arrival_pattern=w.arrival_pattern,
             )
         )
         sim = simulate_fleet(plan.curve, wl, n, plan.concurrency, warmup=warmup, seed=seed)

@@ -23,6 +23,18 @@ A :class:`PlanWorkload` comes from one of two places:
   (:meth:`velvetrope.sim.LogNormal.from_percentiles`), prompt and output independently,
   with a fixed seed: the same file always gives the same mix.
 
+**The arrival pattern.**  How requests bunch up decides how long they wait, and the rate
+and ``C_a²`` alone do not say it: arrival processes with the code trace's two numbers but
+other gap distributions (hyperexponential, Gamma, batches) wait far less or far more than
+its own arrivals do on the same fleet.  So a workload carries its arrivals, as a *pattern*
+at a mean rate of one request per second (:attr:`PlanWorkload.arrival_pattern`), which the
+queueing model replays at the design rate (:func:`velvetrope.planner.predict.predict`).
+For a trace it is the trace's own arrivals, each whole minute stretched or squeezed to the
+same rate (:func:`arrival_pattern`): the design rate already covers the changes from minute
+to minute, and the pattern keeps the bursts inside each minute.  For a YAML file it is a
+seeded sample of :data:`PATTERN_SIZE` arrivals: Poisson for ``arrival_cv: 1``, Gamma-renewal
+gaps with that CV otherwise, evenly spaced for 0.
+
 **The design rate is the p99 of the one-minute arrival rate, not the mean.**  Traffic that
 averages 5.5 req/s spends some minutes at 8: a fleet sized on the mean runs those minutes
 at ρ ≥ 1 and its queue grows for the whole minute, far beyond anything a stationary formula
@@ -61,13 +73,25 @@ from pydantic import (
 )
 
 from velvetrope.errors import ConfigError, PolicyError
-from velvetrope.sim import BUILTIN_TRACES, LogNormal, TraceRequest, load_trace, trace_stats
+from velvetrope.sim import (
+    BUILTIN_TRACES,
+    Deterministic,
+    GammaRenewal,
+    LogNormal,
+    Poisson,
+    TraceRequest,
+    load_trace,
+    trace_stats,
+)
 
 __all__ = [
     "MINUTE_S",
+    "PATTERN_SIZE",
     "YAML_SAMPLE_SIZE",
     "PlanWorkload",
     "Tenant",
+    "arrival_pattern",
+    "gap_scv",
     "load_workload",
     "one_minute_rates",
     "parse_workload",
@@ -80,9 +104,13 @@ MINUTE_S = 60.0
 YAML_SAMPLE_SIZE = 8192
 """Length pairs drawn from a YAML workload's lognormals (seeded; see :func:`parse_workload`)."""
 
+PATTERN_SIZE = 20_000
+"""Arrivals in the seeded pattern of a YAML workload (see :func:`parse_workload`)."""
+
 _YAML_SEED = 20231116
 
 IntArray = NDArray[np.int64]
+FloatArray = NDArray[np.float64]
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,14 +132,21 @@ class PlanWorkload:
             replaced by :meth:`with_design_rate`.
         design_rate_origin: one line saying where ``design_rps`` came from.
         mean_rps: the long-run mean rate (req/s), when known.
-        arrival_scv: ``C_a²``, the squared coefficient of variation of inter-arrival gaps
-            (1 for Poisson); used in the Allen–Cunneen correction of the wait.
+        arrival_scv: ``C_a²``, the squared coefficient of variation of the gaps of
+            ``arrival_pattern`` (1 for Poisson): for a trace, the gaps inside each minute at
+            a common rate; reported, and used by the Allen–Cunneen wait when there is no
+            pattern.
         prompt: prompt lengths of the length mix (tokens, each >= 1, read-only).
         output: output lengths of the length mix (tokens, each >= 0, read-only; aligned with
             ``prompt``).
         prompt_p50, prompt_p99, output_p50, output_p99: percentiles of the source (for a
             YAML file, the values it states; for a trace, measured).
         tenants: the tenants and their shares, largest share first.
+        arrival_pattern: sorted arrival times (s) at a mean rate of 1 req/s, starting at 0,
+            read-only (see the module docstring), or ``None``: Poisson arrivals, modelled
+            in closed form.
+        whole_trace_scv: for a trace, ``C_a²`` of all its gaps, minute-to-minute rate changes
+            included (reported next to ``arrival_scv``); ``None`` otherwise.
     """
 
     name: str
@@ -127,6 +162,8 @@ class PlanWorkload:
     output_p50: float
     output_p99: float
     tenants: tuple[Tenant, ...]
+    arrival_pattern: FloatArray | None = None
+    whole_trace_scv: float | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.design_rps) and self.design_rps > 0):
@@ -141,6 +178,13 @@ class PlanWorkload:
             raise PolicyError("tenants must be non-empty with shares summing to 1")
         for a in (self.prompt, self.output):
             a.setflags(write=False)
+        pat = self.arrival_pattern
+        if pat is not None:
+            if pat.ndim != 1 or pat.size < 2 or not bool(np.all(np.isfinite(pat))):
+                raise PolicyError("arrival_pattern must be a 1-D array of >= 2 finite times")
+            if bool(np.any(np.diff(pat) < 0)):
+                raise PolicyError("arrival_pattern must be sorted")
+            pat.setflags(write=False)
 
     @property
     def mean_prompt(self) -> float:
@@ -190,6 +234,37 @@ def one_minute_rates(times: Sequence[float] | NDArray[np.float64]) -> NDArray[np
     return counts.astype(np.float64) / MINUTE_S
 
 
+def arrival_pattern(times: Sequence[float] | FloatArray) -> FloatArray:
+    """Sorted arrival ``times`` (s) as a pattern at a mean rate of 1 req/s, starting at 0.
+
+    Each whole minute ``[60k, 60(k+1))`` holding ``m >= 1`` arrivals becomes a stretch of
+    ``m`` seconds in which they keep their relative positions (empty minutes and a partial
+    last minute drop out), so every minute runs at the same rate and the bursts inside it
+    keep their shape.  Times spanning fewer than two whole minutes are scaled as a whole
+    (``n − 1`` gaps over ``n − 1`` seconds).  Needs at least two arrivals over a positive span.
+    """
+    t = np.asarray(times, dtype=np.float64)
+    if t.ndim != 1 or t.size < 2 or not float(t[-1] - t[0]) > 0:
+        raise PolicyError("an arrival pattern needs >= 2 sorted arrival times over a positive span")
+    rel = t - t[0]
+    k = int(rel[-1] // MINUTE_S)
+    if k < 2:
+        return np.asarray(rel * ((t.size - 1) / float(rel[-1])), dtype=np.float64)
+    rel = rel[rel < k * MINUTE_S]
+    minute = (rel // MINUTE_S).astype(np.int64)
+    counts = np.bincount(minute, minlength=k).astype(np.float64)
+    offset = np.concatenate(([0.0], np.cumsum(counts)[:-1]))
+    out = offset[minute] + (rel - minute * MINUTE_S) * (counts[minute] / MINUTE_S)
+    return np.asarray(out - out[0], dtype=np.float64)
+
+
+def gap_scv(times: FloatArray) -> float:
+    """``C_a²`` of the gaps between sorted ``times`` (variance / mean²)."""
+    gaps = np.diff(times)
+    m = float(gaps.mean())
+    return float(gaps.var()) / (m * m)
+
+
 def _tenants_of(requests: Sequence[TraceRequest]) -> tuple[Tenant, ...]:
     """Tenant shares by the prompt + output tokens each sent (what buckets charge)."""
     tokens: Counter[str] = Counter()
@@ -213,9 +288,10 @@ def workload_from_trace(
 
     ``requests`` (already loaded) skips reading ``source``, which is then only a label.
     The design rate is the p99 one-minute rate (:func:`one_minute_rates`) unless
-    ``design_rps`` is given (a trace shorter than two minutes needs it).  ``C_a²`` is the
-    square of :attr:`velvetrope.sim.TraceStats.interarrival_cv`; tenant shares are by
-    tokens sent.  Needs at least two requests over a positive span.
+    ``design_rps`` is given (a trace shorter than two minutes needs it).  ``C_a²`` is that
+    ``C_a²`` of the gaps of the arrival pattern (:func:`arrival_pattern`), the whole
+    trace's in ``whole_trace_scv``; tenant shares are by tokens sent.  Needs at least two
+    requests over a positive span.
     """
     reqs = list(requests) if requests is not None else load_trace(source)
     stats = trace_stats(reqs)  # raises PolicyError for < 2 requests or a zero span
@@ -236,13 +312,14 @@ def workload_from_trace(
         origin += ")"
     prompt = np.fromiter((r.prompt_tokens for r in reqs), dtype=np.int64, count=len(reqs))
     output = np.fromiter((r.output_tokens for r in reqs), dtype=np.int64, count=len(reqs))
+    pattern = arrival_pattern(np.fromiter((r.t for r in reqs), dtype=np.float64, count=len(reqs)))
     return PlanWorkload(
         name=label if label in BUILTIN_TRACES else Path(label).stem,
         source=f"trace {label}",
         design_rps=rps,
         design_rate_origin=origin,
         mean_rps=stats.mean_rps,
-        arrival_scv=stats.interarrival_cv**2,
+        arrival_scv=gap_scv(pattern),
         prompt=prompt,
         output=output,
         prompt_p50=stats.prompt_p50,
@@ -250,6 +327,8 @@ def workload_from_trace(
         output_p50=stats.output_p50,
         output_p99=stats.output_p99,
         tenants=_tenants_of(reqs),
+        arrival_pattern=pattern,
+        whole_trace_scv=stats.interarrival_cv**2,
     )
 
 
@@ -341,7 +420,9 @@ def parse_workload(text: str, source: str = "<workload>") -> PlanWorkload:
 
     The length mix is :data:`YAML_SAMPLE_SIZE` pairs drawn with a fixed seed from
     lognormals fitted to the stated p50/p99 (prompt and output independent, each >= 1).
-    ``arrival_cv`` (default 1) gives ``C_a² = arrival_cv²``.
+    ``arrival_cv`` (default 1) gives ``C_a² = arrival_cv²`` and the arrival pattern:
+    :data:`PATTERN_SIZE` seeded arrivals at 1 req/s, Poisson for a CV of 1, Gamma-renewal
+    for another positive CV, evenly spaced for 0.
     """
     try:
         data: Any = yaml.safe_load(text)
@@ -372,6 +453,9 @@ def parse_workload(text: str, source: str = "<workload>") -> PlanWorkload:
             for t in sorted(m.tenants, key=lambda t: (-t.share, t.name))
         )
     name = m.name if m.name is not None else Path(source).stem
+    cv = m.arrival_cv
+    process = Deterministic(1.0) if cv == 0 else Poisson(1.0) if cv == 1 else GammaRenewal(1.0, cv)
+    pattern = process.times(_YAML_SEED, count=PATTERN_SIZE)
     return PlanWorkload(
         name=name,
         source=f"file {source}",
@@ -386,6 +470,7 @@ def parse_workload(text: str, source: str = "<workload>") -> PlanWorkload:
         output_p50=m.output_tokens.p50,
         output_p99=m.output_tokens.p99,
         tenants=tenants,
+        arrival_pattern=pattern - pattern[0],
     )
 
 

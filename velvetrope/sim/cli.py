@@ -81,6 +81,12 @@ def simulate_command(
         str | None, typer.Option(help="Replay only START:END seconds of the trace.")
     ] = None,
     seed: Annotated[int, typer.Option(min=0, help="Seed: tenant mix, predictor, capacity.")] = 0,
+    system_prompt: Annotated[
+        int,
+        typer.Option(
+            min=0, help="Tokens of a system prompt per tenant, shared (turns prefix caching on)."
+        ),
+    ] = 0,
     out: Annotated[Path, typer.Option(help="Directory for the report and plots.")] = Path(
         "sim-report"
     ),
@@ -114,6 +120,11 @@ def simulate_command(
             window=parse_window(window) if window is not None else None,
         )
         prof = load_profile(profile)
+        if system_prompt:
+            from velvetrope.sim.prefixes import with_system_prompts
+
+            workload = with_system_prompts(workload, system_prompt)
+            prof = prof.with_overrides(enable_prefix_caching=True)
         base: dict[str, Any] = {
             "replicas": replicas,
             "load": load,

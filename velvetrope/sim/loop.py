@@ -220,6 +220,7 @@ def run_simulation(
             raise PolicyError(f"pool_of named unknown pool {exc.args[0]!r}") from None
     max_len = profile.max_model_len
     fits = [p + o <= max_len for p, o in zip(prompts, outputs, strict=True)]
+    shared = [(r.prefix_id, r.prefix_tokens) for r in workload]
     replica_of = [-1] * n
     jobs: list[Job | None] = [None] * n
 
@@ -278,7 +279,10 @@ def run_simulation(
             k = route(req_pool[idx])
             if runs[k] is not None:
                 settle(k, now, by)
-            batchers[k].add(job.id, prompts[idx], outputs[idx], now)
+            pid, ptok = shared[idx]
+            batchers[k].add(
+                job.id, prompts[idx], outputs[idx], now, prefix_id=pid, prefix_tokens=ptok
+            )
             load_[k] += 1
             replica_of[idx] = k
             if record_decisions:

@@ -21,7 +21,9 @@ request gets tenant ``"default"``, no tier and no ``max_tokens``; assign tenants
 Required keys: ``t`` (seconds, a finite number ``>= 0``), ``tenant`` (non-empty string),
 ``prompt_tokens`` (integer ``>= 1``), ``output_tokens`` (integer ``>= 0``); optional: ``tier``
 (non-empty string or null), ``max_tokens`` (integer ``>= output_tokens`` and ``>= 1``, or
-null).  Unknown or repeated keys and wrong types are errors.  ``t`` must be non-decreasing
+null), ``prefix_id`` (string or null) and ``prefix_tokens`` (integer ``<= prompt_tokens``:
+the shared prompt prefix of :class:`~velvetrope.sim.workload.TraceRequest`).  Unknown or
+repeated keys and wrong types are errors.  ``t`` must be non-decreasing
 from line to line: an unsorted JSONL file is *rejected*, not sorted, since it is the format
 we write (:func:`write_jsonl` always writes sorted output) and disorder there means a broken
 producer.  Times are kept as written (not rebased), so a write/read round trip is exact.
@@ -241,7 +243,7 @@ def read_azure_csv(path: PathLike) -> list[TraceRequest]:
 # --------------------------------------------------------------------------- JSONL
 
 _REQUIRED = frozenset({"t", "tenant", "prompt_tokens", "output_tokens"})
-_OPTIONAL = frozenset({"tier", "max_tokens"})
+_OPTIONAL = frozenset({"tier", "max_tokens", "prefix_id", "prefix_tokens"})
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -289,10 +291,17 @@ def _parse_record(obj: object) -> TraceRequest:
     max_tokens = obj.get("max_tokens")
     if max_tokens is not None and not _is_int(max_tokens):
         raise ValueError(f"'max_tokens' must be an integer or null, got {max_tokens!r}")
+    prefix_id = obj.get("prefix_id")
+    if prefix_id is not None and not isinstance(prefix_id, str):
+        raise ValueError(f"'prefix_id' must be a string or null, got {prefix_id!r}")
+    prefix_tokens = obj.get("prefix_tokens", 0)
+    if not _is_int(prefix_tokens):
+        raise ValueError(f"'prefix_tokens' must be an integer, got {prefix_tokens!r}")
     try:
         return TraceRequest(
-            t, obj["prompt_tokens"], obj["output_tokens"], obj["tenant"], tier, max_tokens
-        )
+            t, obj["prompt_tokens"], obj["output_tokens"], obj["tenant"], tier, max_tokens,
+            prefix_id, prefix_tokens,
+        )  # fmt: skip
     except PolicyError as e:
         raise ValueError(str(e)) from None
 
@@ -348,6 +357,9 @@ def _record(r: TraceRequest) -> dict[str, object]:
     obj["output_tokens"] = r.output_tokens
     if r.max_tokens is not None:
         obj["max_tokens"] = r.max_tokens
+    if r.prefix_id is not None:
+        obj["prefix_id"] = r.prefix_id
+        obj["prefix_tokens"] = r.prefix_tokens
     return obj
 
 

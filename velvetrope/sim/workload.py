@@ -110,6 +110,9 @@ class TraceRequest:
     ``max_tokens`` is the declared ``max_tokens`` (``None``: not declared); when declared it is
     ``>= 1`` and ``>= output_tokens``, since an engine stops at ``max_tokens``.  ``tenant`` is a
     non-empty name, ``tier`` a non-empty name or ``None`` (the tenant's configured tier).
+    ``prefix_id``/``prefix_tokens``: the first ``prefix_tokens`` prompt tokens are the shared
+    prefix ``prefix_id`` (a system prompt; reused by an engine with prefix caching);
+    ``0 <= prefix_tokens <= prompt_tokens``, and a positive count needs an id.
 
     Construction validates and normalises (numpy scalars become ``int``/``float``); a bad field
     raises :class:`~velvetrope.errors.PolicyError`.
@@ -121,6 +124,8 @@ class TraceRequest:
     tenant: str = "default"
     tier: str | None = None
     max_tokens: int | None = None
+    prefix_id: str | None = None
+    prefix_tokens: int = 0
 
     def __post_init__(self) -> None:
         t = self.t
@@ -145,6 +150,13 @@ class TraceRequest:
             if output > cap:
                 raise PolicyError(f"output_tokens ({output}) exceeds max_tokens ({cap})")
             object.__setattr__(self, "max_tokens", cap)
+        shared = _count("prefix_tokens", self.prefix_tokens, 0)
+        if shared > self.prompt_tokens or (shared and not self.prefix_id):
+            raise PolicyError(
+                f"prefix_tokens ({shared}) must be <= prompt_tokens ({self.prompt_tokens}) "
+                f"and need a non-empty prefix_id (got {self.prefix_id!r})"
+            )
+        object.__setattr__(self, "prefix_tokens", shared)
 
 
 def _columns(requests: Sequence[TraceRequest]) -> tuple[FloatArray, IntArray, IntArray]:

@@ -1,7 +1,11 @@
 """Shared state with a failure policy: per-call time budgets, a circuit breaker, a fallback.
 
 :class:`GuardedState` is what the gateway talks to when ``state.url`` is Redis.  Every call
-to Redis runs within ``call_timeout_s``; failures feed a :class:`CircuitBreaker`, so a dead
+to Redis runs within a budget: ``call_timeout_s`` plus a multiple of this process's own
+event-loop lag (measured every 50 ms, a decaying peak), because under load a reply waits
+for the loop as much as for Redis, and a budget that counts our own backlog as Redis's
+fault would trip the breaker exactly when shared limits matter most.  Failures feed a
+:class:`CircuitBreaker`, so a dead
 Redis costs no timeout per request once the breaker opened.  While Redis cannot be reached,
 ``on_store_error`` decides:
 
@@ -34,9 +38,10 @@ from redis.exceptions import RedisError
 from velvetrope.clock import Clock
 from velvetrope.core.bucket import Claim, Denial, Grant, MemoryBuckets, SettleLine, settle_lines
 from velvetrope.errors import StoreUnavailable
+from velvetrope.store.base import Slot
 from velvetrope.store.breaker import CircuitBreaker
 from velvetrope.store.outbox import Outbox
-from velvetrope.store.redis_store import RedisStore
+from velvetrope.store.redis_store import RedisStore, parse_admit, parse_lease, parse_reserve
 
 __all__ = ["GuardedState", "OnStoreError"]
 
@@ -87,8 +92,17 @@ class GuardedState:
         self._seen: dict[str, tuple[float, float]] = {}  # bucket -> (level, capacity) seen
         self._leases: dict[str, dict[str, int]] = {}  # pool -> job id -> tokens, in Redis
         self._local_leases: dict[str, set[str]] = {}  # pool -> job ids, fallback slots
-        self.outbox = Outbox(ready=self.breaker.allow, on_result=self._result)
+        self.outbox = Outbox(
+            ready=self.breaker.allow, on_result=self._result, timeout_s=lambda: self.budget_s * 4
+        )
         self._tasks: list[asyncio.Task[None]] = []
+        self.loop_lag_s = 0.0  # decaying peak of the event loop's lag
+        self.late = 0  # calls answered after the budget while Redis was answering
+        self._watch: list[tuple[float, asyncio.Future[Any]]] = []  # (deadline, call)
+        self._watchdog: asyncio.Task[None] | None = None
+        self.late_cap_s = 1.0
+        if observe_call is not None:
+            redis.observe_round_trips(lambda s: observe_call("round_trip", s))
 
     # -- plumbing ------------------------------------------------------------------
 
@@ -98,13 +112,24 @@ class GuardedState:
         else:
             self.breaker.failure()
 
-    async def _call(self, op: str, coro: Any) -> Any:
-        """Run one Redis call within the budget; record its latency; feed the breaker.
-        Raises :class:`StoreUnavailable` on any failure."""
+    async def _call(self, op: str, call: Any) -> Any:
+        """Wait for one Redis call (an awaitable of its raw reply) within the budget;
+        record its latency; feed the breaker.  A call still pending when the budget runs
+        out while Redis demonstrably answers others is this process's backlog, not Redis's:
+        it may wait up to ``late_cap_s`` more (counted in ``late``).  Raises
+        :class:`StoreUnavailable` on any failure.
+
+        A pipelined call is a plain future: the watchdog (one task, every few ms) fails it
+        when its time is up, so a call costs no timer of its own."""
         t0 = time.perf_counter()
         try:
-            async with asyncio.timeout(self.call_timeout_s):
-                out = await coro
+            if type(call) is asyncio.Future and self._watchdog is not None:
+                if not call.done():
+                    deadline = time.monotonic() + self.budget_s
+                    self._watch.append((deadline, call))
+                out = await call
+            else:
+                out = await self._wait_alone(call)
         except _FAILURES as e:
             self.breaker.failure()
             self._observe(op, time.perf_counter() - t0)
@@ -112,6 +137,48 @@ class GuardedState:
         self.breaker.success()
         self._observe(op, time.perf_counter() - t0)
         return out
+
+    async def _wait_alone(self, call: Any) -> Any:
+        """:meth:`_call`'s wait for a call the watchdog does not watch (a task on a
+        cluster, or before :meth:`start`)."""
+        fut = asyncio.ensure_future(call)
+        done, _ = await asyncio.wait((fut,), timeout=self.budget_s)
+        if not done and self.redis.answering(self.budget_s):
+            self.late += 1
+            done, _ = await asyncio.wait((fut,), timeout=self.late_cap_s)
+        if not done:
+            fut.cancel()
+            raise TimeoutError(f"no answer within {self.budget_s * 1000:.0f} ms")
+        return fut.result()
+
+    async def _watch_calls(self, period_s: float = 0.005) -> None:
+        """Fail watched calls whose time is up; give late ones (Redis answering others)
+        ``late_cap_s`` more."""
+        while True:
+            await asyncio.sleep(period_s)
+            watch = self._watch
+            if not watch:
+                continue
+            now = time.monotonic()
+            keep: list[tuple[float, asyncio.Future[Any]]] = []
+            for deadline, fut in watch:
+                if fut.done():
+                    continue
+                if now < deadline:
+                    keep.append((deadline, fut))
+                elif deadline > 0 and self.redis.answering(self.budget_s):
+                    self.late += 1
+                    keep.append((-(now + self.late_cap_s), fut))  # negative: already late
+                elif deadline < 0 and now < -deadline:
+                    keep.append((deadline, fut))
+                else:
+                    fut.set_exception(TimeoutError("no answer from Redis within the budget"))
+            self._watch = keep
+
+    @property
+    def budget_s(self) -> float:
+        """The time one call may take now: the configured budget plus 4x the loop lag."""
+        return self.call_timeout_s + 4.0 * self.loop_lag_s
 
     @property
     def up(self) -> bool:
@@ -129,9 +196,9 @@ class GuardedState:
         if not claims:
             return Grant(())
         if self.breaker.allow():
-            coro = self.redis.reserve(job_id, tenant, claims)
+            call = self.redis.send_reserve(job_id, tenant, claims)
             try:
-                res: Grant | Denial = await self._call("reserve", coro)
+                res = parse_reserve(claims, await self._call("reserve", call))
                 for snap in res.snapshots:
                     self._seen[snap.key] = (snap.remaining, snap.limit)
                 return res
@@ -139,6 +206,9 @@ class GuardedState:
                 # the answer was lost, not necessarily the reservation: undo it if it
                 # happened (settling a job without a hold changes nothing)
                 self._settle_remote(job_id, tenant, claims, settle_lines(claims, 0))
+        return self._reserve_locally(job_id, claims)
+
+    def _reserve_locally(self, job_id: str, claims: Sequence[Claim]) -> Grant | Denial:
         if self.on_store_error == "fail_closed":
             self.fallbacks["reserve_refused"] += 1
             raise self._unavailable("reserve")
@@ -149,6 +219,81 @@ class GuardedState:
             self._local_jobs.add(job_id)
             return Grant(tuple(claims), self.local.snapshots(res.claims, self.clock.now()))
         return res
+
+    async def admit(
+        self,
+        job_id: str,
+        tenant: str,
+        claims: Sequence[Claim],
+        slot: Slot,
+    ) -> tuple[Grant | Denial, bool]:
+        """Reserve and, if granted, take a fleet slot, in one round trip where Redis allows
+        (else two calls).  Returns the reservation and whether a slot was taken; a failure
+        falls back as :meth:`reserve` does (the slot is then left to :meth:`acquire`)."""
+        if not claims or not self.redis.combined:
+            res = await self.reserve(job_id, tenant, claims)
+            if isinstance(res, Denial):
+                return res, False
+            try:
+                return res, await self.acquire(job_id, slot)
+            except StoreUnavailable:
+                return res, False
+        if self.breaker.allow():
+            call = self.redis.send_admit(job_id, tenant, claims, slot)
+            try:
+                res, lease = parse_admit(claims, await self._call("reserve", call))
+            except StoreUnavailable:
+                self._finish_remote(job_id, tenant, claims, settle_lines(claims, 0), slot.pool)
+            else:
+                for snap in res.snapshots:
+                    self._seen[snap.key] = (snap.remaining, snap.limit)
+                if lease is not None and lease.granted:
+                    self._leases.setdefault(slot.pool, {})[job_id] = slot.tokens
+                    return res, True
+                return res, False
+        return self._reserve_locally(job_id, claims), False
+
+    def finish(
+        self,
+        job_id: str,
+        tenant: str,
+        claims: Sequence[Claim],
+        lines: Sequence[SettleLine],
+        pool: str | None,
+    ) -> None:
+        """A job ended: settle its lines and give back its slot in ``pool`` (if any), each
+        where it was taken; both Redis steps leave as one outbox entry where Redis allows."""
+        held = self._leases.get(pool) if pool is not None else None
+        remote_lease = held is not None and held.pop(job_id, None) is not None
+        if pool is not None and not remote_lease:
+            local = self._local_leases.get(pool)
+            if local is not None:
+                local.discard(job_id)
+        remote_settle = bool(lines) and job_id not in self._local_jobs
+        if not remote_settle and lines:
+            self.settle(job_id, tenant, claims, lines)
+        if remote_settle and remote_lease and pool is not None and self.redis.combined:
+            self._finish_remote(job_id, tenant, claims, lines, pool)
+            return
+        if remote_settle:
+            self._settle_remote(job_id, tenant, claims, lines)
+        if remote_lease and pool is not None:
+            self._release_remote(pool, job_id)
+
+    def _finish_remote(
+        self,
+        job_id: str,
+        tenant: str,
+        claims: Sequence[Claim],
+        lines: Sequence[SettleLine],
+        pool: str,
+    ) -> None:
+        claims_t, lines_t = tuple(claims), tuple(lines)
+
+        def send() -> Any:
+            return self.redis.send_finish(job_id, tenant, claims_t, lines_t, pool)
+
+        self.outbox.put(send)
 
     def settle(
         self, job_id: str, tenant: str, claims: Sequence[Claim], lines: Sequence[SettleLine]
@@ -166,36 +311,37 @@ class GuardedState:
         claims_t, lines_t = tuple(claims), tuple(lines)
 
         def send() -> Any:
-            return asyncio.wait_for(
-                self.redis.settle(job_id, tenant, claims_t, lines_t), self.call_timeout_s * 4
-            )
+            return self.redis.send_settle(job_id, tenant, claims_t, lines_t)
 
         self.outbox.put(send)
 
     # -- fleet slots ---------------------------------------------------------------------
 
-    async def acquire(
-        self, pool: str, job_id: str, tokens: int, max_in_flight: int, max_tokens: int | None
-    ) -> bool:
-        """Take a fleet-wide slot for ``job_id``: in Redis, or (fail_open) one of this
-        replica's 1/N share of local slots; fail_closed raises :class:`StoreUnavailable`."""
+    async def acquire(self, job_id: str, slot: Slot) -> bool:
+        """Take a fleet-wide slot for ``job_id`` (true at once if it holds one): in Redis, or
+        (fail_open) one of this replica's 1/N share of local slots; fail_closed raises
+        :class:`StoreUnavailable`."""
+        pool = slot.pool
+        mine = self._leases.get(pool)
+        if mine is not None and job_id in mine:
+            return True  # taken earlier (with the reservation)
         if self.breaker.allow():
-            coro = self.redis.acquire(pool, job_id, tokens, max_in_flight, max_tokens)
+            call = self.redis.send_acquire(job_id, slot)
             try:
-                ans = await self._call("acquire", coro)
+                ans = parse_lease(await self._call("acquire", call))
             except StoreUnavailable:
                 # the answer was lost, maybe not the lease: give it back if it was taken
                 self._release_remote(pool, job_id)
             else:
                 if ans.granted:
-                    self._leases.setdefault(pool, {})[job_id] = tokens
+                    self._leases.setdefault(pool, {})[job_id] = slot.tokens
                 return bool(ans.granted)
         if self.on_store_error == "fail_closed":
             self.fallbacks["lease_refused"] += 1
             raise self._unavailable("lease")
         self.fallbacks["lease_local"] += 1
         held = self._local_leases.setdefault(pool, set())
-        share = max(1, math.ceil(max_in_flight / max(1, self.replicas)))
+        share = max(1, math.ceil(slot.max_in_flight / max(1, self.replicas)))
         if len(held) >= share:
             return False
         held.add(job_id)
@@ -214,7 +360,7 @@ class GuardedState:
 
     def _release_remote(self, pool: str, job_id: str) -> None:
         def send() -> Any:
-            return asyncio.wait_for(self.redis.release(pool, [job_id]), self.call_timeout_s * 4)
+            return self.redis.send_release(pool, [job_id])
 
         self.outbox.put(send)
 
@@ -232,7 +378,13 @@ class GuardedState:
         """Start the outbox, the heartbeat (also the breaker's probe) and lease renewal."""
         loop = asyncio.get_running_loop()
         self.outbox.start()
-        self._tasks = [loop.create_task(self._beat()), loop.create_task(self._renew())]
+        self._watchdog = loop.create_task(self._watch_calls())
+        self._tasks = [
+            loop.create_task(self._beat()),
+            loop.create_task(self._renew()),
+            loop.create_task(self._watch_lag()),
+            self._watchdog,
+        ]
 
     async def stop(self, flush_s: float = 2.0) -> None:
         """Flush the outbox (bounded), stop background tasks, close the connection."""
@@ -244,6 +396,7 @@ class GuardedState:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks = []
+        self._watchdog = None
         await self.outbox.stop()
         with contextlib.suppress(*_FAILURES):
             await self.redis.close()
@@ -251,7 +404,7 @@ class GuardedState:
     async def beat_once(self) -> bool:
         """One heartbeat; True if Redis answered."""
         try:
-            async with asyncio.timeout(max(self.call_timeout_s, 0.25)):
+            async with asyncio.timeout(max(self.budget_s, 0.25)):
                 view = await self.redis.heartbeat(self.replica, self._queue_depth())
         except _FAILURES:
             self.breaker.failure()
@@ -265,6 +418,14 @@ class GuardedState:
         while True:
             await self.beat_once()
             await asyncio.sleep(self.heartbeat_s)
+
+    async def _watch_lag(self, period_s: float = 0.05) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            t = loop.time()
+            await asyncio.sleep(period_s)
+            lag = max(0.0, loop.time() - t - period_s)
+            self.loop_lag_s = max(lag, self.loop_lag_s * 0.8)
 
     async def _renew(self) -> None:
         period = max(0.05, self.redis.lease_ttl_s / 3)
@@ -280,6 +441,8 @@ class GuardedState:
             "backend": "redis",
             "up": self.up,
             "breaker": self.breaker.state,
+            "budget_ms": round(self.budget_s * 1000, 2),
+            "late_calls": self.late,
             "replica": self.replica,
             "replicas": self.replicas,
             "fleet_queue_depth": self.fleet_queue_depth,

@@ -24,7 +24,9 @@ class Outbox:
     """A FIFO of idempotent calls, sent by one background task, in batches, with retries.
 
     ``ready`` says whether to try now (e.g. the breaker is closed); ``on_result`` hears of
-    each attempt (``True`` for success) so the caller can feed a breaker.
+    each batch (``True`` when every call succeeded) so the caller can feed a breaker;
+    ``timeout_s`` is how long a batch may take.  A call is a function returning an
+    awaitable; a future (an auto-pipelined call) costs no task.
     """
 
     def __init__(
@@ -35,6 +37,7 @@ class Outbox:
         max_items: int = 100_000,
         batch: int = 64,
         max_backoff_s: float = 1.0,
+        timeout_s: Callable[[], float] = lambda: 1.0,
     ) -> None:
         self._items: deque[Send] = deque()
         self._ready = ready
@@ -42,6 +45,7 @@ class Outbox:
         self._max_items = max_items
         self._batch = batch
         self._max_backoff = max_backoff_s
+        self._timeout = timeout_s
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.sent = 0
@@ -93,13 +97,14 @@ class Outbox:
                 backoff = min(self._max_backoff, backoff * 2)
                 continue
             batch = [self._items.popleft() for _ in range(min(self._batch, len(self._items)))]
-            results = await asyncio.gather(*(s() for s in batch), return_exceptions=True)
-            failed = [
-                s for s, r in zip(batch, results, strict=True) if isinstance(r, BaseException)
-            ]
-            for r in results:
-                if isinstance(r, BaseException):
-                    log.debug("velvetrope: outbox call failed: %r", r)
+            futs = [asyncio.ensure_future(s()) for s in batch]  # futures stay futures
+            done, _ = await asyncio.wait(futs, timeout=self._timeout())
+            failed = []
+            for s, f in zip(batch, futs, strict=True):
+                if f not in done or f.cancelled() or f.exception() is not None:
+                    # not answered in time or failed: sent again (the calls are idempotent)
+                    log.debug("velvetrope: outbox call failed: %r", f)
+                    failed.append(s)
             self.sent += len(batch) - len(failed)
             self._on_result(not failed)
             if failed:

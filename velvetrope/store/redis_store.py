@@ -18,23 +18,27 @@ Key layout (``ns`` is the deployment namespace, ``{...}`` the hash tag)::
     ns:{pool:<pool>}:leases / :lease_tokens   a pool's leases (zset) and their tokens (hash)
     ns:{fleet}:replicas / :queues             heartbeats (zset) and queue depths (hash)
 
-One admission costs one round trip (the reserve script); acquiring a lease is a second one
-only when a job is dispatched, and settlement and release leave through the outbox.
+Calls go through an :class:`~velvetrope.store.pipeline.AutoPipeline` (one round trip per
+event-loop tick for everything issued in it); a job admitted at once reserves its buckets
+and its slot lease in the same tick, so one round trip; settlements and releases leave
+through the outbox, batched the same way.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from importlib import resources
 from typing import Any
 
 from redis.commands.core import AsyncScript
 
 from velvetrope.core.bucket import BucketSnapshot, Claim, Denial, Grant, SettleLine
-from velvetrope.store.base import FleetView, LeaseAnswer
+from velvetrope.store.base import FleetView, LeaseAnswer, Slot
+from velvetrope.store.pipeline import AutoPipeline
 
-__all__ = ["RedisStore", "load_script"]
+__all__ = ["RedisStore", "load_script", "parse_admit", "parse_lease", "parse_reserve"]
 
 _SLACK_MS = 5_000
 
@@ -81,7 +85,22 @@ class RedisStore:
         self._release: AsyncScript = reg(load_script("lease_release"))
         self._renew: AsyncScript = reg(load_script("lease_renew"))
         self._heartbeat: AsyncScript = reg(load_script("heartbeat"))
+        self._admit: AsyncScript = reg(load_script("admit"))
+        self._finish: AsyncScript = reg(load_script("finish"))
         self._fleet = (f"{namespace}:{{fleet}}:replicas", f"{namespace}:{{fleet}}:queues")
+        # a cluster client routes each command by its slot: call scripts one by one there
+        self._pipe = None if hasattr(client, "get_nodes") else AutoPipeline(client)
+
+    def observe_round_trips(self, observe: Callable[[float], None]) -> None:
+        """Hear the duration of every pipelined round trip (write to full reply)."""
+        if self._pipe is not None:
+            self._pipe.observe = observe
+
+    def _run(self, script: AsyncScript, keys: list[Any], args: list[Any]) -> Any:
+        """One script call, auto-pipelined with the other calls of this tick."""
+        if self._pipe is not None:
+            return self._pipe.run(script, keys, args)
+        return script(keys=keys, args=args)
 
     # -- keys ----------------------------------------------------------------------
 
@@ -98,35 +117,126 @@ class RedisStore:
 
     # -- buckets ---------------------------------------------------------------------
 
-    async def reserve(self, job_id: str, tenant: str, claims: Sequence[Claim]) -> Grant | Denial:
-        if not claims:
-            return Grant(())
+    def _reserve_call(
+        self, job_id: str, tenant: str, claims: Sequence[Claim]
+    ) -> tuple[list[Any], list[Any]]:
         tag = self._tag(tenant)
-        keys = [f"{tag}:b:{c.key}" for c in claims]
+        keys: list[Any] = [f"{tag}:b:{c.key}" for c in claims]
         keys.append(f"{tag}:held:{job_id}")
         args: list[Any] = []
         for c in claims:
             floor = -c.capacity if c.floor is None else c.floor
             args += [repr(c.amount), repr(c.capacity), repr(c.rate), repr(floor)]
         args += [_SLACK_MS, math.ceil(self.hold_ttl_s)]
-        r = await self._reserve(keys=keys, args=args)
-        if int(r[0]) == 1:
-            return Grant(tuple(claims), _snaps(claims, r, 1))
-        wait = _f(r[1])
-        worst = claims[int(r[2]) - 1].key
-        return Denial(wait, worst, _snaps(claims, r, 3))
+        return keys, args
 
-    async def settle(
+    def _settle_call(
         self, job_id: str, tenant: str, claims: Sequence[Claim], lines: Sequence[SettleLine]
-    ) -> bool:
+    ) -> tuple[list[Any], list[Any]]:
         tag = self._tag(tenant)
-        keys = [f"{tag}:held:{job_id}"]
+        keys: list[Any] = [f"{tag}:held:{job_id}"]
         args: list[Any] = [_SLACK_MS]
         for c, (key, reserved, actual) in zip(claims, lines, strict=True):
             keys.append(f"{tag}:b:{key}")
             floor = -c.capacity if c.floor is None else c.floor
             args += [repr(reserved), repr(actual), repr(c.capacity), repr(c.rate), repr(floor)]
-        return int(await self._settle(keys=keys, args=args)) == 1
+        return keys, args
+
+    def _lease_args(self, job_id: str, slot: Slot) -> list[Any]:
+        return [
+            job_id,
+            int(slot.tokens),
+            int(slot.max_in_flight),
+            -1 if slot.max_tokens is None else int(slot.max_tokens),
+            repr(self.lease_ttl_s),
+        ]
+
+    async def reserve(self, job_id: str, tenant: str, claims: Sequence[Claim]) -> Grant | Denial:
+        if not claims:
+            return Grant(())
+        return _answer(claims, await self.send_reserve(job_id, tenant, claims))
+
+    def send_reserve(self, job_id: str, tenant: str, claims: Sequence[Claim]) -> Any:
+        """:meth:`reserve` (with claims) as an awaitable of the raw reply (see
+        :func:`parse_reserve`)."""
+        keys, args = self._reserve_call(job_id, tenant, claims)
+        return self._run(self._reserve, keys, args)
+
+    def answering(self, within_s: float) -> bool:
+        """Whether Redis answered any pipelined call in the last ``within_s`` seconds (so
+        a late reply is this process's backlog, not Redis's)."""
+        pipe = self._pipe
+        return pipe is not None and time.monotonic() - pipe.last_reply < within_s
+
+    async def settle(
+        self, job_id: str, tenant: str, claims: Sequence[Claim], lines: Sequence[SettleLine]
+    ) -> bool:
+        return int(await self.send_settle(job_id, tenant, claims, lines)) == 1
+
+    def send_settle(
+        self, job_id: str, tenant: str, claims: Sequence[Claim], lines: Sequence[SettleLine]
+    ) -> Any:
+        """:meth:`settle` as an awaitable of the raw reply (a future when pipelined)."""
+        keys, args = self._settle_call(job_id, tenant, claims, lines)
+        return self._run(self._settle, keys, args)
+
+    @property
+    def combined(self) -> bool:
+        """Whether buckets and leases can be touched by one script (not on a cluster,
+        where they live in different slots)."""
+        return self._pipe is not None
+
+    async def admit(
+        self,
+        job_id: str,
+        tenant: str,
+        claims: Sequence[Claim],
+        slot: Slot,
+    ) -> tuple[Grant | Denial, LeaseAnswer | None]:
+        """:meth:`reserve`, then (if granted) :meth:`acquire`, atomically in one call
+        (requires :attr:`combined`).  The lease is ``None`` when the reservation was denied."""
+        r = await self.send_admit(job_id, tenant, claims, slot)
+        return parse_admit(claims, r)
+
+    def send_admit(
+        self,
+        job_id: str,
+        tenant: str,
+        claims: Sequence[Claim],
+        slot: Slot,
+    ) -> Any:
+        """:meth:`admit` as an awaitable of the raw reply (see :func:`parse_admit`)."""
+        keys, args = self._reserve_call(job_id, tenant, claims)
+        keys += self._lease_keys(slot.pool)
+        args += self._lease_args(job_id, slot)
+        return self._run(self._admit, keys, args)
+
+    async def finish(
+        self,
+        job_id: str,
+        tenant: str,
+        claims: Sequence[Claim],
+        lines: Sequence[SettleLine],
+        pool: str,
+    ) -> tuple[bool, int]:
+        """:meth:`settle` and :meth:`release` of one job in one call (requires
+        :attr:`combined`); returns (settled, leases released)."""
+        r = await self.send_finish(job_id, tenant, claims, lines, pool)
+        return int(r[0]) == 1, int(r[1])
+
+    def send_finish(
+        self,
+        job_id: str,
+        tenant: str,
+        claims: Sequence[Claim],
+        lines: Sequence[SettleLine],
+        pool: str,
+    ) -> Any:
+        """:meth:`finish` as an awaitable of the raw reply (a future when pipelined)."""
+        keys, args = self._settle_call(job_id, tenant, claims, lines)
+        keys += self._lease_keys(pool)
+        args.append(job_id)
+        return self._run(self._finish, keys, args)
 
     async def snapshots(self, tenant: str, claims: Sequence[Claim]) -> tuple[BucketSnapshot, ...]:
         if not claims:
@@ -135,41 +245,36 @@ class RedisStore:
         args: list[Any] = []
         for c in claims:
             args += [repr(c.capacity), repr(c.rate)]
-        r = await self._levels(keys=[f"{tag}:b:{c.key}" for c in claims], args=args)
+        r = await self._run(self._levels, [f"{tag}:b:{c.key}" for c in claims], args)
         return _snaps(claims, [b"1", *r], 1)
 
     # -- fleet slots ---------------------------------------------------------------------
 
-    async def acquire(
-        self, pool: str, job_id: str, tokens: int, max_in_flight: int, max_tokens: int | None
-    ) -> LeaseAnswer:
-        r = await self._acquire(
-            keys=self._lease_keys(pool),
-            args=[
-                job_id,
-                int(tokens),
-                int(max_in_flight),
-                -1 if max_tokens is None else int(max_tokens),
-                repr(self.lease_ttl_s),
-            ],
-        )
-        return LeaseAnswer(int(r[0]) == 1, int(r[1]), int(r[2]))
+    async def acquire(self, job_id: str, slot: Slot) -> LeaseAnswer:
+        return parse_lease(await self.send_acquire(job_id, slot))
+
+    def send_acquire(self, job_id: str, slot: Slot) -> Any:
+        """:meth:`acquire` as an awaitable of the raw reply (see :func:`parse_lease`)."""
+        return self._run(self._acquire, self._lease_keys(slot.pool), self._lease_args(job_id, slot))
 
     async def release(self, pool: str, job_ids: Sequence[str]) -> int:
         if not job_ids:
             return 0
-        return int(await self._release(keys=self._lease_keys(pool), args=list(job_ids)))
+        return int(await self.send_release(pool, job_ids))
+
+    def send_release(self, pool: str, job_ids: Sequence[str]) -> Any:
+        """:meth:`release` as an awaitable of the raw reply (a future when pipelined)."""
+        return self._run(self._release, self._lease_keys(pool), list(job_ids))
 
     async def renew(self, pool: str, job_ids: Sequence[str]) -> int:
         if not job_ids:
             return 0
         args: list[Any] = [repr(self.lease_ttl_s), *job_ids]
-        return int(await self._renew(keys=self._lease_keys(pool), args=args))
+        return int(await self._run(self._renew, self._lease_keys(pool), args))
 
     async def heartbeat(self, replica: str, queue_depth: int) -> FleetView:
-        r = await self._heartbeat(
-            keys=list(self._fleet), args=[replica, repr(self.replica_ttl_s), int(queue_depth)]
-        )
+        args: list[Any] = [replica, repr(self.replica_ttl_s), int(queue_depth)]
+        r = await self._run(self._heartbeat, list(self._fleet), args)
         return FleetView(int(r[0]), int(r[1]))
 
     async def ping(self) -> None:
@@ -177,11 +282,40 @@ class RedisStore:
         await self.client.ping()
 
     async def close(self) -> None:
-        """Close the client and its connection pool."""
+        """Wait for pipelined calls in flight; close the client and its connection pool."""
+        if self._pipe is not None:
+            await self._pipe.close()
         pool = getattr(self.client, "connection_pool", None)
         await self.client.aclose()
         if pool is not None:
             await pool.disconnect()
+
+
+def parse_lease(r: Sequence[Any]) -> LeaseAnswer:
+    """A lease script's reply."""
+    return LeaseAnswer(int(r[0]) == 1, int(r[1]), int(r[2]))
+
+
+def parse_admit(
+    claims: Sequence[Claim], r: Sequence[Any]
+) -> tuple[Grant | Denial, LeaseAnswer | None]:
+    """The admit script's reply: the reservation, and the lease if one was asked for."""
+    res = _answer(claims, r[:-3])
+    if isinstance(res, Denial):
+        return res, None
+    return res, parse_lease(r[-3:])
+
+
+def parse_reserve(claims: Sequence[Claim], r: Sequence[Any]) -> Grant | Denial:
+    """The reserve script's reply as a grant or a denial."""
+    return _answer(claims, r)
+
+
+def _answer(claims: Sequence[Claim], r: Sequence[Any]) -> Grant | Denial:
+    """A reserve script's reply as a grant or a denial."""
+    if int(r[0]) == 1:
+        return Grant(tuple(claims), _snaps(claims, r, 1))
+    return Denial(_f(r[1]), claims[int(r[2]) - 1].key, _snaps(claims, r, 3))
 
 
 def _snaps(claims: Sequence[Claim], r: Sequence[Any], start: int) -> tuple[BucketSnapshot, ...]:

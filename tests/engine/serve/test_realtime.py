@@ -410,3 +410,19 @@ def test_speed_must_be_positive_and_finite() -> None:
     for bad in (0.0, -1.0, float("inf"), float("nan")):
         with pytest.raises(ValueError, match="speed"):
             RealtimeEngine(Batcher(profile()), speed=bad)
+
+
+def test_speculative_steps_deliver_several_tokens_and_count_the_drafts() -> None:
+    prof = profile().with_overrides(spec_tokens=3, spec_acceptance=1.0)
+
+    async def body(eng: RealtimeEngine, fake: FakeTime) -> None:
+        r = eng.submit("a", 100, 9)
+        chunks = []
+        while n := await r.next_tokens():
+            chunks.append(n)
+        assert sum(chunks) == 9
+        assert max(chunks) == 4  # a verification step: 3 accepted drafts plus one
+
+    eng = run(body, prof)
+    assert eng.generation_tokens_total == 9
+    assert (eng.spec_draft_tokens, eng.spec_accepted_tokens) == (6, 6)

@@ -38,6 +38,10 @@ VLLM_SAMPLE_NAMES = {
     "vllm:num_preemptions_total",
     "vllm:prompt_tokens_total",
     "vllm:generation_tokens_total",
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
+    "vllm:spec_decode_num_draft_tokens_total",
+    "vllm:spec_decode_num_accepted_tokens_total",
     *(
         f"vllm:{h}_{suffix}"
         for h in (

@@ -1,4 +1,5 @@
-"""``velvetrope calibrate``: fit an engine profile to a live OpenAI-compatible endpoint.
+"""``velvetrope calibrate``: fit an engine profile to a live OpenAI-compatible endpoint
+(or, with ``--from-table``, offline to published benchmark results).
 
 Registered in :mod:`velvetrope.cli` as ``app.command("calibrate")(calibrate_command)``.
 The sweep and the fit are :mod:`velvetrope.engine.calibrate`'s (imported lazily, so that
@@ -27,9 +28,24 @@ __all__ = ["calibrate_command"]
 
 def calibrate_command(
     url: Annotated[
-        str,
+        str | None,
         typer.Option(help="Base URL of the OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000"),
-    ],
+    ] = None,
+    from_table: Annotated[
+        str | None,
+        typer.Option(
+            help="Fit offline to a published-results table (CSV; 'builtin' for the shipped "
+            "one) instead of measuring an endpoint."
+        ),
+    ] = None,
+    profile: Annotated[
+        str | None,
+        typer.Option(help="With --from-table: the profile whose rows are fitted (and the start)."),
+    ] = None,
+    fix: Annotated[
+        list[str] | None,
+        typer.Option(help="With --from-table: keep a coefficient at a value, NAME=SECONDS."),
+    ] = None,
     model: Annotated[
         str | None, typer.Option(help="Model to request (default: the first of /v1/models).")
     ] = None,
@@ -82,6 +98,9 @@ def calibrate_command(
     Writes the profile YAML (stdout, or --out) with the fit quality in its comments.
 
     Run it against an otherwise idle engine.  Exits 2 on any error.
+
+    With --from-table FILE --profile NAME it fits NAME's rows of a published-results table
+    offline instead (velvetrope.engine.fit_published).
     """
     from velvetrope.engine.calibrate.client import CalibrationSettings, calibrate
     from velvetrope.engine.calibrate.report import calibrated_yaml, render_report
@@ -89,6 +108,12 @@ def calibrate_command(
 
     def progress(msg: str) -> None:
         typer.echo(msg, err=True)
+
+    if from_table is not None or url is None:
+        from velvetrope.engine.fit_report import table_fit_command
+
+        table_fit_command(from_table, profile, fix or [], out, name, progress)
+        return
 
     try:
         reference = load_profile(compare) if compare is not None else None

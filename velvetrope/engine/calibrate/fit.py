@@ -177,8 +177,14 @@ def relative_errors(fitted: EngineProfile, reference: EngineProfile) -> dict[str
 
 
 def build_profile(fit: Fit, base: EngineProfile, name: str, description: str) -> EngineProfile:
-    """``base`` with the fitted coefficients: KV-cache and scheduler limits are kept."""
-    return base.with_overrides(name=name, description=description, **fit.coefficients)
+    """``base`` with the fitted coefficients: KV-cache and scheduler limits are kept.
+
+    Measured timings include any tensor-parallel communication, so the base's separate
+    ``tp_*`` terms are zeroed (they would be counted twice)."""
+    return base.with_overrides(
+        name=name, description=description, tp_allreduce_s=0.0, tp_per_token_s=0.0,
+        **fit.coefficients,
+    )  # fmt: skip
 
 
 # -- a simulated endpoint (pure): traces from the batcher model itself -----------------------

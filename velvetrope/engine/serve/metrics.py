@@ -10,10 +10,17 @@ a vLLM server.  Every series carries the label ``model_name``; the exposed sampl
 ``vllm:num_preemptions_total``                         counter    preemptions (recompute)
 ``vllm:prompt_tokens_total``                           counter    prompt tokens prefilled
 ``vllm:generation_tokens_total``                       counter    output tokens generated
+``vllm:prefix_cache_queries_total``                    counter    prompt tokens looked up (*)
+``vllm:prefix_cache_hits_total``                       counter    prompt tokens found cached (*)
+``vllm:spec_decode_num_draft_tokens_total``            counter    draft tokens proposed (*)
+``vllm:spec_decode_num_accepted_tokens_total``         counter    draft tokens accepted (*)
 ``vllm:time_to_first_token_seconds{_bucket,_sum,_count}``  histogram  arrival -> first token
 ``vllm:e2e_request_latency_seconds{_bucket,_sum,_count}``  histogram  arrival -> last token
 ``vllm:request_queue_time_seconds{_bucket,_sum,_count}``   histogram  arrival -> first scheduled
 =====================================================  =========  =================================
+
+(*) only when the stats source also implements :class:`CacheStats` (the real-time engine
+does; the instant engine has no cache); vLLM's names as of its V1 engine.
 
 Gauges and counters are read from an :class:`EngineStats` source at scrape time (no work
 on the hot path); histograms are observed once per *completed* request, in wall-clock
@@ -27,7 +34,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -39,12 +46,14 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 __all__ = [
+    "CACHE_METRIC_NAMES",
     "CONTENT_TYPE",
     "E2E_BUCKETS",
     "METRIC_NAMES",
     "QUEUE_BUCKETS",
     "SAMPLE_NAMES",
     "TTFT_BUCKETS",
+    "CacheStats",
     "EngineMetrics",
     "EngineStats",
     "Histogram",
@@ -73,6 +82,10 @@ _KV = "vllm:kv_cache_usage_perc"
 _PREEMPT = "vllm:num_preemptions"
 _PROMPT = "vllm:prompt_tokens"
 _GEN = "vllm:generation_tokens"
+_PC_QUERIES = "vllm:prefix_cache_queries"
+_PC_HITS = "vllm:prefix_cache_hits"
+_SPEC_DRAFT = "vllm:spec_decode_num_draft_tokens"
+_SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 _TTFT = "vllm:time_to_first_token_seconds"
 _E2E = "vllm:e2e_request_latency_seconds"
 _QUEUE = "vllm:request_queue_time_seconds"
@@ -90,11 +103,17 @@ METRIC_NAMES: tuple[str, ...] = (
 )
 """The metric names as vLLM exposes them (counters with their ``_total``)."""
 
+CACHE_METRIC_NAMES: tuple[str, ...] = tuple(
+    n + "_total" for n in (_PC_QUERIES, _PC_HITS, _SPEC_DRAFT, _SPEC_ACCEPTED)
+)
+"""The extra counters exported for a :class:`CacheStats` source."""
+
 SAMPLE_NAMES: frozenset[str] = frozenset(
     [_RUNNING, _WAITING, _KV, _PREEMPT + "_total", _PROMPT + "_total", _GEN + "_total"]
     + [h + s for h in (_TTFT, _E2E, _QUEUE) for s in ("_bucket", "_sum", "_count")]
 )
-"""Every sample name :meth:`EngineMetrics.render` writes, and no other."""
+"""Every sample name :meth:`EngineMetrics.render` writes, and no other, plus
+:data:`CACHE_METRIC_NAMES` for a :class:`CacheStats` source."""
 
 
 class EngineStats(Protocol):
@@ -112,6 +131,20 @@ class EngineStats(Protocol):
     def prompt_tokens_total(self) -> int: ...
     @property
     def generation_tokens_total(self) -> int: ...
+
+
+@runtime_checkable
+class CacheStats(Protocol):
+    """Prefix-cache and speculative-decoding counters (cumulative, tokens)."""
+
+    @property
+    def prefix_cache_queries(self) -> int: ...
+    @property
+    def prefix_cache_hits(self) -> int: ...
+    @property
+    def spec_draft_tokens(self) -> int: ...
+    @property
+    def spec_accepted_tokens(self) -> int: ...
 
 
 class Histogram:
@@ -164,6 +197,18 @@ class _Collector(Collector):
             (CounterMetricFamily, _GEN, "Number of generation tokens processed.",
              s.generation_tokens_total),
         )  # fmt: skip
+        if isinstance(s, CacheStats):
+            families += (
+                (CounterMetricFamily, _PC_QUERIES,
+                 "Prefix cache queries, in terms of number of queried tokens.",
+                 s.prefix_cache_queries),
+                (CounterMetricFamily, _PC_HITS,
+                 "Prefix cache hits, in terms of number of cached tokens.", s.prefix_cache_hits),
+                (CounterMetricFamily, _SPEC_DRAFT, "Number of draft tokens.",
+                 s.spec_draft_tokens),
+                (CounterMetricFamily, _SPEC_ACCEPTED, "Number of accepted tokens.",
+                 s.spec_accepted_tokens),
+            )  # fmt: skip
         for family, name, doc, value in families:
             f = family(name, doc, labels=["model_name"])
             f.add_metric(labels, float(value))

@@ -298,6 +298,26 @@ class RealtimeEngine:
         return self._b.num_preemptions
 
     @property
+    def prefix_cache_queries(self) -> int:
+        """Prompt tokens looked up in the prefix cache (``vllm:prefix_cache_queries``)."""
+        return self._b.prefix_cache_queries
+
+    @property
+    def prefix_cache_hits(self) -> int:
+        """Prompt tokens found in the prefix cache (``vllm:prefix_cache_hits``)."""
+        return self._b.prefix_cache_hits
+
+    @property
+    def spec_draft_tokens(self) -> int:
+        """Speculative draft tokens proposed (``vllm:spec_decode_num_draft_tokens``)."""
+        return self._b.spec_draft_tokens
+
+    @property
+    def spec_accepted_tokens(self) -> int:
+        """Speculative draft tokens accepted (``vllm:spec_decode_num_accepted_tokens``)."""
+        return self._b.spec_accepted_tokens
+
+    @property
     def num_requests(self) -> int:
         """Live requests (submitted, neither finished nor aborted)."""
         return len(self._requests)

@@ -1,8 +1,14 @@
 -- velvetrope: prelude prepended to every script (see velvetrope.store.redis_store.load_script).
 -- Redis TIME is the only clock; a bucket is a hash {l = level, t = last refill, seconds}.
+-- The rules are those of velvetrope.core.bucket.MemoryBuckets (one table of test vectors
+-- runs against both).
 local function clock_now()
   local t = redis.call('TIME')
   return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+
+local function fmt(x)
+  return string.format('%.17g', x)
 end
 
 -- A bucket's level at now, refilled at rate up to cap; a missing bucket is full.
@@ -19,25 +25,123 @@ local function bucket_level(key, cap, rate, now)
   return level
 end
 
-local function fmt(x)
-  return string.format('%.17g', x)
-end
-
 local function bucket_write(key, level, cap, rate, now, slack_ms)
   redis.call('HSET', key, 'l', fmt(level), 't', fmt(now))
   redis.call('PEXPIRE', key, math.ceil(math.max(0, (cap - level) / rate) * 1000) + slack_ms)
 end
 
--- Drop a pool's expired leases (zset id -> expiry; hash id -> tokens, '_total' -> sum).
-local function lease_forget(zkey, hkey, ids)
-  local n = 0
+-- Reserve n claims, all or none: bucket i is KEYS[k0 + i], its amount, capacity, rate and
+-- floor are ARGV[a0 + 4(i-1) + 1..4].  A grant writes the job's hold (hold_key).
+-- Returns {1, level_1, reset_1, ...} or {0, wait_s, worst_index, level_1, reset_1, ...}.
+local function reserve_claims(k0, n, a0, slack, hold_key, hold_ttl, now)
+  local levels = {}
+  local worst, worst_i = 0, 0
+  for i = 1, n do
+    local b = a0 + 4 * (i - 1)
+    local amount, cap, rate = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+    local level = bucket_level(KEYS[k0 + i], cap, rate, now)
+    levels[i] = level
+    local w = 0
+    if amount > cap then
+      w = math.huge
+    elseif level < amount then
+      w = (amount - level) / rate
+    end
+    if w > worst then
+      worst, worst_i = w, i
+    end
+  end
+  local out = {}
+  local granted = worst == 0
+  if granted then
+    out[1] = 1
+    redis.call('SET', hold_key, '1', 'EX', hold_ttl)
+  else
+    out[1] = 0
+    out[2] = fmt(worst)
+    out[3] = worst_i
+  end
+  for i = 1, n do
+    local b = a0 + 4 * (i - 1)
+    local amount, cap, rate = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+    local level = levels[i]
+    if granted then
+      level = level - amount
+      bucket_write(KEYS[k0 + i], level, cap, rate, now, slack)
+    end
+    out[#out + 1] = fmt(level)
+    out[#out + 1] = fmt(math.max(0, (cap - level) / rate))
+  end
+  return out
+end
+
+-- Settle n lines if the job's hold exists (deleting it): bucket i is KEYS[k0 + i], its
+-- reserved, actual, capacity, rate and floor are ARGV[a0 + 5(i-1) + 1..5].  A missing
+-- bucket refilled to capacity and expired: it counts as full.  Returns 1 if applied.
+local function settle_claims(hold_key, k0, n, a0, slack, now)
+  if redis.call('DEL', hold_key) == 0 then
+    return 0
+  end
+  for i = 1, n do
+    local b = a0 + 5 * (i - 1)
+    local reserved, actual = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
+    local cap, rate, floor = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
+    local level = bucket_level(KEYS[k0 + i], cap, rate, now) + reserved - actual
+    if level < floor then
+      level = floor
+    elseif level > cap then
+      level = cap
+    end
+    bucket_write(KEYS[k0 + i], level, cap, rate, now, slack)
+  end
+  return 1
+end
+
+-- A pool's leases: zset zkey (job id -> expiry, s) and hash hkey (job id -> tokens,
+-- '_total' -> their sum).  Forget the given ids' tokens.
+local function lease_forget(hkey, ids)
   for _, id in ipairs(ids) do
     local tk = tonumber(redis.call('HGET', hkey, id))
     if tk then
       redis.call('HDEL', hkey, id)
       redis.call('HINCRBY', hkey, '_total', -tk)
     end
-    n = n + 1
   end
-  return n
+end
+
+-- Take a slot for id (dropping expired leases first); a pool with nothing in flight always
+-- grants one; a lease already held is renewed.  Returns {granted, in flight, tokens}.
+local function lease_take(zkey, hkey, id, tokens, max_n, max_tok, ttl, now)
+  local dead = redis.call('ZRANGEBYSCORE', zkey, '-inf', now)
+  if #dead > 0 then
+    lease_forget(hkey, dead)
+    redis.call('ZREMRANGEBYSCORE', zkey, '-inf', now)
+  end
+  local n = redis.call('ZCARD', zkey)
+  local total = tonumber(redis.call('HGET', hkey, '_total')) or 0
+  if redis.call('ZSCORE', zkey, id) then
+    redis.call('ZADD', zkey, now + ttl, id)
+    return {1, n, total}
+  end
+  if n > 0 and (n >= max_n or (max_tok >= 0 and total + tokens > max_tok)) then
+    return {0, n, total}
+  end
+  redis.call('ZADD', zkey, now + ttl, id)
+  redis.call('HSET', hkey, id, tokens)
+  total = redis.call('HINCRBY', hkey, '_total', tokens)
+  redis.call('EXPIRE', zkey, math.ceil(ttl * 2))
+  redis.call('EXPIRE', hkey, math.ceil(ttl * 2))
+  return {1, n + 1, total}
+end
+
+-- Give back the leases of ids (unknown ids skipped); returns how many were held.
+local function lease_give(zkey, hkey, ids)
+  local held = {}
+  for _, id in ipairs(ids) do
+    if redis.call('ZREM', zkey, id) == 1 then
+      held[#held + 1] = id
+    end
+  end
+  lease_forget(hkey, held)
+  return #held
 end
