@@ -71,6 +71,7 @@ _DISPATCHED = JobState.DISPATCHED
 _DEFAULT_RETRY_S = 1.0
 _NO_SETTLEMENT = Settlement(())
 _MISSING: Any = object()
+_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot paths)
 
 
 class Admitted(NamedTuple):
@@ -364,7 +365,7 @@ class AdmissionController:
             self._jobs[job.id] = job
             self._start(job, pool, now)
             sched.on_start_direct(job)
-            return Admitted(job)
+            return _tuple(Admitted, (job,))
         # 3. queue bounds: the tenant's own (429), then the band's and the global one (503)
         tq = self._tenant_queued.get(job.tenant, 0)
         tbound = self._bounds.get(job.tenant, _MISSING)
@@ -414,7 +415,7 @@ class AdmissionController:
             deadline = limit if deadline is None or limit < deadline else deadline
         if deadline is not None:
             heapq.heappush(self._deadlines, (deadline, job.seq, job))
-        return Queued(job, ahead_n, eta)
+        return _tuple(Queued, (job, ahead_n, eta))
 
     def standing(self, job_id: str) -> tuple[int, float | None] | None:
         """Where a queued job stands: ``(ahead, eta_s)``, at most ``ahead`` jobs before it
@@ -610,7 +611,7 @@ class AdmissionController:
         job.finished_at = now
         if settlement.lines and self.buckets is not None:
             self.buckets.settle(settlement.lines, now)
-        out = Outcome(job, state, reason, settlement, now)
+        out = _tuple(Outcome, (job, state, reason, settlement, now))
         for obs in self.observers:
             obs(out)
         return out

@@ -136,17 +136,21 @@ class WindowQuantile:
     def add(self, x: float) -> None:
         """Observe one value."""
         buf = self._buf
-        if len(buf) < self.window:
+        window = self.window
+        if len(buf) < window:
             buf.append(x)
         else:
-            buf[self._i] = x
-            self._i = (self._i + 1) % self.window
-        self.count += 1
-        self._since += 1
-        if self._since >= self._refresh or self.count <= self._refresh:
-            self._since = 0
+            i = self._i
+            buf[i] = x
+            self._i = i + 1 if i + 1 < window else 0
+        count = self.count = self.count + 1
+        since = self._since + 1
+        refresh = self._refresh
+        if since >= refresh or count <= refresh:
+            since = 0
             s = sorted(buf)
             self._value = s[min(len(s) - 1, int(self._p * len(s)))]
+        self._since = since
 
     def value(self) -> float:
         """The current estimate; ``nan`` before any observation."""
@@ -230,7 +234,10 @@ class DrainMeter:
 
     def finish(self, now: float, in_flight: int, tokens: int) -> None:
         """:meth:`busy` then :meth:`finished`, for a job ending at ``now``."""
-        self.busy(now, in_flight)
+        last = self._last
+        if last is not None and in_flight > 0 and now > last:
+            self._busy += now - last
+        self._last = now
         self.finished(tokens)
 
     def seconds_for(self, tokens: float) -> float | None:

@@ -49,6 +49,17 @@ inner loop up to the next arrival, deadline or timeout, delivers only non-empty 
 and uses ``Batcher(token_events=False)`` (TPOT comes from the first-token and finish times).
 The cyclic garbage collector is paused during the run (nothing the loop allocates forms
 cycles; reference counting frees it).  See ``bench/sim_bench.py``.
+
+Fast-forward: when a replica's next iterations are pure decode (every running sequence
+decoding, nothing to admit, every block they need free), the loop plans the whole stretch
+up to and including the step where sequences finish
+(:func:`~velvetrope.engine.fastforward.plan_decode_run`) and puts only its end in the heap.
+The stretch is applied to the batcher in closed form when it ends, or earlier, up to the
+step in progress, the moment anything touches that replica (a dispatch to it, a client
+timeout of one of its jobs): a step starting exactly then counts as started when a
+step-by-step loop would have handled that step end first (ties go by replica number, and every
+step end before the arrival, deadline or timeout at the same time).  The result is the same,
+bit for bit, as stepping every iteration (``fast_forward=False``).
 """
 
 from __future__ import annotations
@@ -76,6 +87,7 @@ from velvetrope.core import (
 )
 from velvetrope.core.policy import SloPolicy
 from velvetrope.engine import EngineEvent, EngineProfile, Finished, FirstToken
+from velvetrope.engine.fastforward import DecodeRun, plan_decode_run
 from velvetrope.errors import PolicyError
 from velvetrope.sim.capacity import Capacity, fleet_capacity
 from velvetrope.sim.fleet import Fleet, pool_replicas
@@ -137,6 +149,7 @@ def run_simulation(
     label: str = "workload",
     record_decisions: bool = False,
     record_engines: bool = False,
+    fast_forward: bool = True,
 ) -> SimResult:
     """Replay ``workload`` (sorted by ``t``) through ``config`` on a modelled fleet.
 
@@ -151,8 +164,10 @@ def run_simulation(
     (``*`` for the rest; see :mod:`velvetrope.sim.metrics`).  ``seed`` drives the noisy
     predictor and the capacity measurement.  ``record_decisions`` keeps the decision log
     (:attr:`SimResult.decisions`); ``record_engines`` samples every replica's running and
-    waiting sequences at each scrape interval (:attr:`SimResult.engines`).  Bad parameters
-    raise :class:`~velvetrope.errors.PolicyError`.
+    waiting sequences at each scrape interval (:attr:`SimResult.engines`).
+    ``fast_forward=False`` steps every engine iteration one by one instead of advancing
+    pure-decode stretches in closed form (the result is the same, bit for bit; it exists for
+    the tests that prove it).  Bad parameters raise :class:`~velvetrope.errors.PolicyError`.
     The same inputs give the same result, bit for bit.
     """
     knowledge = parse_lengths(lengths)
@@ -235,12 +250,32 @@ def run_simulation(
     heappush = heapq.heappush
     heappop = heapq.heappop
     heapreplace = heapq.heapreplace
+    heapify = heapq.heapify
     timeout = client_timeout_s
     samples_t: list[float] = []
     samples_q: list[int] = []
     samples_f: list[int] = []
 
-    def launch(batch: list[Job], now: float) -> bool:
+    runs: list[DecodeRun | None] = [None] * len(fleet)
+    plan = plan_decode_run if fast_forward else None
+    horizon = len(fleet)  # "by" of the events that are not step ends: after every replica
+
+    def settle(k: int, now: float, by: int) -> None:
+        """Apply replica ``k``'s pending decode run up to its step in progress at ``now``
+        (seen while handling the step end of replica ``by``; ``horizon`` for the other
+        events) and move its heap entry to that step's end.  Called before anything reads
+        or changes batcher ``k``."""
+        run = runs[k]
+        if run is None:
+            return
+        runs[k] = None
+        j = run.started(now, inclusive=k < by)
+        pend[k] = run.apply(j)
+        if j < run.steps:
+            heap[heap.index((run.end, k))] = (run.starts[j], k)
+            heapify(heap)
+
+    def launch(batch: list[Job], now: float, by: int) -> bool:
         """Send dispatched jobs to replicas; True if some failed (capacity was released)."""
         failed = False
         for job in batch:
@@ -250,6 +285,8 @@ def run_simulation(
                 failed = True
                 continue
             k = route(req_pool[idx])
+            if runs[k] is not None:
+                settle(k, now, by)
             pid, ptok = shared[idx]
             batchers[k].add(
                 job.id, prompts[idx], outputs[idx], now, prefix_id=pid, prefix_tokens=ptok
@@ -265,10 +302,10 @@ def run_simulation(
                 starts.append(k)
         return failed
 
-    def dispatch(now: float) -> None:
+    def dispatch(now: float, by: int) -> None:
         while True:
             batch = dispatchable()
-            if not batch or not launch(batch, now):
+            if not batch or not launch(batch, now, by):
                 return
 
     def flush(now: float) -> None:
@@ -300,7 +337,12 @@ def run_simulation(
                 if t > h:
                     break
                 k = top[1]
-                ev = pend[k]
+                run = runs[k]
+                if run is None:
+                    ev = pend[k]
+                else:  # a decode run ends: apply it, deliver its last step's events
+                    runs[k] = None
+                    ev = run.apply(run.steps)
                 if ev:
                     set_clock(t)
                     freed = False
@@ -314,10 +356,15 @@ def run_simulation(
                             load_[k] -= 1
                             freed = True
                     if freed and ctl.queued:
-                        dispatch(t)
+                        dispatch(t, k)
                 b = batchers[k]
                 fresh[k] = 0
-                if b.has_work:
+                run = plan(b, t) if plan is not None else None
+                if run is not None:
+                    runs[k] = run
+                    pend[k] = None
+                    heapreplace(heap, (run.end, k))
+                elif b.has_work:
                     res = b.step(t)
                     pend[k] = res.events
                     heapreplace(heap, (t + res.duration, k))
@@ -336,11 +383,13 @@ def run_simulation(
                 h = clock.now()
             set_clock(h)
             if tsc <= h:
+                for k in range(horizon):  # a scrape reads the batchers: bring them to h
+                    settle(k, h, horizon)
                 scrapes.fire(h)
-                dispatch(h)
+                dispatch(h, horizon)
             elif td <= h:
                 ctl.tick()
-                dispatch(h)
+                dispatch(h, horizon)
             elif tto <= h:
                 assert timeout is not None
                 while tp < i and times[tp] + timeout <= h:
@@ -350,13 +399,14 @@ def run_simulation(
                         ctl.cancel(job.id)
                     elif job.state is _DISPATCHED:
                         k = replica_of[tp]
+                        settle(k, h, horizon)
                         snap = batchers[k].seq_state(job.id)
                         batchers[k].abort(job.id)
                         load_[k] -= 1
                         gen = snap.generated_tokens if snap is not None else 0
                         ctl.cancel(job.id, Usage(job.prompt_tokens, gen))
                     tp += 1
-                dispatch(h)
+                dispatch(h, horizon)
             else:
                 job = Job(
                     str(i),
@@ -377,10 +427,10 @@ def run_simulation(
                 if record_decisions:
                     decisions.append((h, "arrive", job.id, _decision_detail(d)))
                 if kind is Admitted:
-                    if launch([job], h):
-                        dispatch(h)
+                    if launch([job], h, horizon):
+                        dispatch(h, horizon)
                 elif kind is Queued:
-                    dispatch(h)
+                    dispatch(h, horizon)
                 samples_t.append(h)
                 samples_q.append(ctl.queued)
                 samples_f.append(ctl.in_flight)
