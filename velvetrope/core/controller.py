@@ -50,6 +50,7 @@ from velvetrope.core.bucket import (
 )
 from velvetrope.core.capacity import PoolCapacity
 from velvetrope.core.estimate import DrainMeter, OutputEstimator, QuantileEstimator
+from velvetrope.core.limit import AdaptiveLimit
 from velvetrope.core.policy import BucketLimits, PolicyConfig, TenantPolicy
 from velvetrope.core.presets import apply_preset
 from velvetrope.core.request import Job, JobState, Outcome, Reason, Settlement, Usage
@@ -117,13 +118,23 @@ def _limit_claims(owner: BucketOwner, name: str, lim: BucketLimits | None) -> li
 
 
 class _Pool:
-    __slots__ = ("capacity", "drain", "name", "sched")
+    __slots__ = ("capacity", "drain", "limit", "name", "sched")
 
-    def __init__(self, name: str, sched: Scheduler, capacity: PoolCapacity, drain: DrainMeter):
+    def __init__(
+        self,
+        name: str,
+        sched: Scheduler,
+        capacity: PoolCapacity,
+        drain: DrainMeter,
+        limit: AdaptiveLimit | None = None,
+    ):
         self.name = name
         self.sched = sched
         self.capacity = capacity
         self.drain = drain
+        self.limit = limit  # the adaptive in-flight limit, fed with every dispatched job
+        if limit is not None:
+            capacity.signals.append(limit)
 
 
 class AdmissionController:
@@ -161,10 +172,11 @@ class AdmissionController:
             self._pools[p.name] = _Pool(
                 p.name,
                 Scheduler(config, self._weight),
-                PoolCapacity(p.name, p.max_in_flight, p.max_tokens_in_flight),
+                PoolCapacity(p.name, p.in_flight_ceiling, p.max_tokens_in_flight),
                 DrainMeter(
                     config.drain_ewma_alpha, config.drain_window_s, p.initial_drain_tokens_per_s
                 ),
+                None if p.max_in_flight is not None else AdaptiveLimit(p.adaptive, clock.now()),
             )
         self._pool_list = list(self._pools.values())
         self._jobs: dict[str, Job] = {}
@@ -422,6 +434,9 @@ class AdmissionController:
             raise LifecycleError(f"job {job_id!r} is {job.state.value}, not dispatched")
         if job.first_token_at is None:
             job.first_token_at = self.clock.now()
+            limit = self._pools[job.pool].limit
+            if limit is not None:
+                limit.first_token(job, job.first_token_at)
 
     def complete(self, job_id: str, usage: Usage) -> Outcome:
         """A dispatched job finished: settle with ``usage`` and release its capacity."""
@@ -489,7 +504,7 @@ class AdmissionController:
                 "bands": {b.name: {"queued": len(b), "tokens": b.tokens} for b in p.sched.bands},
                 "in_flight": p.capacity.in_flight,
                 "tokens_in_flight": p.capacity.tokens,
-                "max_in_flight": p.capacity.max_in_flight,
+                "max_in_flight": p.capacity.max_in_flight if p.limit is None else p.limit.value,
                 "drain_tokens_per_s": p.drain.rate,
             }
         return {
@@ -506,6 +521,10 @@ class AdmissionController:
     def pool_capacity(self, pool: str) -> PoolCapacity:
         """The capacity object of ``pool`` (to attach saturation signals or change limits)."""
         return self._pools[pool].capacity
+
+    def pool_limit(self, pool: str) -> AdaptiveLimit | None:
+        """The adaptive in-flight limit of ``pool`` (``None`` with a fixed ``max_in_flight``)."""
+        return self._pools[pool].limit
 
     # -- internals -------------------------------------------------------------------
 
@@ -528,6 +547,8 @@ class AdmissionController:
         cap.in_flight += 1
         cap.tokens += job.cost
         self.in_flight += 1
+        if pool.limit is not None:
+            pool.limit.started(job, now)
 
     def _settlement(self, job: Job, actual_tokens: int) -> Settlement:
         claims = job.claims
@@ -588,6 +609,8 @@ class AdmissionController:
         cap.tokens -= job.cost
         self.in_flight -= 1
         pool.sched.on_complete(job, usage.completion_tokens)
+        if pool.limit is not None:
+            pool.limit.ended(job, now)
         del self._jobs[job.id]
         total = usage.prompt_tokens + usage.completion_tokens
         return self._emit(job, state, reason, self._settlement(job, total), now)

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 __all__ = [
     "DEFAULT_BURST_S",
     "SEED_BURST_S",
+    "AdaptiveLimitPolicy",
     "BandMode",
     "BucketLimits",
     "EstimatorPolicy",
@@ -140,11 +141,60 @@ class TenantPolicy(_Model):
     )
 
 
+class AdaptiveLimitPolicy(_Model):
+    """The adaptive in-flight limit of a pool without ``max_in_flight`` (see
+    :mod:`velvetrope.core.limit`): it tracks the knee of the pool's throughput curve, the
+    smallest concurrency that keeps ``target`` of the best throughput seen."""
+
+    initial: float = Field(16.0, ge=1, description="First limit, before anything is measured.")
+    floor: int = Field(1, ge=1, description="The limit never goes below this.")
+    ceiling: int = Field(4096, ge=1, description="The limit never goes above this.")
+    target: float = Field(
+        0.98, gt=0, lt=1, description="Share of the best throughput seen that the knee keeps."
+    )
+    window_s: float = Field(3.0, gt=0, description="Shortest measurement window, seconds.")
+    settle_s: float = Field(
+        1.0, ge=0, description="Seconds after each change of the limit before measuring."
+    )
+    min_jobs: int = Field(20, ge=1, description="Jobs with samples needed to close a window.")
+    probe_gain: float = Field(
+        1.2, gt=1, le=4, description="Probe windows run at this multiple of the base limit."
+    )
+    gradient: float = Field(
+        0.5,
+        gt=0,
+        lt=1,
+        description="The knee: where this share of each extra job in flight waits for its "
+        "first token (an engine queue forms).",
+    )
+    history: int = Field(24, ge=2, description="Recent windows kept for inspection.")
+    max_step: float = Field(1.5, gt=1, le=4, description="Largest change of one step (factor).")
+    smoothing: float = Field(
+        0.5, gt=0, le=1, description="Share of the way to the knee estimate taken per step."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> AdaptiveLimitPolicy:
+        if self.floor > self.ceiling:
+            raise ValueError(f"floor {self.floor} is above ceiling {self.ceiling}")
+        return self
+
+
 class PoolPolicy(_Model):
-    """A pool of upstreams and its capacity as the admission core sees it."""
+    """A pool of upstreams and its capacity as the admission core sees it.
+
+    Without ``max_in_flight`` the pool's in-flight limit is adaptive (``adaptive``)."""
 
     name: str = Field(min_length=1)
-    max_in_flight: int = Field(64, ge=1, description="Jobs dispatched and not yet finished.")
+    max_in_flight: int | None = Field(
+        None,
+        ge=1,
+        description="Jobs dispatched and not yet finished; unset: the adaptive limit decides.",
+    )
+    adaptive: AdaptiveLimitPolicy = Field(
+        default_factory=AdaptiveLimitPolicy,
+        description="The adaptive limit, used when max_in_flight is unset.",
+    )
     max_tokens_in_flight: int | None = Field(
         None,
         ge=1,
@@ -156,6 +206,12 @@ class PoolPolicy(_Model):
         description="Prior for the drain rate before one is measured; without it, "
         "wait-based shedding starts once a rate has been measured.",
     )
+
+    @property
+    def in_flight_ceiling(self) -> int:
+        """The most this pool ever has in flight: ``max_in_flight``, else the adaptive
+        limit's ceiling."""
+        return self.max_in_flight if self.max_in_flight is not None else self.adaptive.ceiling
 
 
 class QueuePolicy(_Model):

@@ -115,7 +115,7 @@ class Gateway:
         self.gates: dict[str, FleetGate] = {}
         if self.state.fleet and self.settings.admission:
             for p in config.policy.pools:
-                gate = FleetGate(p.name, p.max_in_flight, p.max_tokens_in_flight)
+                gate = FleetGate(p.name, p.in_flight_ceiling, p.max_tokens_in_flight)
                 self.ctl.pool_capacity(p.name).signals.append(gate)
                 self.gates[p.name] = gate
         self.keys = {k.digest: k.tenant for k in config.api_keys}

@@ -1,0 +1,292 @@
+"""An adaptive in-flight limit per pool: it finds and tracks the knee of the pool's
+throughput curve from per-token latencies, in the core (sans-IO, time passed in).
+
+Why not a fixed ``max_in_flight``: a continuously batching engine's throughput rises with
+the number of requests in flight (a bigger batch amortises each step's fixed cost) until
+its KV cache or its per-step token budget is full; past that *knee* more in flight only
+queues inside the engine, where the gateway can no longer order it, and every sequence's
+time per output token grows.  The knee moves with the model, the GPU, the traffic's length
+mix and the number of engines, so no fixed number is right for long.
+
+Background, and what is taken from it
+-------------------------------------
+Netflix's *concurrency-limits* library treats a service's concurrency like a TCP
+congestion window.  Its **Vegas** limit (after TCP Vegas, Brakmo & Peterson 1994) keeps
+the lowest latency seen as the no-load latency and estimates the queue as
+``limit × (1 − rtt_noload / rtt)``: the limit grows while that estimate is below a small
+``alpha`` and shrinks above ``beta``.  Its **Gradient2** limit compares a short-term
+latency with an exponentially smoothed long-term one, ``gradient = clamp(long / short,
+0.5, 1)``, and sets ``limit ← limit × gradient + queue_size`` with smoothing: the limit
+creeps up while latency holds and is cut in proportion when latency rises.  Both skip
+growth while the service is "app limited" (far fewer requests in flight than the limit).
+
+Neither transfers as is.  Their premise is a server whose latency is flat until a queue
+forms, so any rise in latency is a queue.  A batching engine's time per token rises with
+the batch *before* anything queues, and that rise buys throughput: Vegas would call it a
+queue and stop at a few dozen sequences, far below the knee; Gradient2's long-term
+average follows the rise and keeps the limit creeping up past the knee.  What is kept:
+latency-driven control, normalised so that the mix of request sizes cancels out;
+Vegas's explicit estimate against a reference measured by the limit itself; Gradient2's
+multiplicative, clamped, smoothed steps; probing above the current limit, and no growth
+while app limited.
+
+The rule
+--------
+Per-token latencies turn into throughput by Little's law.  A job that streamed ``n > 1``
+tokens after its first one took ``span = finished − first_token``, so its time per output
+token is ``span / n``; over that span the limit also knows the mean number of sequences
+that were decoding, ``d`` (a time integral it keeps from the first-token and end events).
+Each decoding sequence emits one token per engine step, so the pool's token throughput
+over the span is ``X = d / TPOT``.  A window of jobs gives one point ``(c, X)``: the mean
+in flight ``c`` its jobs saw and their pooled ``X`` (ratios of sums, so long and short
+jobs weigh by their tokens).  Past the knee ``d`` stops following ``c`` (new work waits
+for a batch slot: its time to first token per prompt token climbs) and ``X`` stops
+rising; below it, ``X`` rises with ``c``.
+
+Windows alternate between the *base* limit and a *probe* at ``probe_gain ×`` base, so
+that every pair of windows samples the curve at two concurrencies (the gradient).  Over
+the last few points the limit fits ``log X = a + k · log c`` (``k`` is the elasticity of
+throughput: the fraction of a 1% rise in concurrency that comes back as throughput) and
+keeps ``X_max``, the best throughput seen over recent windows.  The **knee**, as this
+module and its tests define it, is the smallest concurrency whose throughput is
+``target`` (default 98%) of the best; the new base is the concurrency at which the fit
+reaches ``target × X_max``, reached in clamped, smoothed multiplicative steps.  When the
+engines have room, probes find more throughput, ``X_max`` rises and so does the limit;
+when per-token latency climbs with no throughput to show for it, ``X`` at the base falls
+short of the fit's prediction or ``X_max`` is not reached, and the limit backs off.  An
+engine added or removed changes the curve; ``X_max`` is a maximum over a sliding window
+of points, so an old best expires and the limit re-converges.  :meth:`AdaptiveLimit.rescale`
+lets a driver that knows the fleet changed (capacity per engine × live engines) jump
+there at once.
+
+Windows during which the pool never reached its limit (app limited: demand below the
+limit) are measured but move nothing.  A ``ceiling`` and a ``floor`` bound the limit at
+all times; the limit in force is an integer and ``admits`` lets a job start while fewer
+than that many are in flight.  Jobs that stream no token after the first (non-streaming
+responses, where the gateway sees the first token only at the end; one-token outputs)
+count in flight but give no sample.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from velvetrope.core.policy import AdaptiveLimitPolicy
+from velvetrope.core.request import Job
+
+__all__ = ["AdaptiveLimit", "LimitPoint"]
+
+
+@dataclass(frozen=True, slots=True)
+class LimitPoint:
+    """One closed window: the mean in flight, the mean number of jobs dispatched and
+    waiting for their first token (by Little's law, the window's summed time to first
+    token over its length), the limit in force, whether it was a probe and whether the
+    limit bound (not app limited)."""
+
+    at: float
+    in_flight: float
+    queue: float
+    limit: int
+    probe: bool
+    limited: bool
+
+
+class AdaptiveLimit:
+    """A pool's in-flight limit that tracks the knee of its throughput curve.
+
+    A :class:`~velvetrope.core.capacity.SaturationSignal` (:meth:`admits`) fed with each
+    dispatched job's lifecycle: :meth:`started` at dispatch, :meth:`first_token`,
+    :meth:`ended` at its terminal state (any outcome).  Every call passes the time; the
+    limit never reads a clock.  ``history`` keeps the recent windows.
+    """
+
+    __slots__ = (
+        "_awaiting",
+        "_base",
+        "_c_area",
+        "_goal",
+        "_in_flight",
+        "_limited_s",
+        "_pair",
+        "_probe",
+        "_q_area",
+        "_t",
+        "_w_jobs",
+        "_w_start",
+        "history",
+        "knee",
+        "settings",
+        "value",
+    )
+
+    def __init__(self, settings: AdaptiveLimitPolicy | None = None, now: float = 0.0) -> None:
+        s = settings if settings is not None else AdaptiveLimitPolicy()
+        self.settings = s
+        self._base = self._clamp(s.initial)
+        self.knee = self._base * (1 + s.probe_gain) / 2
+        """The current estimate of the knee (in flight), between base and probe limits."""
+        self._probe = False
+        self.value = self._goal = self._round(self._base)
+        self._in_flight = 0
+        self._awaiting = 0
+        self._t = now
+        self._pair: LimitPoint | None = None
+        self.history: deque[LimitPoint] = deque(maxlen=s.history)
+        self._start_window(now)
+
+    # -- the signal ------------------------------------------------------------------
+
+    def admits(self, job: Job, in_flight: int, tokens_in_flight: int, now: float) -> bool:
+        """Whether one more job may start with ``in_flight`` already running."""
+        return in_flight < self.value
+
+    @property
+    def base(self) -> float:
+        """The base limit (the limit in force outside probe windows), unrounded."""
+        return self._base
+
+    def rescale(self, factor: float) -> None:
+        """Multiply the limit by ``factor`` at once (the pool's engines changed by that
+        factor: capacity per engine × live engines) and start a fresh pair of windows."""
+        if not factor > 0:
+            raise ValueError(f"factor must be > 0, got {factor}")
+        self._set_base(self._base * factor)
+        self._pair = None
+        self._probe = False
+        self.value = self._goal = self._round(self._base)
+        self._start_window(self._t)
+
+    # -- the feed --------------------------------------------------------------------
+
+    def started(self, job: Job, now: float) -> None:
+        """``job`` was dispatched at ``now``."""
+        self._advance(now)
+        self._in_flight += 1
+        self._awaiting += 1
+
+    def first_token(self, job: Job, now: float) -> None:
+        """``job`` produced its first token at ``now`` (call once per job)."""
+        self._advance(now)
+        self._awaiting = max(0, self._awaiting - 1)
+        if now >= self._w_start:
+            self._w_jobs += 1
+            s = self.settings
+            if now - self._w_start >= s.window_s and self._w_jobs >= s.min_jobs:
+                self._close(now)
+
+    def ended(self, job: Job, now: float) -> None:
+        """``job``, dispatched earlier, reached its terminal state at ``now``."""
+        self._advance(now)
+        self._in_flight = max(0, self._in_flight - 1)
+        if self._w_start == math.inf:
+            if self.value < self._goal:
+                # a rise is paced: one more slot per job that ends, so the extra prefills
+                # arrive at twice the rate of finishing work rather than all at once
+                self.value = self._goal if self._in_flight < self.value - 1 else self.value + 1
+            if self.value == self._goal and self._in_flight <= self.value:
+                self._start_window(now)  # risen, or drained after a fall
+        ft = job.first_token_at
+        if ft is None:
+            self._awaiting = max(0, self._awaiting - 1)
+        elif ft >= now and job.dispatched_at is not None:
+            # the first token came with the last (a response that was not streamed): its
+            # wait was the whole job, not a queue, so this window takes it back out
+            self._q_area -= max(0.0, now - max(job.dispatched_at, self._w_start))
+            self._w_jobs -= 1 if now >= self._w_start else 0
+
+    # -- internals -------------------------------------------------------------------
+
+    def _clamp(self, x: float) -> float:
+        s = self.settings
+        return min(float(s.ceiling), max(float(s.floor), x))
+
+    def _round(self, x: float) -> int:
+        s = self.settings
+        return max(s.floor, min(s.ceiling, int(x + 0.5)))
+
+    def _set_base(self, x: float) -> None:
+        self._base = self._clamp(x)
+        self.knee = self._base * (1 + self.settings.probe_gain) / 2
+
+    def _start_window(self, now: float) -> None:
+        """Measure from ``settle_s`` after ``now`` (a limit that just rose starts a burst
+        of prefills whose waits say nothing of the steady state)."""
+        self._w_start = now + self.settings.settle_s
+        self._c_area = 0.0
+        self._q_area = 0.0
+        self._w_jobs = 0
+        self._limited_s = 0.0
+
+    def _advance(self, now: float) -> None:
+        t = self._t if self._t > self._w_start else self._w_start
+        dt = now - t
+        if dt > 0:
+            self._c_area += self._in_flight * dt
+            self._q_area += self._awaiting * dt
+            if self._in_flight >= self.value:
+                self._limited_s += dt
+        if now > self._t:
+            self._t = now
+
+    def _close(self, now: float) -> None:
+        s = self.settings
+        span = now - self._w_start
+        c = self._c_area / span
+        q = max(0.0, self._q_area) / span
+        limited = self._limited_s >= 0.5 * span
+        point = LimitPoint(now, c, q, self.value, self._probe, limited)
+        self.history.append(point)
+        self._start_window(now)
+        if not self._probe:
+            self._pair = point
+            self._probe = True
+            self._move(self._round(self._base * s.probe_gain), now)
+            return
+        low = self._pair
+        self._pair = None
+        self._probe = False
+        if low is not None and limited:
+            self._step(low, point)
+        self._move(self._round(self._base), now)
+
+    def _move(self, goal: int, now: float) -> None:
+        """Set the limit to ``goal``: at once downward, paced upward (see :meth:`ended`);
+        the next window is measured once it is reached."""
+        self._goal = goal
+        if goal <= self.value:
+            self.value = goal
+        if self.value < goal or self._in_flight > goal:
+            self._w_start = math.inf  # measure once risen (paced) or drained
+
+    def _step(self, low: LimitPoint, high: LimitPoint) -> None:
+        """One pair of windows measured: move the base toward the knee they show.
+
+        ``slope`` is how many of the probe's extra jobs in flight wait for a first token.
+        Well under ``gradient`` (half of it) the probe found no queue: the knee is above
+        it and the base grows by ``max_step``.  Otherwise a queue formed between the two
+        windows; past the knee every extra job waits, so the knee is where the base
+        window's count plus the probe's extra jobs, less those that waited, ends:
+        ``c_low + Δc − Δq``.  If the base window itself held more waiting jobs than the
+        fewest of recent windows (``q0``: those in prefill, below the knee) by over half
+        the probe's step, it was past the knee too, which is then ``c_low − (q_low −
+        q0)``.  The base goes to just under that (base and probe straddle
+        the knee), in a smoothed step clamped to ``max_step``."""
+        s = self.settings
+        dc = high.in_flight - low.in_flight
+        if dc < 0.25 * (s.probe_gain - 1) * low.in_flight:
+            return  # the probe did not raise what ran: nothing learnt
+        dq = high.queue - low.queue
+        q0 = min(p.queue for p in self.history)
+        if dq < 0.5 * s.gradient * dc:
+            knee = high.in_flight * s.max_step
+        elif low.queue - q0 > 0.5 * dc:
+            knee = low.in_flight - (low.queue - q0)  # the base window was past it too
+        else:
+            knee = low.in_flight + dc - dq
+        goal = knee * 2 / (1 + s.probe_gain)
+        lo, hi = self._base / s.max_step, self._base * s.max_step
+        goal = min(hi, max(lo, goal))
+        self._set_base(self._base * (goal / self._base) ** s.smoothing)
