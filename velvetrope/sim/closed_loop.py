@@ -165,7 +165,7 @@ def run_closed_loop(
         for job in ctl.dispatchable():
             launch(job, now)
 
-    samples: list[tuple[float, float, float, float, float, float]] = []
+    samples: list[tuple[float, ...]] = []
     next_sample = sample_s
     ci = 0
     for _ in range(clients):
