@@ -107,9 +107,11 @@ class AdaptiveLimit:
         "_awaiting",
         "_base",
         "_c_area",
+        "_credit",
         "_goal",
         "_in_flight",
         "_limited_s",
+        "_moved_at",
         "_pair",
         "_probe",
         "_q_area",
@@ -133,6 +135,8 @@ class AdaptiveLimit:
         self._in_flight = 0
         self._awaiting = 0
         self._t = now
+        self._moved_at = now
+        self._credit = 0.0
         self._pair: LimitPoint | None = None
         self.history: deque[LimitPoint] = deque(maxlen=s.history)
         self._start_window(now)
@@ -183,11 +187,19 @@ class AdaptiveLimit:
         self._in_flight = max(0, self._in_flight - 1)
         if self._w_start == math.inf:
             if self.value < self._goal:
-                # a rise is paced: one more slot per job that ends, so the extra prefills
-                # arrive at twice the rate of finishing work rather than all at once
-                self.value = self._goal if self._in_flight < self.value - 1 else self.value + 1
+                # a rise is paced: ``ramp`` more slots per job that ends, so the extra
+                # prefills trickle in rather than arrive all at once
+                if self._in_flight < self.value - 1:
+                    self.value = self._goal
+                else:
+                    self._credit += self.settings.ramp
+                    step = int(self._credit)
+                    self._credit -= step
+                    self.value = min(self._goal, self.value + step)
             if self.value == self._goal and self._in_flight <= self.value:
-                self._start_window(now)  # risen, or drained after a fall
+                # risen, or drained after a fall: what the move stirred up settles for as
+                # long as the move took
+                self._start_window(now, max(self.settings.settle_s, now - self._moved_at))
         ft = job.first_token_at
         if ft is None:
             self._awaiting = max(0, self._awaiting - 1)
@@ -211,10 +223,10 @@ class AdaptiveLimit:
         self._base = self._clamp(x)
         self.knee = self._base * (1 + self.settings.probe_gain) / 2
 
-    def _start_window(self, now: float) -> None:
-        """Measure from ``settle_s`` after ``now`` (a limit that just rose starts a burst
-        of prefills whose waits say nothing of the steady state)."""
-        self._w_start = now + self.settings.settle_s
+    def _start_window(self, now: float, settle: float | None = None) -> None:
+        """Measure from ``settle`` (default ``settle_s``) after ``now``: a limit that just
+        rose started extra prefills whose waits say nothing of the steady state."""
+        self._w_start = now + (self.settings.settle_s if settle is None else settle)
         self._c_area = 0.0
         self._q_area = 0.0
         self._w_jobs = 0
@@ -256,37 +268,40 @@ class AdaptiveLimit:
         """Set the limit to ``goal``: at once downward, paced upward (see :meth:`ended`);
         the next window is measured once it is reached."""
         self._goal = goal
+        self._moved_at = now
+        self._credit = 0.0
         if goal <= self.value:
             self.value = goal
         if self.value < goal or self._in_flight > goal:
             self._w_start = math.inf  # measure once risen (paced) or drained
 
     def _step(self, low: LimitPoint, high: LimitPoint) -> None:
-        """One pair of windows measured: move the base toward the knee they show.
+        """One pair of windows measured: move the limit toward the knee.
 
-        ``slope`` is how many of the probe's extra jobs in flight wait for a first token.
-        Well under ``gradient`` (half of it) the probe found no queue: the knee is above
-        it and the base grows by ``max_step``.  Otherwise a queue formed between the two
-        windows; past the knee every extra job waits, so the knee is where the base
-        window's count plus the probe's extra jobs, less those that waited, ends:
-        ``c_low + Δc − Δq``.  If the base window itself held more waiting jobs than the
-        fewest of recent windows (``q0``: those in prefill, below the knee) by over half
-        the probe's step, it was past the knee too, which is then ``c_low − (q_low −
-        q0)``.  The base goes to just under that (base and probe straddle
-        the knee), in a smoothed step clamped to ``max_step``."""
-        s = self.settings
+        The pair's slope ``s = Δq / Δc`` is how many of the probe's extra jobs in flight
+        waited for a first token; it is the curve's slope at the pair's midpoint ``m``.
+        The knee is where the slope is ``gradient``: a slope under it puts the knee above
+        ``m``, over it below.  Near the knee the estimate moves to ``m · (gradient /
+        s)^gain``, a small step since the slope is noisy.  Far from it the step is the
+        largest allowed, ``max_step``: up when the probe found no queue at all (a slope
+        under a tenth of ``gradient``: the engines have room, as after engines joined),
+        and down toward ``c − (q − q0)`` when the base window alone already held more
+        waiting jobs than the probe adds (``q0``, the fewest waiting in recent windows, is
+        what prefill alone keeps waiting; past the knee each extra job waits, as after
+        engines left).  The base then goes where base and probe straddle the estimate."""
+        st = self.settings
         dc = high.in_flight - low.in_flight
-        if dc < 0.25 * (s.probe_gain - 1) * low.in_flight:
+        if dc < 0.25 * (st.probe_gain - 1) * low.in_flight:
             return  # the probe did not raise what ran: nothing learnt
-        dq = high.queue - low.queue
+        slope = (high.queue - low.queue) / dc
+        mid = (low.in_flight + high.in_flight) / 2
         q0 = min(p.queue for p in self.history)
-        if dq < 0.5 * s.gradient * dc:
-            knee = high.in_flight * s.max_step
-        elif low.queue - q0 > 0.5 * dc:
-            knee = low.in_flight - (low.queue - q0)  # the base window was past it too
+        excess = low.queue - q0
+        if slope < st.gradient / 10:
+            knee = mid * st.max_step
+        elif excess > (st.probe_gain - 1) * low.in_flight:
+            knee = low.in_flight - excess
         else:
-            knee = low.in_flight + dc - dq
-        goal = knee * 2 / (1 + s.probe_gain)
-        lo, hi = self._base / s.max_step, self._base * s.max_step
-        goal = min(hi, max(lo, goal))
-        self._set_base(self._base * (goal / self._base) ** s.smoothing)
+            knee = mid * math.exp(st.gain * math.log(st.gradient / slope))
+        knee = min(mid * st.max_step, max(mid / st.max_step, knee))
+        self._set_base(knee * 2 / (1 + st.probe_gain))

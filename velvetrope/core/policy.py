@@ -152,11 +152,14 @@ class AdaptiveLimitPolicy(_Model):
     target: float = Field(
         0.98, gt=0, lt=1, description="Share of the best throughput seen that the knee keeps."
     )
-    window_s: float = Field(3.0, gt=0, description="Shortest measurement window, seconds.")
+    window_s: float = Field(6.0, gt=0, description="Shortest measurement window, seconds.")
     settle_s: float = Field(
         1.0, ge=0, description="Seconds after each change of the limit before measuring."
     )
     min_jobs: int = Field(20, ge=1, description="Jobs with samples needed to close a window.")
+    ramp: float = Field(
+        0.5, gt=0, le=4, description="Slots opened per job that ends while the limit rises."
+    )
     probe_gain: float = Field(
         1.2, gt=1, le=4, description="Probe windows run at this multiple of the base limit."
     )
@@ -169,8 +172,12 @@ class AdaptiveLimitPolicy(_Model):
     )
     history: int = Field(24, ge=2, description="Recent windows kept for inspection.")
     max_step: float = Field(1.5, gt=1, le=4, description="Largest change of one step (factor).")
-    smoothing: float = Field(
-        0.5, gt=0, le=1, description="Share of the way to the knee estimate taken per step."
+    gain: float = Field(
+        0.07,
+        gt=0,
+        le=1,
+        description="How far one pair of windows moves the limit: this times the log of "
+        "gradient over the measured slope.",
     )
 
     @model_validator(mode="after")
