@@ -62,7 +62,9 @@ def sweep(profile_name: str, pairs: list[tuple[int, int]]) -> KneeSweep:
     return knee_sweep(profile, pairs, fine, duration_s=SWEEP_S, warmup_s=WARMUP_S)
 
 
-def run(profile_name: str, pairs: list[tuple[int, int]], pool: dict[str, object], clients: int):
+def run(
+    profile_name: str, pairs: list[tuple[int, int]], pool: dict[str, object], clients: int
+) -> ClosedLoopResult:
     cfg = PolicyConfig.model_validate(
         {"preset": "fifo", "queue": {"max_queued": 1 << 40}, "pools": [{"name": "p", **pool}]}
     )
