@@ -3,68 +3,75 @@ throughput curve from per-token latencies, in the core (sans-IO, time passed in)
 
 Why not a fixed ``max_in_flight``: a continuously batching engine's throughput rises with
 the number of requests in flight (a bigger batch amortises each step's fixed cost) until
-its KV cache or its per-step token budget is full; past that *knee* more in flight only
+its KV cache or its per-step token budget is full.  Past that **knee** more in flight only
 queues inside the engine, where the gateway can no longer order it, and every sequence's
-time per output token grows.  The knee moves with the model, the GPU, the traffic's length
-mix and the number of engines, so no fixed number is right for long.
+time per output token grows; below it, throughput is lost.  The knee moves with the
+model, the GPU, the traffic's length mix and the number of engines, so no fixed number is
+right for long.
 
 Background, and what is taken from it
 -------------------------------------
 Netflix's *concurrency-limits* library treats a service's concurrency like a TCP
 congestion window.  Its **Vegas** limit (after TCP Vegas, Brakmo & Peterson 1994) keeps
-the lowest latency seen as the no-load latency and estimates the queue as
-``limit × (1 − rtt_noload / rtt)``: the limit grows while that estimate is below a small
-``alpha`` and shrinks above ``beta``.  Its **Gradient2** limit compares a short-term
-latency with an exponentially smoothed long-term one, ``gradient = clamp(long / short,
-0.5, 1)``, and sets ``limit ← limit × gradient + queue_size`` with smoothing: the limit
-creeps up while latency holds and is cut in proportion when latency rises.  Both skip
-growth while the service is "app limited" (far fewer requests in flight than the limit).
+the lowest latency seen as the no-load latency, estimates the queue as ``limit × (1 −
+rtt_noload / rtt)``, grows the limit while that estimate is under a small ``alpha`` and
+shrinks it over ``beta``.  Its **Gradient2** limit compares a short-term latency with an
+exponentially smoothed long-term one, ``gradient = clamp(long / short, 0.5, 1)``, and
+sets ``limit ← limit × gradient + queue_size`` with smoothing: the limit creeps up while
+latency holds and is cut in proportion when latency rises.  Both skip growth while the
+service is "app limited" (far fewer requests in flight than the limit), and Vegas probes
+now and then to refresh its reference.
 
 Neither transfers as is.  Their premise is a server whose latency is flat until a queue
-forms, so any rise in latency is a queue.  A batching engine's time per token rises with
-the batch *before* anything queues, and that rise buys throughput: Vegas would call it a
-queue and stop at a few dozen sequences, far below the knee; Gradient2's long-term
-average follows the rise and keeps the limit creeping up past the knee.  What is kept:
-latency-driven control, normalised so that the mix of request sizes cancels out;
-Vegas's explicit estimate against a reference measured by the limit itself; Gradient2's
-multiplicative, clamped, smoothed steps; probing above the current limit, and no growth
-while app limited.
+forms, so that any rise in latency is a queue.  A batching engine's time per output token
+rises with the batch *before* anything queues, and that rise buys throughput: Vegas would
+read it as a queue and stop at a few dozen sequences, far below the knee; Gradient2's
+long-term average follows the rise and lets the limit creep past the knee.  What is kept:
+an explicit estimate of the queue (Vegas), measured against a reference the limit takes
+itself; multiplicative, clamped steps (Gradient2); probing above the current limit; and
+no growth while app limited.
 
-The rule
---------
-Per-token latencies turn into throughput by Little's law.  A job that streamed ``n > 1``
-tokens after its first one took ``span = finished − first_token``, so its time per output
-token is ``span / n``; over that span the limit also knows the mean number of sequences
-that were decoding, ``d`` (a time integral it keeps from the first-token and end events).
-Each decoding sequence emits one token per engine step, so the pool's token throughput
-over the span is ``X = d / TPOT``.  A window of jobs gives one point ``(c, X)``: the mean
-in flight ``c`` its jobs saw and their pooled ``X`` (ratios of sums, so long and short
-jobs weigh by their tokens).  Past the knee ``d`` stops following ``c`` (new work waits
-for a batch slot: its time to first token per prompt token climbs) and ``X`` stops
-rising; below it, ``X`` rises with ``c``.
+The signal: the engine's queue, from time to first token
+--------------------------------------------------------
+Latency is normalised per token so that the mix of request sizes cancels out.  Time per
+output token is the batch's step time: it grows with the batch below the knee and stops
+growing past it (the batch is full), so it cannot tell a bigger batch from a queue.  Time
+to first token can: below the knee it is a prefill (a few steps, per prompt token about
+constant), past it the job first waits for room in the batch.  By Little's law, the mean
+number of jobs dispatched and still waiting for their first token, ``q``, is the rate of
+first tokens times the mean time to first token; the limit integrates that count exactly
+from the dispatch and first-token events.  Below the knee ``q`` is what prefill holds,
+small and growing slowly with concurrency ``c``; past the knee every extra job in flight
+waits, so ``dq/dc`` climbs to 1.  **The knee is where ``dq/dc`` reaches ``gradient``
+(default 1/2: half of each extra job in flight waits).**  Throughput there is the
+plateau's (the bench and the tests measure it with a sweep of fixed limits:
+:func:`~velvetrope.sim.closed_loop.knee_sweep`).
 
+The control loop
+----------------
 Windows alternate between the *base* limit and a *probe* at ``probe_gain ×`` base, so
-that every pair of windows samples the curve at two concurrencies (the gradient).  Over
-the last few points the limit fits ``log X = a + k · log c`` (``k`` is the elasticity of
-throughput: the fraction of a 1% rise in concurrency that comes back as throughput) and
-keeps ``X_max``, the best throughput seen over recent windows.  The **knee**, as this
-module and its tests define it, is the smallest concurrency whose throughput is
-``target`` (default 98%) of the best; the new base is the concurrency at which the fit
-reaches ``target × X_max``, reached in clamped, smoothed multiplicative steps.  When the
-engines have room, probes find more throughput, ``X_max`` rises and so does the limit;
-when per-token latency climbs with no throughput to show for it, ``X`` at the base falls
-short of the fit's prediction or ``X_max`` is not reached, and the limit backs off.  An
-engine added or removed changes the curve; ``X_max`` is a maximum over a sliding window
-of points, so an old best expires and the limit re-converges.  :meth:`AdaptiveLimit.rescale`
-lets a driver that knows the fleet changed (capacity per engine × live engines) jump
-there at once.
+every pair of windows measures the slope ``Δq / Δc`` at the pair's midpoint: a gradient
+estimate with a deliberate perturbation (extremum seeking).  A rise of the limit is paced
+(``ramp`` slots per job that ends, so the extra prefills trickle in), and each window is
+measured only after the limit reached its value (risen, or drained after a fall) and the
+move settled for as long as it took: what a move stirs up says nothing of the steady
+state.  Each pair moves the estimate (see :meth:`AdaptiveLimit._step`): far below the
+knee (no queue at all) by the largest step, ``max_step``; deep past it (the base window
+alone holds more waiting jobs than the probe adds) by the largest step down, to where the
+hinge puts the knee; near it by ``(gradient / slope)^gain``, a small step because the
+slope is noisy.  Base and probe then straddle the estimate.  When engines join, the probe
+finds no queue and the limit grows; when they leave, the queue shows in both windows and
+it shrinks: it re-converges without being told, and :meth:`AdaptiveLimit.rescale` lets a
+driver that knows the fleet changed (capacity per engine × live engines) jump there.
 
 Windows during which the pool never reached its limit (app limited: demand below the
-limit) are measured but move nothing.  A ``ceiling`` and a ``floor`` bound the limit at
-all times; the limit in force is an integer and ``admits`` lets a job start while fewer
-than that many are in flight.  Jobs that stream no token after the first (non-streaming
-responses, where the gateway sees the first token only at the end; one-token outputs)
-count in flight but give no sample.
+limit) are measured but never a reason to grow.  ``floor`` and ``ceiling`` bound the
+limit at all times; the limit in force (``value``) is an integer and :meth:`admits` lets
+a job start while fewer than that many are in flight.  Responses that are not streamed
+(a :class:`~velvetrope.core.request.Job` says whether it is ``streamed``: the gateway sees
+their first token only at the end) count in flight but never as waiting.  With no streamed
+response at all the limit sees no queue and grows to its ceiling; the engines' saturation
+signal is then the brake.
 """
 
 from __future__ import annotations
@@ -74,9 +81,11 @@ from collections import deque
 from dataclasses import dataclass
 
 from velvetrope.core.policy import AdaptiveLimitPolicy
-from velvetrope.core.request import Job
+from velvetrope.core.request import Job, JobState
 
 __all__ = ["AdaptiveLimit", "LimitPoint"]
+
+_COMPLETED = JobState.COMPLETED
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,12 +178,19 @@ class AdaptiveLimit:
         """``job`` was dispatched at ``now``."""
         self._advance(now)
         self._in_flight += 1
-        self._awaiting += 1
+        if job.streamed:
+            self._awaiting += 1
 
     def first_token(self, job: Job, now: float) -> None:
         """``job`` produced its first token at ``now`` (call once per job)."""
+        if not job.streamed:
+            return  # recorded at the end: the whole job, not a wait
         self._advance(now)
         self._awaiting = max(0, self._awaiting - 1)
+        self._count(now)
+
+    def _count(self, now: float) -> None:
+        """One more job measured; close the window when it is long and full enough."""
         if now >= self._w_start:
             self._w_jobs += 1
             s = self.settings
@@ -185,6 +201,10 @@ class AdaptiveLimit:
         """``job``, dispatched earlier, reached its terminal state at ``now``."""
         self._advance(now)
         self._in_flight = max(0, self._in_flight - 1)
+        if job.streamed and job.first_token_at is None:
+            self._awaiting = max(0, self._awaiting - 1)
+        elif not job.streamed and job.state is _COMPLETED:
+            self._count(now)
         if self._w_start == math.inf:
             if self.value < self._goal:
                 # a rise is paced: ``ramp`` more slots per job that ends, so the extra
@@ -200,14 +220,6 @@ class AdaptiveLimit:
                 # risen, or drained after a fall: what the move stirred up settles for as
                 # long as the move took
                 self._start_window(now, max(self.settings.settle_s, now - self._moved_at))
-        ft = job.first_token_at
-        if ft is None:
-            self._awaiting = max(0, self._awaiting - 1)
-        elif ft >= now and job.dispatched_at is not None:
-            # the first token came with the last (a response that was not streamed): its
-            # wait was the whole job, not a queue, so this window takes it back out
-            self._q_area -= max(0.0, now - max(job.dispatched_at, self._w_start))
-            self._w_jobs -= 1 if now >= self._w_start else 0
 
     # -- internals -------------------------------------------------------------------
 

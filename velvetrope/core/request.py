@@ -117,8 +117,13 @@ class Job:
     The caller fills the identity and size fields; the controller fills the rest.
     ``max_tokens`` is the declared completion limit (defaults already resolved).
     ``predicted_output`` may be given (an oracle, a learned predictor); when ``None`` the
-    controller's estimator fills it.  ``deadline`` is an absolute time on the controller's
-    clock after which a still-queued job expires.
+    controller fills it: from ``expected_output`` (the length the client says it expects)
+    if the tenant's policy trusts it, else from its estimator.  ``template`` is a
+    fingerprint of the prompt's template (its system prompt or first message's prefix),
+    which the estimator may condition on.  ``streamed`` says whether the first token is
+    seen when it is produced (``False``: a response delivered whole, whose first token is
+    recorded at the end).  ``deadline`` is an absolute time on the controller's clock after
+    which a still-queued job expires.
     """
 
     id: str
@@ -131,6 +136,9 @@ class Job:
     predicted_output: int | None = None
     arrival: float = math.nan
     deadline: float | None = None
+    template: str | None = None
+    expected_output: int | None = None
+    streamed: bool = True
     # -- filled by the controller --
     state: JobState = JobState.ARRIVED
     reason: Reason | None = None
