@@ -51,13 +51,14 @@ from velvetrope.core.bucket import (
 from velvetrope.core.capacity import PoolCapacity
 from velvetrope.core.estimate import DrainMeter, OutputEstimator, QuantileEstimator
 from velvetrope.core.limit import AdaptiveLimit
-from velvetrope.core.policy import BucketLimits, PolicyConfig, TenantPolicy
+from velvetrope.core.policy import BucketLimits, EstimatorPolicy, PolicyConfig, TenantPolicy
+from velvetrope.core.predictor import LengthPredictor
 from velvetrope.core.presets import apply_preset
 from velvetrope.core.request import Job, JobState, Outcome, Reason, Settlement, Usage
 from velvetrope.core.scheduler import Scheduler
 from velvetrope.errors import LifecycleError, PolicyError, UnknownJobError
 
-__all__ = ["AdmissionController", "Admitted", "Decision", "Queued", "Rejected"]
+__all__ = ["AdmissionController", "Admitted", "Decision", "Queued", "Rejected", "make_estimator"]
 
 _QUEUED = JobState.QUEUED
 _DISPATCHED = JobState.DISPATCHED
@@ -117,6 +118,23 @@ def _limit_claims(owner: BucketOwner, name: str, lim: BucketLimits | None) -> li
     return out
 
 
+def make_estimator(policy: EstimatorPolicy) -> OutputEstimator:
+    """The output-length estimator ``policy`` describes."""
+    if policy.kind == "tenant":
+        return QuantileEstimator(
+            policy.quantile, policy.default_output_tokens, policy.min_observations, policy.sketch
+        )
+    return LengthPredictor(
+        policy.quantile,
+        policy.default_output_tokens,
+        policy.min_observations,
+        window=policy.window,
+        wide_window=4 * policy.window,
+        max_keys=policy.max_keys,
+        prompt_feature=policy.prompt_feature,
+    )
+
+
 class _Pool:
     __slots__ = ("capacity", "drain", "limit", "name", "sched")
 
@@ -152,10 +170,8 @@ class AdmissionController:
         config = apply_preset(config)
         self.config = config
         self.clock = clock
+        self.estimator: OutputEstimator = estimator or make_estimator(config.estimator)
         est = config.estimator
-        self.estimator: OutputEstimator = estimator or QuantileEstimator(
-            est.quantile, est.default_output_tokens, est.min_observations, est.sketch
-        )
         self._reserve_max = est.reserve == "max_tokens"
         self.buckets: MemoryBuckets | None = None if external_buckets else MemoryBuckets()
         self.observers: list[Callable[[Outcome], None]] = list(observers or [])
@@ -260,7 +276,11 @@ class AdmissionController:
                 f"(got {job.max_tokens}, {job.prompt_tokens})"
             )
         if job.predicted_output is None:
-            job.predicted_output = self.estimator.predict(job.tenant, job.max_tokens)
+            said = job.expected_output
+            if said is not None and self.tenant_policy(job.tenant).trust_expected_output:
+                job.predicted_output = max(1, min(job.max_tokens, said))
+            else:
+                job.predicted_output = self.estimator.predict(job)
         job.reserved_output = job.max_tokens if self._reserve_max else job.predicted_output
         job.cost = job.prompt_tokens + job.reserved_output
 
@@ -445,7 +465,7 @@ class AdmissionController:
             raise UnknownJobError(f"no live job {job_id!r}")
         if job.state is not _DISPATCHED:
             raise LifecycleError(f"job {job_id!r} is {job.state.value}, not dispatched")
-        self.estimator.observe(job.tenant, usage.completion_tokens)
+        self.estimator.observe(job, usage.completion_tokens)
         return self._end_dispatched(job, JobState.COMPLETED, Reason.COMPLETED, usage)
 
     def fail(

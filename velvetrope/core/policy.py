@@ -134,6 +134,11 @@ class TenantPolicy(_Model):
     allowed_tiers: tuple[str, ...] = Field(
         (), description="Other tiers this tenant may ask for per request (header/body)."
     )
+    trust_expected_output: bool = Field(
+        False,
+        description="Take this tenant's own expected output length (a request header) as "
+        "the prediction, capped by max_tokens.",
+    )
     queue_progress: bool = Field(
         False,
         description="Gateway: a streaming request of this tenant that waits in the queue "
@@ -256,13 +261,31 @@ class QueuePolicy(_Model):
 
 
 class EstimatorPolicy(_Model):
-    """Output-length estimation and what the buckets reserve."""
+    """Output-length estimation and what the buckets reserve.
 
-    quantile: float = Field(0.9, gt=0, lt=1, description="Per-tenant quantile of observed outputs.")
-    default_output_tokens: int = Field(
-        256, ge=1, description="Estimate before a tenant has enough observations."
+    ``kind: predictor`` (the default) conditions on tenant, prompt template, model,
+    ``max_tokens`` and prompt length (:mod:`velvetrope.core.predictor`); ``kind: tenant``
+    is one running quantile per tenant (``sketch`` chooses its kind)."""
+
+    kind: Literal["predictor", "tenant"] = Field(
+        "predictor", description="'predictor': conditional quantiles; 'tenant': per tenant only."
     )
-    min_observations: int = Field(5, ge=5, description="Observations before the sketch is used.")
+    quantile: float = Field(0.9, gt=0, lt=1, description="Quantile of observed outputs predicted.")
+    default_output_tokens: int = Field(
+        256, ge=1, description="Estimate before anything comparable has been observed."
+    )
+    min_observations: int = Field(
+        5, ge=5, description="Observations a group needs before it predicts."
+    )
+    window: int = Field(
+        64, ge=8, description="predictor: outputs kept per group (the tenant level keeps 4x)."
+    )
+    max_keys: int = Field(
+        4096, ge=16, description="predictor: groups kept at most (least recently used dropped)."
+    )
+    prompt_feature: bool = Field(
+        True, description="predictor: condition on the prompt's length (powers of two)."
+    )
     sketch: Literal["window", "p2"] = Field(
         "window",
         description="'window': the quantile of each tenant's last 256 outputs (follows "

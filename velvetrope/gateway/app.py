@@ -52,7 +52,7 @@ from velvetrope.gateway.admission import Admission
 from velvetrope.gateway.client_stream import PROGRESS_HEADER, ClientStream
 from velvetrope.gateway.httpclient import HttpClient
 from velvetrope.gateway.metrics import GatewayMetrics
-from velvetrope.gateway.parse import Kind, parse_request
+from velvetrope.gateway.parse import EXPECTED_TOKENS_HEADER, Kind, expected_tokens, parse_request
 from velvetrope.gateway.proxy import Relay, UpstreamAnswer, forward
 from velvetrope.gateway.saturation import EngineSaturation
 from velvetrope.gateway.state import FleetGate, LocalState, build_state
@@ -303,6 +303,9 @@ class Gateway:
             max_tokens=(parsed.max_tokens or self.settings.default_max_tokens) * parsed.n,
             pool=pool,
             model=parsed.model,
+            template=parsed.template,  # length prediction and the adaptive limit:
+            streamed=parsed.stream,
+            expected_output=expected_tokens(header(scope, EXPECTED_TOKENS_HEADER)),
         )
         loop = asyncio.get_running_loop()
         watch = _Watch(loop.create_future())

@@ -346,6 +346,7 @@ def run_simulation(
                     caps[i],
                     pool=pool_names[req_pool[i]],
                     predicted_output=preds[i],
+                    template=workload[i].prefix_id,  # a shared system prompt: the template
                 )
                 jobs[i] = job
                 d = ctl.arrive(job)
