@@ -59,7 +59,7 @@ state.  Each pair moves the estimate (see :meth:`AdaptiveLimit._step`): far belo
 knee (no queue at all) by the largest step, ``max_step``; deep past it (the base window
 alone holds more waiting jobs than the probe adds) by the largest step down, to where the
 hinge puts the knee; near it by ``(gradient / slope)^gain``, a small step because the
-slope is noisy.  Base and probe then straddle the estimate.  When engines join, the probe
+slope is noisy (pooled over the last few pairs).  Base and probe then straddle the estimate.  When engines join, the probe
 finds no queue and the limit grows; when they leave, the queue shows in both windows and
 it shrinks: it re-converges without being told, and :meth:`AdaptiveLimit.rescale` lets a
 driver that knows the fleet changed (capacity per engine × live engines) jump there.
@@ -124,6 +124,7 @@ class AdaptiveLimit:
         "_pair",
         "_probe",
         "_q_area",
+        "_slopes",
         "_t",
         "_w_jobs",
         "_w_start",
@@ -147,6 +148,7 @@ class AdaptiveLimit:
         self._moved_at = now
         self._credit = 0.0
         self._pair: LimitPoint | None = None
+        self._slopes: deque[tuple[float, float]] = deque(maxlen=s.pairs)
         self.history: deque[LimitPoint] = deque(maxlen=s.history)
         self._start_window(now)
 
@@ -168,6 +170,7 @@ class AdaptiveLimit:
             raise ValueError(f"factor must be > 0, got {factor}")
         self._set_base(self._base * factor)
         self._pair = None
+        self._slopes.clear()
         self._probe = False
         self.value = self._goal = self._round(self._base)
         self._start_window(self._t)
@@ -294,7 +297,8 @@ class AdaptiveLimit:
         waited for a first token; it is the curve's slope at the pair's midpoint ``m``.
         The knee is where the slope is ``gradient``: a slope under it puts the knee above
         ``m``, over it below.  Near the knee the estimate moves to ``m · (gradient /
-        s)^gain``, a small step since the slope is noisy.  Far from it the step is the
+        s)^gain``, a small step since the slope is noisy (``s`` pooled over the last
+        ``pairs`` pairs near the knee: ``ΣΔq / ΣΔc``).  Far from it the step is the
         largest allowed, ``max_step``: up when the probe found no queue at all (a slope
         under a tenth of ``gradient``: the engines have room, as after engines joined),
         and down toward ``c − (q − q0)`` when the base window alone already held more
@@ -305,15 +309,21 @@ class AdaptiveLimit:
         dc = high.in_flight - low.in_flight
         if dc < 0.25 * (st.probe_gain - 1) * low.in_flight:
             return  # the probe did not raise what ran: nothing learnt
-        slope = (high.queue - low.queue) / dc
+        dq = high.queue - low.queue
+        slope = dq / dc
         mid = (low.in_flight + high.in_flight) / 2
         q0 = min(p.queue for p in self.history)
         excess = low.queue - q0
         if slope < st.gradient / 10:
             knee = mid * st.max_step
+            self._slopes.clear()
         elif excess > (st.probe_gain - 1) * low.in_flight:
             knee = low.in_flight - excess
+            self._slopes.clear()
         else:
-            knee = mid * math.exp(st.gain * math.log(st.gradient / slope))
+            self._slopes.append((dq, dc))
+            pooled = sum(a for a, _ in self._slopes) / sum(b for _, b in self._slopes)
+            pooled = max(pooled, st.gradient / 10)
+            knee = mid * math.exp(st.gain * math.log(st.gradient / pooled))
         knee = min(mid * st.max_step, max(mid / st.max_step, knee))
         self._set_base(knee * 2 / (1 + st.probe_gain))

@@ -157,7 +157,7 @@ class AdaptiveLimitPolicy(_Model):
     target: float = Field(
         0.98, gt=0, lt=1, description="Share of the best throughput seen that the knee keeps."
     )
-    window_s: float = Field(6.0, gt=0, description="Shortest measurement window, seconds.")
+    window_s: float = Field(3.0, gt=0, description="Shortest measurement window, seconds.")
     settle_s: float = Field(
         1.0, ge=0, description="Seconds after each change of the limit before measuring."
     )
@@ -175,10 +175,13 @@ class AdaptiveLimitPolicy(_Model):
         description="The knee: where this share of each extra job in flight waits for its "
         "first token (an engine queue forms).",
     )
+    pairs: int = Field(
+        3, ge=1, description="Pairs of windows whose slopes are pooled near the knee."
+    )
     history: int = Field(24, ge=2, description="Recent windows kept for inspection.")
     max_step: float = Field(1.5, gt=1, le=4, description="Largest change of one step (factor).")
     gain: float = Field(
-        0.07,
+        0.1,
         gt=0,
         le=1,
         description="How far one pair of windows moves the limit: this times the log of "
