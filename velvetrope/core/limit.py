@@ -59,10 +59,11 @@ state.  Each pair moves the estimate (see :meth:`AdaptiveLimit._step`): far belo
 knee (no queue at all) by the largest step, ``max_step``; deep past it (the base window
 alone holds more waiting jobs than the probe adds) by the largest step down, to where the
 hinge puts the knee; near it by ``(gradient / slope)^gain``, a small step because the
-slope is noisy (pooled over the last few pairs).  Base and probe then straddle the estimate.  When engines join, the probe
-finds no queue and the limit grows; when they leave, the queue shows in both windows and
-it shrinks: it re-converges without being told, and :meth:`AdaptiveLimit.rescale` lets a
-driver that knows the fleet changed (capacity per engine × live engines) jump there.
+slope is noisy (pooled over the last few pairs).  Base and probe then straddle the
+estimate.  When engines join, the probe finds no queue and the limit grows; when they
+leave, the queue shows in both windows and it shrinks: it re-converges without being
+told, and :meth:`AdaptiveLimit.rescale` lets a driver that knows the fleet changed
+(capacity per engine × live engines) jump there.
 
 Windows during which the pool never reached its limit (app limited: demand below the
 limit) are measured but never a reason to grow.  ``floor`` and ``ceiling`` bound the
