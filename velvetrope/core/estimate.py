@@ -153,8 +153,11 @@ class WindowQuantile:
         self._since += 1
         if self._since >= self._refresh or self.count <= self._refresh:
             self._since = 0
-            s = sorted(buf)
-            self._value = s[min(len(s) - 1, int(self._p * len(s)))]
+            self._value = self._pick(sorted(buf))
+
+    def _pick(self, s: list[float]) -> float:
+        """The estimate from the window, sorted: its ``⌊p·n⌋``-th value (from 0)."""
+        return s[min(len(s) - 1, int(self._p * len(s)))]
 
     def value(self) -> float:
         """The current estimate; ``nan`` before any observation."""

@@ -36,9 +36,9 @@ templates cannot grow memory past ``max_keys`` rings.  The prediction is clamped
 from __future__ import annotations
 
 import math
-from array import array
 from collections import OrderedDict
 
+from velvetrope.core.estimate import WindowQuantile
 from velvetrope.core.request import Job
 
 __all__ = ["LengthPredictor", "RingQuantile"]
@@ -46,43 +46,14 @@ __all__ = ["LengthPredictor", "RingQuantile"]
 _Key = tuple[object, ...]
 
 
-class RingQuantile:
-    """The ``p``-quantile (inverted CDF) of the last ``window`` integer observations."""
+class RingQuantile(WindowQuantile):
+    """The ``p``-quantile of the last ``window`` observations by the inverted CDF (numpy's
+    ``method="inverted_cdf"``): the ``⌈p·n⌉``-th smallest; ``nan`` before any."""
 
-    __slots__ = ("_buf", "_i", "_p", "_refresh", "_since", "_value", "count", "window")
+    __slots__ = ()
 
-    def __init__(self, p: float, window: int, refresh: int = 8) -> None:
-        if not 0 < p < 1:
-            raise ValueError(f"quantile must be in (0, 1), got {p}")
-        if window < 1 or refresh < 1:
-            raise ValueError("window and refresh must be >= 1")
-        self._p = p
-        self.window = window
-        self._refresh = refresh
-        self._buf = array("l")
-        self._i = 0
-        self._since = 0
-        self._value = -1
-        self.count = 0
-
-    def add(self, x: int) -> None:
-        """Observe one value."""
-        buf = self._buf
-        if len(buf) < self.window:
-            buf.append(x)
-        else:
-            buf[self._i] = x
-            self._i = (self._i + 1) % self.window
-        self.count += 1
-        self._since += 1
-        if self._since >= self._refresh or self.count <= self._refresh:
-            self._since = 0
-            s = sorted(buf)
-            self._value = s[max(0, math.ceil(self._p * len(s)) - 1)]
-
-    def value(self) -> int:
-        """The current quantile; ``-1`` before any observation."""
-        return self._value
+    def _pick(self, s: list[float]) -> float:
+        return s[max(0, math.ceil(self._p * len(s)) - 1)]
 
 
 class LengthPredictor:
@@ -154,7 +125,7 @@ class LengthPredictor:
             g = groups.get(key)
             if g is not None and g.count >= self._min_obs:
                 groups.move_to_end(key)
-                guess = g.value()
+                guess = math.ceil(g.value())
                 break
         return max(1, min(job.max_tokens, guess))
 
