@@ -15,6 +15,7 @@ from velvetrope.core.bucket import Claim, Denial, Grant, settle_lines
 from velvetrope.errors import StoreUnavailable
 from velvetrope.serving.launch import free_port
 from velvetrope.store import CircuitBreaker, GuardedState, RedisStore
+from velvetrope.store.base import Slot
 from velvetrope.store.connect import connect
 
 
@@ -92,7 +93,7 @@ def test_dead_redis_fails_closed() -> None:
                 with pytest.raises(StoreUnavailable):
                     await state.reserve(f"j{i}", "a", [claim(10)])
             with pytest.raises(StoreUnavailable):
-                await state.acquire("default", "j", 10, 4, None)
+                await state.acquire("j", Slot("default", 10, 4, None))
             assert state.fallbacks["reserve_refused"] == 5
         finally:
             await state.stop(flush_s=0)
@@ -142,18 +143,18 @@ def test_leases_are_fleet_wide_and_expire(fresh_redis: str) -> None:
         a = RedisStore(connect(fresh_redis, password=None, timeout_s=1.0), lease_ttl_s=0.3)
         b = RedisStore(connect(fresh_redis, password=None, timeout_s=1.0), lease_ttl_s=0.3)
         try:
-            assert (await a.acquire("p", "j1", 100, 2, 250)).granted
-            assert (await b.acquire("p", "j2", 100, 2, 250)).granted
-            ans = await b.acquire("p", "j3", 10, 2, 250)
+            assert (await a.acquire("j1", Slot("p", 100, 2, 250))).granted
+            assert (await b.acquire("j2", Slot("p", 100, 2, 250))).granted
+            ans = await b.acquire("j3", Slot("p", 10, 2, 250))
             assert (ans.granted, ans.in_flight, ans.tokens_in_flight) == (False, 2, 200)
             assert await a.release("p", ["j1", "j1"]) == 1
-            ans = await b.acquire("p", "j4", 160, 3, 250)  # 100 + 160 > 250 tokens
+            ans = await b.acquire("j4", Slot("p", 160, 3, 250))  # 100 + 160 > 250 tokens
             assert not ans.granted
-            ans = await b.acquire("p", "j4", 150, 3, 250)
+            ans = await b.acquire("j4", Slot("p", 150, 3, 250))
             assert (ans.granted, ans.in_flight, ans.tokens_in_flight) == (True, 2, 250)
             assert await b.renew("p", ["j2"]) == 1
             await asyncio.sleep(0.45)  # j4 (not renewed since) and j2 expire
-            ans = await a.acquire("p", "j5", 100, 1, None)
+            ans = await a.acquire("j5", Slot("p", 100, 1, None))
             assert (ans.granted, ans.in_flight, ans.tokens_in_flight) == (True, 1, 100)
             assert await b.renew("p", ["j2"]) == 0  # an expired lease is not re-created
         finally:
@@ -170,17 +171,17 @@ def test_admit_and_finish_take_and_give_back_in_one_call(fresh_redis: str) -> No
         try:
             assert s.combined
             claims = [claim(300)]
-            res, lease = await s.admit("j1", "a", claims, "p", 300, 1, None)
+            res, lease = await s.admit("j1", "a", claims, Slot("p", 300, 1, None))
             assert isinstance(res, Grant) and lease is not None and lease.granted
-            res2, lease2 = await s.admit("j2", "a", claims, "p", 300, 1, None)
+            res2, lease2 = await s.admit("j2", "a", claims, Slot("p", 300, 1, None))
             assert isinstance(res2, Grant) and lease2 is not None and not lease2.granted
-            denied, none = await s.admit("j3", "a", [claim(500)], "p", 500, 9, None)
+            denied, none = await s.admit("j3", "a", [claim(500)], Slot("p", 500, 9, None))
             assert isinstance(denied, Denial) and none is None  # 400 left: no lease asked
             assert await s.finish("j1", "a", claims, settle_lines(claims, 100), "p") == (True, 1)
             assert await s.finish("j1", "a", claims, settle_lines(claims, 100), "p") == (False, 0)
             (snap,) = await s.snapshots("a", claims)
             assert snap.remaining == pytest.approx(600, abs=0.01)  # 1000 - 300 (j2) - 100
-            assert (await s.acquire("p", "j4", 1, 1, None)).granted  # j1's slot is free
+            assert (await s.acquire("j4", Slot("p", 1, 1, None))).granted  # j1's slot is free
         finally:
             await s.close()
 

@@ -25,6 +25,7 @@ from velvetrope.clock import Clock
 from velvetrope.config import GatewayConfig
 from velvetrope.core import Job
 from velvetrope.core.bucket import Claim, Denial, Grant, SettleLine
+from velvetrope.store.base import Slot
 from velvetrope.store.connect import connect
 from velvetrope.store.guard import GuardedState
 from velvetrope.store.memory import MemoryStore
@@ -50,10 +51,7 @@ class GatewayState(Protocol):
         job_id: str,
         tenant: str,
         claims: Sequence[Claim],
-        pool: str,
-        tokens: int,
-        max_in_flight: int,
-        max_tokens: int | None,
+        slot: Slot,
     ) -> tuple[Grant | Denial, bool]:
         """Reserve ``claims`` and, if granted, take a fleet slot in the same round trip;
         returns the reservation and whether a slot was taken."""
@@ -71,9 +69,7 @@ class GatewayState(Protocol):
         on I/O)."""
         ...
 
-    async def acquire(
-        self, pool: str, job_id: str, tokens: int, max_in_flight: int, max_tokens: int | None
-    ) -> bool: ...
+    async def acquire(self, job_id: str, slot: Slot) -> bool: ...
 
     def start(self) -> None: ...
 
@@ -98,10 +94,7 @@ class LocalState:
         job_id: str,
         tenant: str,
         claims: Sequence[Claim],
-        pool: str,
-        tokens: int,
-        max_in_flight: int,
-        max_tokens: int | None,
+        slot: Slot,
     ) -> tuple[Grant | Denial, bool]:
         return self.store.reserve_now(claims), False
 
@@ -116,9 +109,7 @@ class LocalState:
         if lines:
             self.store.buckets.settle(lines, self.store.clock.now(), job_id)
 
-    async def acquire(
-        self, pool: str, job_id: str, tokens: int, max_in_flight: int, max_tokens: int | None
-    ) -> bool:
+    async def acquire(self, job_id: str, slot: Slot) -> bool:
         return True
 
     def start(self) -> None:
@@ -189,6 +180,10 @@ class FleetGate:
     def admits(self, job: Job, in_flight: int, tokens_in_flight: int, now: float) -> bool:
         return self.waiting == 0
 
+    def slot(self, job: Job) -> Slot:
+        """The slot ``job`` (sized) asks of this pool."""
+        return Slot(self.pool, job.cost, self.max_in_flight, self.max_tokens)
+
     def released(self) -> None:
         """A slot of this pool was given back here: wake the waiter."""
         self._released.set()
@@ -201,7 +196,8 @@ class FleetGate:
         the client went away first.  Raises
         :class:`~velvetrope.errors.StoreUnavailable` under ``fail_closed``."""
         acquire = state.acquire
-        if await acquire(self.pool, job.id, job.cost, self.max_in_flight, self.max_tokens):
+        slot = self.slot(job)
+        if await acquire(job.id, slot):
             return True
         self.waiting += 1
         self.waits += 1
@@ -218,7 +214,7 @@ class FleetGate:
                     wake.cancel()
                 if gone.done():
                     return False
-                if await acquire(self.pool, job.id, job.cost, self.max_in_flight, self.max_tokens):
+                if await acquire(job.id, slot):
                     return True
                 delay = min(0.05, delay * 2)
         finally:

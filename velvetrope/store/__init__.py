@@ -4,7 +4,7 @@ See :mod:`velvetrope.store.base` for the seam, :mod:`velvetrope.store.redis_stor
 Lua scripts' home and key layout, and :mod:`velvetrope.store.guard` for the failure policy.
 """
 
-from velvetrope.store.base import BucketStore, FleetSlots, FleetView, LeaseAnswer
+from velvetrope.store.base import BucketStore, FleetSlots, FleetView, LeaseAnswer, Slot
 from velvetrope.store.breaker import CircuitBreaker
 from velvetrope.store.guard import GuardedState, OnStoreError
 from velvetrope.store.memory import MemoryStore
@@ -22,4 +22,5 @@ __all__ = [
     "OnStoreError",
     "Outbox",
     "RedisStore",
+    "Slot",
 ]

@@ -24,7 +24,7 @@ from typing import NamedTuple, Protocol
 
 from velvetrope.core.bucket import BucketSnapshot, Claim, Denial, Grant, SettleLine
 
-__all__ = ["BucketStore", "FleetSlots", "FleetView", "LeaseAnswer"]
+__all__ = ["BucketStore", "FleetSlots", "FleetView", "LeaseAnswer", "Slot"]
 
 
 class BucketStore(Protocol):
@@ -54,6 +54,16 @@ class BucketStore(Protocol):
         ...
 
 
+class Slot(NamedTuple):
+    """A slot asked of ``pool``: the job's ``tokens`` in flight, against the pool's fleet-wide
+    ``max_in_flight`` and ``max_tokens`` (``None``: no token budget)."""
+
+    pool: str
+    tokens: int
+    max_in_flight: int
+    max_tokens: int | None
+
+
 class LeaseAnswer(NamedTuple):
     """Whether a slot was granted, and the pool's fleet-wide load after the call."""
 
@@ -72,9 +82,7 @@ class FleetView(NamedTuple):
 class FleetSlots(Protocol):
     """A pool's slots, counted over the whole fleet of gateways as expiring leases."""
 
-    async def acquire(
-        self, pool: str, job_id: str, tokens: int, max_in_flight: int, max_tokens: int | None
-    ) -> LeaseAnswer:
+    async def acquire(self, job_id: str, slot: Slot) -> LeaseAnswer:
         """Take one slot for ``job_id`` if the pool has room (a pool with nothing in
         flight always grants one).  Acquiring a lease already held renews it."""
         ...

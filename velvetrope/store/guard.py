@@ -38,6 +38,7 @@ from redis.exceptions import RedisError
 from velvetrope.clock import Clock
 from velvetrope.core.bucket import Claim, Denial, Grant, MemoryBuckets, SettleLine, settle_lines
 from velvetrope.errors import StoreUnavailable
+from velvetrope.store.base import Slot
 from velvetrope.store.breaker import CircuitBreaker
 from velvetrope.store.outbox import Outbox
 from velvetrope.store.redis_store import RedisStore, parse_admit, parse_lease, parse_reserve
@@ -97,6 +98,8 @@ class GuardedState:
         self._tasks: list[asyncio.Task[None]] = []
         self.loop_lag_s = 0.0  # decaying peak of the event loop's lag
         self.late = 0  # calls answered after the budget while Redis was answering
+        self._watch: list[tuple[float, asyncio.Future[Any]]] = []  # (deadline, call)
+        self._watchdog: asyncio.Task[None] | None = None
         self.late_cap_s = 1.0
         if observe_call is not None:
             redis.observe_round_trips(lambda s: observe_call("round_trip", s))
@@ -114,18 +117,19 @@ class GuardedState:
         record its latency; feed the breaker.  A call still pending when the budget runs
         out while Redis demonstrably answers others is this process's backlog, not Redis's:
         it may wait up to ``late_cap_s`` more (counted in ``late``).  Raises
-        :class:`StoreUnavailable` on any failure."""
+        :class:`StoreUnavailable` on any failure.
+
+        A pipelined call is a plain future: the watchdog (one task, every few ms) fails it
+        when its time is up, so a call costs no timer of its own."""
         t0 = time.perf_counter()
-        fut = asyncio.ensure_future(call)  # a pipelined call is a future already: no task
         try:
-            done, _ = await asyncio.wait((fut,), timeout=self.budget_s)
-            if not done and self.redis.answering(self.budget_s):
-                self.late += 1
-                done, _ = await asyncio.wait((fut,), timeout=self.late_cap_s)
-            if not done:
-                fut.cancel()
-                raise TimeoutError(f"no answer within {self.budget_s * 1000:.0f} ms")
-            out = fut.result()
+            if type(call) is asyncio.Future and self._watchdog is not None:
+                if not call.done():
+                    deadline = time.monotonic() + self.budget_s
+                    self._watch.append((deadline, call))
+                out = await call
+            else:
+                out = await self._wait_alone(call)
         except _FAILURES as e:
             self.breaker.failure()
             self._observe(op, time.perf_counter() - t0)
@@ -133,6 +137,43 @@ class GuardedState:
         self.breaker.success()
         self._observe(op, time.perf_counter() - t0)
         return out
+
+    async def _wait_alone(self, call: Any) -> Any:
+        """:meth:`_call`'s wait for a call the watchdog does not watch (a task on a
+        cluster, or before :meth:`start`)."""
+        fut = asyncio.ensure_future(call)
+        done, _ = await asyncio.wait((fut,), timeout=self.budget_s)
+        if not done and self.redis.answering(self.budget_s):
+            self.late += 1
+            done, _ = await asyncio.wait((fut,), timeout=self.late_cap_s)
+        if not done:
+            fut.cancel()
+            raise TimeoutError(f"no answer within {self.budget_s * 1000:.0f} ms")
+        return fut.result()
+
+    async def _watch_calls(self, period_s: float = 0.005) -> None:
+        """Fail watched calls whose time is up; give late ones (Redis answering others)
+        ``late_cap_s`` more."""
+        while True:
+            await asyncio.sleep(period_s)
+            watch = self._watch
+            if not watch:
+                continue
+            now = time.monotonic()
+            keep: list[tuple[float, asyncio.Future[Any]]] = []
+            for deadline, fut in watch:
+                if fut.done():
+                    continue
+                if now < deadline:
+                    keep.append((deadline, fut))
+                elif deadline > 0 and self.redis.answering(self.budget_s):
+                    self.late += 1
+                    keep.append((-(now + self.late_cap_s), fut))  # negative: already late
+                elif deadline < 0 and now < -deadline:
+                    keep.append((deadline, fut))
+                else:
+                    fut.set_exception(TimeoutError("no answer from Redis within the budget"))
+            self._watch = keep
 
     @property
     def budget_s(self) -> float:
@@ -184,10 +225,7 @@ class GuardedState:
         job_id: str,
         tenant: str,
         claims: Sequence[Claim],
-        pool: str,
-        tokens: int,
-        max_in_flight: int,
-        max_tokens: int | None,
+        slot: Slot,
     ) -> tuple[Grant | Denial, bool]:
         """Reserve and, if granted, take a fleet slot, in one round trip where Redis allows
         (else two calls).  Returns the reservation and whether a slot was taken; a failure
@@ -197,22 +235,20 @@ class GuardedState:
             if isinstance(res, Denial):
                 return res, False
             try:
-                return res, await self.acquire(pool, job_id, tokens, max_in_flight, max_tokens)
+                return res, await self.acquire(job_id, slot)
             except StoreUnavailable:
                 return res, False
         if self.breaker.allow():
-            call = self.redis.send_admit(
-                job_id, tenant, claims, pool, tokens, max_in_flight, max_tokens
-            )
+            call = self.redis.send_admit(job_id, tenant, claims, slot)
             try:
                 res, lease = parse_admit(claims, await self._call("reserve", call))
             except StoreUnavailable:
-                self._finish_remote(job_id, tenant, claims, settle_lines(claims, 0), pool)
+                self._finish_remote(job_id, tenant, claims, settle_lines(claims, 0), slot.pool)
             else:
                 for snap in res.snapshots:
                     self._seen[snap.key] = (snap.remaining, snap.limit)
                 if lease is not None and lease.granted:
-                    self._leases.setdefault(pool, {})[job_id] = tokens
+                    self._leases.setdefault(slot.pool, {})[job_id] = slot.tokens
                     return res, True
                 return res, False
         return self._reserve_locally(job_id, claims), False
@@ -281,17 +317,16 @@ class GuardedState:
 
     # -- fleet slots ---------------------------------------------------------------------
 
-    async def acquire(
-        self, pool: str, job_id: str, tokens: int, max_in_flight: int, max_tokens: int | None
-    ) -> bool:
+    async def acquire(self, job_id: str, slot: Slot) -> bool:
         """Take a fleet-wide slot for ``job_id`` (true at once if it holds one): in Redis, or
         (fail_open) one of this replica's 1/N share of local slots; fail_closed raises
         :class:`StoreUnavailable`."""
+        pool = slot.pool
         mine = self._leases.get(pool)
         if mine is not None and job_id in mine:
             return True  # taken earlier (with the reservation)
         if self.breaker.allow():
-            call = self.redis.send_acquire(pool, job_id, tokens, max_in_flight, max_tokens)
+            call = self.redis.send_acquire(job_id, slot)
             try:
                 ans = parse_lease(await self._call("acquire", call))
             except StoreUnavailable:
@@ -299,14 +334,14 @@ class GuardedState:
                 self._release_remote(pool, job_id)
             else:
                 if ans.granted:
-                    self._leases.setdefault(pool, {})[job_id] = tokens
+                    self._leases.setdefault(pool, {})[job_id] = slot.tokens
                 return bool(ans.granted)
         if self.on_store_error == "fail_closed":
             self.fallbacks["lease_refused"] += 1
             raise self._unavailable("lease")
         self.fallbacks["lease_local"] += 1
         held = self._local_leases.setdefault(pool, set())
-        share = max(1, math.ceil(max_in_flight / max(1, self.replicas)))
+        share = max(1, math.ceil(slot.max_in_flight / max(1, self.replicas)))
         if len(held) >= share:
             return False
         held.add(job_id)
@@ -343,10 +378,12 @@ class GuardedState:
         """Start the outbox, the heartbeat (also the breaker's probe) and lease renewal."""
         loop = asyncio.get_running_loop()
         self.outbox.start()
+        self._watchdog = loop.create_task(self._watch_calls())
         self._tasks = [
             loop.create_task(self._beat()),
             loop.create_task(self._renew()),
             loop.create_task(self._watch_lag()),
+            self._watchdog,
         ]
 
     async def stop(self, flush_s: float = 2.0) -> None:
@@ -359,6 +396,7 @@ class GuardedState:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks = []
+        self._watchdog = None
         await self.outbox.stop()
         with contextlib.suppress(*_FAILURES):
             await self.redis.close()

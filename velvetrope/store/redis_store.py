@@ -35,7 +35,7 @@ from typing import Any
 from redis.commands.core import AsyncScript
 
 from velvetrope.core.bucket import BucketSnapshot, Claim, Denial, Grant, SettleLine
-from velvetrope.store.base import FleetView, LeaseAnswer
+from velvetrope.store.base import FleetView, LeaseAnswer, Slot
 from velvetrope.store.pipeline import AutoPipeline
 
 __all__ = ["RedisStore", "load_script", "parse_admit", "parse_lease", "parse_reserve"]
@@ -142,14 +142,12 @@ class RedisStore:
             args += [repr(reserved), repr(actual), repr(c.capacity), repr(c.rate), repr(floor)]
         return keys, args
 
-    def _lease_args(
-        self, job_id: str, tokens: int, max_in_flight: int, max_tokens: int | None
-    ) -> list[Any]:
+    def _lease_args(self, job_id: str, slot: Slot) -> list[Any]:
         return [
             job_id,
-            int(tokens),
-            int(max_in_flight),
-            -1 if max_tokens is None else int(max_tokens),
+            int(slot.tokens),
+            int(slot.max_in_flight),
+            -1 if slot.max_tokens is None else int(slot.max_tokens),
             repr(self.lease_ttl_s),
         ]
 
@@ -193,14 +191,11 @@ class RedisStore:
         job_id: str,
         tenant: str,
         claims: Sequence[Claim],
-        pool: str,
-        tokens: int,
-        max_in_flight: int,
-        max_tokens: int | None,
+        slot: Slot,
     ) -> tuple[Grant | Denial, LeaseAnswer | None]:
         """:meth:`reserve`, then (if granted) :meth:`acquire`, atomically in one call
         (requires :attr:`combined`).  The lease is ``None`` when the reservation was denied."""
-        r = await self.send_admit(job_id, tenant, claims, pool, tokens, max_in_flight, max_tokens)
+        r = await self.send_admit(job_id, tenant, claims, slot)
         return parse_admit(claims, r)
 
     def send_admit(
@@ -208,15 +203,12 @@ class RedisStore:
         job_id: str,
         tenant: str,
         claims: Sequence[Claim],
-        pool: str,
-        tokens: int,
-        max_in_flight: int,
-        max_tokens: int | None,
+        slot: Slot,
     ) -> Any:
         """:meth:`admit` as an awaitable of the raw reply (see :func:`parse_admit`)."""
         keys, args = self._reserve_call(job_id, tenant, claims)
-        keys += self._lease_keys(pool)
-        args += self._lease_args(job_id, tokens, max_in_flight, max_tokens)
+        keys += self._lease_keys(slot.pool)
+        args += self._lease_args(job_id, slot)
         return self._run(self._admit, keys, args)
 
     async def finish(
@@ -258,18 +250,12 @@ class RedisStore:
 
     # -- fleet slots ---------------------------------------------------------------------
 
-    async def acquire(
-        self, pool: str, job_id: str, tokens: int, max_in_flight: int, max_tokens: int | None
-    ) -> LeaseAnswer:
-        r = await self.send_acquire(pool, job_id, tokens, max_in_flight, max_tokens)
-        return parse_lease(r)
+    async def acquire(self, job_id: str, slot: Slot) -> LeaseAnswer:
+        return parse_lease(await self.send_acquire(job_id, slot))
 
-    def send_acquire(
-        self, pool: str, job_id: str, tokens: int, max_in_flight: int, max_tokens: int | None
-    ) -> Any:
+    def send_acquire(self, job_id: str, slot: Slot) -> Any:
         """:meth:`acquire` as an awaitable of the raw reply (see :func:`parse_lease`)."""
-        args = self._lease_args(job_id, tokens, max_in_flight, max_tokens)
-        return self._run(self._acquire, self._lease_keys(pool), args)
+        return self._run(self._acquire, self._lease_keys(slot.pool), self._lease_args(job_id, slot))
 
     async def release(self, pool: str, job_ids: Sequence[str]) -> int:
         if not job_ids:
