@@ -4,11 +4,17 @@ It takes events and returns decisions; it never reads the wall clock (time comes
 injected :class:`~velvetrope.clock.Clock`), never awaits and never does I/O::
 
     ctl = AdmissionController(policy, clock)
+    ctl.route(job)                   # pool by the policy's rules; degrade under pressure
     decision = ctl.arrive(job)       # Admitted | Queued(position, eta_s) | Rejected(...)
     for job in ctl.dispatchable():   # queued jobs that may start now, in policy order
         ...
     ctl.first_token(job.id)
     ctl.complete(job.id, usage)      # also: cancel(), fail(); tick() expires deadlines
+
+Routing (:meth:`AdmissionController.route`, :mod:`velvetrope.core.routing`) picks the
+pool and degrades under pressure; each pool's capacity is slots and tokens per engine × live
+engines (:mod:`velvetrope.core.capacity`) and, with ``saturation.enabled``, the engines' own
+readings (:mod:`velvetrope.core.saturation`, :meth:`AdmissionController.saturation`).
 
 Admission of one job: draining? → edge buckets (429) → start at once if the pool is idle
 enough → queue bounds (global 503, tenant 429, band 503) → predicted wait against the tier's
@@ -19,13 +25,11 @@ its slot and token budget are released and its bucket reservation is settled aga
 tokens actually used.  Each terminal :class:`~velvetrope.core.request.Outcome` is handed to
 every observer and returned to the caller.
 
-Buckets elsewhere (a bucket store: memory, Redis): construct with ``external_buckets=True``,
-reserve the claims from :meth:`AdmissionController.claims` in the store, and pass its
-:class:`~velvetrope.core.bucket.Grant` *or* :class:`~velvetrope.core.bucket.Denial` to
-:meth:`arrive`: a denial runs the same lifecycle as an in-memory one (one rejected outcome,
-429).  Apply each outcome's :class:`~velvetrope.core.request.Settlement` in the store,
-idempotently per job id.  Without ``external_buckets`` the controller keeps its own
-:class:`~velvetrope.core.bucket.MemoryBuckets` (the simulator, the tests).
+Buckets elsewhere (memory, Redis): with ``external_buckets=True``, reserve
+:meth:`AdmissionController.claims` in the store and pass its ``Grant`` *or* ``Denial`` to
+:meth:`arrive` (a denial runs the same lifecycle: one rejected outcome, 429); apply each
+outcome's ``Settlement`` there, idempotently per job id.  Otherwise the controller keeps its
+own :class:`~velvetrope.core.bucket.MemoryBuckets` (the simulator, the tests).
 """
 
 from __future__ import annotations
@@ -49,20 +53,25 @@ from velvetrope.core.bucket import (
     settle_lines,
 )
 from velvetrope.core.capacity import PoolCapacity
-from velvetrope.core.estimate import DrainMeter, OutputEstimator, QuantileEstimator
+from velvetrope.core.estimate import DrainMeter, OutputEstimator
+from velvetrope.core.limit import AdaptiveLimit
 from velvetrope.core.policy import BucketLimits, PolicyConfig, TenantPolicy
+from velvetrope.core.predictor import make_estimator
 from velvetrope.core.presets import apply_preset
 from velvetrope.core.request import Job, JobState, Outcome, Reason, Settlement, Usage
+from velvetrope.core.routing import Routed, Router
+from velvetrope.core.saturation import EngineSaturation
 from velvetrope.core.scheduler import Scheduler
 from velvetrope.errors import LifecycleError, PolicyError, UnknownJobError
 
-__all__ = ["AdmissionController", "Admitted", "Decision", "Queued", "Rejected"]
+__all__ = ["AdmissionController", "Admitted", "Decision", "Queued", "Rejected", "make_estimator"]
 
 _QUEUED = JobState.QUEUED
 _DISPATCHED = JobState.DISPATCHED
 _DEFAULT_RETRY_S = 1.0
 _NO_SETTLEMENT = Settlement(())
 _MISSING: Any = object()
+_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot paths)
 
 
 class Admitted(NamedTuple):
@@ -117,13 +126,23 @@ def _limit_claims(owner: BucketOwner, name: str, lim: BucketLimits | None) -> li
 
 
 class _Pool:
-    __slots__ = ("capacity", "drain", "name", "sched")
+    __slots__ = ("capacity", "drain", "limit", "name", "sched")
 
-    def __init__(self, name: str, sched: Scheduler, capacity: PoolCapacity, drain: DrainMeter):
+    def __init__(
+        self,
+        name: str,
+        sched: Scheduler,
+        capacity: PoolCapacity,
+        drain: DrainMeter,
+        limit: AdaptiveLimit | None = None,
+    ):
         self.name = name
         self.sched = sched
         self.capacity = capacity
         self.drain = drain
+        self.limit = limit  # the adaptive in-flight limit, fed with every dispatched job
+        if limit is not None:
+            capacity.signals.append(limit)
 
 
 class AdmissionController:
@@ -141,10 +160,8 @@ class AdmissionController:
         config = apply_preset(config)
         self.config = config
         self.clock = clock
+        self.estimator: OutputEstimator = estimator or make_estimator(config.estimator)
         est = config.estimator
-        self.estimator: OutputEstimator = estimator or QuantileEstimator(
-            est.quantile, est.default_output_tokens, est.min_observations, est.sketch
-        )
         self._reserve_max = est.reserve == "max_tokens"
         self.buckets: MemoryBuckets | None = None if external_buckets else MemoryBuckets()
         self.observers: list[Callable[[Outcome], None]] = list(observers or [])
@@ -161,12 +178,29 @@ class AdmissionController:
             self._pools[p.name] = _Pool(
                 p.name,
                 Scheduler(config, self._weight),
-                PoolCapacity(p.name, p.max_in_flight, p.max_tokens_in_flight),
+                PoolCapacity(
+                    p.name,
+                    p.in_flight_ceiling,
+                    p.max_tokens_in_flight,
+                    per_engine_slots=p.max_in_flight_per_engine,
+                    per_engine_tokens=p.max_tokens_in_flight_per_engine,
+                ),
                 DrainMeter(
                     config.drain_ewma_alpha, config.drain_window_s, p.initial_drain_tokens_per_s
                 ),
+                None
+                if p.max_in_flight is not None or p.max_in_flight_per_engine is not None
+                else AdaptiveLimit(p.adaptive, clock.now()),
             )
         self._pool_list = list(self._pools.values())
+        self.router = Router(config)
+        self._saturation: dict[str, EngineSaturation] = {}
+        if config.saturation.enabled:
+            for name, pool in self._pools.items():
+                rule = EngineSaturation.from_policy(name, config.saturation)
+                pool.capacity.signals.append(rule)
+                pool.capacity.trackers.append(rule)
+                self._saturation[name] = rule
         self._jobs: dict[str, Job] = {}
         self._deadlines: list[tuple[float, int, Job]] = []
         self._tenant_queued: dict[str, int] = {}
@@ -248,9 +282,49 @@ class AdmissionController:
                 f"(got {job.max_tokens}, {job.prompt_tokens})"
             )
         if job.predicted_output is None:
-            job.predicted_output = self.estimator.predict(job.tenant, job.max_tokens)
+            said = job.expected_output
+            if said is not None and self.tenant_policy(job.tenant).trust_expected_output:
+                job.predicted_output = max(1, min(job.max_tokens, said))
+            else:
+                job.predicted_output = self.estimator.predict(job)
         job.reserved_output = job.max_tokens if self._reserve_max else job.predicted_output
         job.cost = job.prompt_tokens + job.reserved_output
+
+    def route(self, job: Job) -> Routed:
+        """Choose ``job``'s pool by the policy's rules and degrade it if its tier says so
+        (:mod:`velvetrope.core.routing`); call before :meth:`claims` and :meth:`arrive`.
+
+        Sizes the job first (rules see its predicted output), then sets ``job.pool`` and
+        ``job.route``; a degraded job gets ``degraded``, a capped ``max_tokens`` (and its
+        prediction and cost re-sized to match, so its claims reserve what it will use) or
+        a fallback ``pool`` and ``model``.  Raises PolicyError for an unknown tier.
+        """
+        self._size(job)
+        pool, rule = self.router.match(job)
+        job.pool = pool
+        job.route = rule
+        tier = self._tier_index.get(job.tier)
+        if tier is None:
+            raise PolicyError(f"job {job.id!r}: unknown tier {job.tier!r}")
+        d = self.router.degrade(job, tier, lambda p: self._wait_in(p, tier))
+        if d is not None:
+            if d.max_tokens is not None:
+                job.max_tokens = d.max_tokens
+                if job.predicted_output is not None and job.predicted_output > d.max_tokens:
+                    job.predicted_output = d.max_tokens
+                job.cost = 0
+                self._size(job)
+            if d.pool is not None:
+                job.pool = d.pool
+                if d.model is not None:
+                    job.model = d.model
+            job.degraded = d.actions
+        return Routed(job.pool, rule, job.degraded)
+
+    def _wait_in(self, pool: str, tier: int) -> float | None:
+        """The predicted wait of a new job of tier number ``tier`` in ``pool``."""
+        p = self._pools[pool]
+        return p.drain.seconds_for(p.sched.ahead(p.sched.band_of(tier))[1])
 
     # -- events ----------------------------------------------------------------------
 
@@ -306,7 +380,7 @@ class AdmissionController:
             self._jobs[job.id] = job
             self._start(job, pool, now)
             sched.on_start_direct(job)
-            return Admitted(job)
+            return _tuple(Admitted, (job,))
         # 3. queue bounds: the tenant's own (429), then the band's and the global one (503)
         tq = self._tenant_queued.get(job.tenant, 0)
         tbound = self._bounds.get(job.tenant, _MISSING)
@@ -356,7 +430,7 @@ class AdmissionController:
             deadline = limit if deadline is None or limit < deadline else deadline
         if deadline is not None:
             heapq.heappush(self._deadlines, (deadline, job.seq, job))
-        return Queued(job, ahead_n, eta)
+        return _tuple(Queued, (job, ahead_n, eta))
 
     def standing(self, job_id: str) -> tuple[int, float | None] | None:
         """Where a queued job stands: ``(ahead, eta_s)``, at most ``ahead`` jobs before it
@@ -422,6 +496,9 @@ class AdmissionController:
             raise LifecycleError(f"job {job_id!r} is {job.state.value}, not dispatched")
         if job.first_token_at is None:
             job.first_token_at = self.clock.now()
+            limit = self._pools[job.pool].limit
+            if limit is not None:
+                limit.first_token(job, job.first_token_at)
 
     def complete(self, job_id: str, usage: Usage) -> Outcome:
         """A dispatched job finished: settle with ``usage`` and release its capacity."""
@@ -430,7 +507,7 @@ class AdmissionController:
             raise UnknownJobError(f"no live job {job_id!r}")
         if job.state is not _DISPATCHED:
             raise LifecycleError(f"job {job_id!r} is {job.state.value}, not dispatched")
-        self.estimator.observe(job.tenant, usage.completion_tokens)
+        self.estimator.observe(job, usage.completion_tokens)
         return self._end_dispatched(job, JobState.COMPLETED, Reason.COMPLETED, usage)
 
     def fail(
@@ -489,7 +566,9 @@ class AdmissionController:
                 "bands": {b.name: {"queued": len(b), "tokens": b.tokens} for b in p.sched.bands},
                 "in_flight": p.capacity.in_flight,
                 "tokens_in_flight": p.capacity.tokens,
-                "max_in_flight": p.capacity.max_in_flight,
+                "max_in_flight": p.capacity.max_in_flight if p.limit is None else p.limit.value,
+                "max_tokens_in_flight": p.capacity.max_tokens,
+                "engines": p.capacity.engines,
                 "drain_tokens_per_s": p.drain.rate,
             }
         return {
@@ -510,6 +589,15 @@ class AdmissionController:
     def pool_capacity(self, pool: str) -> PoolCapacity:
         """The capacity object of ``pool`` (to attach saturation signals or change limits)."""
         return self._pools[pool].capacity
+
+    def saturation(self, pool: str) -> EngineSaturation | None:
+        """``pool``'s engine-saturation rule (``None`` when ``saturation.enabled`` is off):
+        feed it readings and the live engines, and report each job sent to an engine."""
+        return self._saturation.get(pool)
+
+    def pool_limit(self, pool: str) -> AdaptiveLimit | None:
+        """The adaptive in-flight limit of ``pool`` (``None`` with a fixed ``max_in_flight``)."""
+        return self._pools[pool].limit
 
     # -- internals -------------------------------------------------------------------
 
@@ -532,6 +620,11 @@ class AdmissionController:
         cap.in_flight += 1
         cap.tokens += job.cost
         self.in_flight += 1
+        if cap.trackers:
+            for t in cap.trackers:
+                t.started(job, now)
+        if pool.limit is not None:
+            pool.limit.started(job, now)
 
     def _settlement(self, job: Job, actual_tokens: int) -> Settlement:
         claims = job.claims
@@ -546,7 +639,7 @@ class AdmissionController:
         job.finished_at = now
         if settlement.lines and self.buckets is not None:
             self.buckets.settle(settlement.lines, now)
-        out = Outcome(job, state, reason, settlement, now)
+        out = _tuple(Outcome, (job, state, reason, settlement, now))
         for obs in self.observers:
             obs(out)
         return out
@@ -591,7 +684,12 @@ class AdmissionController:
         cap.in_flight -= 1
         cap.tokens -= job.cost
         self.in_flight -= 1
+        if cap.trackers:
+            for t in cap.trackers:
+                t.ended(job, now)
         pool.sched.on_complete(job, usage.completion_tokens)
+        if pool.limit is not None:
+            pool.limit.ended(job, now)
         del self._jobs[job.id]
         total = usage.prompt_tokens + usage.completion_tokens
         return self._emit(job, state, reason, self._settlement(job, total), now)

@@ -9,15 +9,17 @@ start-up delay, the pool, Prometheus' scrape interval.  Handed to
 (the ``replicas`` argument is ignored for that pool), the signal is scraped every
 ``scrape_interval_s``, KEDA polls and the HPA syncs on their own schedules, and each change
 of the replica count starts engines (serving after their start-up delay) or drains them.
-The pool's in-flight limits follow its ready replicas: its ``max_in_flight`` (and
-``max_tokens_in_flight``) as configured are for ``replicas`` engines, so per engine they are
-that divided by ``replicas``.
+The pool's in-flight limits follow its ready replicas (capacity per engine × live engines,
+:class:`~velvetrope.core.capacity.PoolCapacity`): a pool configured per engine
+(``max_in_flight_per_engine``) as it says; a pool given a fixed ``max_in_flight`` (and
+``max_tokens_in_flight``) gets that divided by ``replicas`` per engine.
 
 The signals (:data:`~velvetrope.sim.keda.SIGNALS`), read at each scrape, summed over the
 pool's ready replicas where they are per engine:
 
 * ``queue_depth``: requests queued at the gateway for the pool (all bands);
-* ``num_requests_waiting``: sequences waiting in the engines' batchers;
+* ``num_requests_waiting``: sequences waiting in the engines' batchers, as vLLM's gauge
+  counts them (as of each engine's last step: :mod:`velvetrope.sim.scrape`);
 * ``kv_cache_usage``: the engines' KV-cache usage fractions;
 * ``gpu_utilization``: per engine, 100 × the share of the time since the last scrape (or
   since it became ready) in which it had a batch running.
@@ -45,6 +47,7 @@ from velvetrope.sim.fleet import Fleet
 from velvetrope.sim.keda import KedaAutoscaler, ScaledObject, ScaleEvent, load_scaled_object
 from velvetrope.sim.replicas import ReplicaPool, StartupDelay
 from velvetrope.sim.runner import Autoscaling, Scaler
+from velvetrope.sim.scrape import EngineScrapes
 
 __all__ = [
     "AutoscaleSpec",
@@ -157,6 +160,7 @@ class AutoscaleTrace:
 class _Signals:
     ctl: AdmissionController
     fleet: Fleet
+    fresh: list[int]
     pool_name: str
     pool: int
     names: tuple[str, ...]
@@ -169,7 +173,8 @@ class _Signals:
             if name == "queue_depth":
                 total += self.ctl.pool_queued(self.pool_name)
             elif name == "num_requests_waiting":
-                total += sum(self.fleet.batchers[k].num_waiting for k in ready)
+                b, f = self.fleet.batchers, self.fresh  # vLLM's gauge: as of the last step
+                total += sum(max(0, b[k].num_waiting - f[k]) for k in ready)
             elif name == "kv_cache_usage":
                 total += sum(self.fleet.batchers[k].kv_usage for k in ready)
             else:
@@ -220,26 +225,31 @@ def attach(
     spec: AutoscaleSpec,
     ctl: AdmissionController,
     fleet: Fleet,
+    scrapes: EngineScrapes,
     pool_names: Sequence[str],
     configured_replicas: int,
     seed: int,
 ) -> _Attached:
     """Make ``spec``'s pool of ``fleet`` dynamic (used by ``run_simulation``): adopt its
-    engines as ready replicas, size its limits per engine, wire the signal and the scaler."""
+    engines as ready replicas, make its limits per engine (a pool that gives
+    ``max_in_flight`` for ``configured_replicas`` engines gets that share per engine), wire
+    the signal and the scaler."""
     name = spec.pool or pool_names[0]
     if name not in pool_names:
         raise PolicyError(f"autoscale pool {name!r} is not in the policy's pools")
     j = list(pool_names).index(name)
     cap = ctl.pool_capacity(name)
-    per_slots = max(1, cap.max_in_flight // configured_replicas)
-    per_tokens = None if cap.max_tokens is None else max(1, cap.max_tokens // configured_replicas)
+    if cap.per_engine_slots is None:
+        cap.per_engine_slots = max(1, cap.max_in_flight // configured_replicas)
+    if cap.per_engine_tokens is None and cap.max_tokens is not None:
+        cap.per_engine_tokens = max(1, cap.max_tokens // configured_replicas)
     rng = np.random.default_rng([seed, 0x5CA1E])
     pool = ReplicaPool(spec.startup, rng, lambda: fleet.add(j))
     pool.adopt(0.0, list(fleet.members[j]))
     so = spec.scaled_object
     keda = None if spec.scaler is not None else KedaAutoscaler(so)
     scaler: Scaler = spec.scaler if spec.scaler is not None else keda  # type: ignore[assignment]
-    signals = _Signals(ctl, fleet, name, j, so.signals)
+    signals = _Signals(ctl, fleet, scrapes.fresh, name, j, so.signals)
     sig_t: list[float] = []
     sig_v: list[float] = []
 
@@ -253,8 +263,6 @@ def attach(
         pool=j,
         scaler=scaler,
         replicas=pool,
-        slots_per_replica=per_slots,
-        tokens_per_replica=per_tokens,
         scrape_interval_s=spec.scrape_interval_s,
         signal=signals.read,
         record=record,

@@ -9,7 +9,8 @@ pool's replicas are a contiguous range.  Routers (:data:`ROUTERS`):
 ``least_loaded``
     the replica of the pool with the fewest outstanding jobs (dispatched to it and not yet
     finished, aborted or failed); ties go to the lowest-numbered replica.  This is the
-    gateway's "least-loaded upstream inside a pool".
+    gateway's rule, :func:`velvetrope.core.routing.least_loaded`, with ties from the first
+    replica (the gateway rotates where ties start).
 
 The fleet also keeps the busy-time accounting the report needs: a replica is *busy* from the
 moment work is added to an idle replica until its batcher runs out of work.  The event loop
@@ -27,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from velvetrope.core.routing import least_loaded
 from velvetrope.engine import Batcher, EngineProfile
 from velvetrope.errors import PolicyError
 
@@ -159,11 +161,7 @@ class Fleet:
             self._next[pool] = i + 1
             return m[i]
         load = self.load
-        best = m[0]
-        for k in m:
-            if load[k] < load[best]:
-                best = k
-        return best
+        return m[least_loaded([load[k] for k in m])]
 
     def busy_until(self, k: int, now: float) -> float:
         """Replica ``k``'s busy seconds up to ``now``."""

@@ -6,9 +6,15 @@ of the engine is re-implemented: every admission decision is the
 :class:`~velvetrope.engine.Batcher` step, and the loop only moves time and carries events
 between them, the way the gateway does with real time:
 
-* an arrival at ``t`` becomes a :class:`~velvetrope.core.request.Job` and goes to
-  ``ctl.arrive``; an admitted job is routed to a replica of its pool
-  (:class:`~velvetrope.sim.fleet.Fleet`) and ``add``-ed to that replica's batcher;
+* an arrival at ``t`` becomes a :class:`~velvetrope.core.request.Job`, is routed by
+  ``ctl.route`` (the policy's ``routes``, and its tier's degradation: a capped ``max_tokens``
+  caps what the engine generates) and goes to ``ctl.arrive``; a dispatched job goes to the
+  least-loaded replica of its pool (:class:`~velvetrope.sim.fleet.Fleet`) and is ``add``-ed
+  to that replica's batcher;
+* capacity per engine is per engine × the pool's replicas, and with
+  ``policy.saturation.enabled`` the replicas are read every ``scrape_interval_s`` into the
+  core's saturation rule, after which ``ctl.dispatchable()`` is asked again
+  (:mod:`velvetrope.sim.scrape`); the rule is told which replica took each job;
 * each busy replica runs back-to-back iterations: the step is computed when it starts
   (vLLM schedules at the start of an iteration, so work added during a step waits for the
   next one) and its events are delivered when it ends: ``FirstToken`` → ``ctl.first_token``,
@@ -30,8 +36,8 @@ engine always samples at least one).  A row without ``max_tokens`` declares
 
 Events come from one event environment (:mod:`velvetrope.sim.env`, driven by
 :func:`velvetrope.sim.runner.drive`): ties in time are resolved in one fixed order, so a run
-is a pure function of its inputs: step ends (by replica number) first, then queue deadlines,
-then client timeouts (in arrival order), then arrivals (in workload order).
+is a pure function of its inputs: step ends (by replica number) first, then scrapes, then
+queue deadlines, then client timeouts (in arrival order), then arrivals (in workload order).
 
 Tiers: a request runs in the tier the gateway would give it,
 ``ctl.resolve_tier(tenant, requested=row.tier)``, except that a tenant the config does not
@@ -43,6 +49,17 @@ time, only non-empty event lists are delivered and the batchers run with
 ``Batcher(token_events=False)`` (TPOT comes from the first-token and finish times).  The
 cyclic garbage collector is paused during the run (nothing the loop allocates forms cycles;
 reference counting frees it).  See ``bench/sim_bench.py``.
+
+Fast-forward: when a replica's next iterations are pure decode (every running sequence
+decoding, nothing to admit, every block they need free), the loop plans the whole stretch
+up to and including the step where sequences finish
+(:func:`~velvetrope.engine.fastforward.plan_decode_run`) and schedules only its end.
+The stretch is applied to the batcher in closed form when it ends, or earlier, up to the
+step in progress, the moment anything touches that replica (a dispatch to it, a client
+timeout of one of its jobs): a step starting exactly then counts as started when a
+step-by-step loop would have handled that step end first (ties go by replica number, and every
+step end before the arrival, deadline or timeout at the same time).  The result is the same,
+bit for bit, as stepping every iteration (``fast_forward=False``).
 """
 
 from __future__ import annotations
@@ -57,6 +74,7 @@ from velvetrope.clock import ManualClock
 from velvetrope.core import (
     AdmissionController,
     Job,
+    JobState,
     Outcome,
     OutputEstimator,
     PolicyConfig,
@@ -70,6 +88,7 @@ from velvetrope.sim.lengths import LengthKnowledge, parse_lengths, predicted_out
 from velvetrope.sim.metrics import JobRecords, config_slos
 from velvetrope.sim.result import LogEntry, RunInfo, SimResult
 from velvetrope.sim.runner import Inputs, drive
+from velvetrope.sim.scrape import EngineScrapes
 from velvetrope.sim.workload import TraceRequest, rescale_time, trace_stats
 
 if TYPE_CHECKING:
@@ -78,6 +97,8 @@ if TYPE_CHECKING:
 __all__ = ["policy_label", "run_simulation", "scale_to_load"]
 
 _INF = math.inf
+_QUEUED = JobState.QUEUED
+_DISPATCHED = JobState.DISPATCHED
 
 
 def policy_label(config: PolicyConfig) -> str:
@@ -120,11 +141,12 @@ def run_simulation(
     estimator: OutputEstimator | None = None,
     client_timeout_s: float | None = None,
     default_max_tokens: int = 1024,
-    pool_of: Callable[[TraceRequest], str] | None = None,
     slos: Mapping[str, SloPolicy] | None = None,
     seed: int = 0,
     label: str = "workload",
     record_decisions: bool = False,
+    record_engines: bool = False,
+    fast_forward: bool = True,
     autoscale: AutoscaleSpec | None = None,
 ) -> SimResult:
     """Replay ``workload`` (sorted by ``t``) through ``config`` on a modelled fleet.
@@ -135,13 +157,18 @@ def run_simulation(
     saturation throughput on this workload's length mix × all replicas).  ``router``:
     ``least_loaded`` or ``round_robin``.  ``lengths``: what the core knows of output lengths
     (:mod:`velvetrope.sim.lengths`); ``estimator`` replaces the core's default estimator.
-    ``pool_of`` maps a request to a pool name (default: the first pool).  ``slos`` per tier
+    Pools come from the policy's ``routes`` (the gateway's rules, on model, tier and
+    predicted output).  ``slos`` per tier
     (``*`` for the rest; see :mod:`velvetrope.sim.metrics`).  ``seed`` drives the noisy
     predictor and the capacity measurement.  ``record_decisions`` keeps the decision log
-    (:attr:`SimResult.decisions`).  ``autoscale`` makes one pool's replicas come and go
-    under KEDA's model (:mod:`velvetrope.sim.autoscale`; the result's
-    :attr:`SimResult.autoscale`).  Bad parameters raise :class:`~velvetrope.errors.PolicyError`.
-    The same inputs give the same result, bit for bit.
+    (:attr:`SimResult.decisions`); ``record_engines`` samples every replica's running and
+    waiting sequences at each scrape interval (:attr:`SimResult.engines`).
+    ``fast_forward=False`` steps every engine iteration one by one instead of advancing
+    pure-decode stretches in closed form (the result is the same, bit for bit; it exists for
+    the tests that prove it).  ``autoscale`` makes one pool's replicas come and go under
+    KEDA's model (:mod:`velvetrope.sim.autoscale`; the result's :attr:`SimResult.autoscale`).
+    Bad parameters raise :class:`~velvetrope.errors.PolicyError`.  The same inputs give the
+    same result, bit for bit.
     """
     knowledge = parse_lengths(lengths)
     if client_timeout_s is not None and not (
@@ -165,12 +192,14 @@ def run_simulation(
     pool_names = [p.name for p in policy.pools]
     counts = pool_replicas(pool_names, replicas)
     configured = dict(counts)
+    scaled = None
     if autoscale is not None:
         scaled = autoscale.pool or pool_names[0]
         if scaled not in counts:
             raise PolicyError(f"autoscale pool {scaled!r} is not in the policy's pools")
         counts[scaled] = max(1, autoscale.scaled_object.min_replicas)
     fleet = Fleet(profile, counts, router)
+    scrapes = EngineScrapes(ctl, fleet, record=record_engines)
     capacity: Capacity | None = None
     if load is not None:
         capacity = fleet_capacity(profile, workload, len(fleet), seed=seed)
@@ -186,6 +215,7 @@ def run_simulation(
         for r, o in zip(workload, outputs, strict=True)
     ]
     preds = predicted_outputs(knowledge, outputs, caps, seed)
+    models = [r.model for r in workload]
     listed = {t.name for t in policy.tenants}
     tier_names = {t.name for t in policy.tiers}
     tier_cache: dict[tuple[str, str | None], str] = {}
@@ -200,35 +230,28 @@ def run_simulation(
                 tier = ctl.resolve_tier(r.tenant, r.tier)
             tier_cache[key] = tier
         tiers.append(tier)
-    pool_index = {p: i for i, p in enumerate(pool_names)}
-    if pool_of is None:
-        req_pool = [0] * n
-    else:
-        try:
-            req_pool = [pool_index[pool_of(r)] for r in workload]
-        except KeyError as exc:
-            raise PolicyError(f"pool_of named unknown pool {exc.args[0]!r}") from None
-    max_len = profile.max_model_len
-    fits = [p + o <= max_len for p, o in zip(prompts, outputs, strict=True)]
-    shared = [(r.prefix_id, r.prefix_tokens) for r in workload]
     inputs = Inputs(
         times=times, tenants=[r.tenant for r in workload], tiers=tiers, prompts=prompts,
-        outputs=outputs, caps=caps, preds=preds, pools=req_pool, pool_names=pool_names,
-        fits=fits, shared=shared,
+        outputs=outputs, caps=caps, preds=preds, models=models,
+        templates=[r.prefix_id for r in workload], pool_index={p: i for i, p in
+        enumerate(pool_names)}, max_len=profile.max_model_len,
+        shared=[(r.prefix_id, r.prefix_tokens) for r in workload],
     )  # fmt: skip
     attached = None
     if autoscale is not None:
         from velvetrope.sim.autoscale import attach
 
-        scaled = autoscale.pool or pool_names[0]
-        attached = attach(autoscale, ctl, fleet, pool_names, configured[scaled], seed)
+        assert scaled is not None
+        attached = attach(autoscale, ctl, fleet, scrapes, pool_names, configured[scaled], seed)
     trace = drive(
-        ctl, clock, fleet, inputs, timeout=client_timeout_s, decisions=decisions,
-        record=record_decisions, autoscaling=None if attached is None else attached.auto,
+        ctl, clock, fleet, scrapes, inputs, timeout=client_timeout_s, decisions=decisions,
+        record=record_decisions, fast_forward=fast_forward,
+        autoscaling=None if attached is None else attached.auto,
         until=0.0 if autoscale is None else autoscale.horizon_s,
     )  # fmt: skip
     jobs = trace.jobs
     samples_t, samples_q, samples_f = trace.samples_t, trace.samples_q, trace.samples_f
+
     span = trace.span_s
     records = _records(jobs, tiers, prompts, outputs)
     info = RunInfo(
@@ -236,7 +259,7 @@ def run_simulation(
         requests=n,
         policy=policy_label(config),
         profile=profile.name,
-        replicas={p: fleet.ranges[j][1] - fleet.ranges[j][0] for j, p in enumerate(pool_names)},
+        replicas=configured if scaled is None else {**configured, scaled: counts[scaled]},
         router=router,
         lengths=str(knowledge),
         client_timeout_s=client_timeout_s,
@@ -257,6 +280,7 @@ def run_simulation(
             np.asarray(samples_f, dtype=np.int64),
         ),
         decisions=tuple(decisions) if record_decisions else None,
+        engines=scrapes.samples(),
         autoscale=None if attached is None else attached.finish(span),
     )
 
@@ -266,6 +290,9 @@ def _records(
 ) -> JobRecords:
     nan = math.nan
     arrival, dispatched, first, end, state, reason, tenant, pred = [], [], [], [], [], [], [], []
+    pool: list[str] = []
+    route: list[str] = []
+    degraded: list[str] = []
     for job in jobs:
         assert job is not None
         arrival.append(job.arrival)
@@ -276,6 +303,9 @@ def _records(
         reason.append(job.reason.code if job.reason is not None else "")
         tenant.append(job.tenant)
         pred.append(job.predicted_output if job.predicted_output is not None else -1)
+        pool.append(job.pool)
+        route.append(job.route or "")
+        degraded.append(",".join(job.degraded))
     return JobRecords(
         arrival=np.asarray(arrival, dtype=np.float64),
         dispatched=np.asarray(dispatched, dtype=np.float64),
@@ -288,4 +318,7 @@ def _records(
         prompt=np.asarray(prompts, dtype=np.int64),
         output=np.asarray(outputs, dtype=np.int64),
         predicted=np.asarray(pred, dtype=np.int64),
+        pool=np.asarray(pool, dtype=np.str_),
+        route=np.asarray(route, dtype=np.str_),
+        degraded=np.asarray(degraded, dtype=np.str_),
     )

@@ -59,16 +59,21 @@ from velvetrope.core import (
     Usage,
 )
 from velvetrope.engine import EngineEvent, Finished, FirstToken
+from velvetrope.engine.fastforward import DecodeRun, plan_decode_run
 from velvetrope.sim.env import Environment, priority
 from velvetrope.sim.fleet import Fleet
 from velvetrope.sim.replicas import Replica, ReplicaPool
+from velvetrope.sim.scrape import EngineScrapes
 
 LogEntry = tuple[float, str, str, str]
 """A decision-log entry (:data:`velvetrope.sim.result.LogEntry`, which is this type)."""
 
 __all__ = ["Autoscaling", "Inputs", "LogEntry", "Scaler", "Trace", "drive"]
 
-STEP, READY, PROM, SCALE, DEADLINE, TIMEOUT, ARRIVAL = range(7)
+STEP, SCRAPE, READY, PROM, SCALE, DEADLINE, TIMEOUT, ARRIVAL = range(8)
+_BY_ALL = 1 << 30
+"""The ``by`` of events that are not step ends: after every replica's (fast-forward)."""
+_KBITS = 24
 _QUEUED = JobState.QUEUED
 _DISPATCHED = JobState.DISPATCHED
 
@@ -89,14 +94,11 @@ class Scaler(Protocol):
 @dataclass(slots=True)
 class Autoscaling:
     """One autoscaled pool: its number, the scaler, the replicas, the signal and its scrape
-    interval (``signal(now)`` is read at each scrape and handed to ``record``), and the
-    in-flight limits per ready replica."""
+    interval (``signal(now)`` is read at each scrape and handed to ``record``)."""
 
     pool: int
     scaler: Scaler
     replicas: ReplicaPool
-    slots_per_replica: int
-    tokens_per_replica: int | None
     scrape_interval_s: float = 15.0
     signal: Callable[[float], float] | None = None
     record: Callable[[float, float], None] | None = None
@@ -104,7 +106,8 @@ class Autoscaling:
 
 @dataclass(slots=True)
 class Inputs:
-    """Per-request inputs, prepared once (aligned lists, in workload order)."""
+    """Per-request inputs, prepared once (aligned lists, in workload order).  ``outputs`` is
+    updated in place when a degraded job's ``max_tokens`` cuts what its engine generates."""
 
     times: list[float]
     tenants: list[str]
@@ -113,9 +116,10 @@ class Inputs:
     outputs: list[int]
     caps: list[int]
     preds: list[int | None]
-    pools: list[int]
-    pool_names: list[str]
-    fits: list[bool]
+    models: list[str | None]
+    templates: list[str | None]
+    pool_index: dict[str, int]
+    max_len: int
     shared: list[tuple[str | None, int]]
 
 
@@ -135,11 +139,13 @@ def drive(
     ctl: AdmissionController,
     clock: ManualClock,
     fleet: Fleet,
+    scrapes: EngineScrapes,
     inp: Inputs,
     *,
     timeout: float | None,
     decisions: list[LogEntry],
     record: bool,
+    fast_forward: bool = True,
     autoscaling: Autoscaling | None = None,
     until: float = 0.0,
 ) -> Trace:
@@ -148,48 +154,75 @@ def drive(
     env = Environment()
     schedule = env.schedule
     n = len(inp.times)
-    times, prompts, outputs, fits, shared = (
-        inp.times,
-        inp.prompts,
-        inp.outputs,
-        inp.fits,
-        inp.shared,
-    )
+    times, prompts, outputs, shared = inp.times, inp.prompts, inp.outputs, inp.shared
+    max_len = inp.max_len
+    pool_index = inp.pool_index
     jobs: list[Job | None] = [None] * n
     replica_of = [-1] * n
+    req_pool = [0] * n
     batchers = fleet.batchers
     load_ = fleet.load
     active = fleet.active
     route = fleet.route
     members = fleet.members
     pend: list[list[EngineEvent] | None] = [None] * len(fleet)
+    runs: list[DecodeRun | None] = [None] * len(fleet)
+    ver = [0] * len(fleet)
     step_prio = [priority(STEP, k) for k in range(len(fleet))]
+    plan = plan_decode_run if fast_forward else None
     set_clock = clock.set
     dispatchable = ctl.dispatchable
+    route_job = ctl.route
     first_token = ctl.first_token
     complete = ctl.complete
     live_job = ctl.job
+    sent = scrapes.sent
+    fresh = scrapes.fresh
     samples_t: list[float] = []
     samples_q: list[int] = []
     samples_f: list[int] = []
     draining: dict[int, Replica] = {}
     auto = autoscaling
+    kmask = (1 << _KBITS) - 1
 
-    def launch(batch: Sequence[Job], now: float) -> bool:
+    def step_at(k: int, t: float) -> None:
+        """Replica ``k``'s next step end (or start) is at ``t``; an earlier event is stale."""
+        ver[k] += 1
+        schedule(t, step_prio[k], on_step, (ver[k] << _KBITS) | k)
+
+    def settle(k: int, now: float, by: int) -> None:
+        """Apply replica ``k``'s pending decode run up to its step in progress at ``now``
+        (seen while handling the step end of replica ``by``, :data:`_BY_ALL` for the other
+        events) and move its step end there.  Called before anything reads or changes
+        batcher ``k``."""
+        run = runs[k]
+        if run is None:
+            return
+        runs[k] = None
+        j = run.started(now, inclusive=k < by)
+        pend[k] = run.apply(j)
+        if j < run.steps:
+            step_at(k, run.starts[j])
+
+    def launch(batch: Sequence[Job], now: float, by: int) -> bool:
         """Send dispatched jobs to replicas; True if some failed (capacity was released)."""
         failed = False
         for job in batch:
             idx = int(job.id)
-            pool = inp.pools[idx]
-            if not fits[idx] or not members[pool]:  # too long, or no engine to take it
-                ctl.fail(job.id, Reason.UPSTREAM_ERROR)
+            pool = req_pool[idx]
+            if prompts[idx] + outputs[idx] > max_len or not members[pool]:
+                ctl.fail(job.id, Reason.UPSTREAM_ERROR)  # too long, or no engine to take it
                 failed = True
                 continue
             k = route(pool)
+            if runs[k] is not None:
+                settle(k, now, by)
             pid, ptok = shared[idx]
             batchers[k].add(
                 job.id, prompts[idx], outputs[idx], now, prefix_id=pid, prefix_tokens=ptok
             )
+            sent(job, k)
+            fresh[k] += 1
             load_[k] += 1
             replica_of[idx] = k
             if record:
@@ -197,18 +230,26 @@ def drive(
             if not active[k]:
                 fleet.start_busy(k, now)
                 pend[k] = None
-                schedule(now, step_prio[k], on_step, k)
+                step_at(k, now)
         return failed
 
-    def dispatch(now: float) -> None:
+    def dispatch(now: float, by: int) -> None:
         while True:
             batch = dispatchable()
-            if not batch or not launch(batch, now):
+            if not batch or not launch(batch, now, by):
                 return
 
-    def on_step(k: int) -> None:
+    def on_step(arg: int) -> None:
+        k = arg & kmask
+        if arg >> _KBITS != ver[k]:
+            return  # moved by a settled decode run
         t = env.now
-        ev = pend[k]
+        run = runs[k]
+        if run is None:
+            ev = pend[k]
+        else:  # a decode run ends: apply it, deliver its last step's events
+            runs[k] = None
+            ev = run.apply(run.steps)
         if ev:
             set_clock(t)
             freed = False
@@ -222,45 +263,67 @@ def drive(
                     load_[k] -= 1
                     freed = True
             if freed and ctl.queued:
-                dispatch(t)
+                dispatch(t, k)
         b = batchers[k]
-        if b.has_work:
+        fresh[k] = 0
+        run = plan(b, t) if plan is not None else None
+        if run is not None:
+            runs[k] = run
+            pend[k] = None
+            step_at(k, run.end)
+        elif b.has_work:
             res = b.step(t)
             pend[k] = res.events
-            schedule(t + res.duration, step_prio[k], on_step, k)
+            step_at(k, t + res.duration)
         else:
             pend[k] = None
             fleet.stop_busy(k, t)
             if k in draining:
                 leave(k, t)
 
-    # The queue deadline and the next client timeout are re-read after every event that is
-    # not a step end, as the loop before the environment did at each pass; an event left
-    # behind by a later one is stale and ignored (its version no longer matches).
-    ver = [0, 0]  # deadline, timeout
+    # The queue deadline, the next client timeout and the next scrape are read again after
+    # every event that is not a step end, as the loop before the environment did at each
+    # pass; an event left behind by a later one is stale (its version no longer matches).
+    hver = [0, 0]  # deadline, timeout
     tp = [0]  # the next arrival whose client timeout is pending
     arrived = [0]
 
     def horizon(now: float) -> None:
         d = ctl.next_deadline()
-        ver[0] += 1
+        hver[0] += 1
         if d is not None:
-            schedule(max(d, now), priority(DEADLINE), on_deadline, ver[0])
-        ver[1] += 1
+            schedule(max(d, now), priority(DEADLINE), on_deadline, hver[0])
+        hver[1] += 1
         if timeout is not None and tp[0] < arrived[0]:
-            schedule(max(times[tp[0]] + timeout, now), priority(TIMEOUT), on_timeout, ver[1])
+            schedule(max(times[tp[0]] + timeout, now), priority(TIMEOUT), on_timeout, hver[1])
+
+    def settle_all(now: float) -> None:
+        for k in range(len(runs)):
+            if runs[k] is not None:
+                settle(k, now, _BY_ALL)
+
+    def on_scrape(_: None) -> None:
+        now = env.now
+        if not (arrived[0] < n or ctl.queued or ctl.in_flight):
+            return  # the last work ended before this scrape: nothing left to read
+        set_clock(now)
+        settle_all(now)  # a scrape reads the batchers: bring them to now
+        scrapes.fire(now)
+        dispatch(now, _BY_ALL)
+        schedule(scrapes.next_at, priority(SCRAPE), on_scrape, None)
+        horizon(now)
 
     def on_deadline(v: int) -> None:
-        if v != ver[0]:
+        if v != hver[0]:
             return
         now = env.now
         set_clock(now)
         ctl.tick()
-        dispatch(now)
+        dispatch(now, _BY_ALL)
         horizon(now)
 
     def on_timeout(v: int) -> None:
-        if v != ver[1]:
+        if v != hver[1]:
             return
         assert timeout is not None
         now = env.now
@@ -273,6 +336,7 @@ def drive(
                 ctl.cancel(job.id)
             elif job.state is _DISPATCHED:
                 k = replica_of[j]
+                settle(k, now, _BY_ALL)
                 snap = batchers[k].seq_state(job.id)
                 batchers[k].abort(job.id)
                 load_[k] -= 1
@@ -280,7 +344,7 @@ def drive(
                 ctl.cancel(job.id, Usage(job.prompt_tokens, gen))
             j += 1
         tp[0] = j
-        dispatch(now)
+        dispatch(now, _BY_ALL)
         horizon(now)
 
     def on_arrival(i: int) -> None:
@@ -292,19 +356,24 @@ def drive(
             inp.tiers[i],
             prompts[i],
             inp.caps[i],
-            pool=inp.pool_names[inp.pools[i]],
+            model=inp.models[i],
             predicted_output=inp.preds[i],
+            template=inp.templates[i],  # a shared system prompt: the template
         )
         jobs[i] = job
+        route_job(job)
+        req_pool[i] = pool_index[job.pool]
+        if job.max_tokens < outputs[i]:  # degraded: the engine stops at the cap
+            outputs[i] = job.max_tokens
         d = ctl.arrive(job)
         kind = d.__class__
         if record:
             decisions.append((h, "arrive", job.id, _detail(d)))
         if kind is Admitted:
-            if launch([job], h):
-                dispatch(h)
+            if launch([job], h, _BY_ALL):
+                dispatch(h, _BY_ALL)
         elif kind is Queued:
-            dispatch(h)
+            dispatch(h, _BY_ALL)
         samples_t.append(h)
         samples_q.append(ctl.queued)
         samples_f.append(ctl.in_flight)
@@ -315,13 +384,10 @@ def drive(
 
     # -- the autoscaled pool ---------------------------------------------------------------
 
-    def set_engines(now: float) -> None:
+    def set_live(now: float) -> None:
         assert auto is not None
-        cap = ctl.pool_capacity(inp.pool_names[auto.pool])
-        ready = auto.replicas.ready
-        cap.max_in_flight = auto.slots_per_replica * ready
-        if auto.tokens_per_replica is not None:
-            cap.max_tokens = auto.tokens_per_replica * ready
+        live = list(members[auto.pool])
+        scrapes.set_live(auto.pool, live, sorted([*live, *draining]))
 
     def on_ready(r: Replica) -> None:
         assert auto is not None
@@ -332,13 +398,14 @@ def drive(
         fleet.enable(k)
         if record:
             decisions.append((now, "ready", "", str(k)))
-        set_engines(now)
+        set_live(now)
         set_clock(now)
-        dispatch(now)
+        dispatch(now, _BY_ALL)
 
     def leave(k: int, now: float) -> None:
         assert auto is not None
         auto.replicas.leave(draining.pop(k), now)
+        set_live(now)
         if record:
             decisions.append((now, "gone", "", str(k)))
 
@@ -355,7 +422,10 @@ def drive(
                 k = r.slot
                 while len(pend) <= k:
                     pend.append(None)
+                    runs.append(None)
+                    ver.append(0)
                     step_prio.append(priority(STEP, len(step_prio)))
+                    scrapes.add(len(step_prio) - 1)
                 schedule(r.ready_at, priority(READY, k), on_ready, r)
             for r in drained:
                 k = r.slot
@@ -363,10 +433,10 @@ def drive(
                 draining[k] = r
                 if record:
                     decisions.append((now, "drain", "", str(k)))
-                if not active[k]:
-                    leave(k, now)
-            if drained:
-                set_engines(now)
+            set_live(now)
+            for r in drained:
+                if not active[r.slot]:
+                    leave(r.slot, now)
         nxt = auto.scaler.next_at()
         if nxt < math.inf and keep_going(nxt):
             schedule(nxt, priority(SCALE), on_scale, None)
@@ -374,6 +444,7 @@ def drive(
     def on_prom(_: None) -> None:
         assert auto is not None and auto.signal is not None and auto.record is not None
         now = env.now
+        settle_all(now)  # the signal reads the batchers: bring them to now
         auto.record(now, auto.signal(now))
         nxt = now + auto.scrape_interval_s
         if keep_going(nxt):
@@ -389,10 +460,12 @@ def drive(
         )  # fmt: skip
 
     if auto is not None:
-        set_engines(0.0)
+        set_live(0.0)
         if auto.signal is not None:
             schedule(0.0, priority(PROM), on_prom, None)
         schedule(auto.scaler.next_at(), priority(SCALE), on_scale, None)
+    if scrapes.next_at < math.inf:
+        schedule(scrapes.next_at, priority(SCRAPE), on_scrape, None)
     if n:
         schedule(times[0], priority(ARRIVAL, 0), on_arrival, 0)
     was_enabled = gc.isenabled()
