@@ -161,6 +161,8 @@ def test_autoscaling_study_runs_a_case_on_a_short_day() -> None:
     assert scaled.peak >= k.MIN_REPLICAS == scaled.replicas_n[0]
     assert 0.0 <= scaled.attainment[0] <= 1.0
     assert scaled.replicas_t[0] == 0.0
+
+
 def test_predicted_split_routes_through_the_core_and_picks_qualifying_splits() -> None:
     code = head(load_trace("azure_code"), 600)
     profile = engine_profile()

@@ -54,8 +54,8 @@ def test_scripted_scale_up_and_down_exact_event_log() -> None:
         (3.5, "ready", "", "2"),
         (6.0, "scale", "", "3->1"),
         (6.0, "drain", "", "2"),
-        (6.0, "gone", "", "2"),
         (6.0, "drain", "", "1"),
+        (6.0, "gone", "", "2"),
         (gone_1, "gone", "", "1"),
     ]
     gone_2 = 6.0
@@ -117,3 +117,26 @@ def test_keda_scales_on_queue_depth_and_back() -> None:
     assert tr.end_s == pytest.approx(max(900.0, res.span_s))
     assert len(tr.signal_t) > 10 and tr.signal_v.max() > 4.0
     assert 1.0 < tr.gpu_seconds / tr.end_s < tr.peak_replicas
+
+
+def test_scale_to_zero_and_back_with_activation() -> None:
+    # minReplicaCount 0: KEDA takes the pool to zero while nothing is queued and brings one
+    # replica back when the queue shows work; the core holds what arrives meanwhile
+    so = ScaledObject(
+        threshold=10.0, signals=("queue_depth",), min_replicas=0, max_replicas=3,
+        polling_interval_s=15.0, cooldown_s=60.0,
+    )  # fmt: skip
+    spec = AutoscaleSpec(so, startup=StartupDelay("fixed", 10.0))
+    work = [TraceRequest(1.0 + 0.5 * i, 200, 40) for i in range(10)]
+    work += [TraceRequest(400.0 + 0.5 * i, 200, 40) for i in range(10)]
+    res = run_simulation(POLICY, work, 2, SMALL, autoscale=spec, record_decisions=True)
+    assert res.decisions is not None
+    fleet_log = [(t, kind, d) for t, kind, _, d in res.decisions if kind in ("scale", "ready")]
+    # zero at the first poll (never active); the scrape at 15 s sees the queue: one replica,
+    # serving 10 s later; idle again, zero once the last active poll is 60 s old
+    assert fleet_log[:3] == [(0.0, "scale", "1->0"), (15.0, "scale", "0->1"), (25.0, "ready", "1")]
+    downs = [t for t, kind, d in fleet_log if d == "1->0"]
+    assert len(downs) == 2 and 60.0 < downs[1] - 25.0 < 400.0 - 25.0
+    assert [t for t, kind, d in fleet_log if d == "0->1"][1] >= 400.0
+    assert res.overall().completed == 20  # every request waited for an engine, none failed
+    assert float(np.nanmin(res.records.dispatched)) >= 25.0

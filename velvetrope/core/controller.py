@@ -582,10 +582,6 @@ class AdmissionController:
             else {k: level for k, (level, _) in self.buckets.levels(now).items()},
         }
 
-    def pool_queued(self, pool: str) -> int:
-        """Jobs queued for ``pool`` (its ``velvetrope_queue_depth``, all bands)."""
-        return self._pools[pool].sched.queued
-
     def pool_capacity(self, pool: str) -> PoolCapacity:
         """The capacity object of ``pool`` (to attach saturation signals or change limits)."""
         return self._pools[pool].capacity

@@ -171,7 +171,10 @@ class _Signals:
         ready = self.fleet.members[self.pool]
         for name in self.names:
             if name == "queue_depth":
-                total += self.ctl.pool_queued(self.pool_name)
+                if len(self.ctl.config.pools) == 1:
+                    total += self.ctl.queued
+                else:
+                    total += self.ctl.status()["pools"][self.pool_name]["queued"]
             elif name == "num_requests_waiting":
                 b, f = self.fleet.batchers, self.fresh  # vLLM's gauge: as of the last step
                 total += sum(max(0, b[k].num_waiting - f[k]) for k in ready)
