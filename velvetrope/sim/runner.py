@@ -8,12 +8,13 @@ within the class, then by scheduling order:
 class       event                                                      rank
 ==========  =========================================================  ===============
 0 STEP      a replica's step ends (or an idle replica was given work)  replica number
-1 READY     a starting replica's start-up is over                      replica number
-2 PROM      Prometheus scrapes the autoscaler's signal
-3 SCALE     the autoscaler's poll or sync
-4 DEADLINE  the earliest queue deadline
-5 TIMEOUT   the earliest client timeout pending (all those due go)
-6 ARRIVAL   the next request arrives                                   arrival index
+1 SCRAPE    the engines are read for the saturation rule (fleet)
+2 READY     a starting replica's start-up is over                      replica number
+3 PROM      Prometheus scrapes the autoscaler's signal
+4 SCALE     the autoscaler's poll or sync
+5 DEADLINE  the earliest queue deadline
+6 TIMEOUT   the earliest client timeout pending (all those due go)
+7 ARRIVAL   the next request arrives                                   arrival index
 ==========  =========================================================  ===============
 
 Handlers do what the loop always did: an arrival becomes a :class:`~velvetrope.core.Job`
@@ -21,7 +22,10 @@ through ``ctl.arrive``; admitted or dispatchable jobs go to a replica's batcher;
 events are delivered when it ends (``FirstToken`` → ``ctl.first_token``, ``Finished`` →
 ``ctl.complete``), then the replica's next step is computed and scheduled; ``ctl.tick`` runs
 at the earliest queue deadline; a client timeout cancels a queued job or aborts a dispatched
-one.  After anything that can free capacity the loop asks ``ctl.dispatchable()``.  Arrivals
+one; an arrival is routed by ``ctl.route`` (a degraded job's capped ``max_tokens`` caps
+what its engine generates); every ``scrape_interval_s`` the engines are read into the
+core's saturation rule (:mod:`velvetrope.sim.scrape`) while work remains.  After anything
+that can free capacity the loop asks ``ctl.dispatchable()``.  Arrivals
 are scheduled one at a time (each schedules the next); the earliest queue deadline and the
 earliest pending client timeout are read again after every event that is not a step end
 (what the loop before did on each pass) and scheduled anew, the older event becoming stale
@@ -31,12 +35,21 @@ moves the clock, as before: the run's span is unchanged.  The
 :class:`~velvetrope.clock.ManualClock` the core reads is set by the handlers that touch the
 core (a step end only if it delivers events), so a run's span is the last such moment.
 
+Fast-forward (:mod:`velvetrope.engine.fastforward`): a replica whose next steps are pure
+decode gets one STEP event at the end of the whole stretch.  Anything that touches it
+earlier (a dispatch to it, a client timeout of one of its jobs, a scrape) first applies the
+stretch up to the step in progress (``settle``) and moves its STEP event to that step's end:
+the old event keeps a stale version and is ignored.  A step starting exactly at that moment
+counts as started when a step-by-step loop would have handled that step end first (a lower
+replica number while handling a step end; always for the other events).
+
 With an :class:`Autoscaling` the pool it names is dynamic: its replicas come from a
 :class:`~velvetrope.sim.replicas.ReplicaPool`, the autoscaler's signal is scraped every
 ``scrape_interval_s``, and each change of the replica count starts replicas (taking work
 once their start-up is over) or drains them (no new work; gone once their batcher is
-empty).  The pool's in-flight limits follow its ready replicas (per replica × ready), and
-the decision log gains ``scale``, ``ready``, ``drain`` and ``gone`` entries.
+empty).  The pool's in-flight limits (capacity per engine) and its saturation rule follow
+its ready replicas, the rule reads the draining ones too, and the decision log gains
+``scale``, ``ready``, ``drain`` and ``gone`` entries.
 """
 
 from __future__ import annotations
