@@ -29,6 +29,7 @@ nothing of it.  The local process pool stays the default: on one machine nothing
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from collections.abc import Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
@@ -68,5 +69,7 @@ def sweep_executor(
     if n == 1:
         yield None
         return
-    with ProcessPoolExecutor(max_workers=n) as pool:
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["velvetrope.sim.loop"])
+    with ProcessPoolExecutor(max_workers=n, mp_context=ctx) as pool:
         yield pool
