@@ -145,16 +145,17 @@ class DecodeRun:
             return []
         kv = b._kv
         bs = b._profile.block_size
-        keys: list[int] = []
-        span = steps * n + 1
-        for i, c in enumerate(self._c0):
-            keys.extend(range((1 + (-c) % bs) * n + i, span + i, bs * n))
-        if keys:
-            keys.sort()
+        c0 = self._c0
+        taken = _boundaries(c0, steps, bs)
+        if taken:
             got: list[int] = []
-            kv.allocate(len(keys), got)  # == len(keys) single allocations, in order
-            for key, block in zip(keys, got, strict=True):
-                running[key % n].blocks.append(block)
+            kv.allocate(taken, got)  # == `taken` single allocations, in order
+            # Every bs steps each sequence takes one block, at the step given by its
+            # computed tokens mod bs: ordered by (first boundary, running index), the
+            # sequences take the blocks in turns, the last turn cut short.
+            first = sorted(range(n), key=lambda i: ((-c0[i]) % bs, i))
+            for r, i in enumerate(first):
+                running[i].blocks.extend(got[r::n])
         stamp = b._steps + steps
         b._steps = stamp
         for s in running:
