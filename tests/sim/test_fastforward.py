@@ -105,6 +105,31 @@ def test_fast_forward_equals_step_by_step_with_prefix_caching(
     assert spy.seen["cut"] > 0
 
 
+def test_fast_forward_equals_step_by_step_with_engine_readings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The saturation rule and the recorded samples read every engine at each scrape: a
+    decode run in progress is applied up to that moment first."""
+    spy = Spy(monkeypatch)
+    policy = STRESS_POLICY.model_copy(
+        update={
+            "saturation": STRESS_POLICY.saturation.model_copy(
+                update={"enabled": True, "max_waiting": 1, "scrape_interval_s": 0.3}
+            )
+        }
+    )
+    work = stress_workload(n=300, rate=20.0, seed=13)
+    ff, step = both(
+        policy, work, 2, preempting(load_profile("llama3-8b-h100")), record_engines=True
+    )
+    assert_same(ff, step)
+    assert ff.engines is not None and step.engines is not None
+    for f in fields(ff.engines):
+        assert np.array_equal(getattr(ff.engines, f.name), getattr(step.engines, f.name))
+    assert ff.engines.waiting.sum() > 0  # the readings are not all idle
+    assert spy.seen["cut"] > 0
+
+
 # Every step lasts exactly 1/4 s and arrivals fall on the same grid, so step boundaries
 # tie with arrivals, client timeouts and the other replicas' step ends all the time.  The
 # tight cache preempts; the roomy one admits what is dispatched at a tie at once (so a run

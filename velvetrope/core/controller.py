@@ -4,11 +4,17 @@ It takes events and returns decisions; it never reads the wall clock (time comes
 injected :class:`~velvetrope.clock.Clock`), never awaits and never does I/O::
 
     ctl = AdmissionController(policy, clock)
+    ctl.route(job)                   # pool by the policy's rules; degrade under pressure
     decision = ctl.arrive(job)       # Admitted | Queued(position, eta_s) | Rejected(...)
     for job in ctl.dispatchable():   # queued jobs that may start now, in policy order
         ...
     ctl.first_token(job.id)
     ctl.complete(job.id, usage)      # also: cancel(), fail(); tick() expires deadlines
+
+Routing (:meth:`AdmissionController.route`, :mod:`velvetrope.core.routing`) picks the
+pool and degrades under pressure; each pool's capacity is slots and tokens per engine × live
+engines (:mod:`velvetrope.core.capacity`) and, with ``saturation.enabled``, the engines' own
+readings (:mod:`velvetrope.core.saturation`, :meth:`AdmissionController.saturation`).
 
 Admission of one job: draining? → edge buckets (429) → start at once if the pool is idle
 enough → queue bounds (global 503, tenant 429, band 503) → predicted wait against the tier's
@@ -53,6 +59,8 @@ from velvetrope.core.estimate import DrainMeter, OutputEstimator, QuantileEstima
 from velvetrope.core.policy import BucketLimits, PolicyConfig, TenantPolicy
 from velvetrope.core.presets import apply_preset
 from velvetrope.core.request import Job, JobState, Outcome, Reason, Settlement, Usage
+from velvetrope.core.routing import Routed, Router
+from velvetrope.core.saturation import EngineSaturation
 from velvetrope.core.scheduler import Scheduler
 from velvetrope.errors import LifecycleError, PolicyError, UnknownJobError
 
@@ -162,12 +170,26 @@ class AdmissionController:
             self._pools[p.name] = _Pool(
                 p.name,
                 Scheduler(config, self._weight),
-                PoolCapacity(p.name, p.max_in_flight, p.max_tokens_in_flight),
+                PoolCapacity(
+                    p.name,
+                    p.max_in_flight,
+                    p.max_tokens_in_flight,
+                    per_engine_slots=p.max_in_flight_per_engine,
+                    per_engine_tokens=p.max_tokens_in_flight_per_engine,
+                ),
                 DrainMeter(
                     config.drain_ewma_alpha, config.drain_window_s, p.initial_drain_tokens_per_s
                 ),
             )
         self._pool_list = list(self._pools.values())
+        self.router = Router(config)
+        self._saturation: dict[str, EngineSaturation] = {}
+        if config.saturation.enabled:
+            for name, pool in self._pools.items():
+                rule = EngineSaturation.from_policy(name, config.saturation)
+                pool.capacity.signals.append(rule)
+                pool.capacity.trackers.append(rule)
+                self._saturation[name] = rule
         self._jobs: dict[str, Job] = {}
         self._deadlines: list[tuple[float, int, Job]] = []
         self._tenant_queued: dict[str, int] = {}
@@ -252,6 +274,42 @@ class AdmissionController:
             job.predicted_output = self.estimator.predict(job.tenant, job.max_tokens)
         job.reserved_output = job.max_tokens if self._reserve_max else job.predicted_output
         job.cost = job.prompt_tokens + job.reserved_output
+
+    def route(self, job: Job) -> Routed:
+        """Choose ``job``'s pool by the policy's rules and degrade it if its tier says so
+        (:mod:`velvetrope.core.routing`); call before :meth:`claims` and :meth:`arrive`.
+
+        Sizes the job first (rules see its predicted output), then sets ``job.pool`` and
+        ``job.route``; a degraded job gets ``degraded``, a capped ``max_tokens`` (and its
+        prediction and cost re-sized to match, so its claims reserve what it will use) or
+        a fallback ``pool`` and ``model``.  Raises PolicyError for an unknown tier.
+        """
+        self._size(job)
+        pool, rule = self.router.match(job)
+        job.pool = pool
+        job.route = rule
+        tier = self._tier_index.get(job.tier)
+        if tier is None:
+            raise PolicyError(f"job {job.id!r}: unknown tier {job.tier!r}")
+        d = self.router.degrade(job, tier, lambda p: self._wait_in(p, tier))
+        if d is not None:
+            if d.max_tokens is not None:
+                job.max_tokens = d.max_tokens
+                if job.predicted_output is not None and job.predicted_output > d.max_tokens:
+                    job.predicted_output = d.max_tokens
+                job.cost = 0
+                self._size(job)
+            if d.pool is not None:
+                job.pool = d.pool
+                if d.model is not None:
+                    job.model = d.model
+            job.degraded = d.actions
+        return Routed(job.pool, rule, job.degraded)
+
+    def _wait_in(self, pool: str, tier: int) -> float | None:
+        """The predicted wait of a new job of tier number ``tier`` in ``pool``."""
+        p = self._pools[pool]
+        return p.drain.seconds_for(p.sched.ahead(p.sched.band_of(tier))[1])
 
     # -- events ----------------------------------------------------------------------
 
@@ -491,6 +549,8 @@ class AdmissionController:
                 "in_flight": p.capacity.in_flight,
                 "tokens_in_flight": p.capacity.tokens,
                 "max_in_flight": p.capacity.max_in_flight,
+                "max_tokens_in_flight": p.capacity.max_tokens,
+                "engines": p.capacity.engines,
                 "drain_tokens_per_s": p.drain.rate,
             }
         return {
@@ -507,6 +567,11 @@ class AdmissionController:
     def pool_capacity(self, pool: str) -> PoolCapacity:
         """The capacity object of ``pool`` (to attach saturation signals or change limits)."""
         return self._pools[pool].capacity
+
+    def saturation(self, pool: str) -> EngineSaturation | None:
+        """``pool``'s engine-saturation rule (``None`` when ``saturation.enabled`` is off):
+        feed it readings and the live engines, and report each job sent to an engine."""
+        return self._saturation.get(pool)
 
     # -- internals -------------------------------------------------------------------
 
@@ -529,6 +594,9 @@ class AdmissionController:
         cap.in_flight += 1
         cap.tokens += job.cost
         self.in_flight += 1
+        if cap.trackers:
+            for t in cap.trackers:
+                t.started(job, now)
 
     def _settlement(self, job: Job, actual_tokens: int) -> Settlement:
         claims = job.claims
@@ -588,6 +656,9 @@ class AdmissionController:
         cap.in_flight -= 1
         cap.tokens -= job.cost
         self.in_flight -= 1
+        if cap.trackers:
+            for t in cap.trackers:
+                t.ended(job, now)
         pool.sched.on_complete(job, usage.completion_tokens)
         del self._jobs[job.id]
         total = usage.prompt_tokens + usage.completion_tokens

@@ -115,10 +115,15 @@ class Job:
     """One request as the admission core sees it.
 
     The caller fills the identity and size fields; the controller fills the rest.
-    ``max_tokens`` is the declared completion limit (defaults already resolved).
+    ``max_tokens`` is the declared completion limit (defaults already resolved), summed over
+    the ``n`` completions the request asks for.
     ``predicted_output`` may be given (an oracle, a learned predictor); when ``None`` the
     controller's estimator fills it.  ``deadline`` is an absolute time on the controller's
-    clock after which a still-queued job expires.
+    clock after which a still-queued job expires.  :meth:`AdmissionController.route
+    <velvetrope.core.controller.AdmissionController.route>` sets ``pool``, ``route`` (the rule
+    that chose it, or ``"default"``) and, when the job was degraded, ``degraded`` (the
+    actions taken: ``"max_tokens"``, ``"pool"``) with the capped ``max_tokens`` and the
+    fallback ``pool`` and ``model``.
     """
 
     id: str
@@ -131,7 +136,10 @@ class Job:
     predicted_output: int | None = None
     arrival: float = math.nan
     deadline: float | None = None
+    n: int = 1
     # -- filled by the controller --
+    route: str | None = None
+    degraded: tuple[str, ...] = ()
     state: JobState = JobState.ARRIVED
     reason: Reason | None = None
     reserved_output: int = 0
