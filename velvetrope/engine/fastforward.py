@@ -71,37 +71,38 @@ _NUMPY_FROM = 24
 
 
 class DecodeRun:
-    """A planned stretch of ``steps`` pure-decode steps of one batcher, not yet applied.
+    """A planned stretch of ``steps`` pure-decode steps of one batcher, applied on demand.
 
     ``starts[j]`` (``0 <= j <= steps``) is the start of step ``j + 1``, i.e. the end of step
     ``j``; ``starts[0]`` is the plan's ``now`` and :attr:`end` the end of the last step.
-    ``finishes`` says whether sequences finish in the last step.
+    ``finishes`` says whether sequences finish in the last step; ``applied`` how many steps
+    the batcher has been brought through so far (:meth:`apply`).
     """
 
     __slots__ = (
         "_base",
         "_batcher",
-        "_c0",
         "_n_waiting",
         "_order",
         "_running",
+        "_size",
+        "applied",
         "finishes",
         "starts",
         "steps",
     )
 
-    def __init__(
-        self, batcher: Batcher, c0: list[int], starts: list[float], finishes: bool
-    ) -> None:
+    def __init__(self, batcher: Batcher, starts: list[float], finishes: bool) -> None:
         self._batcher = batcher
         self._running = batcher._running
-        self._c0 = c0
+        self._size = len(batcher._running)
         self._base = batcher._steps
         self._order = batcher._order
         self._n_waiting = batcher._n_waiting
         self.starts = starts
         self.steps = len(starts) - 1
         self.finishes = finishes
+        self.applied = 0
 
     @property
     def end(self) -> float:
@@ -120,48 +121,51 @@ class DecodeRun:
         return bisect.bisect_left(starts, t, 0, self.steps)
 
     def apply(self, steps: int) -> list[EngineEvent]:
-        """Apply the first ``steps`` steps (``0 <= steps <= self.steps``) to the batcher.
+        """Bring the batcher through the first ``steps`` steps of the run
+        (``applied <= steps <= self.steps``), as ``steps - applied`` more calls of
+        :meth:`~velvetrope.engine.Batcher.step` would (see the module docstring).
 
-        Returns the events of step ``steps`` (stamped ``starts[steps]``): the
-        :class:`Finished` events when it is the last step and :attr:`finishes`, else none
-        (earlier steps have none).  A run is applied once; the batcher is then exactly as
-        after ``steps`` calls of :meth:`~velvetrope.engine.Batcher.step` (module docstring).
+        Returns the events of step ``steps`` (stamped ``starts[steps]``) when it is newly
+        applied: the :class:`Finished` events when it is the last step and :attr:`finishes`,
+        else none (earlier steps have none).  Nothing else may change the batcher between
+        applies; once the last step is applied the run is spent.
         """
+        done = self.applied
+        if not done <= steps <= self.steps or done == self.steps:
+            raise ValueError(f"a run of {self.steps} steps at step {done} cannot apply {steps}")
         b = self._batcher
-        if not 0 <= steps <= self.steps:
-            raise ValueError(f"a run of {self.steps} steps cannot apply {steps}")
         running = self._running
-        n = len(running)
         if (
             b._steps != self._base
             or b._running is not running
-            or len(running) != len(self._c0)
+            or len(running) != self._size
             or b._order != self._order
             or b._n_waiting != self._n_waiting
         ):
             raise RuntimeError("the batcher changed since this decode run was planned")
-        self._base = -1  # a second apply fails the check above
-        if not steps:
+        delta = steps - done
+        if not delta:
             return []
+        n = self._size
         kv = b._kv
         bs = b._profile.block_size
-        c0 = self._c0
-        taken = _boundaries(c0, steps, bs)
+        c = [s.computed for s in running]
+        taken = _boundaries(c, delta, bs)
         if taken:
             got: list[int] = []
             kv.allocate(taken, got)  # == `taken` single allocations, in order
             # Every bs steps each sequence takes one block, at the step given by its
             # computed tokens mod bs: ordered by (first boundary, running index), the
             # sequences take the blocks in turns, the last turn cut short.
-            first = sorted(range(n), key=lambda i: ((-c0[i]) % bs, i))
+            first = sorted(range(n), key=lambda i: ((-c[i]) % bs, i))
             for r, i in enumerate(first):
                 running[i].blocks.extend(got[r::n])
-        stamp = b._steps + steps
-        b._steps = stamp
+        stamp = self._base = b._steps = b._steps + delta
+        self.applied = steps
         for s in running:
-            s.computed += steps
-            s.generated += steps
-            s.known += steps
+            s.computed += delta
+            s.generated += delta
+            s.known += delta
             s.new = 1
             s.decoding = True
             s.spec = 0
@@ -248,7 +252,7 @@ def plan_decode_run(batcher: Batcher, now: float, min_steps: int = 2) -> DecodeR
             return None
     if admit and not first_fit and admit <= free - sum(1 for c in c0 if c % bs == 0):
         return None
-    return DecodeRun(b, c0, _starts(b, n, context, steps, now), finishes)
+    return DecodeRun(b, _starts(b, n, context, steps, now), finishes)
 
 
 _LINEAR: dict[tuple[int, int], tuple[EngineProfile, float, float, float] | None] = {}

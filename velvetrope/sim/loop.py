@@ -384,8 +384,11 @@ def run_simulation(
             set_clock(h)
             if tsc <= h:
                 for k, run in enumerate(runs):
-                    if run is not None:  # a scrape reads every engine
-                        settle(k, h, horizon)
+                    if run is not None:  # a scrape reads every engine: bring it up to now
+                        if run.started(h, inclusive=True) < run.steps:
+                            run.apply(run.started(h, inclusive=True))  # and the run goes on
+                        else:
+                            settle(k, h, horizon)
                 scrapes.fire(h)
                 dispatch(h, horizon)
             elif td <= h:
