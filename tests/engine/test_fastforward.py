@@ -111,7 +111,7 @@ class Pair:
             self.seen["no run"] += 1
             self.step()
             return
-        assert run.starts[0] == self.t
+        assert run.start(0) == self.t
         j = min(run.steps, int(cut * (run.steps + 1)))
         self.seen["run"] += 1
         self.seen["cut" if j < run.steps else "whole"] += 1
@@ -134,15 +134,15 @@ class Pair:
                 self.seen["applied in two parts"] += mid > 0
             r = self.ref.step(self.t)
             assert r.prefill_tokens == r.verify_tokens == 0
-            assert r.start == run.starts[i]
-            assert r.end == run.starts[i + 1]
+            assert r.start == run.start(i)
+            assert r.end == run.start(i + 1)
             if i < j - 1:
                 assert r.events == []
             events = r.events
             self.t = r.end
         assert run.apply(j) == events
         if j == 0:
-            self.t = run.starts[0]
+            self.t = run.start(0)
 
 
 _add = st.tuples(
@@ -275,7 +275,7 @@ def test_a_stale_run_refuses_to_apply() -> None:
     run = plan_decode_run(b, t)
     assert run is not None
     run.apply(1)
-    b.step(run.starts[1])  # the batcher moves on its own: the run is stale
+    b.step(run.start(1))  # the batcher moves on its own: the run is stale
     with pytest.raises(RuntimeError, match="changed"):
         run.apply(2)
     b = Batcher(PROFILES[0], token_events=False)

@@ -15,7 +15,7 @@ the batcher is in exactly the state ``j`` calls of ``b.step`` would have left it
 starting at ``now`` and each starting when the previous one ended (every sequence's
 counters, block tables in the same order with the same block ids, the allocator's free
 list and, with prefix caching, its evictions, the step count); ``events`` are the events
-the ``j``-th call would have returned and ``run.starts[j]`` is bit for bit the end time it
+the ``j``-th call would have returned and ``run.start(j)`` is bit for bit the end time it
 would have reported (``now + d1 + d2 + ...``, summed in the same order).  The tests check
 this against step-by-step for every built-in profile, with and without preemption, with
 prefix caching and with speculative decoding.
@@ -58,6 +58,7 @@ from itertools import accumulate
 from operator import add
 
 import numpy as np
+import numpy.typing as npt
 
 from velvetrope.engine.batcher import Batcher
 from velvetrope.engine.events import EngineEvent, Finished
@@ -66,6 +67,9 @@ from velvetrope.engine.queues import GONE, RUNNING
 
 __all__ = ["DecodeRun", "plan_decode_run"]
 
+_Times = list[float] | npt.NDArray[np.float64]
+"""A run's step boundaries: a list, or a numpy array for long runs."""
+
 _NUMPY_FROM = 24
 """Runs of at least this many steps accumulate their end times with numpy."""
 
@@ -73,8 +77,8 @@ _NUMPY_FROM = 24
 class DecodeRun:
     """A planned stretch of ``steps`` pure-decode steps of one batcher, applied on demand.
 
-    ``starts[j]`` (``0 <= j <= steps``) is the start of step ``j + 1``, i.e. the end of step
-    ``j``; ``starts[0]`` is the plan's ``now`` and :attr:`end` the end of the last step.
+    ``start(j)`` (``0 <= j <= steps``) is the start of step ``j + 1``, i.e. the end of step
+    ``j``; ``start(0)`` is the plan's ``now`` and :attr:`end` the end of the last step.
     ``finishes`` says whether sequences finish in the last step; ``applied`` how many steps
     the batcher has been brought through so far (:meth:`apply`).
     """
@@ -86,28 +90,30 @@ class DecodeRun:
         "_order",
         "_running",
         "_size",
+        "_t",
         "applied",
+        "end",
         "finishes",
-        "starts",
         "steps",
     )
 
-    def __init__(self, batcher: Batcher, starts: list[float], finishes: bool) -> None:
+    def __init__(self, batcher: Batcher, starts: _Times, finishes: bool) -> None:
         self._batcher = batcher
         self._running = batcher._running
         self._size = len(batcher._running)
         self._base = batcher._steps
         self._order = batcher._order
         self._n_waiting = batcher._n_waiting
-        self.starts = starts
+        self._t = starts
         self.steps = len(starts) - 1
+        self.end = float(starts[-1])
+        """When the last step of the stretch ends (``start(steps)``)."""
         self.finishes = finishes
         self.applied = 0
 
-    @property
-    def end(self) -> float:
-        """When the last step of the stretch ends (``starts[steps]``)."""
-        return self.starts[-1]
+    def start(self, j: int) -> float:
+        """When step ``j + 1`` starts (step ``j`` ends), ``0 <= j <= steps``."""
+        return float(self._t[j])
 
     def started(self, t: float, *, inclusive: bool) -> int:
         """How many steps of the stretch have started by ``t``.
@@ -115,7 +121,7 @@ class DecodeRun:
         A step starting exactly at ``t`` counts when ``inclusive`` (the caller handles
         ``t`` after the batcher's own step boundary at ``t``), not otherwise.
         """
-        starts = self.starts
+        starts = self._t
         if inclusive:
             return bisect.bisect_right(starts, t, 0, self.steps)
         return bisect.bisect_left(starts, t, 0, self.steps)
@@ -125,7 +131,7 @@ class DecodeRun:
         (``applied <= steps <= self.steps``), as ``steps - applied`` more calls of
         :meth:`~velvetrope.engine.Batcher.step` would (see the module docstring).
 
-        Returns the events of step ``steps`` (stamped ``starts[steps]``) when it is newly
+        Returns the events of step ``steps`` (stamped ``start(steps)``) when it is newly
         applied: the :class:`Finished` events when it is the last step and :attr:`finishes`,
         else none (earlier steps have none).  Nothing else may change the batcher between
         applies; once the last step is applied the run is spent.
@@ -172,7 +178,7 @@ class DecodeRun:
             s.scheduled_at = stamp
         if steps < self.steps or not self.finishes:
             return []
-        t = self.starts[steps]
+        t = self.end
         events: list[EngineEvent] = []
         live = b._seqs
         for s in running:
@@ -277,7 +283,7 @@ def _linear(p: EngineProfile, n: int) -> tuple[float, float, float] | None:
     return hit[1], hit[2], hit[3]
 
 
-def _starts(b: Batcher, n: int, context: int, steps: int, now: float) -> list[float]:
+def _starts(b: Batcher, n: int, context: int, steps: int, now: float) -> _Times:
     """``[now, e1, ..., e_steps]``: the ends of ``steps`` decode steps of ``n`` sequences
     whose first step attends to ``context + n`` tokens, bit for bit those of step-by-step.
 
@@ -307,5 +313,4 @@ def _starts(b: Batcher, n: int, context: int, steps: int, now: float) -> list[fl
         a += tail
     a[0] = now
     np.add.accumulate(a, out=a)
-    out: list[float] = a.tolist()
-    return out
+    return a  # (no tolist(): boxing every end costs more than the few reads of it)

@@ -272,7 +272,7 @@ def run_simulation(
         j = run.started(now, inclusive=k < by)
         pend[k] = run.apply(j)
         if j < run.steps:
-            heap[heap.index((run.end, k))] = (run.starts[j], k)
+            heap[heap.index((run.end, k))] = (run.start(j), k)
             heapify(heap)
 
     def launch(batch: list[Job], now: float, by: int) -> bool:
