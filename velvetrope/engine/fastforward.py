@@ -163,9 +163,12 @@ class DecodeRun:
             # Every bs steps each sequence takes one block, at the step given by its
             # computed tokens mod bs: ordered by (first boundary, running index), the
             # sequences take the blocks in turns, the last turn cut short.
-            first = sorted(range(n), key=lambda i: ((-c[i]) % bs, i))
-            for r, i in enumerate(first):
-                running[i].blocks.extend(got[r::n])
+            if n == 1:
+                running[0].blocks.extend(got)
+            else:
+                first = sorted(range(n), key=lambda i: ((-c[i]) % bs, i))
+                for r, i in enumerate(first):
+                    running[i].blocks.extend(got[r::n])
         stamp = self._base = b._steps = b._steps + delta
         self.applied = steps
         for s in running:

@@ -385,8 +385,9 @@ def run_simulation(
             if tsc <= h:
                 for k, run in enumerate(runs):
                     if run is not None:  # a scrape reads every engine: bring it up to now
-                        if run.started(h, inclusive=True) < run.steps:
-                            run.apply(run.started(h, inclusive=True))  # and the run goes on
+                        j = run.started(h, inclusive=True)
+                        if j < run.steps:
+                            run.apply(j)  # and the run goes on
                         else:
                             settle(k, h, horizon)
                 scrapes.fire(h)
