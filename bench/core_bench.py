@@ -140,7 +140,7 @@ def main() -> None:
     rates = {}
     for preset in PRESETS:
         rates[preset] = 1 / per_cycle(preset, 100_000, n)
-        print(f"  {preset:10s} cycles_per_s={rates[preset]:,.0f} at 100,000 queued (per CPU second)")
+        print(f"  {preset:10s} cycles_per_s={rates[preset]:,.0f} at 100,000 queued (CPU time)")
     slowest = min(rates, key=rates.__getitem__)
     s1k = per_cycle("hybrid", 1_000, n)
     sbig = per_cycle("hybrid", big, n)
