@@ -202,3 +202,33 @@ def test_degradation_study_caps_and_counts(conv: list[TraceRequest]) -> None:
     assert plain.cut == 0.0 and plain.degraded == 0.0
     assert capped.cut > 0 and 0 < capped.degraded < 1
     assert capped.full_goodput <= capped.goodput
+
+
+def test_j_multi_template_workload_and_helpers() -> None:
+    from experiments.j_adaptive import run as j
+    from experiments.j_adaptive.templates import TEMPLATES, multi_template_workload
+
+    times = [0.1 * i for i in range(400)]
+    wl = multi_template_workload(times, 3)
+    assert wl == multi_template_workload(times, 3)
+    assert len({r.tenant for r in wl}) == 5
+    for r in wl:
+        tpl = TEMPLATES[r.prefix_id.split("/")[1]] if r.prefix_id else None
+        assert tpl is not None
+        assert r.max_tokens == tpl.max_tokens and 1 <= r.output_tokens <= tpl.max_tokens
+        assert r.prompt_tokens + r.output_tokens <= 8192
+    # a classifier answers short, a report writer long
+    by = {n: [r.output_tokens for r in wl if str(r.prefix_id).endswith(n)] for n in TEMPLATES}
+    assert max(by["classify"]) < min(by["report"])
+    # requests in flight over busy time: two for 2% of it, then one
+    assert j.in_flight_p95(np.array([0.0, 0.0]), np.array([10.0, 0.2])) == 1.0
+    assert j.in_flight_p95(np.array([0.0, 0.0]), np.array([10.0, 10.0])) == 2.0
+    profile = engine_profile()
+    small = at_load(wl[:300], 0.9, capacity_at(profile, wl[:300], j.REPLICAS, j.SLOTS))
+    fifo = j.run_one(small, profile, "fifo", 8, "oracle")
+    ad = j.run_one(small, profile, "sjf_aging", None, "predicted")
+    assert fifo.mode == "8" and ad.mode == "adaptive"
+    assert fifo.in_flight_p95 <= 8 * j.REPLICAS
+    assert math.isnan(fifo.tau) and -1 <= ad.tau <= 1
+    assert j.gain(fifo, fifo) == 0.0
+    assert j.kept(fifo, fifo, ad) != j.kept(fifo, fifo, ad)  # no oracle gain: nan

@@ -9,7 +9,7 @@ Setup: the whole Azure conversation trace with study (f)'s tenants and tiers (20
 interactive, 30% standard, 50% batch, seed 23), offered at 1.3× the saturation throughput of
 4 replicas of the Llama-3-8B/H100 engine model (the simulator's ``load=``); the gateway runs
 ``hybrid`` (weighted tier bands, VTC, SJF with aging), no shedding, and lets up to 1,024
-requests per replica in flight: the engines' own limit, so without the saturation rule
+requests per replica in flight, more than an engine runs at once, so without the saturation rule
 nothing but the engines stops the backlog.  The rule (``policy.saturation``) reads each
 replica every ``scrape_interval_s`` of virtual time (``vllm:num_requests_running``,
 ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc`` from the engine model) and
@@ -174,15 +174,21 @@ def main() -> None:
                 else one(workload, ENGINE_SEQS, ARMS[key][2], load, key, progress)
             )
     progress.finish()
-    write(arms, intervals, loads, len(workload))
+    mean_prompt = float(np.mean([r.prompt_tokens for r in workload]))
+    write(arms, intervals, loads, len(workload), mean_prompt)
 
 
 # --------------------------------------------------------------------------- report
 
 
 def write(
-    arms: dict[str, Row], intervals: dict[float, Row], loads: dict[str, list[Row]], n: int
+    arms: dict[str, Row],
+    intervals: dict[float, Row],
+    loads: dict[str, list[Row]],
+    n: int,
+    mean_prompt: float,
 ) -> None:
+    prof = engine_profile()
     off, on, on0, static = arms["off"], arms["on"], arms["on0"], arms["static"]
     gain = off.ttft_p99[TOP] / on.ttft_p99[TOP]
     kept = on.throughput / off.throughput
@@ -226,8 +232,10 @@ def write(
             f"Trace: the whole `{TRACE}` ({n:,} requests), tenants by the mix `{MIX}` (seed "
             f"{SEED}), arrivals rescaled to load × the saturation throughput of {REPLICAS} "
             "replicas at the engines' own limit.",
-            f"Fleet: {REPLICAS} × `{PROFILE_NAME}` ({ENGINE_SEQS:,} sequences, a 432k-token KV "
-            "cache each), least-loaded routing.",
+            f"Fleet: {REPLICAS} × `{PROFILE_NAME}` (at most {prof.max_num_seqs:,} sequences "
+            f"and {prof.max_num_batched_tokens:,} tokens per step, a "
+            f"{prof.num_gpu_blocks * prof.block_size // 1000:,}k-token KV cache each), "
+            f"least-loaded routing; the gateway lets {ENGINE_SEQS:,} per replica in flight.",
             "Gateway: preset `hybrid`, no shedding, no buckets, the tiers of study (f) "
             "(SLOs shown for reference only).",
             "The engines' waiting lines are sampled at every scrape interval on every replica "
@@ -297,7 +305,9 @@ def write(
         "Between readings the rule trusts the last one, corrected by what it sent and what "
         "came back. What it cannot see is how fast an engine admits what it is sent: an "
         "engine takes new prompts only as fast as its per-step token budget prefills them "
-        "(8,192 tokens, about 7 of this trace's prompts per step), and a KV-bound engine "
+        f"({prof.max_num_batched_tokens:,} tokens, about "
+        f"{prof.max_num_batched_tokens / mean_prompt:.0f} of this trace's prompts per step), "
+        "and a KV-bound engine "
         "runs fewer sequences as the ones it holds grow. So when an engine holds fewer "
         "requests than it ran at the last reading (a run of completions, a lull), the rule "
         "lets the difference through at once, and part of that refill waits in the "
@@ -305,8 +315,9 @@ def write(
         "reading lags the engine and the larger those refills: the engines' waiting p99 "
         f"goes from {fast.waiting_p99:.0f} at {min(INTERVALS):g} s to "
         f"{slow.waiting_p99:.0f} at {max(INTERVALS):g} s, and {TOP} p99 TTFT from "
-        f"{f2(fast.ttft_p99[TOP])} to {f2(slow.ttft_p99[TOP])} s; throughput does not "
-        "move. Scrape every second or faster."
+        f"{f2(fast.ttft_p99[TOP])} to {f2(slow.ttft_p99[TOP])} s; throughput barely moves "
+        f"({f1(fast.throughput)} → {f1(slow.throughput)} req/s). Scrape every second or "
+        "faster."
     )
     r.h2("Load")
     rows = []

@@ -5,6 +5,7 @@ import random
 import numpy as np
 import pytest
 
+from velvetrope.core import Job
 from velvetrope.core.estimate import DrainMeter, P2Quantile, QuantileEstimator
 
 
@@ -27,15 +28,19 @@ def test_p2_is_exact_on_few_values() -> None:
     assert sk.value() == 3
 
 
+def job(tenant: str, max_tokens: int) -> Job:
+    return Job("j", tenant, "default", 10, max_tokens)
+
+
 def test_estimator_uses_default_then_quantile_capped_by_max_tokens() -> None:
     est = QuantileEstimator(quantile=0.5, default=256, min_observations=5)
-    assert est.predict("a", 1000) == 256
-    assert est.predict("a", 100) == 100
+    assert est.predict(job("a", 1000)) == 256
+    assert est.predict(job("a", 100)) == 100
     for _ in range(50):
-        est.observe("a", 40)
-    assert est.predict("a", 1000) == 40
-    assert est.predict("b", 1000) == 256  # per tenant
-    assert est.predict("a", 10) == 10
+        est.observe(job("a", 1000), 40)
+    assert est.predict(job("a", 1000)) == 40
+    assert est.predict(job("b", 1000)) == 256  # per tenant
+    assert est.predict(job("a", 10)) == 10
 
 
 def test_drain_meter_counts_busy_time_only() -> None:
@@ -78,9 +83,9 @@ def test_the_estimators_sketch_is_chosen_by_config() -> None:
     from velvetrope.core.estimate import WindowQuantile
 
     for sketch, kind in (("window", WindowQuantile), ("p2", P2Quantile)):
-        cfg = PolicyConfig.model_validate({"estimator": {"sketch": sketch}})
+        cfg = PolicyConfig.model_validate({"estimator": {"kind": "tenant", "sketch": sketch}})
         ctl = AdmissionController(cfg, ManualClock())
-        ctl.estimator.observe("t", 10)
+        ctl.estimator.observe(job("t", 100), 10)
         assert isinstance(ctl.estimator, QuantileEstimator)
         assert isinstance(ctl.estimator._sketches["t"], kind)
     with pytest.raises(ValueError, match="sketch"):

@@ -9,9 +9,9 @@ import orjson
 import pytest
 
 from velvetrope.errors import RequestError
-from velvetrope.gateway.parse import parse_request
+from velvetrope.gateway.parse import expected_tokens, parse_request
 from velvetrope.openai.errors import error_json, error_type_for
-from velvetrope.openai.request import Kind, count_prompt_tokens, parse
+from velvetrope.openai.request import Kind, count_prompt_tokens, parse, template_fingerprint
 from velvetrope.openai.sse import content_choices, data_of, split_events, usage_of
 
 MSGS = [{"role": "user", "content": "hi"}]
@@ -162,3 +162,38 @@ def test_sse_reading() -> None:
     assert content_choices(chunk) == 2
     assert usage_of({"usage": {"prompt_tokens": 3, "completion_tokens": 4}}) == (3, 4)
     assert usage_of({"usage": None}) is None
+
+
+def test_a_template_fingerprint_is_the_system_prompt_or_the_first_prefix() -> None:
+    def fp(body: dict[str, Any], kind: Kind = "chat") -> str:
+        return template_fingerprint(parse(orjson.dumps({"model": "m", **body}), kind))
+
+    sys_a = {"role": "system", "content": "You classify tickets."}
+    a1 = fp({"messages": [sys_a, {"role": "user", "content": "printer broken"}]})
+    a2 = fp({"messages": [sys_a, {"role": "user", "content": "refund please, long text"}]})
+    b = fp({"messages": [{"role": "system", "content": "You write essays."}, sys_a]})
+    assert a1 == a2 != b
+    assert len(a1) == 16
+    # parts count as their text
+    parts = {"role": "system", "content": [{"type": "text", "text": "You classify tickets."}]}
+    assert fp({"messages": [parts, {"role": "user", "content": "x"}]}) == a1
+    # no system prompt: the first message's first 512 characters
+    head = "Translate to French: " + "x" * 600
+    u1 = fp({"messages": [{"role": "user", "content": head + "one"}]})
+    u2 = fp({"messages": [{"role": "user", "content": head + "two"}]})
+    u3 = fp({"messages": [{"role": "user", "content": "Summarise: " + "x" * 600}]})
+    assert u1 == u2 != u3
+    c1 = fp({"prompt": "def f(): " + "y" * 600 + "a"}, "completions")
+    c2 = fp({"prompt": "def f(): " + "y" * 600 + "b"}, "completions")
+    assert c1 == c2
+    assert fp({"prompt": [1, 2, 3]}, "completions") != c1
+
+
+def test_the_gateway_parses_the_template_and_the_expected_length() -> None:
+    raw = orjson.dumps({"model": "m", "messages": [{"role": "system", "content": "S"}]})
+    parsed = parse_request(raw, "chat", max_tokens_limit=100, count_text=len)
+    assert parsed.template == template_fingerprint(parse(raw, "chat"))
+    assert expected_tokens(b"120") == 120
+    assert expected_tokens(b" 7 ") == 7
+    for bad in (None, b"", b"0", b"-3", b"1e3", b"many"):
+        assert expected_tokens(bad) is None

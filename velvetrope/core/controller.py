@@ -25,13 +25,11 @@ its slot and token budget are released and its bucket reservation is settled aga
 tokens actually used.  Each terminal :class:`~velvetrope.core.request.Outcome` is handed to
 every observer and returned to the caller.
 
-Buckets elsewhere (a bucket store: memory, Redis): construct with ``external_buckets=True``,
-reserve the claims from :meth:`AdmissionController.claims` in the store, and pass its
-:class:`~velvetrope.core.bucket.Grant` *or* :class:`~velvetrope.core.bucket.Denial` to
-:meth:`arrive`: a denial runs the same lifecycle as an in-memory one (one rejected outcome,
-429).  Apply each outcome's :class:`~velvetrope.core.request.Settlement` in the store,
-idempotently per job id.  Without ``external_buckets`` the controller keeps its own
-:class:`~velvetrope.core.bucket.MemoryBuckets` (the simulator, the tests).
+Buckets elsewhere (memory, Redis): with ``external_buckets=True``, reserve
+:meth:`AdmissionController.claims` in the store and pass its ``Grant`` *or* ``Denial`` to
+:meth:`arrive` (a denial runs the same lifecycle: one rejected outcome, 429); apply each
+outcome's ``Settlement`` there, idempotently per job id.  Otherwise the controller keeps its
+own :class:`~velvetrope.core.bucket.MemoryBuckets` (the simulator, the tests).
 """
 
 from __future__ import annotations
@@ -55,8 +53,10 @@ from velvetrope.core.bucket import (
     settle_lines,
 )
 from velvetrope.core.capacity import PoolCapacity
-from velvetrope.core.estimate import DrainMeter, OutputEstimator, QuantileEstimator
+from velvetrope.core.estimate import DrainMeter, OutputEstimator
+from velvetrope.core.limit import AdaptiveLimit
 from velvetrope.core.policy import BucketLimits, PolicyConfig, TenantPolicy
+from velvetrope.core.predictor import make_estimator
 from velvetrope.core.presets import apply_preset
 from velvetrope.core.request import Job, JobState, Outcome, Reason, Settlement, Usage
 from velvetrope.core.routing import Routed, Router
@@ -64,7 +64,7 @@ from velvetrope.core.saturation import EngineSaturation
 from velvetrope.core.scheduler import Scheduler
 from velvetrope.errors import LifecycleError, PolicyError, UnknownJobError
 
-__all__ = ["AdmissionController", "Admitted", "Decision", "Queued", "Rejected"]
+__all__ = ["AdmissionController", "Admitted", "Decision", "Queued", "Rejected", "make_estimator"]
 
 _QUEUED = JobState.QUEUED
 _DISPATCHED = JobState.DISPATCHED
@@ -126,13 +126,23 @@ def _limit_claims(owner: BucketOwner, name: str, lim: BucketLimits | None) -> li
 
 
 class _Pool:
-    __slots__ = ("capacity", "drain", "name", "sched")
+    __slots__ = ("capacity", "drain", "limit", "name", "sched")
 
-    def __init__(self, name: str, sched: Scheduler, capacity: PoolCapacity, drain: DrainMeter):
+    def __init__(
+        self,
+        name: str,
+        sched: Scheduler,
+        capacity: PoolCapacity,
+        drain: DrainMeter,
+        limit: AdaptiveLimit | None = None,
+    ):
         self.name = name
         self.sched = sched
         self.capacity = capacity
         self.drain = drain
+        self.limit = limit  # the adaptive in-flight limit, fed with every dispatched job
+        if limit is not None:
+            capacity.signals.append(limit)
 
 
 class AdmissionController:
@@ -150,10 +160,8 @@ class AdmissionController:
         config = apply_preset(config)
         self.config = config
         self.clock = clock
+        self.estimator: OutputEstimator = estimator or make_estimator(config.estimator)
         est = config.estimator
-        self.estimator: OutputEstimator = estimator or QuantileEstimator(
-            est.quantile, est.default_output_tokens, est.min_observations, est.sketch
-        )
         self._reserve_max = est.reserve == "max_tokens"
         self.buckets: MemoryBuckets | None = None if external_buckets else MemoryBuckets()
         self.observers: list[Callable[[Outcome], None]] = list(observers or [])
@@ -172,7 +180,7 @@ class AdmissionController:
                 Scheduler(config, self._weight),
                 PoolCapacity(
                     p.name,
-                    p.max_in_flight,
+                    p.in_flight_ceiling,
                     p.max_tokens_in_flight,
                     per_engine_slots=p.max_in_flight_per_engine,
                     per_engine_tokens=p.max_tokens_in_flight_per_engine,
@@ -180,6 +188,9 @@ class AdmissionController:
                 DrainMeter(
                     config.drain_ewma_alpha, config.drain_window_s, p.initial_drain_tokens_per_s
                 ),
+                None
+                if p.max_in_flight is not None or p.max_in_flight_per_engine is not None
+                else AdaptiveLimit(p.adaptive, clock.now()),
             )
         self._pool_list = list(self._pools.values())
         self.router = Router(config)
@@ -271,7 +282,11 @@ class AdmissionController:
                 f"(got {job.max_tokens}, {job.prompt_tokens})"
             )
         if job.predicted_output is None:
-            job.predicted_output = self.estimator.predict(job.tenant, job.max_tokens)
+            said = job.expected_output
+            if said is not None and self.tenant_policy(job.tenant).trust_expected_output:
+                job.predicted_output = max(1, min(job.max_tokens, said))
+            else:
+                job.predicted_output = self.estimator.predict(job)
         job.reserved_output = job.max_tokens if self._reserve_max else job.predicted_output
         job.cost = job.prompt_tokens + job.reserved_output
 
@@ -481,6 +496,9 @@ class AdmissionController:
             raise LifecycleError(f"job {job_id!r} is {job.state.value}, not dispatched")
         if job.first_token_at is None:
             job.first_token_at = self.clock.now()
+            limit = self._pools[job.pool].limit
+            if limit is not None:
+                limit.first_token(job, job.first_token_at)
 
     def complete(self, job_id: str, usage: Usage) -> Outcome:
         """A dispatched job finished: settle with ``usage`` and release its capacity."""
@@ -489,7 +507,7 @@ class AdmissionController:
             raise UnknownJobError(f"no live job {job_id!r}")
         if job.state is not _DISPATCHED:
             raise LifecycleError(f"job {job_id!r} is {job.state.value}, not dispatched")
-        self.estimator.observe(job.tenant, usage.completion_tokens)
+        self.estimator.observe(job, usage.completion_tokens)
         return self._end_dispatched(job, JobState.COMPLETED, Reason.COMPLETED, usage)
 
     def fail(
@@ -548,7 +566,7 @@ class AdmissionController:
                 "bands": {b.name: {"queued": len(b), "tokens": b.tokens} for b in p.sched.bands},
                 "in_flight": p.capacity.in_flight,
                 "tokens_in_flight": p.capacity.tokens,
-                "max_in_flight": p.capacity.max_in_flight,
+                "max_in_flight": p.capacity.max_in_flight if p.limit is None else p.limit.value,
                 "max_tokens_in_flight": p.capacity.max_tokens,
                 "engines": p.capacity.engines,
                 "drain_tokens_per_s": p.drain.rate,
@@ -572,6 +590,10 @@ class AdmissionController:
         """``pool``'s engine-saturation rule (``None`` when ``saturation.enabled`` is off):
         feed it readings and the live engines, and report each job sent to an engine."""
         return self._saturation.get(pool)
+
+    def pool_limit(self, pool: str) -> AdaptiveLimit | None:
+        """The adaptive in-flight limit of ``pool`` (``None`` with a fixed ``max_in_flight``)."""
+        return self._pools[pool].limit
 
     # -- internals -------------------------------------------------------------------
 
@@ -597,6 +619,8 @@ class AdmissionController:
         if cap.trackers:
             for t in cap.trackers:
                 t.started(job, now)
+        if pool.limit is not None:
+            pool.limit.started(job, now)
 
     def _settlement(self, job: Job, actual_tokens: int) -> Settlement:
         claims = job.claims
@@ -660,6 +684,8 @@ class AdmissionController:
             for t in cap.trackers:
                 t.ended(job, now)
         pool.sched.on_complete(job, usage.completion_tokens)
+        if pool.limit is not None:
+            pool.limit.ended(job, now)
         del self._jobs[job.id]
         total = usage.prompt_tokens + usage.completion_tokens
         return self._emit(job, state, reason, self._settlement(job, total), now)

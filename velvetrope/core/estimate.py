@@ -3,9 +3,15 @@
 :class:`WindowQuantile` is the quantile of a sliding window of recent observations (a
 fixed ring buffer, cheap and adaptive); :class:`P2Quantile` is the P² algorithm of Jain &
 Chlamtac (CACM 1985), a running all-time quantile in five markers.  Both use O(1) memory.
-:class:`QuantileEstimator` keeps a window per tenant and predicts
-``min(max_tokens, quantile)``.  Any object with the
-:class:`OutputEstimator` shape can replace it (a learned predictor, an oracle).
+Two estimators predict a job's output tokens, both ``min(max_tokens, quantile)`` of what
+was observed, and any object with the :class:`OutputEstimator` shape can replace them (a
+learned model, an oracle):
+
+* :class:`QuantileEstimator` keeps one window per tenant: every request of a tenant gets
+  nearly the same guess (EstimatorPolicy ``kind: tenant``);
+* :class:`LengthPredictor` (:mod:`velvetrope.core.predictor`) conditions on what a gateway
+  sees of the request: tenant, prompt template, model, ``max_tokens`` and prompt length
+  (``kind: predictor``).
 
 :class:`DrainMeter` measures how fast a pool drains work: tokens finished per *busy* second,
 smoothed by an EWMA, so that idle gaps do not make a busy pool look slow.
@@ -15,6 +21,8 @@ from __future__ import annotations
 
 import math
 from typing import Protocol
+
+from velvetrope.core.request import Job
 
 __all__ = ["DrainMeter", "OutputEstimator", "P2Quantile", "QuantileEstimator", "WindowQuantile"]
 
@@ -99,13 +107,13 @@ class P2Quantile:
 
 
 class OutputEstimator(Protocol):
-    """Predicts a job's output tokens from what was seen of its tenant."""
+    """Predicts a job's output tokens from what was seen of jobs like it."""
 
-    def predict(self, tenant: str, max_tokens: int) -> int:
-        """Predicted output tokens, in ``[1, max_tokens]``."""
+    def predict(self, job: Job) -> int:
+        """Predicted output tokens of ``job``, in ``[1, job.max_tokens]``."""
         ...
 
-    def observe(self, tenant: str, output_tokens: int) -> None:
+    def observe(self, job: Job, output_tokens: int) -> None:
         """Record a finished job's real output length."""
         ...
 
@@ -140,17 +148,17 @@ class WindowQuantile:
         if len(buf) < window:
             buf.append(x)
         else:
-            i = self._i
-            buf[i] = x
-            self._i = i + 1 if i + 1 < window else 0
-        count = self.count = self.count + 1
-        since = self._since + 1
-        refresh = self._refresh
-        if since >= refresh or count <= refresh:
-            since = 0
-            s = sorted(buf)
-            self._value = s[min(len(s) - 1, int(self._p * len(s)))]
-        self._since = since
+            buf[self._i] = x
+            self._i = (self._i + 1) % self.window
+        self.count += 1
+        self._since += 1
+        if self._since >= self._refresh or self.count <= self._refresh:
+            self._since = 0
+            self._value = self._pick(sorted(buf))
+
+    def _pick(self, s: list[float]) -> float:
+        """The estimate from the window, sorted: its ``⌊p·n⌋``-th value (from 0)."""
+        return s[min(len(s) - 1, int(self._p * len(s)))]
 
     def value(self) -> float:
         """The current estimate; ``nan`` before any observation."""
@@ -184,16 +192,16 @@ class QuantileEstimator:
         )
         self._sketches: dict[str, WindowQuantile | P2Quantile] = {}
 
-    def predict(self, tenant: str, max_tokens: int) -> int:
-        sk = self._sketches.get(tenant)
+    def predict(self, job: Job) -> int:
+        sk = self._sketches.get(job.tenant)
         few = sk is None or sk.count < self._min_obs
         guess = self.default if few or sk is None else math.ceil(sk.value())
-        return max(1, min(max_tokens, guess))
+        return max(1, min(job.max_tokens, guess))
 
-    def observe(self, tenant: str, output_tokens: int) -> None:
-        sk = self._sketches.get(tenant)
+    def observe(self, job: Job, output_tokens: int) -> None:
+        sk = self._sketches.get(job.tenant)
         if sk is None:
-            sk = self._sketches[tenant] = self._make(self.quantile)
+            sk = self._sketches[job.tenant] = self._make(self.quantile)
         sk.add(output_tokens)
 
 

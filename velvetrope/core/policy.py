@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 __all__ = [
     "DEFAULT_BURST_S",
     "SEED_BURST_S",
+    "AdaptiveLimitPolicy",
     "BandMode",
     "BucketLimits",
     "DegradePolicy",
@@ -175,6 +176,11 @@ class TenantPolicy(_Model):
     allowed_tiers: tuple[str, ...] = Field(
         (), description="Other tiers this tenant may ask for per request (header/body)."
     )
+    trust_expected_output: bool = Field(
+        False,
+        description="Take this tenant's own expected output length (a request header) as "
+        "the prediction, capped by max_tokens.",
+    )
     queue_progress: bool = Field(
         False,
         description="Gateway: a streaming request of this tenant that waits in the queue "
@@ -182,16 +188,75 @@ class TenantPolicy(_Model):
     )
 
 
+class AdaptiveLimitPolicy(_Model):
+    """The adaptive in-flight limit of a pool without ``max_in_flight`` (see
+    :mod:`velvetrope.core.limit`): it tracks the knee of the pool's throughput curve, the
+    smallest concurrency that keeps ``target`` of the best throughput seen."""
+
+    initial: float = Field(16.0, ge=1, description="First limit, before anything is measured.")
+    floor: int = Field(1, ge=1, description="The limit never goes below this.")
+    ceiling: int = Field(4096, ge=1, description="The limit never goes above this.")
+    target: float = Field(
+        0.98, gt=0, lt=1, description="Share of the best throughput seen that the knee keeps."
+    )
+    window_s: float = Field(3.0, gt=0, description="Shortest measurement window, seconds.")
+    settle_s: float = Field(
+        1.0, ge=0, description="Seconds after each change of the limit before measuring."
+    )
+    min_jobs: int = Field(20, ge=1, description="Jobs with samples needed to close a window.")
+    ramp: float = Field(
+        0.5, gt=0, le=4, description="Slots opened per job that ends while the limit rises."
+    )
+    probe_gain: float = Field(
+        1.2, gt=1, le=4, description="Probe windows run at this multiple of the base limit."
+    )
+    gradient: float = Field(
+        0.5,
+        gt=0,
+        lt=1,
+        description="The knee: where this share of each extra job in flight waits for its "
+        "first token (an engine queue forms).",
+    )
+    pairs: int = Field(
+        3, ge=1, description="Pairs of windows whose slopes are pooled near the knee."
+    )
+    history: int = Field(24, ge=2, description="Recent windows kept for inspection.")
+    max_step: float = Field(1.5, gt=1, le=4, description="Largest change of one step (factor).")
+    gain: float = Field(
+        0.1,
+        gt=0,
+        le=1,
+        description="How far one pair of windows moves the limit: this times the log of "
+        "gradient over the measured slope.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> AdaptiveLimitPolicy:
+        if self.floor > self.ceiling:
+            raise ValueError(f"floor {self.floor} is above ceiling {self.ceiling}")
+        return self
+
+
 class PoolPolicy(_Model):
     """A pool of upstreams and its capacity as the admission core sees it.
 
     Capacity is either fixed for the pool (``max_in_flight``, ``max_tokens_in_flight``) or
     given per engine (``*_per_engine``): then the pool's limit is that × its live engines
-    (healthy, breaker closed), so it follows the fleet as engines join and leave.
+    (healthy, breaker closed), so it follows the fleet as engines join and leave.  With
+    neither ``max_in_flight`` nor ``max_in_flight_per_engine`` the pool's in-flight limit is
+    adaptive (``adaptive``).
     """
 
     name: str = Field(min_length=1)
-    max_in_flight: int = Field(64, ge=1, description="Jobs dispatched and not yet finished.")
+    max_in_flight: int | None = Field(
+        None,
+        ge=1,
+        description="Jobs dispatched and not yet finished; unset: the adaptive limit decides.",
+    )
+    adaptive: AdaptiveLimitPolicy = Field(
+        default_factory=AdaptiveLimitPolicy,
+        description="The adaptive limit, used when max_in_flight is unset.",
+    )
     max_tokens_in_flight: int | None = Field(
         None,
         ge=1,
@@ -226,6 +291,12 @@ class PoolPolicy(_Model):
                 "max_tokens_in_flight_per_engine, not both"
             )
         return self
+
+    @property
+    def in_flight_ceiling(self) -> int:
+        """The most this pool ever has in flight: ``max_in_flight``, else the adaptive
+        limit's ceiling (per-engine capacity, when given, replaces it as engines are seen)."""
+        return self.max_in_flight if self.max_in_flight is not None else self.adaptive.ceiling
 
 
 class RouteRule(_Model):
@@ -316,13 +387,31 @@ class QueuePolicy(_Model):
 
 
 class EstimatorPolicy(_Model):
-    """Output-length estimation and what the buckets reserve."""
+    """Output-length estimation and what the buckets reserve.
 
-    quantile: float = Field(0.9, gt=0, lt=1, description="Per-tenant quantile of observed outputs.")
-    default_output_tokens: int = Field(
-        256, ge=1, description="Estimate before a tenant has enough observations."
+    ``kind: predictor`` (the default) conditions on tenant, prompt template, model,
+    ``max_tokens`` and prompt length (:mod:`velvetrope.core.predictor`); ``kind: tenant``
+    is one running quantile per tenant (``sketch`` chooses its kind)."""
+
+    kind: Literal["predictor", "tenant"] = Field(
+        "predictor", description="'predictor': conditional quantiles; 'tenant': per tenant only."
     )
-    min_observations: int = Field(5, ge=5, description="Observations before the sketch is used.")
+    quantile: float = Field(0.9, gt=0, lt=1, description="Quantile of observed outputs predicted.")
+    default_output_tokens: int = Field(
+        256, ge=1, description="Estimate before anything comparable has been observed."
+    )
+    min_observations: int = Field(
+        5, ge=5, description="Observations a group needs before it predicts."
+    )
+    window: int = Field(
+        64, ge=8, description="predictor: outputs kept per group (the tenant level keeps 4x)."
+    )
+    max_keys: int = Field(
+        4096, ge=16, description="predictor: groups kept at most (least recently used dropped)."
+    )
+    prompt_feature: bool = Field(
+        True, description="predictor: condition on the prompt's length (powers of two)."
+    )
     sketch: Literal["window", "p2"] = Field(
         "window",
         description="'window': the quantile of each tenant's last 256 outputs (follows "

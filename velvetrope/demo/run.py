@@ -190,7 +190,7 @@ def run_demo(settings: DemoSettings | None = None, console: Console | None = Non
     policy = load_config(s.config_path).policy  # validated: errors name file and field
     tiers = [t.name for t in policy.tiers]
     band_limits = {t.name: t.max_queued or policy.queue.max_queued for t in policy.tiers}
-    slots = sum(p.max_in_flight for p in policy.pools)
+    slots = sum(p.in_flight_ceiling for p in policy.pools)
     slos: dict[str, SloPolicy] = dict(s.slos) if s.slos is not None else config_slos(policy)
     wl = build_workload(s, slots)
     cap = wl.capacity

@@ -56,7 +56,13 @@ from velvetrope.gateway.client_stream import PROGRESS_HEADER, ClientStream
 from velvetrope.gateway.fleet import GatewayFleet, degrade_body, route_headers
 from velvetrope.gateway.httpclient import HttpClient
 from velvetrope.gateway.metrics import GatewayMetrics
-from velvetrope.gateway.parse import Kind, ParsedRequest, parse_request
+from velvetrope.gateway.parse import (
+    EXPECTED_TOKENS_HEADER,
+    Kind,
+    ParsedRequest,
+    expected_tokens,
+    parse_request,
+)
 from velvetrope.gateway.proxy import Relay, UpstreamAnswer, forward
 from velvetrope.gateway.state import FleetGate, LocalState, build_state
 from velvetrope.gateway.upstreams import Resolver, UpstreamState
@@ -117,7 +123,7 @@ class Gateway:
         self.gates: dict[str, FleetGate] = {}
         if self.state.fleet and self.settings.admission:
             for p in config.policy.pools:
-                gate = FleetGate(p.name, p.max_in_flight, p.max_tokens_in_flight)
+                gate = FleetGate(p.name, p.in_flight_ceiling, p.max_tokens_in_flight)
                 self.ctl.pool_capacity(p.name).signals.append(gate)
                 self.gates[p.name] = gate
         self.fleet = GatewayFleet(
@@ -298,6 +304,9 @@ class Gateway:
             max_tokens=(parsed.max_tokens or self.settings.default_max_tokens) * parsed.n,
             model=parsed.model,
             n=parsed.n,
+            template=parsed.template,  # length prediction and the adaptive limit:
+            streamed=parsed.stream,
+            expected_output=expected_tokens(header(scope, EXPECTED_TOKENS_HEADER)),
         )
         if not self.settings.admission:
             pool, _ = self.ctl.router.match(job)  # rules on model and tier; no prediction

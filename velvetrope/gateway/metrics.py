@@ -20,12 +20,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from velvetrope.core import AdmissionController, Job, Outcome, Reason
 from velvetrope.core.request import JobState
+from velvetrope.gateway.counters import LoopCounter, LoopHistogram
 
 __all__ = ["GatewayMetrics"]
 
@@ -223,51 +224,45 @@ class GatewayMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.tenant_label = tenant_label
         labels = ["tier", "outcome", "reason"] + (["tenant"] if tenant_label else [])
-        self.requests = Counter(
+        self.requests = self._counter(
             "velvetrope_requests_total",
             "Requests by tier, outcome and reason.",
             labels,
-            registry=self.registry,
         )
-        self.queue_wait = Histogram(
+        self.queue_wait = self._histogram(
             "velvetrope_queue_wait_seconds",
             "Time from arrival to dispatch, by tier.",
             ["tier"],
-            buckets=_LAT_BUCKETS,
-            registry=self.registry,
+            _LAT_BUCKETS,
         )
-        self.ttft = Histogram(
+        self.ttft = self._histogram(
             "velvetrope_time_to_first_token_seconds",
             "Time from arrival to the first token, by tier.",
             ["tier"],
-            buckets=_LAT_BUCKETS,
-            registry=self.registry,
+            _LAT_BUCKETS,
         )
-        self.e2e = Histogram(
+        self.e2e = self._histogram(
             "velvetrope_e2e_request_latency_seconds",
             "Time from arrival to the last byte, by tier.",
             ["tier"],
-            buckets=_LAT_BUCKETS,
-            registry=self.registry,
+            _LAT_BUCKETS,
         )
-        self.reserved = Counter(
+        self.reserved = self._counter(
             "velvetrope_tokens_reserved_total",
             "Tokens reserved from buckets at admission, by tier.",
             ["tier"],
-            registry=self.registry,
         )
-        self.settled = Counter(
+        self.settled = self._counter(
             "velvetrope_tokens_settled_total",
             "Tokens actually used at settlement, by tier.",
             ["tier"],
-            registry=self.registry,
         )
-        self.store_calls = Histogram(
+        self.store_calls = self._histogram(
             "velvetrope_state_call_seconds",
             "Latency of calls to shared state (Redis) as a request waits for them, by "
             "operation; op=round_trip: one pipelined round trip on the wire.",
             ["op"],
-            buckets=(
+            (
                 0.0001,
                 0.00025,
                 0.0005,
@@ -282,19 +277,16 @@ class GatewayMetrics:
                 0.5,
                 1.0,
             ),
-            registry=self.registry,
         )
-        self.routed = Counter(
+        self.routed = self._counter(
             "velvetrope_routed_total",
             "Routing decisions: the pool and the rule that chose it ('default': none matched).",
             ["pool", "rule"],
-            registry=self.registry,
         )
-        self.degraded = Counter(
+        self.degraded = self._counter(
             "velvetrope_degraded_total",
             "Requests degraded before admission, by tier and action (max_tokens, pool).",
             ["tier", "action"],
-            registry=self.registry,
         )
         self._store_children: dict[str, Any] = {}
         self._request_children: dict[tuple[str, JobState, Reason, str], Any] = {}
@@ -312,6 +304,18 @@ class GatewayMetrics:
         self.routed.labels(job.pool, job.route or "").inc()
         for action in job.degraded:
             self.degraded.labels(job.tier, action).inc()
+
+    def _counter(self, name: str, doc: str, labels: list[str]) -> LoopCounter:
+        c = LoopCounter(name, doc, labels)
+        self.registry.register(c)
+        return c
+
+    def _histogram(
+        self, name: str, doc: str, labels: list[str], buckets: tuple[float, ...]
+    ) -> LoopHistogram:
+        h = LoopHistogram(name, doc, labels, buckets)
+        self.registry.register(h)
+        return h
 
     def attach_state(self, state: Any) -> None:
         """Report the state backend (``status()``, and ``levels()`` when local)."""

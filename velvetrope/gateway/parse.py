@@ -19,9 +19,21 @@ from typing import Any
 
 import orjson
 
-from velvetrope.openai.request import Kind, count_prompt_tokens, parse
+from velvetrope.openai.request import Kind, count_prompt_tokens, parse, template_fingerprint
 
-__all__ = ["Kind", "ParsedRequest", "parse_request"]
+__all__ = ["EXPECTED_TOKENS_HEADER", "Kind", "ParsedRequest", "expected_tokens", "parse_request"]
+
+EXPECTED_TOKENS_HEADER = b"x-velvetrope-expected-tokens"
+"""A client's own expected output length; used only for tenants with
+``trust_expected_output``."""
+
+
+def expected_tokens(value: bytes | None) -> int | None:
+    """The header's value as a positive integer, ``None`` if absent or not one."""
+    if value is None or not value.strip().isdigit():
+        return None
+    n = int(value)
+    return n if n >= 1 else None
 
 
 @dataclass(slots=True)
@@ -39,6 +51,7 @@ class ParsedRequest:
     body: dict[str, Any]
     rewritten: bool
     n: int = 1
+    template: str | None = None  # the prompt template's fingerprint (length prediction)
 
     def upstream_body(self) -> bytes:
         """The bytes to send upstream: the client's own, unless the gateway changed them."""
@@ -76,4 +89,5 @@ def parse_request(
         body=body,
         rewritten=rewritten,
         n=req.n,
+        template=template_fingerprint(req),
     )

@@ -30,6 +30,7 @@ the same way for both.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -60,6 +61,7 @@ __all__ = [
     "count_prompt_tokens",
     "load_body",
     "parse",
+    "template_fingerprint",
     "validate",
 ]
 
@@ -352,3 +354,41 @@ def count_prompt_tokens(
     else:
         n = sum(count_text(p) if isinstance(p, str) else len(p) for p in req.prompts)
     return max(1, n)
+
+
+TEMPLATE_PREFIX_CHARS = 512
+"""How much of a prompt's text identifies its template."""
+
+
+def _text_of(content: object) -> str:
+    """A message's text: the string, or its text parts joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""
+
+
+def template_fingerprint(req: CompletionRequest, prefix_chars: int = TEMPLATE_PREFIX_CHARS) -> str:
+    """A short fingerprint of ``req``'s prompt template, for length prediction.
+
+    Chat: the first system (or developer) message, whole, if there is one, else the first
+    ``prefix_chars`` characters of the first message; completions: the first
+    ``prefix_chars`` characters (or token ids) of the first prompt.  Requests of one
+    application share this and differ after it.  The model name is not part of it (the
+    predictor keys on the model separately).
+    """
+    head: str
+    if req.messages:
+        system = next((m for m in req.messages if m.get("role") in ("system", "developer")), None)
+        if system is not None:
+            head = "s:" + _text_of(system.get("content"))
+        else:
+            first = req.messages[0]
+            head = f"{first.get('role')}:" + _text_of(first.get("content"))[:prefix_chars]
+    elif req.prompts:
+        p = req.prompts[0]
+        head = "p:" + (p[:prefix_chars] if isinstance(p, str) else str(p[:prefix_chars]))
+    else:
+        head = ""
+    return hashlib.blake2b(head.encode("utf-8", "replace"), digest_size=8).hexdigest()

@@ -421,6 +421,7 @@ def run_simulation(
                     caps[i],
                     model=models[i],
                     predicted_output=preds[i],
+                    template=workload[i].prefix_id,  # a shared system prompt: the template
                 )
                 jobs[i] = job
                 route_job(job)

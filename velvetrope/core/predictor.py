@@ -1,0 +1,170 @@
+"""A length predictor that uses what a gateway sees of a request.
+
+The core's per-tenant estimator (:class:`~velvetrope.core.estimate.QuantileEstimator`)
+gives every request of a tenant nearly the same guess, so it cannot order them.  A gateway
+sees more than the tenant: the prompt's *template* (a fingerprint of its system prompt or
+first message's prefix: requests of one application look alike, and a classifier, a
+summariser and a chat assistant behind one API key answer at very different lengths), the
+model, the declared ``max_tokens`` and the prompt's length.  :class:`LengthPredictor`
+predicts a conditional quantile of the output length given those, online, in bounded
+memory.
+
+Groups, from the most specific down (``mt`` is ``max_tokens`` in powers of two, ``pl`` the
+prompt length in powers of two)::
+
+    (tenant, template, model, mt, pl)   prompt length as a feature, within a template
+    (tenant, template, model, mt)
+    (tenant, template)
+    (tenant, model, mt, pl)             no template known (or none seen enough)
+    (tenant, model, mt)
+    (tenant)
+    (everyone)
+
+A job is predicted by the first of its groups (levels without a template are skipped when
+the job has none) that holds at least ``min_observations`` outputs: a cold start falls
+back to the coarser level, and with nothing at all to the configured default.  Every
+finished job is recorded in each of its groups.  A group keeps its last ``window``
+outputs in a ring buffer (the tenant and global levels keep ``wide_window``) and predicts
+their ``quantile`` exactly as ``numpy.quantile(..., method="inverted_cdf")`` does: the
+smallest observed value with at least that share of the window at or below it, recomputed
+every ``refresh`` observations (and at each of the first ``refresh``).  At most
+``max_keys`` groups live; the least recently used is dropped first, so a stream of unique
+templates cannot grow memory past ``max_keys`` rings.  The prediction is clamped to
+``[1, max_tokens]``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+from velvetrope.core.estimate import OutputEstimator, QuantileEstimator, WindowQuantile
+from velvetrope.core.policy import EstimatorPolicy
+from velvetrope.core.request import Job
+
+__all__ = ["LengthPredictor", "RingQuantile", "make_estimator"]
+
+_Key = tuple[object, ...]
+
+
+class RingQuantile(WindowQuantile):
+    """The ``p``-quantile of the last ``window`` observations by the inverted CDF (numpy's
+    ``method="inverted_cdf"``): the ``⌈p·n⌉``-th smallest; ``nan`` before any."""
+
+    __slots__ = ()
+
+    def _pick(self, s: list[float]) -> float:
+        return s[max(0, math.ceil(self._p * len(s)) - 1)]
+
+
+class LengthPredictor:
+    """Conditional output-length quantiles by tenant, template, model, ``max_tokens`` and
+    prompt length (see the module docstring).  An
+    :class:`~velvetrope.core.estimate.OutputEstimator`."""
+
+    __slots__ = (
+        "_groups",
+        "_min_obs",
+        "_refresh",
+        "_wide",
+        "_window",
+        "default",
+        "max_keys",
+        "prompt_feature",
+        "quantile",
+    )
+
+    def __init__(
+        self,
+        quantile: float = 0.9,
+        default: int = 256,
+        min_observations: int = 8,
+        *,
+        window: int = 64,
+        wide_window: int = 256,
+        max_keys: int = 4096,
+        prompt_feature: bool = True,
+        refresh: int = 8,
+    ) -> None:
+        if not 0 < quantile < 1:
+            raise ValueError(f"quantile must be in (0, 1), got {quantile}")
+        if min(default, min_observations, window, wide_window, max_keys, refresh) < 1:
+            raise ValueError("default, min_observations, windows, max_keys and refresh >= 1")
+        self.quantile = quantile
+        self.default = default
+        self._min_obs = min_observations
+        self._window = window
+        self._wide = wide_window
+        self.max_keys = max_keys
+        self.prompt_feature = prompt_feature
+        self._refresh = refresh
+        self._groups: OrderedDict[_Key, RingQuantile] = OrderedDict()
+
+    def __len__(self) -> int:
+        """Groups held (at most ``max_keys``)."""
+        return len(self._groups)
+
+    def keys(self, job: Job) -> list[_Key]:
+        """``job``'s groups, most specific first (see the module docstring)."""
+        mt = job.max_tokens.bit_length()
+        pl = job.prompt_tokens.bit_length() if self.prompt_feature else -1
+        t, m, tpl = job.tenant, job.model, job.template
+        out: list[_Key] = []
+        if tpl is not None:
+            if self.prompt_feature:
+                out.append(("tp", t, tpl, m, mt, pl))
+            out += [("tm", t, tpl, m, mt), ("t", t, tpl)]
+        if self.prompt_feature:
+            out.append(("mp", t, m, mt, pl))
+        out += [("m", t, m, mt), ("n", t), ("*",)]
+        return out
+
+    def predict(self, job: Job) -> int:
+        groups = self._groups
+        guess = self.default
+        for key in self.keys(job):
+            g = groups.get(key)
+            if g is not None and g.count >= self._min_obs:
+                groups.move_to_end(key)
+                guess = math.ceil(g.value())
+                break
+        return max(1, min(job.max_tokens, guess))
+
+    def observe(self, job: Job, output_tokens: int) -> None:
+        groups = self._groups
+        for key in self.keys(job):
+            g = groups.get(key)
+            if g is None:
+                wide = key[0] in ("n", "*")
+                g = RingQuantile(self.quantile, self._wide if wide else self._window, self._refresh)
+                groups[key] = g
+                if len(groups) > self.max_keys:
+                    groups.popitem(last=False)
+            else:
+                groups.move_to_end(key)
+            g.add(output_tokens)
+
+    def level(self, job: Job) -> str:
+        """Which level would predict ``job`` now (``default`` before any has enough)."""
+        for key in self.keys(job):
+            g = self._groups.get(key)
+            if g is not None and g.count >= self._min_obs:
+                return str(key[0])
+        return "default"
+
+
+def make_estimator(policy: EstimatorPolicy) -> OutputEstimator:
+    """The output-length estimator ``policy`` describes."""
+    if policy.kind == "tenant":
+        return QuantileEstimator(
+            policy.quantile, policy.default_output_tokens, policy.min_observations, policy.sketch
+        )
+    return LengthPredictor(
+        policy.quantile,
+        policy.default_output_tokens,
+        policy.min_observations,
+        window=policy.window,
+        wide_window=4 * policy.window,
+        max_keys=policy.max_keys,
+        prompt_feature=policy.prompt_feature,
+    )
