@@ -34,9 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import os
 import sys
 import tempfile
 import time
@@ -51,28 +49,10 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gateway_bench import KEY, config, latencies, load
+from gateway_bench import KEY, config, cpu_seconds, latencies, python_load
 
 from tests.support.redis_server import RedisServer
 from velvetrope.serving.launch import free_port, start, start_engine, start_gateway
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of ``pid`` and its reaped children."""
-    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return sum(int(x) for x in f[11:15]) / _TICK
-
-
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds of ``pid`` and its live children (workers)."""
-    total = cpu_s(pid)
-    for child in Path(f"/proc/{pid}/task").glob("*/children"):
-        for c in child.read_text().split():
-            with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-                total += tree_cpu_s(int(c))
-    return total
 
 
 def shared(cfg: dict[str, Any], url: str, **state: Any) -> dict[str, Any]:
@@ -116,14 +96,9 @@ def median_run(runs: list[tuple[float, float, int]]) -> tuple[float, float, int]
 
 
 def measure(url: str, pid: int, seconds: float, concurrency: int) -> tuple[float, float, int]:
-    """(rps, gateway CPU µs per request, errors) of one closed-loop run."""
-    c0 = tree_cpu_s(pid)
-    t0 = time.perf_counter()
-    rps, errors = uvloop.run(load(url, concurrency, seconds))
-    wall = time.perf_counter() - t0
-    cpu = tree_cpu_s(pid) - c0
-    # load() warms up for 1 s before it counts: CPU over the whole run, per request sent
-    return rps, cpu / max(1.0, rps * wall) * 1e6, errors
+    """(rps, gateway CPU µs per request, errors) of one closed-loop run (Python generator)."""
+    r = python_load(url, pid, False, concurrency, seconds)
+    return r.rps, r.cpu_us, r.errors
 
 
 async def push_at_twice(urls: list[str], rate: float, burst: float, seconds: float) -> float:
@@ -185,10 +160,10 @@ def main() -> None:
             b_requests = 0.0
             for _ in range(args.rounds):
                 runs["A"].append(measure(ga.url, ga.pid, args.seconds, args.concurrency))
-                r0 = cpu_s(rds.proc.pid)
+                r0 = cpu_seconds(rds.proc.pid)
                 t0 = time.perf_counter()
                 runs["B"].append(measure(gw.url, gw.pid, args.seconds, args.concurrency))
-                redis_cpu += cpu_s(rds.proc.pid) - r0
+                redis_cpu += cpu_seconds(rds.proc.pid) - r0
                 b_requests += runs["B"][-1][0] * (time.perf_counter() - t0)
             a_rps, a_cpu, a_err = median_run(runs["A"])
             b_rps, b_cpu, b_err = median_run(runs["B"])

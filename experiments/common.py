@@ -67,14 +67,23 @@ def make_policy(
     tiers: Sequence[Mapping[str, Any]] | None = None,
     tenants: Sequence[Mapping[str, Any]] | None = None,
     pools: Sequence[Mapping[str, Any]] | None = None,
+    routes: Sequence[Mapping[str, Any]] | None = None,
+    saturation: Mapping[str, Any] | None = None,
 ) -> PolicyConfig:
-    """A policy: ``preset`` with one pool of ``max_in_flight`` slots (or ``pools``)."""
+    """A policy: ``preset`` with one pool of ``max_in_flight`` slots (or ``pools``).
+
+    The engine-saturation rule is off unless ``saturation`` is given: studies (a) to (f)
+    predate it and their reports were measured without it (the engines there rarely queue:
+    64 slots per replica against an engine that runs 1,024).
+    """
     doc: dict[str, Any] = {
         "preset": preset,
         "queue": {"max_queued": max_queued, **(queue or {})},
         "pools": list(pools)
         if pools is not None
         else [{"name": "default", "max_in_flight": max_in_flight}],
+        "routes": list(routes or ()),
+        "saturation": dict(saturation) if saturation is not None else {"enabled": False},
     }
     if tiers is not None:
         doc["tiers"] = list(tiers)

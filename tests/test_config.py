@@ -19,7 +19,7 @@ def test_the_example_config_loads() -> None:
     cfg = load_config(EXAMPLE, environ={})
     assert cfg.policy.preset == "hybrid"
     assert [t.tenant for t in cfg.api_keys] == ["acme", "globex", "initech"]
-    assert cfg.pool_for("anything") == "default"
+    assert cfg.policy.routes == ()
     assert cfg.resolved_admin_token() == "demo-admin-token"
 
 

@@ -26,6 +26,9 @@ from experiments.common import (
 from experiments.d_queue_depth import run as d
 from experiments.e_edge_buckets import run as e
 from experiments.f_overload import run as f
+from experiments.g_predicted_split import run as g
+from experiments.h_saturation import run as h
+from experiments.i_degradation import run as i
 from velvetrope.sim.traces import load_trace
 from velvetrope.sim.workload import TenantMix, TraceRequest, head
 
@@ -142,6 +145,63 @@ def test_overload_policies_and_summary(conv: list[TraceRequest]) -> None:
     assert 0.0 <= no.goodput_frac < yes.goodput_frac <= 1.0
     assert no.tiers[0].goodput < 0.5 < 0.99 <= yes.tiers[0].goodput  # the interactive tier
     assert no.window_good[-1] < no.window_good[0]  # without admission it decays
+
+
+def test_predicted_split_routes_through_the_core_and_picks_qualifying_splits() -> None:
+    code = head(load_trace("azure_code"), 600)
+    profile = engine_profile()
+    wl = at_load(code, 0.8, capacity_at(profile, code, 2, 8))
+    assert (g.predicted_short(wl, "oracle") == g.true_short(wl)).all()
+    noisy = g.predicted_short(wl, "noisy:0.5")
+    assert int((noisy != g.true_short(wl)).sum()) > 0  # a predictor makes mistakes
+    res = g.routed(wl, 1, 1, "noisy:0.5")
+    assert res.records.pool is not None
+    assert ((res.records.pool == "short") == noisy).all()  # the core's rule, the same split
+
+    def lat(short: list[float], long: list[float]) -> g.Lat:
+        t = np.asarray(short + long)
+        return g.Lat(t, 2 * t, np.asarray([True] * len(short) + [False] * len(long)))
+
+    base = lat([1.0], [5.0])
+    study = g.Study(
+        shared={g.BASE_REPLICAS: base, 9: lat([0.8], [4.0])},
+        splits={
+            "x": g.Split(
+                "x", 0.9, 0, 0,
+                short={7: lat([0.5], []), 8: lat([0.3], [])},
+                long={1: lat([], [9.0]), 2: lat([], [4.0])},
+            )
+        },
+    )  # fmt: skip
+    best = study.best("x", 9, "ttft")
+    assert best is not None and best[:2] == (7, 2)  # 8 + 1 would leave long requests slower
+    assert study.gpus_for(None, "ttft", 0.9) == 9
+    assert study.gpus_for("x", "ttft", 0.4) is None
+
+
+def test_saturation_study_measures_the_engines_waiting_lines(conv: list[TraceRequest]) -> None:
+    assert not h.policy(h.STATIC_SLOTS, h.OFF).saturation.enabled
+    assert h.policy(h.ENGINE_SEQS, h.ON).saturation.max_waiting == 2
+    wl = TenantMix.parse(f.MIX).assign(head(conv, 2500), 0)
+    off = h.one(wl, h.ENGINE_SEQS, h.OFF, 1.3, "off", None)
+    on = h.one(wl, h.ENGINE_SEQS, h.ON, 1.3, "on", None)
+    assert on.waiting_p99 < off.waiting_p99
+    assert on.ttft_p99[h.TOP] < off.ttft_p99[h.TOP]
+    assert on.t.size == on.waiting_mean.size > 0
+
+
+def test_degradation_study_caps_and_counts(conv: list[TraceRequest]) -> None:
+    tiers = {t.name: t for t in i.policy(128, 0.5).tiers}
+    assert tiers["interactive"].degrade is None
+    deg = tiers["batch"].degrade
+    assert deg is not None and deg.max_tokens == 128 and deg.wait_s == 12.5
+    assert all(t.degrade is None for t in i.policy(None, 0.5).tiers)
+    wl = TenantMix.parse(f.MIX).assign(head(conv, 2500), 0)
+    plain = i.one(wl, None, 0.0, 1.5, None)
+    capped = i.one(wl, 128, 0.1, 1.5, None)
+    assert plain.cut == 0.0 and plain.degraded == 0.0
+    assert capped.cut > 0 and 0 < capped.degraded < 1
+    assert capped.full_goodput <= capped.goodput
 
 
 def test_j_multi_template_workload_and_helpers() -> None:

@@ -10,6 +10,10 @@ validation (values are parsed as YAML scalars), e.g. ``VELVETROPE__LISTEN__PORT=
 ``VELVETROPE__ADMIN_TOKEN=...``.  ``admin_token`` may also be given as ``admin_token_env``,
 the name of an environment variable that holds it.
 
+Routing rules live in ``policy.routes`` and the saturation rule's parameters in
+``policy.saturation`` (the simulator reads them too).  The older spellings are refused with
+the new place named (top-level ``routes``) or moved there (``gateway.saturation``).
+
 API keys are stored hashed: ``sha256`` is the hex SHA-256 of the key a client sends as
 ``Authorization: Bearer <key>``.  ``velvetrope config hash-key KEY`` prints it.  A plain
 ``key`` is accepted for local examples and tests only.
@@ -30,11 +34,10 @@ from velvetrope.errors import ConfigError
 
 __all__ = [
     "ApiKey",
+    "FleetSettings",
     "GatewayConfig",
     "GatewaySettings",
     "Listen",
-    "Route",
-    "SaturationSettings",
     "StateSettings",
     "Upstream",
     "hash_key",
@@ -82,26 +85,38 @@ class ApiKey(_Model):
 
 
 class Upstream(_Model):
-    """One OpenAI-compatible engine."""
+    """One OpenAI-compatible engine, or (``discovery: dns``) every address of a DNS name.
+
+    With ``dns`` the URL's host is re-resolved every ``gateway.fleet.dns_refresh_s``: each
+    address (A and AAAA records) is one engine at the URL's scheme and port, so a
+    Kubernetes headless Service (``clusterIP: None``, whose name resolves to the addresses
+    of its ready pods; kubernetes.io/docs/concepts/services-networking/dns-pod-service/)
+    finds engines as they are scaled.  Addresses that disappear leave the pool once their
+    requests finish.  CoreDNS caches answers (``cache 30`` and the kubernetes plugin's
+    ``ttl 30`` by default), so a new pod is seen within about 30 s plus one refresh.
+    """
 
     url: str = Field(pattern=r"^https?://", description="base URL, e.g. http://10.0.0.5:8000")
-    metrics_url: str | None = Field(None, description="Prometheus endpoint; default url + /metrics")
+    metrics_url: str | None = Field(
+        None, pattern=r"^https?://", description="Prometheus endpoint; default url + /metrics"
+    )
+    discovery: Literal["static", "dns"] = Field(
+        "static", description="static: this URL; dns: one engine per address of its host"
+    )
 
 
-class Route(_Model):
-    """Send requests for ``model`` to ``pool``."""
+class FleetSettings(_Model):
+    """How the gateway watches its engines: health, discovery, circuit breakers."""
 
-    model: str
-    pool: str
-
-
-class SaturationSettings(_Model):
-    """Hold dispatch while the engines report a queue of their own (vLLM metrics)."""
-
-    enabled: bool = Field(True, description="scrape upstreams' /metrics for saturation")
-    max_waiting: int = Field(2, ge=0, description="vllm:num_requests_waiting per upstream")
-    max_kv_usage: float = Field(0.97, gt=0, le=1, description="vllm:kv_cache_usage_perc")
-    scrape_interval_s: float = Field(1.0, gt=0)
+    health_interval_s: float = Field(2.0, gt=0, description="active /health checks")
+    health_timeout_s: float = Field(2.0, gt=0, description="a check slower than this fails")
+    dns_refresh_s: float = Field(5.0, gt=0, description="re-resolve discovery: dns upstreams")
+    breaker_failures: int = Field(
+        3, ge=1, description="failed requests in a row that take an engine out"
+    )
+    breaker_open_s: float = Field(
+        5.0, gt=0, description="out this long, then one probe request may bring it back"
+    )
 
 
 class StateSettings(_Model):
@@ -173,7 +188,7 @@ class GatewaySettings(_Model):
     drain_grace_s: float = Field(30.0, ge=0, description="SIGTERM: finish in-flight work this long")
     metrics_tenant_label: bool = Field(False, description="label metrics by tenant (cardinality!)")
     admission: bool = Field(True, description="false: a pure proxy (for benchmarks)")
-    saturation: SaturationSettings = Field(default_factory=SaturationSettings)
+    fleet: FleetSettings = Field(default_factory=FleetSettings)
 
 
 class GatewayConfig(_Model):
@@ -187,9 +202,29 @@ class GatewayConfig(_Model):
     upstreams: dict[str, tuple[Upstream, ...]] = Field(
         default_factory=dict, description="pool name -> its engines"
     )
-    routes: tuple[Route, ...] = Field((), description="model -> pool; default: the first pool")
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     state: StateSettings = Field(default_factory=StateSettings)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: Any) -> Any:
+        """Refuse top-level ``routes`` (now ``policy.routes``); move ``gateway.saturation``
+        into ``policy.saturation`` unless the policy sets it."""
+        if not isinstance(data, dict):
+            return data
+        if "routes" in data:
+            raise ValueError(
+                "routes: routing rules live in policy.routes now "
+                "(e.g. {models: [m], pool: p}), so the simulator applies them too"
+            )
+        gw = data.get("gateway")
+        if isinstance(gw, dict) and "saturation" in gw:
+            gw = dict(gw)
+            sat = gw.pop("saturation")
+            policy = dict(data.get("policy") or {})
+            policy.setdefault("saturation", sat)
+            data = {**data, "gateway": gw, "policy": policy}
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> GatewayConfig:
@@ -197,9 +232,6 @@ class GatewayConfig(_Model):
         for name in self.upstreams:
             if name not in pools:
                 raise ValueError(f"upstreams names pool {name!r}, not in policy.pools")
-        for r in self.routes:
-            if r.pool not in pools:
-                raise ValueError(f"route for model {r.model!r} names unknown pool {r.pool!r}")
         digests = [k.digest for k in self.api_keys]
         if len(set(digests)) != len(digests):
             raise ValueError("the same API key is listed twice")
@@ -212,13 +244,6 @@ class GatewayConfig(_Model):
         if self.admin_token_env is not None:
             return os.environ.get(self.admin_token_env) or None
         return None
-
-    def pool_for(self, model: str | None) -> str:
-        """The pool serving ``model``: a matching route, else the first pool."""
-        for r in self.routes:
-            if r.model == model:
-                return r.pool
-        return self.policy.pools[0].name
 
 
 def _apply_env(data: dict[str, Any], environ: dict[str, str]) -> dict[str, Any]:

@@ -177,7 +177,8 @@ def measure(
 def combined_check(
     workload: Sequence[TraceRequest], a: int, b: int, slots: int, profile: EngineProfile
 ) -> tuple[Tail, Tail]:
-    """One real two-pool run (pool_of routes by true length): (short, long) tails."""
+    """One real two-pool run, routed by the core's rule on the predicted output (the true
+    length here: oracle lengths): (short, long) tails."""
     cfg = make_policy(
         "fifo",
         max_in_flight=0,
@@ -185,15 +186,10 @@ def combined_check(
             {"name": "short", "max_in_flight": slots * a},
             {"name": "long", "max_in_flight": slots * b},
         ],
+        routes=[{"pool": "short", "max_predicted_output": SHORT_MAX_TOKENS}, {"pool": "long"}],
     )
     res = run_simulation(
-        cfg,
-        workload,
-        {"short": a, "long": b},
-        profile,
-        lengths="oracle",
-        seed=SEED,
-        pool_of=lambda r: "short" if is_short(r) else "long",
+        cfg, workload, {"short": a, "long": b}, profile, lengths="oracle", seed=SEED
     )
     mask = np.asarray([is_short(r) for r in workload])
     return tails(res, mask), tails(res, ~mask)

@@ -44,6 +44,9 @@ STRESS_POLICY = PolicyConfig.model_validate(
             {"name": "c", "tier": "bronze", "limits": {"requests_per_minute": 120}},
         ],
         "pools": [{"name": "default", "max_in_flight": 12, "max_tokens_in_flight": 20_000}],
+        # the harness below re-implements the loop without engine readings; the saturation
+        # rule in the simulator is checked in tests/sim/test_fleet_rules.py
+        "saturation": {"enabled": False},
     }
 )
 
@@ -345,9 +348,12 @@ def test_tiers_come_from_the_config_or_the_row() -> None:
     assert res.records.tier.tolist() == ["lo", "hi", "lo"]
 
 
-def test_pool_of_routes_to_separate_pools() -> None:
+def test_routes_send_jobs_to_separate_pools() -> None:
     cfg = PolicyConfig.model_validate(
-        {"pools": [{"name": "short", "max_in_flight": 4}, {"name": "long", "max_in_flight": 4}]}
+        {
+            "pools": [{"name": "short", "max_in_flight": 4}, {"name": "long", "max_in_flight": 4}],
+            "routes": [{"pool": "long", "min_predicted_output": 101}],
+        }
     )
     work = [TraceRequest(0.1 * i, 50, 10 if i % 2 else 300, max_tokens=300) for i in range(6)]
     res = run_simulation(
@@ -355,9 +361,11 @@ def test_pool_of_routes_to_separate_pools() -> None:
         work,
         {"short": 1, "long": 2},
         load_profile("llama3-8b-h100"),
-        pool_of=lambda r: "long" if r.output_tokens > 100 else "short",
+        lengths="oracle",
         record_decisions=True,
     )
+    assert res.records.pool is not None
+    assert res.records.pool.tolist() == ["long", "short"] * 3
     assert res.decisions is not None
     reps = {d[2]: d[3] for d in res.decisions if d[1] == "dispatch"}
     assert {reps[str(i)] for i in (1, 3, 5)} == {"0"}

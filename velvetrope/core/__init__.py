@@ -16,17 +16,23 @@ from velvetrope.core.controller import AdmissionController, Admitted, Decision, 
 from velvetrope.core.estimate import OutputEstimator, P2Quantile, QuantileEstimator
 from velvetrope.core.policy import (
     BucketLimits,
+    DegradePolicy,
     EstimatorPolicy,
     PolicyConfig,
     PoolPolicy,
     QueuePolicy,
+    RouteRule,
+    SaturationPolicy,
     TenantPolicy,
     TierPolicy,
 )
 from velvetrope.core.presets import PRESETS, apply_preset, preset_names
 from velvetrope.core.request import Job, JobState, Outcome, Reason, Settlement, Usage
+from velvetrope.core.routing import DEFAULT_ROUTE, Routed, Router, least_loaded
+from velvetrope.core.saturation import EngineReading, EngineSaturation
 
 __all__ = [
+    "DEFAULT_ROUTE",
     "PRESETS",
     "AdmissionController",
     "Admitted",
@@ -34,7 +40,10 @@ __all__ = [
     "BucketSnapshot",
     "Claim",
     "Decision",
+    "DegradePolicy",
     "Denial",
+    "EngineReading",
+    "EngineSaturation",
     "EstimatorPolicy",
     "Grant",
     "Job",
@@ -50,11 +59,16 @@ __all__ = [
     "Queued",
     "Reason",
     "Rejected",
+    "RouteRule",
+    "Routed",
+    "Router",
+    "SaturationPolicy",
     "Settlement",
     "TenantPolicy",
     "TierPolicy",
     "TokenBucket",
     "Usage",
     "apply_preset",
+    "least_loaded",
     "preset_names",
 ]

@@ -1,10 +1,20 @@
-"""Pool capacity: how much may be in flight at once.
+"""Pool capacity: how much may be in flight at once, per engine × live engines.
 
 A pool admits a dispatch while it is under ``max_in_flight`` jobs and, if set, under
 ``max_tokens_in_flight`` (prompt + reserved output: a proxy for KV cache), and while every
-extra :class:`SaturationSignal` agrees (backend metrics, an adaptive limit).  A pool with
-nothing in flight always admits one job, so a job larger than the token budget is never
-stuck forever.
+extra :class:`SaturationSignal` agrees (backend metrics, an adaptive limit, fleet slots).
+A pool with nothing in flight admits one job whatever the token budget and the signals say,
+so a job larger than the budget is never stuck forever and a pool whose signals are blind
+still trickles; a pool with no live engine (``max_in_flight`` 0) admits nothing.
+
+Limits given per engine (``max_in_flight_per_engine``, ``max_tokens_in_flight_per_engine``)
+follow the fleet: :meth:`PoolCapacity.set_engines` makes them that × the live engines, so
+an engine that joins raises the pool's capacity with no config change, and one that leaves
+lowers it.
+
+A :class:`DispatchTracker` is told of every job the pool starts and of its end, exactly
+once each, whatever the outcome (completed, failed, cancelled): the saturation rule counts
+work on its way to the engines with it, so nothing it counts can leak.
 """
 
 from __future__ import annotations
@@ -13,37 +23,86 @@ from typing import Protocol
 
 from velvetrope.core.request import Job
 
-__all__ = ["PoolCapacity", "SaturationSignal"]
+__all__ = ["DispatchTracker", "PoolCapacity", "SaturationSignal"]
 
 
 class SaturationSignal(Protocol):
     """An extra brake on dispatch, consulted after the slot and token checks pass."""
 
     def admits(self, job: Job, in_flight: int, tokens_in_flight: int, now: float) -> bool:
-        """May ``job`` start now, with this much already in flight?"""
+        """May ``job`` start now, with this much already in flight?  Must not count the
+        job as started: :class:`DispatchTracker` hears of the jobs that do."""
+        ...
+
+
+class DispatchTracker(Protocol):
+    """Told of each dispatched job when it starts and when it ends (once each)."""
+
+    def started(self, job: Job, now: float) -> None:
+        """``job`` was dispatched from this pool (state DISPATCHED)."""
+        ...
+
+    def ended(self, job: Job, now: float) -> None:
+        """``job``, dispatched earlier, reached its terminal state (any outcome)."""
         ...
 
 
 class PoolCapacity:
     """Slots and tokens in flight for one pool."""
 
-    __slots__ = ("in_flight", "max_in_flight", "max_tokens", "name", "signals", "tokens")
+    __slots__ = (
+        "engines",
+        "in_flight",
+        "max_in_flight",
+        "max_tokens",
+        "name",
+        "per_engine_slots",
+        "per_engine_tokens",
+        "signals",
+        "tokens",
+        "trackers",
+    )
 
-    def __init__(self, name: str, max_in_flight: int, max_tokens: int | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        max_in_flight: int,
+        max_tokens: int | None = None,
+        *,
+        per_engine_slots: int | None = None,
+        per_engine_tokens: int | None = None,
+    ) -> None:
         self.name = name
         self.max_in_flight = max_in_flight
         self.max_tokens = max_tokens
+        self.per_engine_slots = per_engine_slots
+        self.per_engine_tokens = per_engine_tokens
         self.in_flight = 0
         self.tokens = 0
         self.signals: list[SaturationSignal] = []
+        self.trackers: list[DispatchTracker] = []
+        self.engines = 1
+        self.set_engines(1)
+
+    def set_engines(self, n: int, probes: int = 0) -> None:
+        """The pool now has ``n`` live engines, and ``probes`` more that may take one probe
+        request each (a half-open circuit breaker): limits given per engine become that ×
+        ``n``, plus one slot (and one engine's token budget) per probe; fixed limits are
+        left alone.  The caller dispatches what now fits."""
+        self.engines = max(0, n)
+        probes = max(0, probes)
+        if self.per_engine_slots is not None:
+            self.max_in_flight = self.per_engine_slots * self.engines + probes
+        if self.per_engine_tokens is not None:
+            self.max_tokens = self.per_engine_tokens * (self.engines + probes)
 
     def fits(self, job: Job, now: float) -> bool:
         """Whether ``job`` may be dispatched now."""
         n = self.in_flight
-        if n == 0:
-            return True
         if n >= self.max_in_flight:
             return False
+        if n == 0:
+            return True
         mt = self.max_tokens
         if mt is not None and self.tokens + job.cost > mt:
             return False

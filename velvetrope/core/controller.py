@@ -4,11 +4,17 @@ It takes events and returns decisions; it never reads the wall clock (time comes
 injected :class:`~velvetrope.clock.Clock`), never awaits and never does I/O::
 
     ctl = AdmissionController(policy, clock)
+    ctl.route(job)                   # pool by the policy's rules; degrade under pressure
     decision = ctl.arrive(job)       # Admitted | Queued(position, eta_s) | Rejected(...)
     for job in ctl.dispatchable():   # queued jobs that may start now, in policy order
         ...
     ctl.first_token(job.id)
     ctl.complete(job.id, usage)      # also: cancel(), fail(); tick() expires deadlines
+
+Routing (:meth:`AdmissionController.route`, :mod:`velvetrope.core.routing`) picks the
+pool and degrades under pressure; each pool's capacity is slots and tokens per engine × live
+engines (:mod:`velvetrope.core.capacity`) and, with ``saturation.enabled``, the engines' own
+readings (:mod:`velvetrope.core.saturation`, :meth:`AdmissionController.saturation`).
 
 Admission of one job: draining? → edge buckets (429) → start at once if the pool is idle
 enough → queue bounds (global 503, tenant 429, band 503) → predicted wait against the tier's
@@ -19,13 +25,11 @@ its slot and token budget are released and its bucket reservation is settled aga
 tokens actually used.  Each terminal :class:`~velvetrope.core.request.Outcome` is handed to
 every observer and returned to the caller.
 
-Buckets elsewhere (a bucket store: memory, Redis): construct with ``external_buckets=True``,
-reserve the claims from :meth:`AdmissionController.claims` in the store, and pass its
-:class:`~velvetrope.core.bucket.Grant` *or* :class:`~velvetrope.core.bucket.Denial` to
-:meth:`arrive`: a denial runs the same lifecycle as an in-memory one (one rejected outcome,
-429).  Apply each outcome's :class:`~velvetrope.core.request.Settlement` in the store,
-idempotently per job id.  Without ``external_buckets`` the controller keeps its own
-:class:`~velvetrope.core.bucket.MemoryBuckets` (the simulator, the tests).
+Buckets elsewhere (memory, Redis): with ``external_buckets=True``, reserve
+:meth:`AdmissionController.claims` in the store and pass its ``Grant`` *or* ``Denial`` to
+:meth:`arrive` (a denial runs the same lifecycle: one rejected outcome, 429); apply each
+outcome's ``Settlement`` there, idempotently per job id.  Otherwise the controller keeps its
+own :class:`~velvetrope.core.bucket.MemoryBuckets` (the simulator, the tests).
 """
 
 from __future__ import annotations
@@ -49,12 +53,14 @@ from velvetrope.core.bucket import (
     settle_lines,
 )
 from velvetrope.core.capacity import PoolCapacity
-from velvetrope.core.estimate import DrainMeter, OutputEstimator, QuantileEstimator
+from velvetrope.core.estimate import DrainMeter, OutputEstimator
 from velvetrope.core.limit import AdaptiveLimit
-from velvetrope.core.policy import BucketLimits, EstimatorPolicy, PolicyConfig, TenantPolicy
-from velvetrope.core.predictor import LengthPredictor
+from velvetrope.core.policy import BucketLimits, PolicyConfig, TenantPolicy
+from velvetrope.core.predictor import make_estimator
 from velvetrope.core.presets import apply_preset
 from velvetrope.core.request import Job, JobState, Outcome, Reason, Settlement, Usage
+from velvetrope.core.routing import Routed, Router
+from velvetrope.core.saturation import EngineSaturation
 from velvetrope.core.scheduler import Scheduler
 from velvetrope.errors import LifecycleError, PolicyError, UnknownJobError
 
@@ -65,6 +71,7 @@ _DISPATCHED = JobState.DISPATCHED
 _DEFAULT_RETRY_S = 1.0
 _NO_SETTLEMENT = Settlement(())
 _MISSING: Any = object()
+_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot paths)
 
 
 class Admitted(NamedTuple):
@@ -116,23 +123,6 @@ def _limit_claims(owner: BucketOwner, name: str, lim: BucketLimits | None) -> li
         cap = lim.request_capacity or lim.requests_per_minute
         out.append((f"{owner}:{name}:req", REQUESTS, owner, cap, rate, None))
     return out
-
-
-def make_estimator(policy: EstimatorPolicy) -> OutputEstimator:
-    """The output-length estimator ``policy`` describes."""
-    if policy.kind == "tenant":
-        return QuantileEstimator(
-            policy.quantile, policy.default_output_tokens, policy.min_observations, policy.sketch
-        )
-    return LengthPredictor(
-        policy.quantile,
-        policy.default_output_tokens,
-        policy.min_observations,
-        window=policy.window,
-        wide_window=4 * policy.window,
-        max_keys=policy.max_keys,
-        prompt_feature=policy.prompt_feature,
-    )
 
 
 class _Pool:
@@ -188,13 +178,29 @@ class AdmissionController:
             self._pools[p.name] = _Pool(
                 p.name,
                 Scheduler(config, self._weight),
-                PoolCapacity(p.name, p.in_flight_ceiling, p.max_tokens_in_flight),
+                PoolCapacity(
+                    p.name,
+                    p.in_flight_ceiling,
+                    p.max_tokens_in_flight,
+                    per_engine_slots=p.max_in_flight_per_engine,
+                    per_engine_tokens=p.max_tokens_in_flight_per_engine,
+                ),
                 DrainMeter(
                     config.drain_ewma_alpha, config.drain_window_s, p.initial_drain_tokens_per_s
                 ),
-                None if p.max_in_flight is not None else AdaptiveLimit(p.adaptive, clock.now()),
+                None
+                if p.max_in_flight is not None or p.max_in_flight_per_engine is not None
+                else AdaptiveLimit(p.adaptive, clock.now()),
             )
         self._pool_list = list(self._pools.values())
+        self.router = Router(config)
+        self._saturation: dict[str, EngineSaturation] = {}
+        if config.saturation.enabled:
+            for name, pool in self._pools.items():
+                rule = EngineSaturation.from_policy(name, config.saturation)
+                pool.capacity.signals.append(rule)
+                pool.capacity.trackers.append(rule)
+                self._saturation[name] = rule
         self._jobs: dict[str, Job] = {}
         self._deadlines: list[tuple[float, int, Job]] = []
         self._tenant_queued: dict[str, int] = {}
@@ -284,6 +290,42 @@ class AdmissionController:
         job.reserved_output = job.max_tokens if self._reserve_max else job.predicted_output
         job.cost = job.prompt_tokens + job.reserved_output
 
+    def route(self, job: Job) -> Routed:
+        """Choose ``job``'s pool by the policy's rules and degrade it if its tier says so
+        (:mod:`velvetrope.core.routing`); call before :meth:`claims` and :meth:`arrive`.
+
+        Sizes the job first (rules see its predicted output), then sets ``job.pool`` and
+        ``job.route``; a degraded job gets ``degraded``, a capped ``max_tokens`` (and its
+        prediction and cost re-sized to match, so its claims reserve what it will use) or
+        a fallback ``pool`` and ``model``.  Raises PolicyError for an unknown tier.
+        """
+        self._size(job)
+        pool, rule = self.router.match(job)
+        job.pool = pool
+        job.route = rule
+        tier = self._tier_index.get(job.tier)
+        if tier is None:
+            raise PolicyError(f"job {job.id!r}: unknown tier {job.tier!r}")
+        d = self.router.degrade(job, tier, lambda p: self._wait_in(p, tier))
+        if d is not None:
+            if d.max_tokens is not None:
+                job.max_tokens = d.max_tokens
+                if job.predicted_output is not None and job.predicted_output > d.max_tokens:
+                    job.predicted_output = d.max_tokens
+                job.cost = 0
+                self._size(job)
+            if d.pool is not None:
+                job.pool = d.pool
+                if d.model is not None:
+                    job.model = d.model
+            job.degraded = d.actions
+        return Routed(job.pool, rule, job.degraded)
+
+    def _wait_in(self, pool: str, tier: int) -> float | None:
+        """The predicted wait of a new job of tier number ``tier`` in ``pool``."""
+        p = self._pools[pool]
+        return p.drain.seconds_for(p.sched.ahead(p.sched.band_of(tier))[1])
+
     # -- events ----------------------------------------------------------------------
 
     def arrive(self, job: Job, reservation: Grant | Denial | None = None) -> Decision:
@@ -338,7 +380,7 @@ class AdmissionController:
             self._jobs[job.id] = job
             self._start(job, pool, now)
             sched.on_start_direct(job)
-            return Admitted(job)
+            return _tuple(Admitted, (job,))
         # 3. queue bounds: the tenant's own (429), then the band's and the global one (503)
         tq = self._tenant_queued.get(job.tenant, 0)
         tbound = self._bounds.get(job.tenant, _MISSING)
@@ -388,7 +430,7 @@ class AdmissionController:
             deadline = limit if deadline is None or limit < deadline else deadline
         if deadline is not None:
             heapq.heappush(self._deadlines, (deadline, job.seq, job))
-        return Queued(job, ahead_n, eta)
+        return _tuple(Queued, (job, ahead_n, eta))
 
     def standing(self, job_id: str) -> tuple[int, float | None] | None:
         """Where a queued job stands: ``(ahead, eta_s)``, at most ``ahead`` jobs before it
@@ -525,6 +567,8 @@ class AdmissionController:
                 "in_flight": p.capacity.in_flight,
                 "tokens_in_flight": p.capacity.tokens,
                 "max_in_flight": p.capacity.max_in_flight if p.limit is None else p.limit.value,
+                "max_tokens_in_flight": p.capacity.max_tokens,
+                "engines": p.capacity.engines,
                 "drain_tokens_per_s": p.drain.rate,
             }
         return {
@@ -541,6 +585,11 @@ class AdmissionController:
     def pool_capacity(self, pool: str) -> PoolCapacity:
         """The capacity object of ``pool`` (to attach saturation signals or change limits)."""
         return self._pools[pool].capacity
+
+    def saturation(self, pool: str) -> EngineSaturation | None:
+        """``pool``'s engine-saturation rule (``None`` when ``saturation.enabled`` is off):
+        feed it readings and the live engines, and report each job sent to an engine."""
+        return self._saturation.get(pool)
 
     def pool_limit(self, pool: str) -> AdaptiveLimit | None:
         """The adaptive in-flight limit of ``pool`` (``None`` with a fixed ``max_in_flight``)."""
@@ -567,6 +616,9 @@ class AdmissionController:
         cap.in_flight += 1
         cap.tokens += job.cost
         self.in_flight += 1
+        if cap.trackers:
+            for t in cap.trackers:
+                t.started(job, now)
         if pool.limit is not None:
             pool.limit.started(job, now)
 
@@ -583,7 +635,7 @@ class AdmissionController:
         job.finished_at = now
         if settlement.lines and self.buckets is not None:
             self.buckets.settle(settlement.lines, now)
-        out = Outcome(job, state, reason, settlement, now)
+        out = _tuple(Outcome, (job, state, reason, settlement, now))
         for obs in self.observers:
             obs(out)
         return out
@@ -628,6 +680,9 @@ class AdmissionController:
         cap.in_flight -= 1
         cap.tokens -= job.cost
         self.in_flight -= 1
+        if cap.trackers:
+            for t in cap.trackers:
+                t.ended(job, now)
         pool.sched.on_complete(job, usage.completion_tokens)
         if pool.limit is not None:
             pool.limit.ended(job, now)

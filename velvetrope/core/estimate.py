@@ -144,7 +144,8 @@ class WindowQuantile:
     def add(self, x: float) -> None:
         """Observe one value."""
         buf = self._buf
-        if len(buf) < self.window:
+        window = self.window
+        if len(buf) < window:
             buf.append(x)
         else:
             buf[self._i] = x
@@ -241,7 +242,10 @@ class DrainMeter:
 
     def finish(self, now: float, in_flight: int, tokens: int) -> None:
         """:meth:`busy` then :meth:`finished`, for a job ending at ``now``."""
-        self.busy(now, in_flight)
+        last = self._last
+        if last is not None and in_flight > 0 and now > last:
+            self._busy += now - last
+        self._last = now
         self.finished(tokens)
 
     def seconds_for(self, tokens: float) -> float | None:

@@ -194,26 +194,34 @@ class VirtualTokenCounter:
         h = self._backlogged[t]
         job = h.pop()
         self._live -= 1
-        self._last = self.counters[t]
-        self._charge(job)
+        counters = self.counters
+        c = self._last = counters[t]
+        out = job.predicted_output
+        if out is None:
+            out = job.max_tokens
+        w = self._weights.get(t)
+        counters[t] = c + (self._w_in * job.prompt_tokens + self._w_out * out) / (
+            w if w is not None else self._w(t)
+        )  # as _charge: the pop path, inline
         if h.live == 0:
             del self._backlogged[t]
         self._chosen = None
         return job
 
     def _w(self, tenant: str) -> float:
-        w = self._weights.get(tenant)
-        if w is None:
-            w = self._weights[tenant] = self._weight(tenant)
+        w = self._weights[tenant] = self._weight(tenant)
         return w
 
     def _charge(self, job: Job) -> None:
         """Charge a dispatched job's prompt and predicted output to its tenant."""
         t = job.tenant
-        out = job.predicted_output if job.predicted_output is not None else job.max_tokens
+        out = job.predicted_output
+        if out is None:
+            out = job.max_tokens
+        w = self._weights.get(t)
         self.counters[t] = self.counters.get(t, 0.0) + (
             self._w_in * job.prompt_tokens + self._w_out * out
-        ) / self._w(t)
+        ) / (w if w is not None else self._w(t))
 
     def discard(self, job: Job) -> None:
         h = self._heaps[job.tenant]
@@ -231,11 +239,14 @@ class VirtualTokenCounter:
         self._charge(job)
 
     def on_complete(self, job: Job, output_tokens: int) -> None:
-        predicted = job.predicted_output if job.predicted_output is not None else job.max_tokens
+        predicted = job.predicted_output
+        if predicted is None:
+            predicted = job.max_tokens
         t = job.tenant
-        self.counters[t] = self.counters.get(t, 0.0) + self._w_out * (
-            output_tokens - predicted
-        ) / self._w(t)
+        w = self._weights.get(t)
+        self.counters[t] = self.counters.get(t, 0.0) + self._w_out * (output_tokens - predicted) / (
+            w if w is not None else self._w(t)
+        )
 
     def __len__(self) -> int:
         return self._live

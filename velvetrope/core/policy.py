@@ -17,10 +17,13 @@ __all__ = [
     "AdaptiveLimitPolicy",
     "BandMode",
     "BucketLimits",
+    "DegradePolicy",
     "EstimatorPolicy",
     "PolicyConfig",
     "PoolPolicy",
     "QueuePolicy",
+    "RouteRule",
+    "SaturationPolicy",
     "SloPolicy",
     "TenantPolicy",
     "TierPolicy",
@@ -100,6 +103,42 @@ class SloPolicy(_Model):
     e2e_s: float | None = Field(None, gt=0, description="End-to-end latency.")
 
 
+class DegradePolicy(_Model):
+    """What a tier gives up, before being rejected, when its pool is backed up.
+
+    When the predicted wait in the routed pool exceeds ``wait_s``: cap ``max_tokens`` (a
+    shorter answer: less work for the fleet, so everyone's wait shrinks); and when it also
+    exceeds the tier's ``max_wait_s`` (the job would be rejected), send it to ``pool``
+    (asking for ``model``) if the predicted wait there is within ``max_wait_s``.  Only a
+    job still over ``max_wait_s`` after that is rejected.  See :mod:`velvetrope.core.routing`.
+    """
+
+    wait_s: float | None = Field(
+        None,
+        gt=0,
+        description="Degrade when the predicted wait exceeds this (default: max_wait_s). "
+        "Capping max_tokens does not shorten this job's own wait, so set it below "
+        "max_wait_s to degrade before rejections start.",
+    )
+    max_tokens: int | None = Field(
+        None, ge=1, description="Cap each completion's max_tokens at this when degrading."
+    )
+    pool: str | None = Field(
+        None, min_length=1, description="Fallback pool for jobs that would be rejected."
+    )
+    model: str | None = Field(
+        None, min_length=1, description="Model to ask the fallback pool for (rewrites 'model')."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> DegradePolicy:
+        if self.max_tokens is None and self.pool is None:
+            raise ValueError("degrade needs 'max_tokens', 'pool' or both")
+        if self.model is not None and self.pool is None:
+            raise ValueError("degrade 'model' needs a fallback 'pool'")
+        return self
+
+
 class TierPolicy(_Model):
     """A priority tier.  Tiers are listed highest priority first; each is a queue band."""
 
@@ -121,6 +160,9 @@ class TierPolicy(_Model):
     )
     limits: BucketLimits | None = Field(None, description="A bucket shared by the whole tier.")
     slo: SloPolicy | None = Field(None, description="Latency objective, for reports and goodput.")
+    degrade: DegradePolicy | None = Field(
+        None, description="Degrade (cap max_tokens, fall back to a pool) before rejecting."
+    )
 
 
 class TenantPolicy(_Model):
@@ -198,7 +240,12 @@ class AdaptiveLimitPolicy(_Model):
 class PoolPolicy(_Model):
     """A pool of upstreams and its capacity as the admission core sees it.
 
-    Without ``max_in_flight`` the pool's in-flight limit is adaptive (``adaptive``)."""
+    Capacity is either fixed for the pool (``max_in_flight``, ``max_tokens_in_flight``) or
+    given per engine (``*_per_engine``): then the pool's limit is that × its live engines
+    (healthy, breaker closed), so it follows the fleet as engines join and leave.  With
+    neither ``max_in_flight`` nor ``max_in_flight_per_engine`` the pool's in-flight limit is
+    adaptive (``adaptive``).
+    """
 
     name: str = Field(min_length=1)
     max_in_flight: int | None = Field(
@@ -215,6 +262,12 @@ class PoolPolicy(_Model):
         ge=1,
         description="Budget of prompt + reserved output tokens in flight (a KV-cache proxy).",
     )
+    max_in_flight_per_engine: int | None = Field(
+        None, ge=1, description="Slots per live engine (replaces max_in_flight)."
+    )
+    max_tokens_in_flight_per_engine: int | None = Field(
+        None, ge=1, description="Token budget per live engine (replaces max_tokens_in_flight)."
+    )
     initial_drain_tokens_per_s: float | None = Field(
         None,
         gt=0,
@@ -222,11 +275,81 @@ class PoolPolicy(_Model):
         "wait-based shedding starts once a rate has been measured.",
     )
 
+    @model_validator(mode="after")
+    def _one_capacity(self) -> PoolPolicy:
+        given = self.model_fields_set
+        if self.max_in_flight_per_engine is not None and "max_in_flight" in given:
+            raise ValueError(
+                f"pool {self.name!r}: give max_in_flight or max_in_flight_per_engine, not both"
+            )
+        if (
+            self.max_tokens_in_flight_per_engine is not None
+            and self.max_tokens_in_flight is not None
+        ):
+            raise ValueError(
+                f"pool {self.name!r}: give max_tokens_in_flight or "
+                "max_tokens_in_flight_per_engine, not both"
+            )
+        return self
+
     @property
     def in_flight_ceiling(self) -> int:
         """The most this pool ever has in flight: ``max_in_flight``, else the adaptive
-        limit's ceiling."""
+        limit's ceiling (per-engine capacity, when given, replaces it as engines are seen)."""
         return self.max_in_flight if self.max_in_flight is not None else self.adaptive.ceiling
+
+
+class RouteRule(_Model):
+    """A routing rule: a job matching every condition given goes to ``pool``.
+
+    Rules are tried in order once the job is sized (its predicted output is known, so
+    "predicted output under 200 tokens → pool short" works); the first match wins, and a job
+    no rule matches goes to the first pool.  See :mod:`velvetrope.core.routing`.
+    """
+
+    name: str | None = Field(
+        None,
+        min_length=1,
+        description="Label in metrics and the x-velvetrope-route header (default routes[i]).",
+    )
+    pool: str = Field(min_length=1, description="Where matching jobs go.")
+    models: tuple[str, ...] = Field((), description="Requested models matched (empty: any).")
+    tiers: tuple[str, ...] = Field((), description="Tiers matched (empty: any).")
+    max_predicted_output: int | None = Field(
+        None, ge=0, description="Matches jobs predicted to produce at most this many tokens."
+    )
+    min_predicted_output: int | None = Field(
+        None, ge=0, description="Matches jobs predicted to produce at least this many tokens."
+    )
+
+
+class SaturationPolicy(_Model):
+    """Hold dispatch while a pool's engines queue work of their own (vLLM's metrics).
+
+    The rule (:mod:`velvetrope.core.saturation`) reads ``vllm:num_requests_running``,
+    ``vllm:num_requests_waiting`` and ``vllm:kv_cache_usage_perc`` per engine, taken every
+    ``scrape_interval_s`` by the gateway (from ``/metrics``) or the simulator (from its
+    engine models).
+    """
+
+    enabled: bool = Field(True, description="Apply the rule (the gateway scrapes /metrics).")
+    max_waiting: int = Field(
+        2, ge=0, description="Requests each engine may queue beyond what it can run."
+    )
+    max_kv_usage: float = Field(
+        0.97, gt=0, le=1, description="An engine at this KV-cache usage counts as full."
+    )
+    scrape_interval_s: float = Field(1.0, gt=0, description="Seconds between readings.")
+    stale_after_s: float | None = Field(
+        None,
+        gt=0,
+        description="A reading older than this counts as saturated (default: 3 intervals).",
+    )
+
+    @property
+    def stale_s(self) -> float:
+        """``stale_after_s``, or three scrape intervals."""
+        return self.stale_after_s if self.stale_after_s is not None else 3 * self.scrape_interval_s
 
 
 class QueuePolicy(_Model):
@@ -312,6 +435,10 @@ class PolicyConfig(_Model):
         None, description="Policy for tenants not listed (tier: the lowest tier)."
     )
     pools: tuple[PoolPolicy, ...] = Field((PoolPolicy(name="default"),), min_length=1)
+    routes: tuple[RouteRule, ...] = Field(
+        (), description="Routing rules, first match wins; no match: the first pool."
+    )
+    saturation: SaturationPolicy = Field(default_factory=SaturationPolicy)
     models: dict[str, BucketLimits] = Field(
         default_factory=dict, description="Per-model buckets shared by every tenant."
     )
@@ -337,6 +464,19 @@ class PolicyConfig(_Model):
                     raise ValueError(f"tenant {t.name!r} names unknown tier {tier!r}")
         if self.default_tenant is not None and self.default_tenant.tier not in tier_names:
             raise ValueError(f"default_tenant names unknown tier {self.default_tenant.tier!r}")
+        for i, r in enumerate(self.routes):
+            if r.pool not in pool_names:
+                raise ValueError(f"routes[{i}] names unknown pool {r.pool!r}")
+            for tier in r.tiers:
+                if tier not in tier_names:
+                    raise ValueError(f"routes[{i}] names unknown tier {tier!r}")
+        route_names = [r.name for r in self.routes if r.name is not None]
+        if len(set(route_names)) != len(route_names) or "default" in route_names:
+            raise ValueError(f"route names must be unique and not 'default': {route_names}")
+        for tp in self.tiers:
+            fallback = tp.degrade.pool if tp.degrade is not None else None
+            if fallback is not None and fallback not in pool_names:
+                raise ValueError(f"tier {tp.name!r}: degrade names unknown pool {fallback!r}")
         return self
 
     def tier_index(self, name: str) -> int:

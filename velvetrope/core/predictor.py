@@ -39,10 +39,11 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 
-from velvetrope.core.estimate import WindowQuantile
+from velvetrope.core.estimate import OutputEstimator, QuantileEstimator, WindowQuantile
+from velvetrope.core.policy import EstimatorPolicy
 from velvetrope.core.request import Job
 
-__all__ = ["LengthPredictor", "RingQuantile"]
+__all__ = ["LengthPredictor", "RingQuantile", "make_estimator"]
 
 _Key = tuple[object, ...]
 
@@ -152,3 +153,20 @@ class LengthPredictor:
             if g is not None and g.count >= self._min_obs:
                 return str(key[0])
         return "default"
+
+
+def make_estimator(policy: EstimatorPolicy) -> OutputEstimator:
+    """The output-length estimator ``policy`` describes."""
+    if policy.kind == "tenant":
+        return QuantileEstimator(
+            policy.quantile, policy.default_output_tokens, policy.min_observations, policy.sketch
+        )
+    return LengthPredictor(
+        policy.quantile,
+        policy.default_output_tokens,
+        policy.min_observations,
+        window=policy.window,
+        wide_window=4 * policy.window,
+        max_keys=policy.max_keys,
+        prompt_feature=policy.prompt_feature,
+    )

@@ -115,15 +115,20 @@ class Job:
     """One request as the admission core sees it.
 
     The caller fills the identity and size fields; the controller fills the rest.
-    ``max_tokens`` is the declared completion limit (defaults already resolved).
+    ``max_tokens`` is the declared completion limit (defaults already resolved), summed over
+    the ``n`` completions the request asks for.
     ``predicted_output`` may be given (an oracle, a learned predictor); when ``None`` the
-    controller fills it: from ``expected_output`` (the length the client says it expects)
-    if the tenant's policy trusts it, else from its estimator.  ``template`` is a
-    fingerprint of the prompt's template (its system prompt or first message's prefix),
+    controller's estimator fills it: from ``expected_output`` (the length the client says
+    it expects) if the tenant's policy trusts it, else from its estimator.  ``template`` is
+    a fingerprint of the prompt's template (its system prompt or first message's prefix),
     which the estimator may condition on.  ``streamed`` says whether the first token is
     seen when it is produced (``False``: a response delivered whole, whose first token is
     recorded at the end).  ``deadline`` is an absolute time on the controller's clock after
-    which a still-queued job expires.
+    which a still-queued job expires.  :meth:`AdmissionController.route
+    <velvetrope.core.controller.AdmissionController.route>` sets ``pool``, ``route`` (the rule
+    that chose it, or ``"default"``) and, when the job was degraded, ``degraded`` (the
+    actions taken: ``"max_tokens"``, ``"pool"``) with the capped ``max_tokens`` and the
+    fallback ``pool`` and ``model``.
     """
 
     id: str
@@ -136,10 +141,13 @@ class Job:
     predicted_output: int | None = None
     arrival: float = math.nan
     deadline: float | None = None
+    n: int = 1
     template: str | None = None
     expected_output: int | None = None
     streamed: bool = True
     # -- filled by the controller --
+    route: str | None = None
+    degraded: tuple[str, ...] = ()
     state: JobState = JobState.ARRIVED
     reason: Reason | None = None
     reserved_output: int = 0

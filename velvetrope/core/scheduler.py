@@ -72,7 +72,20 @@ class Band:
 class Scheduler:
     """The queue of one pool.  ``pop`` removes the job the last ``peek`` returned."""
 
-    __slots__ = ("_chosen", "_key", "_mode", "_tier_band", "_vtime", "bands", "queued", "tokens")
+    __slots__ = (
+        "_chosen",
+        "_key",
+        "_mode",
+        "_others",
+        "_shared",
+        "_strict",
+        "_tier_band",
+        "_vtime",
+        "_weighted",
+        "bands",
+        "queued",
+        "tokens",
+    )
 
     def __init__(self, policy: PolicyConfig, weight: Callable[[str], float]) -> None:
         q = policy.queue
@@ -88,6 +101,10 @@ class Scheduler:
                 for i, t in enumerate(policy.tiers)
             ]
             self._tier_band = list(range(len(policy.tiers)))
+        self._weighted = self._mode == "weighted"
+        self._strict = self._mode == "strict"
+        self._others = [[x for x in self.bands if x is not b] for b in self.bands]
+        self._shared = [b for b in self.bands if b.min_share > 0]  # strict bands with a share
         self._chosen: Band | None = None
         self._vtime = 0.0
         self.queued = 0
@@ -104,34 +121,30 @@ class Scheduler:
     def push(self, job: Job) -> None:
         """Queue ``job`` (already QUEUED, with ``band``, ``seq`` and ``cost`` set)."""
         b = self.bands[job.band]
-        if self._mode == "weighted" and b.count == 0:
+        if self._weighted and b.count == 0:
             live = [x.vpass for x in self.bands if x.count]
             floor = min(live) if live else self._vtime
             if b.vpass < floor:
                 b.vpass = floor
         b.queue.push(job, self._key(job))
+        cost = job.cost
         b.count += 1
-        b.tokens += job.cost
+        b.tokens += cost
         self.queued += 1
-        self.tokens += job.cost
+        self.tokens += cost
 
     def peek(self) -> Job | None:
         """The job policy would dispatch next, or ``None`` if the queue is empty."""
         if self.queued == 0:
             return None
         chosen: Band | None = None
-        if self._mode == "weighted":
+        if self._weighted:
             for b in self.bands:
                 if b.count and (chosen is None or b.vpass < chosen.vpass):
                     chosen = b
         else:
-            for b in self.bands:
-                if (
-                    b.min_share > 0
-                    and b.credit >= 1.0
-                    and b.count
-                    and (chosen is None or b.credit > chosen.credit)
-                ):
+            for b in self._shared:
+                if b.credit >= 1.0 and b.count and (chosen is None or b.credit > chosen.credit):
                     chosen = b
             if chosen is None:
                 for b in self.bands:
@@ -149,20 +162,20 @@ class Scheduler:
         assert b is not None, "pop() without a successful peek()"
         self._chosen = None
         job = b.queue.pop()
+        cost = job.cost
         b.count -= 1
-        b.tokens -= job.cost
+        b.tokens -= cost
         self.queued -= 1
-        self.tokens -= job.cost
-        if self._mode == "weighted":
+        self.tokens -= cost
+        if self._weighted:
             self._vtime = b.vpass
-            b.vpass += job.cost / b.weight
-        elif self._mode == "strict":
-            for x in self.bands:
-                if x.min_share > 0:
-                    if x is b or x.count:
-                        x.credit += x.min_share
-                    else:
-                        x.credit = 0.0
+            b.vpass += cost / b.weight
+        elif self._strict:
+            for x in self._shared:
+                if x is b or x.count:
+                    x.credit += x.min_share
+                else:
+                    x.credit = 0.0
             b.credit = max(0.0, b.credit - 1.0)
         return job
 
@@ -191,22 +204,22 @@ class Scheduler:
         the smaller of what it holds and what stride scheduling serves it meanwhile (its
         weight / this band's weight × this band's work); with ``single``, everything queued.
         """
-        mode = self._mode
-        if mode == "strict":
+        if self._strict:
             n = t = 0
             for b in self.bands[: band + 1]:
                 n += b.count
                 t += b.tokens
             return n, t
-        if mode == "weighted":
+        if self._weighted:
             # while this band drains its own work, each other backlogged band is served at
             # most weight/own-weight times as much, and never more than it holds
             own = self.bands[band]
             work = float(own.tokens)
             scale = work / own.weight
-            for b in self.bands:
-                if b.count and b is not own:
+            for b in self._others[band]:
+                if b.count:
                     share = scale * b.weight
-                    work += b.tokens if b.tokens < share else share
+                    tokens = b.tokens
+                    work += tokens if tokens < share else share
             return own.count, work
         return self.queued, self.tokens

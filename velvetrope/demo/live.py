@@ -22,9 +22,10 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from velvetrope.core import EngineReading
 from velvetrope.demo.loadgen import LiveCounters, ReplayConfig, ReplayResult, replay
 from velvetrope.demo.settings import GATEWAY, DemoSettings
-from velvetrope.gateway.saturation import EngineLoad, parse_vllm_metrics
+from velvetrope.gateway.saturation import parse_vllm_metrics
 from velvetrope.sim.workload import TraceRequest
 
 __all__ = ["Monitor", "PhaseSample", "RunResult", "run_phase"]
@@ -61,8 +62,8 @@ class Monitor:
     admin_token: str | None
     engine_urls: Sequence[str]
     status: dict[str, Any] | None = None
-    engines: list[EngineLoad] = field(default_factory=list)
-    """The last scrape of each engine (``scraped`` false when it could not be read)."""
+    engines: list[EngineReading | None] = field(default_factory=list)
+    """The last scrape of each engine (``None`` when it could not be read)."""
 
     async def _get(self, url: str, headers: Mapping[str, str] | None = None) -> bytes | None:
         try:
@@ -81,7 +82,7 @@ class Monitor:
             with contextlib.suppress(orjson.JSONDecodeError):
                 self.status = orjson.loads(got[0])
         self.engines = [
-            parse_vllm_metrics(b.decode("utf-8", "replace")) if b is not None else EngineLoad()
+            parse_vllm_metrics(b.decode("utf-8", "replace")) if b is not None else None
             for b in got[1:]
         ]
 
@@ -94,14 +95,14 @@ class Monitor:
 
     def engine_sum(self, name: Literal["running", "waiting"]) -> int:
         """Requests running (or waiting) in all engines at the last poll."""
-        return int(sum(getattr(e, name) for e in self.engines))
+        return int(sum(getattr(e, name) for e in self.engines if e is not None))
 
     async def wait_engines_idle(self, timeout_s: float) -> bool:
         """Poll until no engine runs or holds a request; False if still busy at the timeout."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             await self.poll()
-            if all(e.scraped and e.running + e.waiting == 0 for e in self.engines):
+            if all(e is not None and e.running + e.waiting == 0 for e in self.engines):
                 return True
             await asyncio.sleep(0.2)
         return False
@@ -157,6 +158,8 @@ def _view(
     eng = "   ".join(
         f"engine {i + 1}: running {int(e.running):3d} waiting {int(e.waiting):4d} "
         f"kv {100 * e.kv_usage:3.0f}%"
+        if e is not None
+        else f"engine {i + 1}: unreadable"
         for i, e in enumerate(mon.engines)
     )
     t.add_row("engines", eng or "-")

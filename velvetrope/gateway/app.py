@@ -5,8 +5,10 @@ Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/model
 ``GET /admin/status``.
 
 A completion request goes: authenticate (401) → read the body within the size limit (413)
-→ parse and validate (400) → count prompt tokens → build the job → admission (429/503, or
-wait in the queue) → proxy to the least-loaded healthy upstream of its pool → settle.  A
+→ parse and validate (400) → count prompt tokens → build the job → route it (the policy's
+rules pick the pool; a backed-up tier may be degraded: capped ``max_tokens``, a fallback
+pool or model) → admission (429/503, or wait in the queue) → proxy to the least-loaded
+live upstream of its pool (:mod:`velvetrope.gateway.fleet`) → settle.  A
 client that disconnects while queued or mid-stream cancels the job, and the upstream
 request is closed at once.  Every job ends in the controller exactly once, whatever
 happens, so in-flight counts and bucket balances stay exact.
@@ -51,13 +53,19 @@ from velvetrope.errors import (
 )
 from velvetrope.gateway.admission import Admission
 from velvetrope.gateway.client_stream import PROGRESS_HEADER, ClientStream
+from velvetrope.gateway.fleet import GatewayFleet, degrade_body, route_headers
 from velvetrope.gateway.httpclient import HttpClient
 from velvetrope.gateway.metrics import GatewayMetrics
-from velvetrope.gateway.parse import EXPECTED_TOKENS_HEADER, Kind, expected_tokens, parse_request
+from velvetrope.gateway.parse import (
+    EXPECTED_TOKENS_HEADER,
+    Kind,
+    ParsedRequest,
+    expected_tokens,
+    parse_request,
+)
 from velvetrope.gateway.proxy import Relay, UpstreamAnswer, forward
-from velvetrope.gateway.saturation import EngineSaturation
 from velvetrope.gateway.state import FleetGate, LocalState, build_state
-from velvetrope.gateway.upstreams import UpstreamPools
+from velvetrope.gateway.upstreams import Resolver, UpstreamState
 from velvetrope.openai.errors import error_body
 from velvetrope.openai.tokenizer import Tokenizer, get_tokenizer
 from velvetrope.serving.asgi import Receive, Scope, Send, header, read_body, respond, serve_lifespan
@@ -95,16 +103,15 @@ def _ratelimit_headers(snaps: tuple[BucketSnapshot, ...]) -> list[tuple[bytes, b
 class Gateway:
     """The ASGI app and everything it owns (controller, upstreams, metrics)."""
 
-    def __init__(self, config: GatewayConfig, clock: Clock | None = None) -> None:
+    def __init__(
+        self, config: GatewayConfig, clock: Clock | None = None, resolver: Resolver | None = None
+    ) -> None:
         self.config = config
         self.settings = config.gateway
         self.clock = clock or SystemClock()
         self.ctl = AdmissionController(config.policy, self.clock, external_buckets=True)
         self.admission = Admission(self.ctl)
-        self.upstreams = UpstreamPools(config)
-        self.metrics = GatewayMetrics(
-            self.ctl, self.settings.metrics_tenant_label, upstreams=self.upstreams
-        )
+        self.metrics = GatewayMetrics(self.ctl, self.settings.metrics_tenant_label)
         self.state = build_state(
             config,
             self.clock,
@@ -119,6 +126,16 @@ class Gateway:
                 gate = FleetGate(p.name, p.in_flight_ceiling, p.max_tokens_in_flight)
                 self.ctl.pool_capacity(p.name).signals.append(gate)
                 self.gates[p.name] = gate
+        self.fleet = GatewayFleet(
+            config,
+            self.ctl,
+            self.clock,
+            gates=self.gates,
+            resolver=resolver,
+            admission=self.settings.admission,
+        )
+        self.upstreams = self.fleet.upstreams
+        self.metrics.attach_fleet(self.fleet)
         self.keys = {k.digest: k.tenant for k in config.api_keys}
         self.admin_token = config.resolved_admin_token()
         self.tokenizer: Tokenizer = get_tokenizer(self.settings.tokenizer)
@@ -131,19 +148,6 @@ class Gateway:
         self._ids = itertools.count()
         self._id_prefix = os.urandom(4).hex()
         self.session: aiohttp.ClientSession | None = None
-        sat = self.settings.saturation
-        self.saturation: dict[str, EngineSaturation] = {}
-        if sat.enabled and self.settings.admission:
-            for pool in config.upstreams:
-                sig = EngineSaturation(
-                    self.upstreams,
-                    pool,
-                    max_waiting=sat.max_waiting,
-                    max_kv_usage=sat.max_kv_usage,
-                    interval_s=sat.scrape_interval_s,
-                )
-                self.ctl.pool_capacity(pool).signals.append(sig)
-                self.saturation[pool] = sig
         self.http = HttpClient(
             self.settings.upstream_connect_timeout_s, self.settings.upstream_read_timeout_s
         )
@@ -166,16 +170,12 @@ class Gateway:
                 connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30),
                 auto_decompress=False,
             )
-            self.upstreams.start(self.session)
-            for sig in self.saturation.values():
-                sig.start(self.session, self.admission.pump)
+            await self.fleet.start(self.session, self.admission.pump)
             self.state.start()
 
     async def shutdown(self) -> None:
-        await self.upstreams.stop()
+        await self.fleet.stop()
         await self.state.stop()
-        for sig in self.saturation.values():
-            await sig.stop()
         self.admission.close()
         self.http.close()
         if self.session is not None:
@@ -269,12 +269,8 @@ class Gateway:
         status["state"] = self.state.status()
         status["waiting_requests"] = self.admission.waiting
         status["upstreams"] = self.upstreams.status()
-        status["engine_load"] = {
-            url: {"waiting": load.waiting, "running": load.running, "kv_usage": load.kv_usage}
-            for sig in self.saturation.values()
-            for url, load in sig.loads.items()
-        }
-        status["dispatch_held_by_saturation"] = sum(s.held for s in self.saturation.values())
+        status["engine_load"] = self.fleet.engine_load(self.clock.now())
+        status["dispatch_held_by_saturation"] = self.fleet.held()
         await respond(send, 200, orjson.dumps(status))
 
     async def _completion(self, scope: Scope, receive: Receive, send: Send, kind: Kind) -> None:
@@ -297,10 +293,6 @@ class Gateway:
             return
         except ClientDisconnected:
             return
-        pool = self.config.pool_for(parsed.model)
-        if not self.settings.admission:
-            await self._passthrough(kind, pool, parsed.stream, parsed.raw, send)
-            return
         requested = header(scope, self._priority_header)
         tier = self.ctl.resolve_tier(tenant, requested.decode("latin-1") if requested else None)
         job = Job(
@@ -310,12 +302,17 @@ class Gateway:
             prompt_tokens=parsed.prompt_tokens,
             # n completions of up to max_tokens each: the usage reports their sum
             max_tokens=(parsed.max_tokens or self.settings.default_max_tokens) * parsed.n,
-            pool=pool,
             model=parsed.model,
+            n=parsed.n,
             template=parsed.template,  # length prediction and the adaptive limit:
             streamed=parsed.stream,
             expected_output=expected_tokens(header(scope, EXPECTED_TOKENS_HEADER)),
         )
+        if not self.settings.admission:
+            pool, _ = self.ctl.router.match(job)  # rules on model and tier; no prediction
+            await self._passthrough(kind, pool, parsed.stream, parsed.raw, send)
+            return
+        self._route(job, parsed)
         loop = asyncio.get_running_loop()
         watch = _Watch(loop.create_future())
         watcher = loop.create_task(watch.run(receive))
@@ -372,6 +369,13 @@ class Gateway:
                 await client.error(500, "internal error in the gateway", "internal_error")
         finally:
             watcher.cancel()
+
+    def _route(self, job: Job, parsed: ParsedRequest) -> None:
+        """Route ``job`` through the core (pool, degradation), count the decision and
+        rewrite the upstream body of a degraded request."""
+        self.ctl.route(job)
+        self.metrics.on_route(job)
+        degrade_body(parsed, job)
 
     async def _passthrough(
         self, kind: Kind, pool: str, stream: bool, body: bytes, send: Send
@@ -461,21 +465,19 @@ class Gateway:
                 return
         relay = Relay(job.prompt_tokens)
         queue_ms = job.queue_s * 1000.0
-        extra = [(b"x-velvetrope-queue-ms", f"{queue_ms:.1f}".encode())]
+        extra = [(b"x-velvetrope-queue-ms", f"{queue_ms:.1f}".encode()), *route_headers(job)]
         if snaps:
             extra += _ratelimit_headers(snaps)
         tried: set[str] = set()
         while True:
-            up = self.upstreams.pick(job.pool)
-            if up is None or up.url in tried:
+            up = self.upstreams.pick(job.pool, exclude=tried)
+            if up is None:
                 adm.fail(job.id, Reason.NO_HEALTHY_UPSTREAM)
                 msg = f"no healthy upstream in pool {job.pool!r}"
                 await client.error(503, msg, "no_healthy_upstream", [(b"retry-after", b"1")])
                 return
             tried.add(up.url)
-            sig = self.saturation.get(job.pool)
-            if sig is not None and len(tried) == 1:
-                sig.sent()
+            self.fleet.sent(job, up)
             up.in_flight += 1
             up.requests += 1
             me = asyncio.current_task()
@@ -498,6 +500,7 @@ class Gateway:
                 # our watcher cancels us when the client hangs up; anything else is a
                 # shutdown.  Either way the upstream request is closed and the job settled.
                 adm.cancel(job.id, relay.usage_so_far())
+                self.upstreams.abandoned(up, relay.first_token)
                 if watch.gone.done():
                     me.uncancel()
                     return
@@ -506,10 +509,12 @@ class Gateway:
                 self.upstreams.mark_failed(up, str(e))
                 continue
             except UpstreamTimeout as e:
+                self.upstreams.failed(up, str(e))
                 adm.fail(job.id, Reason.UPSTREAM_TIMEOUT, relay.usage_so_far())
                 await client.error(504, str(e), "upstream_timeout")
                 return
             except UpstreamError as e:
+                self.upstreams.failed(up, str(e))
                 adm.fail(job.id, Reason.UPSTREAM_ERROR, relay.usage_so_far())
                 await client.error(502, str(e), "upstream_error")
                 return
@@ -517,11 +522,12 @@ class Gateway:
                 watch.target = None
                 up.in_flight -= 1
             break
-        await self._finish(job, answer, relay, client, extra)
+        await self._finish(job, up, answer, relay, client, extra)
 
     async def _finish(
         self,
         job: Job,
+        up: UpstreamState,
         answer: UpstreamAnswer,
         relay: Relay,
         client: ClientStream,
@@ -530,6 +536,10 @@ class Gateway:
         """Settle the job from the upstream's answer and complete the client's response."""
         adm = self.admission
         send = client.send
+        if answer.status < 500:
+            self.upstreams.succeeded(up)
+        else:
+            self.upstreams.failed(up, f"answered {answer.status}")
         if answer.status == 200:
             if not relay.first_token:
                 adm.first_token(job.id)

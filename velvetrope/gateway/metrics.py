@@ -5,6 +5,14 @@ mirror the controller's state (queue depth, in flight, bucket fill) are computed
 time from :meth:`AdmissionController.status`, so the request path pays nothing for them.
 
 ``velvetrope_queue_depth`` is what an autoscaler (KEDA) scales on; see the README.
+
+The fleet (:class:`~velvetrope.gateway.fleet.GatewayFleet`, attached with
+:meth:`GatewayMetrics.attach_fleet`) adds, per upstream: health, breaker state, the
+gateway's requests in flight to it, the last scraped engine gauges (vLLM's names kept
+verbatim in the ``metric`` label), the reading's age, the learned capacity and the
+corrected load; per pool: live engines, capacity (per engine × live engines), the
+saturation rule's room, pending dispatches and holds; and counters of routing decisions
+(``pool``, ``rule``) and degradations (``tier``, ``action``).
 """
 
 from __future__ import annotations
@@ -12,23 +20,99 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from velvetrope.core import AdmissionController, Outcome, Reason
+from velvetrope.core import AdmissionController, Job, Outcome, Reason
 from velvetrope.core.request import JobState
-from velvetrope.gateway.upstreams import UpstreamPools
+from velvetrope.gateway.counters import LoopCounter, LoopHistogram
 
 __all__ = ["GatewayMetrics"]
 
 _LAT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
 
 
+_BREAKER = {"closed": 0.0, "half_open": 1.0, "open": 2.0}
+
+
+def _fleet_families(fleet: Any, now: float) -> list[GaugeMetricFamily | CounterMetricFamily]:
+    """Gauges of the upstreams, the engines' readings and the pools' capacity."""
+    up_labels = ["pool", "upstream"]
+    breaker = GaugeMetricFamily(
+        "velvetrope_upstream_breaker_state",
+        "Circuit breaker: 0 closed, 1 half-open (probing), 2 open.",
+        labels=up_labels,
+    )
+    up_flight = GaugeMetricFamily(
+        "velvetrope_upstream_in_flight",
+        "The gateway's requests in flight to the upstream.",
+        labels=up_labels,
+    )
+    scraped = GaugeMetricFamily(
+        "velvetrope_engine_scraped",
+        "The engine's own gauge at the last scrape (metric: its name, verbatim).",
+        labels=[*up_labels, "metric"],
+    )
+    age = GaugeMetricFamily(
+        "velvetrope_engine_reading_age_seconds", "Age of the last reading.", labels=up_labels
+    )
+    learned = GaugeMetricFamily(
+        "velvetrope_engine_capacity",
+        "Requests the engine runs at once, as learned from readings that show it queueing.",
+        labels=up_labels,
+    )
+    projected = GaugeMetricFamily(
+        "velvetrope_engine_corrected_load",
+        "Running + waiting at the last reading, corrected by what was sent and came back since.",
+        labels=up_labels,
+    )
+    for u in fleet.upstreams.status():
+        lv = [str(u["pool"]), str(u["url"])]
+        breaker.add_metric(lv, _BREAKER.get(str(u["breaker"]), 2.0))
+        up_flight.add_metric(lv, float(u["in_flight"]))
+    for pool, rule in fleet.rules.items():
+        for url, e in rule.status(now).items():
+            lv = [pool, url]
+            if e["running"] is not None:
+                scraped.add_metric([*lv, "vllm:num_requests_running"], e["running"])
+                scraped.add_metric([*lv, "vllm:num_requests_waiting"], e["waiting"])
+                scraped.add_metric([*lv, "vllm:kv_cache_usage_perc"], e["kv_usage"])
+                age.add_metric(lv, e["age_s"])
+                projected.add_metric(lv, e["projected"])
+            if e["capacity"] is not None:
+                learned.add_metric(lv, e["capacity"])
+    engines = GaugeMetricFamily(
+        "velvetrope_pool_engines", "Live engines (healthy, breaker closed).", labels=["pool"]
+    )
+    room = GaugeMetricFamily(
+        "velvetrope_saturation_room",
+        "Dispatches the pool's engines can take by their readings (absent: unlimited).",
+        labels=["pool"],
+    )
+    pending = GaugeMetricFamily(
+        "velvetrope_saturation_pending",
+        "Jobs dispatched and not yet handed to an engine.",
+        labels=["pool"],
+    )
+    held = CounterMetricFamily(
+        "velvetrope_dispatch_held", "Dispatches held by engine saturation.", labels=["pool"]
+    )
+    for pool in fleet.upstreams.pools:
+        engines.add_metric([pool], float(len(fleet.upstreams.live(pool))))
+    for pool, rule in fleet.rules.items():
+        r = rule.room(now)
+        if r != float("inf"):
+            room.add_metric([pool], r)
+        pending.add_metric([pool], float(rule.pending))
+        held.add_metric([pool], float(rule.held))
+    return [breaker, up_flight, scraped, age, learned, projected, engines, room, pending, held]
+
+
 class _StateCollector(Collector):
-    def __init__(self, ctl: AdmissionController, upstreams: UpstreamPools | None) -> None:
+    def __init__(self, ctl: AdmissionController) -> None:
         self._ctl = ctl
-        self._upstreams = upstreams
+        self.fleet: Any = None
         self.state: Any = None
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
@@ -52,7 +136,13 @@ class _StateCollector(Collector):
         drain = GaugeMetricFamily(
             "velvetrope_drain_tokens_per_second", "Measured drain rate, by pool.", labels=["pool"]
         )
+        cap = GaugeMetricFamily(
+            "velvetrope_pool_max_in_flight",
+            "The pool's slots: per engine x live engines, or fixed.",
+            labels=["pool"],
+        )
         for pool, p in st["pools"].items():
+            cap.add_metric([pool], p["max_in_flight"])
             for band, b in p["bands"].items():
                 depth.add_metric([pool, band], b["queued"])
                 qtok.add_metric([pool, band], b["tokens"])
@@ -115,10 +205,12 @@ class _StateCollector(Collector):
             "1 if the upstream passes its health check.",
             labels=["pool", "upstream"],
         )
-        if self._upstreams is not None:
-            for u in self._upstreams.status():
+        fleet = self.fleet
+        if fleet is not None:
+            for u in fleet.upstreams.status():
                 healthy.add_metric([str(u["pool"]), str(u["url"])], 1.0 if u["healthy"] else 0.0)
-        yield from (depth, qtok, infl, tinfl, drain, fill, draining, bound, healthy, *extra)
+            extra += _fleet_families(fleet, self._ctl.clock.now())
+        yield from (depth, qtok, infl, tinfl, drain, cap, fill, draining, bound, healthy, *extra)
 
 
 class GatewayMetrics:
@@ -128,56 +220,49 @@ class GatewayMetrics:
         self,
         ctl: AdmissionController,
         tenant_label: bool = False,
-        upstreams: UpstreamPools | None = None,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.tenant_label = tenant_label
         labels = ["tier", "outcome", "reason"] + (["tenant"] if tenant_label else [])
-        self.requests = Counter(
+        self.requests = self._counter(
             "velvetrope_requests_total",
             "Requests by tier, outcome and reason.",
             labels,
-            registry=self.registry,
         )
-        self.queue_wait = Histogram(
+        self.queue_wait = self._histogram(
             "velvetrope_queue_wait_seconds",
             "Time from arrival to dispatch, by tier.",
             ["tier"],
-            buckets=_LAT_BUCKETS,
-            registry=self.registry,
+            _LAT_BUCKETS,
         )
-        self.ttft = Histogram(
+        self.ttft = self._histogram(
             "velvetrope_time_to_first_token_seconds",
             "Time from arrival to the first token, by tier.",
             ["tier"],
-            buckets=_LAT_BUCKETS,
-            registry=self.registry,
+            _LAT_BUCKETS,
         )
-        self.e2e = Histogram(
+        self.e2e = self._histogram(
             "velvetrope_e2e_request_latency_seconds",
             "Time from arrival to the last byte, by tier.",
             ["tier"],
-            buckets=_LAT_BUCKETS,
-            registry=self.registry,
+            _LAT_BUCKETS,
         )
-        self.reserved = Counter(
+        self.reserved = self._counter(
             "velvetrope_tokens_reserved_total",
             "Tokens reserved from buckets at admission, by tier.",
             ["tier"],
-            registry=self.registry,
         )
-        self.settled = Counter(
+        self.settled = self._counter(
             "velvetrope_tokens_settled_total",
             "Tokens actually used at settlement, by tier.",
             ["tier"],
-            registry=self.registry,
         )
-        self.store_calls = Histogram(
+        self.store_calls = self._histogram(
             "velvetrope_state_call_seconds",
             "Latency of calls to shared state (Redis) as a request waits for them, by "
             "operation; op=round_trip: one pipelined round trip on the wire.",
             ["op"],
-            buckets=(
+            (
                 0.0001,
                 0.00025,
                 0.0005,
@@ -192,14 +277,45 @@ class GatewayMetrics:
                 0.5,
                 1.0,
             ),
-            registry=self.registry,
+        )
+        self.routed = self._counter(
+            "velvetrope_routed_total",
+            "Routing decisions: the pool and the rule that chose it ('default': none matched).",
+            ["pool", "rule"],
+        )
+        self.degraded = self._counter(
+            "velvetrope_degraded_total",
+            "Requests degraded before admission, by tier and action (max_tokens, pool).",
+            ["tier", "action"],
         )
         self._store_children: dict[str, Any] = {}
         self._request_children: dict[tuple[str, JobState, Reason, str], Any] = {}
         self._tier_children: dict[str, tuple[Any, Any, Any, Any, Any]] = {}
-        self._state_collector = _StateCollector(ctl, upstreams)
+        self._state_collector = _StateCollector(ctl)
         self.registry.register(self._state_collector)
         ctl.observers.append(self.on_outcome)
+
+    def attach_fleet(self, fleet: Any) -> None:
+        """Report the fleet (a :class:`~velvetrope.gateway.fleet.GatewayFleet`)."""
+        self._state_collector.fleet = fleet
+
+    def on_route(self, job: Job) -> None:
+        """Count a routing decision and its degradation actions (after ``ctl.route``)."""
+        self.routed.labels(job.pool, job.route or "").inc()
+        for action in job.degraded:
+            self.degraded.labels(job.tier, action).inc()
+
+    def _counter(self, name: str, doc: str, labels: list[str]) -> LoopCounter:
+        c = LoopCounter(name, doc, labels)
+        self.registry.register(c)
+        return c
+
+    def _histogram(
+        self, name: str, doc: str, labels: list[str], buckets: tuple[float, ...]
+    ) -> LoopHistogram:
+        h = LoopHistogram(name, doc, labels, buckets)
+        self.registry.register(h)
+        return h
 
     def attach_state(self, state: Any) -> None:
         """Report the state backend (``status()``, and ``levels()`` when local)."""

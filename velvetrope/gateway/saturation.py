@@ -1,158 +1,111 @@
-"""Backend saturation read from the engines' own ``/metrics`` (vLLM's names).
+"""Scraping the engines' ``/metrics`` for the core's saturation rule.
 
-A continuous-batching engine accepts everything it is sent and queues what it cannot run;
-once it has a queue of its own, more dispatches only move the backlog to where the gateway
-can no longer order, shed or cancel it.  :class:`EngineSaturation` scrapes each upstream's
-``vllm:num_requests_waiting`` and ``vllm:kv_cache_usage_perc`` every ``interval_s`` and,
-as a core :class:`~velvetrope.core.capacity.SaturationSignal`, holds dispatch to a pool
-while its healthy engines are full: the requests they hold — running + waiting at the last
-scrape, corrected by what the gateway sent and got back since, plus dispatches on their way
-— reach what they can run plus ``max_waiting`` each.  What an engine can run is learned
-from scrapes that show it queueing (``running`` while ``waiting > 0``); an engine whose KV
-cache usage reached ``max_kv_usage`` counts as full.  An upstream whose metrics cannot be
-read, or that was never seen queueing and is not queueing now, may have room, so the pool
-is not held: a missing ``/metrics`` never stalls the gateway.
+The rule itself is sans-IO and lives in :mod:`velvetrope.core.saturation` (the simulator
+runs it too); this module only reads.  Every ``policy.saturation.scrape_interval_s``
+:class:`Scraper` fetches each upstream's ``metrics_url`` (default ``url + /metrics``),
+parses vLLM's gauges (:func:`parse_vllm_metrics`) and hands the reading to its pool's
+:class:`~velvetrope.core.saturation.EngineSaturation` with the time it arrived; an
+endpoint that cannot be read (an error, a timeout, no vLLM gauge in its text) gives
+``None``, which leaves the last reading to grow stale.  After each round it calls
+``on_update`` so that work the fresh readings allow is dispatched.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 
 import aiohttp
 
-from velvetrope.core import Job
+from velvetrope.clock import Clock
+from velvetrope.core import EngineReading, EngineSaturation
 from velvetrope.gateway.upstreams import Periodic, UpstreamPools, UpstreamState
 
-__all__ = ["EngineLoad", "EngineSaturation", "parse_vllm_metrics"]
+__all__ = ["Scraper", "parse_vllm_metrics"]
 
 _WAITING = "vllm:num_requests_waiting"
 _RUNNING = "vllm:num_requests_running"
 _KV = "vllm:kv_cache_usage_perc"
 
 
-@dataclass(slots=True)
-class EngineLoad:
-    """What the last scrape of one upstream said.  ``ours_at_scrape``: the gateway's own
-    requests in flight to it at that moment."""
-
-    waiting: float = 0.0
-    running: float = 0.0
-    kv_usage: float = 0.0
-    scraped: bool = False
-    ours_at_scrape: int = 0
-
-
-def parse_vllm_metrics(text: str) -> EngineLoad:
-    """Sum the vLLM gauges over all label sets (one engine may serve several models)."""
-    load = EngineLoad(scraped=True)
+def parse_vllm_metrics(text: str) -> EngineReading | None:
+    """vLLM's gauges summed over all label sets (one engine may serve several models; the
+    KV usage is the largest), or ``None`` when the text has none of them."""
+    waiting = running = kv = 0.0
+    seen = False
     for line in text.splitlines():
         if not line.startswith("vllm:"):
             continue
         name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name not in (_WAITING, _RUNNING, _KV):
+            continue
         try:
             v = float(line.rsplit(" ", 1)[-1])
         except ValueError:
             continue
+        seen = True
         if name == _WAITING:
-            load.waiting += v
+            waiting += v
         elif name == _RUNNING:
-            load.running += v
-        elif name == _KV:
-            load.kv_usage = max(load.kv_usage, v)
-    return load
+            running += v
+        else:
+            kv = max(kv, v)
+    return EngineReading(running, waiting, kv) if seen else None
 
 
-class EngineSaturation:
-    """A saturation signal for one pool, fed by periodic scrapes of its upstreams."""
+class Scraper:
+    """Feeds each pool's saturation rule from its upstreams' ``/metrics``."""
 
     def __init__(
         self,
         upstreams: UpstreamPools,
-        pool: str,
-        *,
-        max_waiting: int = 2,
-        max_kv_usage: float = 0.97,
-        interval_s: float = 1.0,
+        rules: Mapping[str, EngineSaturation],
+        clock: Clock,
+        interval_s: float,
     ) -> None:
         self.upstreams = upstreams
-        self.pool = pool
-        self.max_waiting = max_waiting
-        self.max_kv_usage = max_kv_usage
+        self.rules = rules
+        self.clock = clock
         self.interval_s = interval_s
-        self.loads: dict[str, EngineLoad] = {}
-        self.capacity: dict[str, float] = {}
-        self.held = 0
-        self.pending = 0
-        self._scrapes = Periodic()
+        self.failures = 0
+        """Scrapes that could not be read (cumulative)."""
+        self._loop = Periodic()
 
-    def _saturated(self, ups: list[UpstreamState]) -> bool:
-        """The pool's projected engine load reaches its learned capacity plus the slack."""
-        projected = float(self.pending)
-        cap = 0.0
-        for up in ups:
-            load = self.loads.get(up.url)
-            if load is None or not load.scraped:
-                return False  # no data for this one: it may have room
-            if load.kv_usage < self.max_kv_usage:
-                c = self.capacity.get(up.url)
-                if c is None:
-                    if load.waiting <= self.max_waiting:
-                        return False  # never seen queueing and not queueing now
-                    c = load.running
-                cap += c + self.max_waiting
-            projected += load.running + load.waiting + (up.in_flight - load.ours_at_scrape)
-        return projected >= cap
-
-    def admits(self, job: Job, in_flight: int, tokens_in_flight: int, now: float) -> bool:
-        """True unless the pool's engines are saturated; counts an admitted dispatch until
-        :meth:`sent` reports that it reached an upstream."""
-        ups = [u for u in self.upstreams.pools.get(self.pool, []) if u.healthy]
-        if ups and self._saturated(ups):
-            self.held += 1
-            return False
-        self.pending += 1
-        return True
-
-    def sent(self) -> None:
-        """A dispatched request was handed to an upstream (its ``in_flight`` counts it)."""
-        if self.pending > 0:
-            self.pending -= 1
-
-    def observe(self, up: UpstreamState, load: EngineLoad) -> None:
-        """Take one scrape of ``up`` (``EngineLoad()`` when it could not be read): remember
-        it with the gateway's own requests in flight to ``up`` at that moment, and learn
-        what ``up`` can run from a scrape that shows it queueing."""
-        load.ours_at_scrape = up.in_flight
-        if load.waiting > 0 and load.running > 0:
-            self.capacity[up.url] = load.running
-        self.loads[up.url] = load
+    async def _one(self, session: aiohttp.ClientSession, up: UpstreamState) -> None:
+        try:
+            async with session.get(
+                up.metrics_url, timeout=aiohttp.ClientTimeout(total=self.interval_s)
+            ) as r:
+                text = await r.text() if r.status == 200 else ""
+        except (aiohttp.ClientError, TimeoutError, OSError, UnicodeDecodeError):
+            text = ""
+        reading = parse_vllm_metrics(text) if text else None
+        if reading is None:
+            self.failures += 1
+        rule = self.rules.get(up.pool)
+        if rule is not None:
+            rule.observe(up.url, reading, self.clock.now())
 
     async def scrape_once(self, session: aiohttp.ClientSession) -> None:
-        """Scrape every upstream of the pool once (at most ``interval_s`` each)."""
-
-        async def one(up: UpstreamState) -> None:
-            try:
-                async with session.get(
-                    up.url + "/metrics", timeout=aiohttp.ClientTimeout(total=self.interval_s)
-                ) as r:
-                    text = await r.text() if r.status == 200 else ""
-            except (aiohttp.ClientError, TimeoutError, OSError):
-                text = ""
-            self.observe(up, parse_vllm_metrics(text) if text else EngineLoad())
-
-        await asyncio.gather(*(one(u) for u in self.upstreams.pools.get(self.pool, [])))
+        """Read every healthy upstream of every pool with a rule, once."""
+        await asyncio.gather(
+            *(
+                self._one(session, u)
+                for pool in self.rules
+                for u in self.upstreams.pools.get(pool, ())
+                if u.healthy
+            )
+        )
 
     def start(self, session: aiohttp.ClientSession, on_update: Callable[[], None]) -> None:
-        """Scrape every ``interval_s`` and call ``on_update`` (to dispatch what now fits)."""
+        """Scrape every ``interval_s`` and call ``on_update`` after each round."""
 
         async def step() -> None:
             await self.scrape_once(session)
             on_update()
 
-        self._scrapes.start(step, self.interval_s)
+        self._loop.start(step, self.interval_s)
 
     async def stop(self) -> None:
         """Stop scraping."""
-        await self._scrapes.stop()
+        await self._loop.stop()

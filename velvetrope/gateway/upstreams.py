@@ -1,9 +1,33 @@
-"""Upstream engines per pool: least-loaded choice, passive and active health.
+"""Upstream engines per pool: discovery, health, circuit breakers and the replica choice.
 
-An upstream is healthy until a request to it fails to connect (passive) or its ``/health``
-stops answering 200 (active, every ``interval_s``); an unhealthy upstream is retried by the
-active check and rejoins as soon as it answers.  :meth:`UpstreamPools.pick` returns the
-healthy upstream of a pool with the fewest requests in flight (ties: round-robin).
+**Discovery.**  A static upstream is one URL.  A ``discovery: dns`` upstream is every
+address its host resolves to (A and AAAA), re-resolved every ``fleet.dns_refresh_s``: a
+Kubernetes headless Service lists its ready pods that way, so engines that KEDA adds are
+found and those it removes leave (see :class:`~velvetrope.config.Upstream`).  A new address
+is probed before it joins; an address that no longer resolves leaves the pool at once (its
+requests in flight finish).  A failed resolution keeps the last answer: a DNS hiccup must
+not empty a pool.
+
+**Health** (liveness).  An upstream is healthy until a request to it fails to connect
+(passive: out at once) or its ``/health`` stops answering 200 within
+``fleet.health_timeout_s`` (active, every ``fleet.health_interval_s``); it rejoins when the
+check passes again.
+
+**Circuit breaker** (serving), one per upstream, the store's sans-IO
+:class:`~velvetrope.store.breaker.CircuitBreaker`: requests the engine accepted but failed
+(5xx, timeout, broken stream) count; after ``fleet.breaker_failures`` in a row it opens and
+the engine takes no request for ``fleet.breaker_open_s``; then one probe request goes
+through (half-open) and its success closes the breaker, its failure opens it again (the
+closed / open / half-open states of Nygard's pattern, martinfowler.com/bliki/CircuitBreaker).
+
+**Live engines.**  An engine is *live* when healthy with its breaker closed, and
+*probing* when healthy and half-open.  ``on_change`` is called whenever the live or probing
+set of any pool changes, so capacity per engine × live engines, the saturation rule's
+engines and the fleet gate follow the fleet.
+
+**Choice.**  :meth:`UpstreamPools.pick` is the core's
+:func:`~velvetrope.core.routing.least_loaded` over the healthy upstreams whose breaker lets
+a request through, ties rotated.
 """
 
 from __future__ import annotations
@@ -11,19 +35,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Awaitable, Callable
+import socket
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
-from velvetrope.config import GatewayConfig
+from velvetrope.clock import Clock, SystemClock
+from velvetrope.config import FleetSettings, GatewayConfig, Upstream
+from velvetrope.core import least_loaded
+from velvetrope.store.breaker import CircuitBreaker
 
-__all__ = ["Periodic", "UpstreamPools", "UpstreamState"]
+__all__ = ["Periodic", "Resolver", "UpstreamPools", "UpstreamState", "resolve_host"]
+
+Resolver = Callable[[str, int], Awaitable[list[str]]]
+"""``(host, port) -> addresses``: how ``discovery: dns`` names are resolved."""
 
 
 class Periodic:
     """One background task that awaits ``step()`` every ``interval_s`` until stopped (the
-    gateway's health checks and saturation scrapes)."""
+    gateway's health checks, DNS refreshes and saturation scrapes)."""
 
     __slots__ = ("_task",)
 
@@ -49,52 +81,239 @@ class Periodic:
             self._task = None
 
 
-@dataclass(slots=True)
+async def resolve_host(host: str, port: int) -> list[str]:
+    """Every address ``host`` resolves to (A and AAAA, first-seen order, no repeats)."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+def _with_host(url: str, address: str) -> str:
+    """``url`` with its host replaced by ``address`` (an IPv6 address in brackets)."""
+    parts = urlsplit(url)
+    host = f"[{address}]" if ":" in address else address
+    netloc = host if parts.port is None else f"{host}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=netloc)).rstrip("/")
+
+
+@dataclass(slots=True, eq=False)
 class UpstreamState:
     """One upstream as the gateway sees it."""
 
     url: str
     pool: str
+    metrics_url: str
+    breaker: CircuitBreaker
     healthy: bool = True
     in_flight: int = 0
     failures: int = 0
     requests: int = 0
     last_error: str | None = field(default=None)
+    source: str | None = None
+    """The DNS name it was discovered from (``None``: listed statically)."""
+
+    @property
+    def breaker_state(self) -> str:
+        """``closed``, ``open`` or ``half_open``."""
+        return self.breaker.state
+
+    @property
+    def live(self) -> bool:
+        """Healthy with its breaker closed: counts for the pool's capacity."""
+        return self.healthy and self.breaker.closed
+
+    @property
+    def probing(self) -> bool:
+        """Healthy with its breaker half-open: one probe request may go."""
+        return self.healthy and self.breaker.state == "half_open"
 
 
 class UpstreamPools:
-    """All upstreams, by pool."""
+    """All upstreams, by pool; see the module docstring."""
 
-    def __init__(self, config: GatewayConfig) -> None:
-        self.pools: dict[str, list[UpstreamState]] = {
-            pool: [UpstreamState(u.url.rstrip("/"), pool) for u in ups]
-            for pool, ups in config.upstreams.items()
-        }
+    def __init__(
+        self,
+        config: GatewayConfig,
+        clock: Clock | None = None,
+        *,
+        resolver: Resolver | None = None,
+        on_change: Callable[[], None] | None = None,
+    ) -> None:
+        self.settings: FleetSettings = config.gateway.fleet
+        self.clock = clock or SystemClock()
+        self.resolver: Resolver = resolver or resolve_host
+        self.on_change = on_change
+        self.pools: dict[str, list[UpstreamState]] = {p: [] for p in config.upstreams}
+        self._dns: list[tuple[str, Upstream]] = []
+        self.dns_errors: dict[str, str] = {}
+        for pool, ups in config.upstreams.items():
+            for u in ups:
+                if u.discovery == "dns":
+                    self._dns.append((pool, u))
+                else:
+                    self.pools[pool].append(self._state(pool, u.url.rstrip("/"), u))
         self._rr = itertools.count()
         self._checks = Periodic()
+        self._resolves = Periodic()
+        self._shape: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+        self._dns_lock = asyncio.Lock()
 
-    def pick(self, pool: str) -> UpstreamState | None:
-        """The least-loaded healthy upstream of ``pool``, or ``None`` if none is healthy."""
-        ups = self.pools.get(pool)
-        if not ups:
-            return None
-        n = len(ups)
-        start = next(self._rr) % n
-        best: UpstreamState | None = None
-        for i in range(n):
-            u = ups[(start + i) % n]
-            if u.healthy and (best is None or u.in_flight < best.in_flight):
-                best = u
-        return best
+    def _state(self, pool: str, url: str, u: Upstream, source: str | None = None) -> UpstreamState:
+        if u.metrics_url is None:
+            metrics = url + "/metrics"
+        elif source is None:
+            metrics = u.metrics_url
+        else:
+            metrics = _with_host(u.metrics_url, urlsplit(url).hostname or "")
+        s = self.settings
+        breaker = CircuitBreaker(self.clock, failures=s.breaker_failures, reset_s=s.breaker_open_s)
+        return UpstreamState(url, pool, metrics, breaker, source=source)
+
+    # -- the pool's view ---------------------------------------------------------------
+
+    @property
+    def has_dns(self) -> bool:
+        """Whether any upstream is discovered through DNS."""
+        return bool(self._dns)
+
+    def live(self, pool: str) -> list[UpstreamState]:
+        """Upstreams of ``pool`` that count for its capacity (healthy, breaker closed)."""
+        return [u for u in self.pools.get(pool, ()) if u.live]
+
+    def probing(self, pool: str) -> list[UpstreamState]:
+        """Upstreams of ``pool`` whose breaker is half-open (healthy)."""
+        return [u for u in self.pools.get(pool, ()) if u.probing]
 
     def any_healthy(self) -> bool:
         return any(u.healthy for ups in self.pools.values() for u in ups)
 
+    def pick(self, pool: str, exclude: Iterable[str] = ()) -> UpstreamState | None:
+        """The least-loaded upstream of ``pool`` that may take a request now (healthy, not
+        in ``exclude``, breaker closed, or half-open with no probe out: picking it sends the
+        probe), or ``None``."""
+        ups = self.pools.get(pool)
+        if not ups:
+            return None
+        skip = set(exclude)
+        banned: set[int] = set()
+
+        def eligible(i: int) -> bool:
+            u = ups[i]
+            return i not in banned and u.healthy and u.url not in skip and u.breaker.state != "open"
+
+        start = next(self._rr) % len(ups)
+        while True:
+            i = least_loaded([u.in_flight for u in ups], start, eligible)
+            if i < 0:
+                return None
+            if ups[i].breaker.allow():
+                return ups[i]
+            banned.add(i)  # half-open with its probe already out
+
+    # -- what requests tell us -----------------------------------------------------------
+
     def mark_failed(self, up: UpstreamState, error: str) -> None:
-        """A request could not reach ``up``: take it out until the health check passes."""
+        """A request could not connect to ``up``: out until its health check passes."""
         up.healthy = False
         up.failures += 1
         up.last_error = error
+        self.changed()
+
+    def succeeded(self, up: UpstreamState) -> None:
+        """``up`` answered (2xx or 4xx): its breaker closes."""
+        was = up.breaker.closed
+        up.breaker.success()
+        if not was:
+            self.changed()
+
+    def failed(self, up: UpstreamState, error: str) -> None:
+        """``up`` accepted a request and failed it (5xx, timeout, broken stream)."""
+        up.failures += 1
+        up.last_error = error
+        up.breaker.failure()
+        self.changed()
+
+    def abandoned(self, up: UpstreamState, answered: bool) -> None:
+        """The client left mid-request: a success if ``up`` had answered, else (for a
+        breaker that is not closed) an inconclusive probe, which opens it for another
+        period rather than leave it waiting for a probe that never reports."""
+        if answered:
+            self.succeeded(up)
+        elif not up.breaker.closed:
+            up.breaker.failure()
+            self.changed()
+
+    def changed(self) -> None:
+        """Call ``on_change`` if any pool's live or probing set changed since last time."""
+        shape = {
+            p: (
+                tuple(u.url for u in ups if u.live),
+                tuple(u.url for u in ups if u.probing),
+            )
+            for p, ups in self.pools.items()
+        }
+        if shape != self._shape:
+            self._shape = shape
+            if self.on_change is not None:
+                self.on_change()
+
+    # -- background work ---------------------------------------------------------------
+
+    async def _probe(self, session: aiohttp.ClientSession, u: UpstreamState) -> None:
+        try:
+            async with session.get(
+                u.url + "/health",
+                timeout=aiohttp.ClientTimeout(total=self.settings.health_timeout_s),
+            ) as r:
+                await r.read()
+                ok = r.status == 200
+                err = None if ok else f"/health answered {r.status}"
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            ok, err = False, f"/health failed: {type(e).__name__}"
+        u.healthy = ok
+        if err is not None:
+            u.last_error = err
+
+    async def check_once(self, session: aiohttp.ClientSession) -> None:
+        """Probe every upstream's ``/health`` once (and notice breakers that half-opened)."""
+        await asyncio.gather(*(self._probe(session, u) for ups in self.pools.values() for u in ups))
+        self.changed()
+
+    async def refresh_dns(self, session: aiohttp.ClientSession) -> None:
+        """Re-resolve every ``discovery: dns`` upstream; probe new addresses before they
+        join, drop addresses that no longer resolve.  One refresh at a time."""
+        async with self._dns_lock:
+            await self._refresh_dns(session)
+        self.changed()
+
+    async def _refresh_dns(self, session: aiohttp.ClientSession) -> None:
+        for pool, u in self._dns:
+            parts = urlsplit(u.url)
+            host = parts.hostname or ""
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+            try:
+                addresses = await self.resolver(host, port)
+            except (OSError, UnicodeError) as e:
+                self.dns_errors[u.url] = f"{type(e).__name__}: {e}"
+                continue
+            self.dns_errors.pop(u.url, None)
+            current = self.pools[pool]
+            mine = {x.url: x for x in current if x.source == u.url}
+            wanted = [_with_host(u.url, a) for a in addresses]
+            new = [self._state(pool, url, u, u.url) for url in wanted if url not in mine]
+            await asyncio.gather(*(self._probe(session, x) for x in new))
+            keep = set(wanted)
+            self.pools[pool] = [x for x in current if x.source != u.url or x.url in keep] + new
+
+    def start(self, session: aiohttp.ClientSession) -> None:
+        """Run the health checks (and DNS refreshes, if any) in the background."""
+        self._checks.start(lambda: self.check_once(session), self.settings.health_interval_s)
+        if self._dns:
+            self._resolves.start(lambda: self.refresh_dns(session), self.settings.dns_refresh_s)
+
+    async def stop(self) -> None:
+        """Stop the background work."""
+        await self._checks.stop()
+        await self._resolves.stop()
 
     def status(self) -> list[dict[str, object]]:
         return [
@@ -102,38 +321,13 @@ class UpstreamPools:
                 "url": u.url,
                 "pool": u.pool,
                 "healthy": u.healthy,
+                "breaker": u.breaker_state,
                 "in_flight": u.in_flight,
                 "requests": u.requests,
                 "failures": u.failures,
                 "last_error": u.last_error,
+                "source": u.source,
             }
             for ups in self.pools.values()
             for u in ups
         ]
-
-    async def check_once(self, session: aiohttp.ClientSession, timeout_s: float = 2.0) -> None:
-        """Probe every upstream's ``/health`` once."""
-
-        async def probe(u: UpstreamState) -> None:
-            try:
-                async with session.get(
-                    u.url + "/health", timeout=aiohttp.ClientTimeout(total=timeout_s)
-                ) as r:
-                    await r.read()
-                    ok = r.status == 200
-                    err = None if ok else f"/health answered {r.status}"
-            except (aiohttp.ClientError, TimeoutError, OSError) as e:
-                ok, err = False, f"/health failed: {type(e).__name__}"
-            u.healthy = ok
-            if err is not None:
-                u.last_error = err
-
-        await asyncio.gather(*(probe(u) for ups in self.pools.values() for u in ups))
-
-    def start(self, session: aiohttp.ClientSession, interval_s: float = 2.0) -> None:
-        """Run :meth:`check_once` every ``interval_s`` in the background."""
-        self._checks.start(lambda: self.check_once(session), interval_s)
-
-    async def stop(self) -> None:
-        """Stop the background checks."""
-        await self._checks.stop()

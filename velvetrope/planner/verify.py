@@ -96,12 +96,14 @@ def _tiled(pattern: FloatArray, count: int) -> FloatArray:
 
 
 def fifo_policy(max_in_flight: int, max_queued: int) -> PolicyConfig:
-    """FCFS, one tier, one pool of ``max_in_flight`` slots, no shedding, no buckets."""
+    """FCFS, one tier, one pool of ``max_in_flight`` slots, no shedding, no buckets, no
+    engine-saturation rule (the queueing model is a plain K-slot FCFS gateway)."""
     return PolicyConfig.model_validate(
         {
             "preset": "fifo",
             "queue": {"max_queued": max_queued},
             "pools": [{"name": "default", "max_in_flight": max_in_flight}],
+            "saturation": {"enabled": False},
         }
     )
 

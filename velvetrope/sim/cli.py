@@ -4,6 +4,13 @@ Registered in :mod:`velvetrope.cli` as ``app.command("simulate")(simulate_comman
 A single run prints the per-tier table and writes ``report.md`` with PNG plots; with
 ``--sweep`` it runs every combination with a progress bar and writes ``sweep.md`` with a
 latency-versus-load plot.  Wall time is printed on stdout only, never in a report.
+
+With ``--config`` the run is the gateway's: the policy section as is (tenants, tiers, routing
+rules, degradation, capacity per engine, the saturation rule) and, unless ``--replicas`` is
+given, one replica per static upstream the config lists for each pool (4 for a pool listing
+none).  Before running it says how routing and tiers will apply: the rules in force, and,
+when the trace names no tenants and no ``--tenants`` mix is given, that every request runs
+as one tenant in one tier.
 """
 
 from __future__ import annotations
@@ -17,27 +24,67 @@ import typer
 from velvetrope.errors import VelvetropeError
 
 if TYPE_CHECKING:
+    from velvetrope.config import GatewayConfig
     from velvetrope.core import PolicyConfig
-    from velvetrope.sim.workload import TenantMix
+    from velvetrope.sim.workload import TenantMix, TraceRequest
 
 __all__ = ["simulate_command"]
 
 
+DEFAULT_REPLICAS = 4
+
+
 def _policy(
-    config: Path | None, tenants: TenantMix | None, replicas: int, preset: str | None
-) -> tuple[PolicyConfig, int]:
-    """The policy and the default ``max_tokens`` (from the config's gateway section)."""
+    config: Path | None, tenants: TenantMix | None, replicas: int | None, preset: str | None
+) -> tuple[PolicyConfig, int, int | dict[str, int]]:
+    """The policy, the default ``max_tokens`` (from the config's gateway section) and the
+    replicas per pool."""
     from velvetrope.sim.inputs import default_policy
 
     if config is None:
-        return default_policy(tenants, replicas, preset or "hybrid"), 1024
+        n = replicas or DEFAULT_REPLICAS
+        return default_policy(tenants, n, preset or "hybrid"), 1024, n
     from velvetrope.config import load_config
 
     gw = load_config(config)
     policy = gw.policy
     if preset is not None:
         policy = policy.model_copy(update={"preset": preset})
-    return policy, gw.gateway.default_max_tokens
+    return policy, gw.gateway.default_max_tokens, replicas or _config_replicas(gw)
+
+
+def _config_replicas(gw: GatewayConfig) -> dict[str, int]:
+    """One replica per static upstream listed for each pool (the default for none)."""
+    out = {}
+    for p in gw.policy.pools:
+        static = [u for u in gw.upstreams.get(p.name, ()) if u.discovery == "static"]
+        out[p.name] = len(static) or DEFAULT_REPLICAS
+    return out
+
+
+def describe_routing(
+    policy: PolicyConfig, workload: list[TraceRequest], mix: TenantMix | None
+) -> list[str]:
+    """Notes on how the policy's routes and tiers apply to ``workload``."""
+    from velvetrope.clock import ManualClock
+    from velvetrope.core import AdmissionController
+
+    notes = []
+    if policy.routes:
+        rules = "; ".join(
+            f"{r.name or f'routes[{i}]'} → {r.pool}" for i, r in enumerate(policy.routes)
+        )
+        notes.append(f"routing: {rules}; otherwise → {policy.pools[0].name}")
+    degrading = [t.name for t in policy.tiers if t.degrade is not None]
+    if degrading:
+        notes.append(f"degradation before rejection in tier(s): {', '.join(degrading)}")
+    if mix is None and all(r.tenant == "default" and r.tier is None for r in workload):
+        tier = AdmissionController(policy, ManualClock()).resolve_tier("default")
+        notes.append(
+            f"note: the trace names no tenants, so every request runs as tenant 'default' "
+            f"in tier {tier!r}; assign a mix with --tenants"
+        )
+    return notes
 
 
 def simulate_command(
@@ -48,7 +95,12 @@ def simulate_command(
     trace: Annotated[
         str, typer.Option(help="Trace: azure_conv, azure_code, or a .csv/.jsonl file.")
     ] = "azure_conv",
-    replicas: Annotated[int, typer.Option(min=1, help="Engine replicas per pool.")] = 4,
+    replicas: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="Engine replicas per pool (default: the config's upstreams, else 4)."
+        ),
+    ] = None,
     load: Annotated[
         float | None,
         typer.Option(help="Rescale arrivals to this multiple of the fleet's capacity."),
@@ -110,7 +162,7 @@ def simulate_command(
         console = Console(width=160)
     try:
         mix = TenantMix.parse(tenants) if tenants is not None else None
-        policy, max_tokens = _policy(config, mix, replicas, preset)
+        policy, max_tokens, reps_per_pool = _policy(config, mix, replicas, preset)
         slos: dict[str, SloPolicy] = dict(parse_slo(s) for s in (slo or []))
         workload = prepare_workload(
             trace,
@@ -125,8 +177,10 @@ def simulate_command(
 
             workload = with_system_prompts(workload, system_prompt)
             prof = prof.with_overrides(enable_prefix_caching=True)
+        for line in describe_routing(policy, workload, mix):
+            typer.echo(line)
         base: dict[str, Any] = {
-            "replicas": replicas,
+            "replicas": reps_per_pool,
             "load": load,
             "router": router,
             "lengths": lengths,

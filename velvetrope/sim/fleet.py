@@ -9,7 +9,8 @@ pool's replicas are a contiguous range.  Routers (:data:`ROUTERS`):
 ``least_loaded``
     the replica of the pool with the fewest outstanding jobs (dispatched to it and not yet
     finished, aborted or failed); ties go to the lowest-numbered replica.  This is the
-    gateway's "least-loaded upstream inside a pool".
+    gateway's rule, :func:`velvetrope.core.routing.least_loaded`, with ties from the first
+    replica (the gateway rotates where ties start).
 
 The fleet also keeps the busy-time accounting the report needs: a replica is *busy* from the
 moment work is added to an idle replica until its batcher runs out of work.  The event loop
@@ -22,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from velvetrope.core.routing import least_loaded
 from velvetrope.engine import Batcher, EngineProfile
 from velvetrope.errors import PolicyError
 
@@ -120,12 +122,7 @@ class Fleet:
             k = self._next[pool]
             self._next[pool] = lo if k + 1 >= hi else k + 1
             return k
-        load = self.load
-        best = lo
-        for k in range(lo + 1, hi):
-            if load[k] < load[best]:
-                best = k
-        return best
+        return lo + least_loaded(self.load[lo:hi])
 
     def start_busy(self, k: int, now: float) -> None:
         """Replica ``k`` goes from idle to busy at ``now``."""

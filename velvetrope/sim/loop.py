@@ -6,9 +6,15 @@ of the engine is re-implemented: every admission decision is the
 :class:`~velvetrope.engine.Batcher` step, and the loop only moves time and carries events
 between them, the way the gateway does with real time:
 
-* an arrival at ``t`` becomes a :class:`~velvetrope.core.request.Job` and goes to
-  ``ctl.arrive``; an admitted job is routed to a replica of its pool
-  (:class:`~velvetrope.sim.fleet.Fleet`) and ``add``-ed to that replica's batcher;
+* an arrival at ``t`` becomes a :class:`~velvetrope.core.request.Job`, is routed by
+  ``ctl.route`` (the policy's ``routes``, and its tier's degradation: a capped ``max_tokens``
+  caps what the engine generates) and goes to ``ctl.arrive``; a dispatched job goes to the
+  least-loaded replica of its pool (:class:`~velvetrope.sim.fleet.Fleet`) and is ``add``-ed
+  to that replica's batcher;
+* capacity per engine is per engine × the pool's replicas, and with
+  ``policy.saturation.enabled`` the replicas are read every ``scrape_interval_s`` into the
+  core's saturation rule, after which ``ctl.dispatchable()`` is asked again
+  (:mod:`velvetrope.sim.scrape`); the rule is told which replica took each job;
 * each busy replica runs back-to-back iterations: the step is computed when it starts
   (vLLM schedules at the start of an iteration, so work added during a step waits for the
   next one) and its events are delivered when it ends: ``FirstToken`` → ``ctl.first_token``,
@@ -29,8 +35,8 @@ engine always samples at least one).  A row without ``max_tokens`` declares
 ``max(default_max_tokens, output)``.
 
 Ties in time are resolved in one fixed order, so a run is a pure function of its inputs:
-step ends (by replica number) first, then queue deadlines, then client timeouts (in arrival
-order), then arrivals (in workload order).
+step ends (by replica number) first, then scrapes, then queue deadlines, then client
+timeouts (in arrival order), then arrivals (in workload order).
 
 Tiers: a request runs in the tier the gateway would give it,
 ``ctl.resolve_tier(tenant, requested=row.tier)``, except that a tenant the config does not
@@ -43,6 +49,17 @@ inner loop up to the next arrival, deadline or timeout, delivers only non-empty 
 and uses ``Batcher(token_events=False)`` (TPOT comes from the first-token and finish times).
 The cyclic garbage collector is paused during the run (nothing the loop allocates forms
 cycles; reference counting frees it).  See ``bench/sim_bench.py``.
+
+Fast-forward: when a replica's next iterations are pure decode (every running sequence
+decoding, nothing to admit, every block they need free), the loop plans the whole stretch
+up to and including the step where sequences finish
+(:func:`~velvetrope.engine.fastforward.plan_decode_run`) and puts only its end in the heap.
+The stretch is applied to the batcher in closed form when it ends, or earlier, up to the
+step in progress, the moment anything touches that replica (a dispatch to it, a client
+timeout of one of its jobs): a step starting exactly then counts as started when a
+step-by-step loop would have handled that step end first (ties go by replica number, and every
+step end before the arrival, deadline or timeout at the same time).  The result is the same,
+bit for bit, as stepping every iteration (``fast_forward=False``).
 """
 
 from __future__ import annotations
@@ -70,12 +87,14 @@ from velvetrope.core import (
 )
 from velvetrope.core.policy import SloPolicy
 from velvetrope.engine import EngineEvent, EngineProfile, Finished, FirstToken
+from velvetrope.engine.fastforward import DecodeRun, plan_decode_run
 from velvetrope.errors import PolicyError
 from velvetrope.sim.capacity import Capacity, fleet_capacity
 from velvetrope.sim.fleet import Fleet, pool_replicas
 from velvetrope.sim.lengths import LengthKnowledge, parse_lengths, predicted_outputs
 from velvetrope.sim.metrics import JobRecords, config_slos
 from velvetrope.sim.result import LogEntry, RunInfo, SimResult
+from velvetrope.sim.scrape import EngineScrapes
 from velvetrope.sim.workload import TraceRequest, rescale_time, trace_stats
 
 __all__ = ["policy_label", "run_simulation", "scale_to_load"]
@@ -125,11 +144,12 @@ def run_simulation(
     estimator: OutputEstimator | None = None,
     client_timeout_s: float | None = None,
     default_max_tokens: int = 1024,
-    pool_of: Callable[[TraceRequest], str] | None = None,
     slos: Mapping[str, SloPolicy] | None = None,
     seed: int = 0,
     label: str = "workload",
     record_decisions: bool = False,
+    record_engines: bool = False,
+    fast_forward: bool = True,
 ) -> SimResult:
     """Replay ``workload`` (sorted by ``t``) through ``config`` on a modelled fleet.
 
@@ -139,10 +159,15 @@ def run_simulation(
     saturation throughput on this workload's length mix × all replicas).  ``router``:
     ``least_loaded`` or ``round_robin``.  ``lengths``: what the core knows of output lengths
     (:mod:`velvetrope.sim.lengths`); ``estimator`` replaces the core's default estimator.
-    ``pool_of`` maps a request to a pool name (default: the first pool).  ``slos`` per tier
+    Pools come from the policy's ``routes`` (the gateway's rules, on model, tier and
+    predicted output).  ``slos`` per tier
     (``*`` for the rest; see :mod:`velvetrope.sim.metrics`).  ``seed`` drives the noisy
     predictor and the capacity measurement.  ``record_decisions`` keeps the decision log
-    (:attr:`SimResult.decisions`).  Bad parameters raise :class:`~velvetrope.errors.PolicyError`.
+    (:attr:`SimResult.decisions`); ``record_engines`` samples every replica's running and
+    waiting sequences at each scrape interval (:attr:`SimResult.engines`).
+    ``fast_forward=False`` steps every engine iteration one by one instead of advancing
+    pure-decode stretches in closed form (the result is the same, bit for bit; it exists for
+    the tests that prove it).  Bad parameters raise :class:`~velvetrope.errors.PolicyError`.
     The same inputs give the same result, bit for bit.
     """
     knowledge = parse_lengths(lengths)
@@ -166,6 +191,7 @@ def run_simulation(
     policy = ctl.config
     pool_names = [p.name for p in policy.pools]
     fleet = Fleet(profile, pool_replicas(pool_names, replicas), router)
+    scrapes = EngineScrapes(ctl, fleet, record=record_engines)
     capacity: Capacity | None = None
     if load is not None:
         capacity = fleet_capacity(profile, workload, len(fleet), seed=seed)
@@ -181,6 +207,7 @@ def run_simulation(
         for r, o in zip(workload, outputs, strict=True)
     ]
     preds = predicted_outputs(knowledge, outputs, caps, seed)
+    models = [r.model for r in workload]
     listed = {t.name for t in policy.tenants}
     tier_names = {t.name for t in policy.tiers}
     tier_cache: dict[tuple[str, str | None], str] = {}
@@ -196,15 +223,8 @@ def run_simulation(
             tier_cache[key] = tier
         tiers.append(tier)
     pool_index = {p: i for i, p in enumerate(pool_names)}
-    if pool_of is None:
-        req_pool = [0] * n
-    else:
-        try:
-            req_pool = [pool_index[pool_of(r)] for r in workload]
-        except KeyError as exc:
-            raise PolicyError(f"pool_of named unknown pool {exc.args[0]!r}") from None
+    req_pool = [0] * n
     max_len = profile.max_model_len
-    fits = [p + o <= max_len for p, o in zip(prompts, outputs, strict=True)]
     shared = [(r.prefix_id, r.prefix_tokens) for r in workload]
     replica_of = [-1] * n
     jobs: list[Job | None] = [None] * n
@@ -221,31 +241,58 @@ def run_simulation(
     starts: list[int] = []
     set_clock = clock.set
     dispatchable = ctl.dispatchable
+    route_job = ctl.route
+    sent = scrapes.sent
+    fresh = scrapes.fresh
     first_token = ctl.first_token
     complete = ctl.complete
     live_job = ctl.job
     heappush = heapq.heappush
     heappop = heapq.heappop
     heapreplace = heapq.heapreplace
+    heapify = heapq.heapify
     timeout = client_timeout_s
     samples_t: list[float] = []
     samples_q: list[int] = []
     samples_f: list[int] = []
 
-    def launch(batch: list[Job], now: float) -> bool:
+    runs: list[DecodeRun | None] = [None] * len(fleet)
+    plan = plan_decode_run if fast_forward else None
+    horizon = len(fleet)  # "by" of the events that are not step ends: after every replica
+
+    def settle(k: int, now: float, by: int) -> None:
+        """Apply replica ``k``'s pending decode run up to its step in progress at ``now``
+        (seen while handling the step end of replica ``by``; ``horizon`` for the other
+        events) and move its heap entry to that step's end.  Called before anything reads
+        or changes batcher ``k``."""
+        run = runs[k]
+        if run is None:
+            return
+        runs[k] = None
+        j = run.started(now, inclusive=k < by)
+        pend[k] = run.apply(j)
+        if j < run.steps:
+            heap[heap.index((run.end, k))] = (run.starts[j], k)
+            heapify(heap)
+
+    def launch(batch: list[Job], now: float, by: int) -> bool:
         """Send dispatched jobs to replicas; True if some failed (capacity was released)."""
         failed = False
         for job in batch:
             idx = int(job.id)
-            if not fits[idx]:
+            if prompts[idx] + outputs[idx] > max_len:
                 ctl.fail(job.id, Reason.UPSTREAM_ERROR)
                 failed = True
                 continue
             k = route(req_pool[idx])
+            if runs[k] is not None:
+                settle(k, now, by)
             pid, ptok = shared[idx]
             batchers[k].add(
                 job.id, prompts[idx], outputs[idx], now, prefix_id=pid, prefix_tokens=ptok
             )
+            sent(job, k)
+            fresh[k] += 1
             load_[k] += 1
             replica_of[idx] = k
             if record_decisions:
@@ -255,10 +302,10 @@ def run_simulation(
                 starts.append(k)
         return failed
 
-    def dispatch(now: float) -> None:
+    def dispatch(now: float, by: int) -> None:
         while True:
             batch = dispatchable()
-            if not batch or not launch(batch, now):
+            if not batch or not launch(batch, now, by):
                 return
 
     def flush(now: float) -> None:
@@ -277,9 +324,12 @@ def run_simulation(
             tto = times[tp] + timeout if timeout is not None and tp < i else _INF
             dl = ctl.next_deadline()
             td = dl if dl is not None else _INF
+            tsc = scrapes.next_at if (i < n or ctl.queued or ctl.in_flight) else _INF
             h = ta if ta < tto else tto
             if td < h:
                 h = td
+            if tsc < h:
+                h = tsc
             # replica steps that end by the horizon
             while heap:
                 top = heap[0]
@@ -287,7 +337,12 @@ def run_simulation(
                 if t > h:
                     break
                 k = top[1]
-                ev = pend[k]
+                run = runs[k]
+                if run is None:
+                    ev = pend[k]
+                else:  # a decode run ends: apply it, deliver its last step's events
+                    runs[k] = None
+                    ev = run.apply(run.steps)
                 if ev:
                     set_clock(t)
                     freed = False
@@ -301,9 +356,15 @@ def run_simulation(
                             load_[k] -= 1
                             freed = True
                     if freed and ctl.queued:
-                        dispatch(t)
+                        dispatch(t, k)
                 b = batchers[k]
-                if b.has_work:
+                fresh[k] = 0
+                run = plan(b, t) if plan is not None else None
+                if run is not None:
+                    runs[k] = run
+                    pend[k] = None
+                    heapreplace(heap, (run.end, k))
+                elif b.has_work:
                     res = b.step(t)
                     pend[k] = res.events
                     heapreplace(heap, (t + res.duration, k))
@@ -313,14 +374,22 @@ def run_simulation(
                     stop_busy(k, t)
                 if starts:
                     flush(t)
+            if tsc <= h and not (i < n or ctl.queued or ctl.in_flight):
+                tsc = _INF  # the last work ended before this scrape: nothing left to read
+                h = min(ta, tto, td)
             if h == _INF:
                 break
             if h < clock.now():  # a deadline already handled by dispatchable()
                 h = clock.now()
             set_clock(h)
-            if td <= h:
+            if tsc <= h:
+                for k in range(horizon):  # a scrape reads the batchers: bring them to h
+                    settle(k, h, horizon)
+                scrapes.fire(h)
+                dispatch(h, horizon)
+            elif td <= h:
                 ctl.tick()
-                dispatch(h)
+                dispatch(h, horizon)
             elif tto <= h:
                 assert timeout is not None
                 while tp < i and times[tp] + timeout <= h:
@@ -330,13 +399,14 @@ def run_simulation(
                         ctl.cancel(job.id)
                     elif job.state is _DISPATCHED:
                         k = replica_of[tp]
+                        settle(k, h, horizon)
                         snap = batchers[k].seq_state(job.id)
                         batchers[k].abort(job.id)
                         load_[k] -= 1
                         gen = snap.generated_tokens if snap is not None else 0
                         ctl.cancel(job.id, Usage(job.prompt_tokens, gen))
                     tp += 1
-                dispatch(h)
+                dispatch(h, horizon)
             else:
                 job = Job(
                     str(i),
@@ -344,20 +414,24 @@ def run_simulation(
                     tiers[i],
                     prompts[i],
                     caps[i],
-                    pool=pool_names[req_pool[i]],
+                    model=models[i],
                     predicted_output=preds[i],
                     template=workload[i].prefix_id,  # a shared system prompt: the template
                 )
                 jobs[i] = job
+                route_job(job)
+                req_pool[i] = pool_index[job.pool]
+                if job.max_tokens < outputs[i]:  # degraded: the engine stops at the cap
+                    outputs[i] = job.max_tokens
                 d = ctl.arrive(job)
                 kind = d.__class__
                 if record_decisions:
                     decisions.append((h, "arrive", job.id, _decision_detail(d)))
                 if kind is Admitted:
-                    if launch([job], h):
-                        dispatch(h)
+                    if launch([job], h, horizon):
+                        dispatch(h, horizon)
                 elif kind is Queued:
-                    dispatch(h)
+                    dispatch(h, horizon)
                 samples_t.append(h)
                 samples_q.append(ctl.queued)
                 samples_f.append(ctl.in_flight)
@@ -395,6 +469,7 @@ def run_simulation(
             np.asarray(samples_f, dtype=np.int64),
         ),
         decisions=tuple(decisions) if record_decisions else None,
+        engines=scrapes.samples(),
     )
 
 
@@ -411,6 +486,9 @@ def _records(
 ) -> JobRecords:
     nan = math.nan
     arrival, dispatched, first, end, state, reason, tenant, pred = [], [], [], [], [], [], [], []
+    pool: list[str] = []
+    route: list[str] = []
+    degraded: list[str] = []
     for job in jobs:
         assert job is not None
         arrival.append(job.arrival)
@@ -421,6 +499,9 @@ def _records(
         reason.append(job.reason.code if job.reason is not None else "")
         tenant.append(job.tenant)
         pred.append(job.predicted_output if job.predicted_output is not None else -1)
+        pool.append(job.pool)
+        route.append(job.route or "")
+        degraded.append(",".join(job.degraded))
     return JobRecords(
         arrival=np.asarray(arrival, dtype=np.float64),
         dispatched=np.asarray(dispatched, dtype=np.float64),
@@ -433,4 +514,7 @@ def _records(
         prompt=np.asarray(prompts, dtype=np.int64),
         output=np.asarray(outputs, dtype=np.int64),
         predicted=np.asarray(pred, dtype=np.int64),
+        pool=np.asarray(pool, dtype=np.str_),
+        route=np.asarray(route, dtype=np.str_),
+        degraded=np.asarray(degraded, dtype=np.str_),
     )

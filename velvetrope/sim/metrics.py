@@ -148,8 +148,11 @@ class JobRecords:
     (``dispatched`` for a request never dispatched, ``first_token`` for one that produced
     none).  ``end`` is the time of the terminal state.  ``state`` and ``reason`` are the
     core's :class:`~velvetrope.core.request.JobState` value and
-    :class:`~velvetrope.core.request.Reason` code; ``output`` is the true output length the
-    engine generated (or would have), ``predicted`` the prediction the core used.
+    :class:`~velvetrope.core.request.Reason` code; ``output`` is the output length the
+    engine generated (or would have): the true length, or the capped ``max_tokens`` of a
+    degraded request; ``predicted`` the prediction the core used; ``pool`` where the core
+    routed it, ``route`` the reason code of that choice (the rule's name or ``default``)
+    and ``degraded`` its degradation actions, comma-separated (empty: none).
     """
 
     arrival: FloatArray
@@ -163,6 +166,9 @@ class JobRecords:
     prompt: IntArray
     output: IntArray
     predicted: IntArray
+    pool: NDArray[np.str_] | None = None
+    route: NDArray[np.str_] | None = None
+    degraded: NDArray[np.str_] | None = None
 
     def __len__(self) -> int:
         return int(self.arrival.size)

@@ -20,6 +20,7 @@ from velvetrope.core.policy import SloPolicy
 from velvetrope.sim.capacity import Capacity
 from velvetrope.sim.fleet import PoolStats
 from velvetrope.sim.metrics import JobRecords, TierStats, summarize
+from velvetrope.sim.scrape import EngineSamples
 
 __all__ = ["LogEntry", "RunInfo", "SimResult"]
 
@@ -85,7 +86,8 @@ class SimResult:
     ``span_s`` is the virtual time from 0 to the last event; ``pools`` the engines' busy time,
     steps and preemptions; ``tiers`` the config's tiers, highest first; ``samples`` the queue
     depth and jobs in flight seen right after each arrival, as ``(t, queued, in_flight)``;
-    ``decisions`` the decision log when it was recorded (see :data:`LogEntry`).
+    ``decisions`` the decision log when it was recorded (see :data:`LogEntry`); ``engines``
+    the replicas' running and waiting sequences at each scrape, when recorded.
     """
 
     info: RunInfo
@@ -96,6 +98,7 @@ class SimResult:
     slos: dict[str, SloPolicy]
     samples: tuple[NDArray[np.float64], NDArray[np.int64], NDArray[np.int64]]
     decisions: tuple[LogEntry, ...] | None = None
+    engines: EngineSamples | None = None
     _summary: list[TierStats] = field(default_factory=list, repr=False)
 
     def summary(self) -> list[TierStats]:

@@ -22,7 +22,8 @@ Required keys: ``t`` (seconds, a finite number ``>= 0``), ``tenant`` (non-empty 
 ``prompt_tokens`` (integer ``>= 1``), ``output_tokens`` (integer ``>= 0``); optional: ``tier``
 (non-empty string or null), ``max_tokens`` (integer ``>= output_tokens`` and ``>= 1``, or
 null), ``prefix_id`` (string or null) and ``prefix_tokens`` (integer ``<= prompt_tokens``:
-the shared prompt prefix of :class:`~velvetrope.sim.workload.TraceRequest`).  Unknown or
+the shared prompt prefix of :class:`~velvetrope.sim.workload.TraceRequest`), ``model``
+(non-empty string or null: the requested model, which routing rules see).  Unknown or
 repeated keys and wrong types are errors.  ``t`` must be non-decreasing
 from line to line: an unsorted JSONL file is *rejected*, not sorted, since it is the format
 we write (:func:`write_jsonl` always writes sorted output) and disorder there means a broken
@@ -243,7 +244,7 @@ def read_azure_csv(path: PathLike) -> list[TraceRequest]:
 # --------------------------------------------------------------------------- JSONL
 
 _REQUIRED = frozenset({"t", "tenant", "prompt_tokens", "output_tokens"})
-_OPTIONAL = frozenset({"tier", "max_tokens", "prefix_id", "prefix_tokens"})
+_OPTIONAL = frozenset({"tier", "max_tokens", "prefix_id", "prefix_tokens", "model"})
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -297,10 +298,13 @@ def _parse_record(obj: object) -> TraceRequest:
     prefix_tokens = obj.get("prefix_tokens", 0)
     if not _is_int(prefix_tokens):
         raise ValueError(f"'prefix_tokens' must be an integer, got {prefix_tokens!r}")
+    model = obj.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ValueError(f"'model' must be a string or null, got {model!r}")
     try:
         return TraceRequest(
             t, obj["prompt_tokens"], obj["output_tokens"], obj["tenant"], tier, max_tokens,
-            prefix_id, prefix_tokens,
+            prefix_id, prefix_tokens, model,
         )  # fmt: skip
     except PolicyError as e:
         raise ValueError(str(e)) from None
@@ -360,6 +364,8 @@ def _record(r: TraceRequest) -> dict[str, object]:
     if r.prefix_id is not None:
         obj["prefix_id"] = r.prefix_id
         obj["prefix_tokens"] = r.prefix_tokens
+    if r.model is not None:
+        obj["model"] = r.model
     return obj
 
 
@@ -367,8 +373,9 @@ def write_jsonl(requests: Sequence[TraceRequest], path: PathLike) -> None:
     """Write ``requests`` as JSONL (gzipped if ``path`` ends in ``.gz``), atomically.
 
     ``requests`` must be sorted by ``t`` (else :class:`~velvetrope.errors.PolicyError`, and
-    nothing is written).  Keys ``tier`` and ``max_tokens`` are written only when set.  Floats
-    are written in shortest round-trip form, so :func:`read_jsonl` gives back equal requests.
+    nothing is written).  Keys ``tier``, ``max_tokens``, ``prefix_id``/``prefix_tokens`` and
+    ``model`` are written only when set.  Floats are written in shortest round-trip form, so
+    :func:`read_jsonl` gives back equal requests.
     The file appears complete or not at all (written to a temporary file, then renamed);
     I/O failures raise :class:`OSError`.
     """

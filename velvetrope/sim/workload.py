@@ -112,7 +112,8 @@ class TraceRequest:
     non-empty name, ``tier`` a non-empty name or ``None`` (the tenant's configured tier).
     ``prefix_id``/``prefix_tokens``: the first ``prefix_tokens`` prompt tokens are the shared
     prefix ``prefix_id`` (a system prompt; reused by an engine with prefix caching);
-    ``0 <= prefix_tokens <= prompt_tokens``, and a positive count needs an id.
+    ``0 <= prefix_tokens <= prompt_tokens``, and a positive count needs an id.  ``model`` is
+    the requested model (``None``: unnamed; routing rules on models see it).
 
     Construction validates and normalises (numpy scalars become ``int``/``float``); a bad field
     raises :class:`~velvetrope.errors.PolicyError`.
@@ -126,6 +127,7 @@ class TraceRequest:
     max_tokens: int | None = None
     prefix_id: str | None = None
     prefix_tokens: int = 0
+    model: str | None = None
 
     def __post_init__(self) -> None:
         t = self.t
@@ -145,6 +147,8 @@ class TraceRequest:
             raise PolicyError(f"tenant must be a non-empty string, got {self.tenant!r}")
         if self.tier is not None and (not isinstance(self.tier, str) or not self.tier):
             raise PolicyError(f"tier must be a non-empty string or None, got {self.tier!r}")
+        if self.model is not None and (not isinstance(self.model, str) or not self.model):
+            raise PolicyError(f"model must be a non-empty string or None, got {self.model!r}")
         if self.max_tokens is not None:
             cap = _count("max_tokens", self.max_tokens, 1)
             if output > cap:

@@ -1,0 +1,217 @@
+"""The gateway's fleet in process: breakers, capacity that follows the live engines, DNS
+discovery, and the routing headers and body rewrite.  No server is started here (the
+probes of discovered addresses find nothing listening); ``test_fleet_live.py`` has the
+same behaviours against real engines."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from velvetrope.clock import ManualClock
+from velvetrope.config import parse_config
+from velvetrope.core import Job
+from velvetrope.errors import ConfigError
+from velvetrope.gateway.app import Gateway
+from velvetrope.gateway.fleet import degrade_body, route_headers
+from velvetrope.gateway.parse import parse_request
+from velvetrope.gateway.state import FleetGate
+from velvetrope.gateway.upstreams import UpstreamPools, resolve_host
+from velvetrope.openai.tokenizer import ApproxTokenizer
+
+from .conftest import gateway_config
+
+A, B, C = "http://127.0.0.1:9", "http://127.0.0.1:10", "http://127.0.0.1:11"
+
+
+def fleet_config(engines: list[str], **policy: Any) -> dict[str, Any]:
+    cfg = gateway_config(engines, **policy)
+    cfg["gateway"]["fleet"] = {"breaker_failures": 3, "breaker_open_s": 5.0}
+    return cfg
+
+
+def test_the_breaker_takes_a_failing_engine_out_and_probes_it_back() -> None:
+    clock = ManualClock()
+    changes: list[int] = []
+    ups = UpstreamPools(
+        parse_config(fleet_config([A, B])), clock, on_change=lambda: changes.append(1)
+    )
+    ups.changed()
+    a, b = ups.pools["default"]
+    b.in_flight = 1  # so that a, when eligible, is the least loaded
+    for _ in range(2):
+        ups.failed(a, "answered 500")
+    assert a.breaker_state == "closed" and ups.pick("default") is a
+    ups.failed(a, "answered 500")  # the third in a row
+    assert a.breaker_state == "open" and [u.url for u in ups.live("default")] == [B]
+    assert all(ups.pick("default") is b for _ in range(4))
+    clock.advance(5.0)
+    ups.changed()  # the health loop notices the half-open breaker
+    assert [u.url for u in ups.probing("default")] == [A]
+    assert ups.pick("default") is a  # the probe
+    assert ups.pick("default") is b  # only one probe at a time
+    ups.succeeded(a)
+    assert a.breaker_state == "closed" and ups.pick("default") is a
+    assert len(changes) == 4  # initial, opened, half-open, closed
+
+
+def test_a_probe_abandoned_by_its_client_opens_the_breaker_for_another_period() -> None:
+    clock = ManualClock()
+    ups = UpstreamPools(parse_config(fleet_config([A])), clock)
+    (a,) = ups.pools["default"]
+    for _ in range(3):
+        ups.failed(a, "timeout")
+    clock.advance(5.0)
+    assert ups.pick("default") is a
+    ups.abandoned(a, answered=False)  # no answer yet: inconclusive
+    assert a.breaker_state == "open" and ups.pick("default") is None
+    clock.advance(5.0)
+    assert ups.pick("default") is a
+    ups.abandoned(a, answered=True)  # it answered before the client left
+    assert a.breaker_state == "closed"
+
+
+def test_capacity_gates_and_saturation_follow_the_live_engines() -> None:
+    clock = ManualClock()
+    pools = [{"name": "default", "max_in_flight_per_engine": 4,
+              "max_tokens_in_flight_per_engine": 1000}]  # fmt: skip
+    gw = Gateway(parse_config(fleet_config([A, B, C], pools=pools)), clock)
+    gate = FleetGate("default", 1, None)
+    gw.fleet.gates["default"] = gate
+    cap = gw.ctl.pool_capacity("default")
+    rule = gw.ctl.saturation("default")
+    assert rule is not None
+    assert (cap.max_in_flight, cap.max_tokens, cap.engines) == (12, 3000, 3)
+    a, b, _ = gw.upstreams.pools["default"]
+    gw.upstreams.mark_failed(a, "connection refused")  # out at once
+    assert (cap.max_in_flight, gate.max_in_flight, gate.max_tokens) == (8, 8, 2000)
+    for _ in range(3):
+        gw.upstreams.failed(b, "answered 502")
+    assert (cap.max_in_flight, cap.engines) == (4, 1)
+    assert set(rule.status(clock.now())) == {C}
+    clock.advance(5.0)
+    gw.upstreams.changed()
+    assert cap.max_in_flight == 4 + 1  # one probe slot for the half-open engine
+    assert set(rule.status(clock.now())) == {B, C}
+    st = gw.ctl.status()["pools"]["default"]
+    assert (st["max_in_flight"], st["engines"]) == (5, 1)
+
+
+def test_fixed_capacity_stays_fixed() -> None:
+    gw = Gateway(parse_config(fleet_config([A, B])), ManualClock())
+    gw.upstreams.mark_failed(gw.upstreams.pools["default"][0], "refused")
+    assert gw.ctl.pool_capacity("default").max_in_flight == 32
+
+
+def test_dns_upstreams_are_re_resolved() -> None:
+    answers: list[list[str] | OSError] = [
+        ["127.0.0.2", "127.0.0.3"],
+        ["127.0.0.3", "::1"],
+        OSError("temporary failure in name resolution"),
+        [],
+    ]
+    asked: list[tuple[str, int]] = []
+
+    async def resolver(host: str, port: int) -> list[str]:
+        asked.append((host, port))
+        a = answers.pop(0)
+        if isinstance(a, OSError):
+            raise a
+        return a
+
+    cfg = fleet_config([])
+    cfg["upstreams"] = {
+        "default": [
+            {"url": "http://127.0.0.1:12"},
+            {
+                "url": "http://engines.ns.svc.cluster.local:8000",
+                "discovery": "dns",
+                "metrics_url": "http://engines.ns.svc.cluster.local:9090/metrics",
+            },
+        ]
+    }
+    ups = UpstreamPools(parse_config(cfg), ManualClock(), resolver=resolver)
+
+    def urls() -> list[tuple[str, str | None, bool, str]]:
+        return [(u.url, u.source, u.healthy, u.metrics_url) for u in ups.pools["default"]]
+
+    errors: list[dict[str, str]] = []
+
+    async def go() -> list[list[tuple[str, str | None, bool, str]]]:
+        seen = []
+        async with aiohttp.ClientSession() as s:
+            for _ in range(4):
+                await ups.refresh_dns(s)
+                seen.append(urls())
+                errors.append(dict(ups.dns_errors))
+        return seen
+
+    first, second, third, fourth = asyncio.run(go())
+    src = "http://engines.ns.svc.cluster.local:8000"
+    assert asked[0] == ("engines.ns.svc.cluster.local", 8000)
+    static = ("http://127.0.0.1:12", None, True, "http://127.0.0.1:12/metrics")
+
+    def found(ip: str, metrics_ip: str) -> tuple[str, str, bool, str]:
+        # a new address joins after a probe (nothing listens here: it joins unhealthy)
+        return (f"http://{ip}:8000", src, False, f"http://{metrics_ip}:9090/metrics")
+
+    assert first == [static, found("127.0.0.2", "127.0.0.2"), found("127.0.0.3", "127.0.0.3")]
+    assert second == [static, found("127.0.0.3", "127.0.0.3"), found("[::1]", "[::1]")]
+    assert third == second and "temporary failure" in errors[2][src]  # kept on an error
+    assert fourth == [static] and errors[3] == {}  # an empty answer empties it
+
+
+def test_the_default_resolver_reads_the_system_resolver() -> None:
+    assert "127.0.0.1" in asyncio.run(resolve_host("localhost", 80))
+
+
+def test_route_headers_and_the_degraded_body() -> None:
+    raw = orjson.dumps(
+        {
+            "model": "big",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_completion_tokens": 400,
+            "n": 2,
+        }
+    )
+    tok = ApproxTokenizer()
+    parsed = parse_request(
+        raw, "chat", max_tokens_limit=4096, count_text=tok.count, count_chat=tok.count_chat
+    )
+    job = Job("j", "t", "default", 5, 800, pool="default", model="big", n=2)
+    job.route = "default"
+    degrade_body(parsed, job)
+    assert parsed.upstream_body() == raw  # not degraded: the client's bytes
+    assert route_headers(job) == [
+        (b"x-velvetrope-pool", b"default"),
+        (b"x-velvetrope-route", b"default"),
+    ]
+    job.max_tokens, job.pool, job.model = 2 * 50, "spare", "small"
+    job.degraded = ("max_tokens", "pool")
+    degrade_body(parsed, job)
+    body = orjson.loads(parsed.upstream_body())
+    assert (body["max_completion_tokens"], body["model"]) == (50, "small")
+    assert route_headers(job)[-1] == (
+        b"x-velvetrope-degraded",
+        b"max_tokens=50, pool=spare, model=small",
+    )
+
+
+@pytest.mark.parametrize(
+    ("patch", "check"),
+    [
+        ({"routes": [{"model": "m", "pool": "default"}]}, "policy.routes"),
+        ({"gateway": {"saturation": {"max_waiting": 7}}}, None),
+    ],
+)
+def test_moved_config_keys(patch: dict[str, Any], check: str | None) -> None:
+    cfg = {**fleet_config([A]), **patch}
+    if check is not None:
+        with pytest.raises(ConfigError, match=check):
+            parse_config(cfg)
+        return
+    assert parse_config(cfg).policy.saturation.max_waiting == 7

@@ -1,0 +1,306 @@
+"""Fast-forward of a :class:`~velvetrope.engine.Batcher` through pure-decode stretches.
+
+Between two events that change a batch (an arrival, a finish, a preemption) a continuous
+batcher mostly repeats one kind of iteration: every running sequence computes its last
+sampled token and samples the next one.  Such a *pure-decode* step emits no event when the
+batcher was built with ``token_events=False`` (the simulator's setting), and its duration
+is ``profile.step_time(0, n, context)`` with ``context`` growing by ``n`` per step.  This
+module plans a whole stretch of those steps at once (:func:`plan_decode_run`) and applies
+any prefix of it in closed form (:meth:`DecodeRun.apply`): O(running sequences + blocks
+allocated) plus one float addition per step, instead of one
+:meth:`~velvetrope.engine.Batcher.step` call per step.
+
+Exactness contract: after ``run = plan_decode_run(b, now)`` and ``events = run.apply(j)``
+the batcher is in exactly the state ``j`` calls of ``b.step`` would have left it in,
+starting at ``now`` and each starting when the previous one ended (every sequence's
+counters, block tables in the same order with the same block ids, the allocator's free
+list and, with prefix caching, its evictions, the step count); ``events`` are the events
+the ``j``-th call would have returned and ``run.starts[j]`` is bit for bit the end time it
+would have reported (``now + d1 + d2 + ...``, summed in the same order).  The tests check
+this against step-by-step for every built-in profile, with and without preemption, with
+prefix caching and with speculative decoding.
+
+A stretch starting at ``now`` is planned only when, for each of its steps,
+
+* every running sequence is decoding (``prompt + generated - computed == 1`` and at least
+  one token generated), so all of them are scheduled (the token budget covers
+  ``max_num_seqs``) and none speculates (speculative decoding draws random acceptances:
+  with ``spec_tokens > 0`` no stretch is planned and the caller steps as usual);
+* no sequence finishes before the last step: the stretch ends with the first step in
+  which some sequences produce their last token (that step's :class:`Finished` events are
+  what :meth:`DecodeRun.apply` returns for it), or earlier;
+* no block request can fail: the blocks the stretch takes are free at its start, so no
+  preemption happens (the stretch is cut before the first step that would run short);
+* nothing is admitted: the waiting queue is empty, or the batch is full, or (without
+  prefix caching) the head's first chunk does not fit after the first step's block
+  requests (before them with ``prefill_first``, whose steps try the waiting prompts
+  first); free blocks only decrease until the last step, so it never fits later;
+* the batcher reports no per-token events (``token_events=False``), and each step would be
+  ``step(now)`` with admission on (a driver that calls ``step(now, admit=False)`` on some
+  steps does not plan runs).
+
+Block boundaries are not stretch ends: a sequence with ``c`` computed tokens takes a new
+block at step ``j`` exactly when ``c + j - 1`` is a multiple of ``block_size``, and the
+blocks of all boundaries are handed out in step order, then running order, as the
+step-by-step allocator would (one ``allocate`` of ``k`` blocks takes exactly the blocks
+``k`` single allocations would, in that order, for both allocators).
+
+A planned run does not touch the batcher until :meth:`DecodeRun.apply`.  The caller must
+apply it (up to the step in progress) before anything else reads or changes the batcher;
+:meth:`DecodeRun.apply` raises ``RuntimeError`` when it sees that the batcher moved since
+the plan (stepped, added to, aborted from).
+"""
+
+from __future__ import annotations
+
+import bisect
+from itertools import accumulate
+from operator import add
+
+import numpy as np
+
+from velvetrope.engine.batcher import Batcher
+from velvetrope.engine.events import EngineEvent, Finished
+from velvetrope.engine.profile import EngineProfile
+from velvetrope.engine.queues import GONE, RUNNING
+
+__all__ = ["DecodeRun", "plan_decode_run"]
+
+_NUMPY_FROM = 24
+"""Runs of at least this many steps accumulate their end times with numpy."""
+
+
+class DecodeRun:
+    """A planned stretch of ``steps`` pure-decode steps of one batcher, not yet applied.
+
+    ``starts[j]`` (``0 <= j <= steps``) is the start of step ``j + 1``, i.e. the end of step
+    ``j``; ``starts[0]`` is the plan's ``now`` and :attr:`end` the end of the last step.
+    ``finishes`` says whether sequences finish in the last step.
+    """
+
+    __slots__ = (
+        "_base",
+        "_batcher",
+        "_c0",
+        "_n_waiting",
+        "_order",
+        "_running",
+        "finishes",
+        "starts",
+        "steps",
+    )
+
+    def __init__(
+        self, batcher: Batcher, c0: list[int], starts: list[float], finishes: bool
+    ) -> None:
+        self._batcher = batcher
+        self._running = batcher._running
+        self._c0 = c0
+        self._base = batcher._steps
+        self._order = batcher._order
+        self._n_waiting = batcher._n_waiting
+        self.starts = starts
+        self.steps = len(starts) - 1
+        self.finishes = finishes
+
+    @property
+    def end(self) -> float:
+        """When the last step of the stretch ends (``starts[steps]``)."""
+        return self.starts[-1]
+
+    def started(self, t: float, *, inclusive: bool) -> int:
+        """How many steps of the stretch have started by ``t``.
+
+        A step starting exactly at ``t`` counts when ``inclusive`` (the caller handles
+        ``t`` after the batcher's own step boundary at ``t``), not otherwise.
+        """
+        starts = self.starts
+        if inclusive:
+            return bisect.bisect_right(starts, t, 0, self.steps)
+        return bisect.bisect_left(starts, t, 0, self.steps)
+
+    def apply(self, steps: int) -> list[EngineEvent]:
+        """Apply the first ``steps`` steps (``0 <= steps <= self.steps``) to the batcher.
+
+        Returns the events of step ``steps`` (stamped ``starts[steps]``): the
+        :class:`Finished` events when it is the last step and :attr:`finishes`, else none
+        (earlier steps have none).  A run is applied once; the batcher is then exactly as
+        after ``steps`` calls of :meth:`~velvetrope.engine.Batcher.step` (module docstring).
+        """
+        b = self._batcher
+        if not 0 <= steps <= self.steps:
+            raise ValueError(f"a run of {self.steps} steps cannot apply {steps}")
+        running = self._running
+        n = len(running)
+        if (
+            b._steps != self._base
+            or b._running is not running
+            or len(running) != len(self._c0)
+            or b._order != self._order
+            or b._n_waiting != self._n_waiting
+        ):
+            raise RuntimeError("the batcher changed since this decode run was planned")
+        self._base = -1  # a second apply fails the check above
+        if not steps:
+            return []
+        kv = b._kv
+        bs = b._profile.block_size
+        keys: list[int] = []
+        span = steps * n + 1
+        for i, c in enumerate(self._c0):
+            keys.extend(range((1 + (-c) % bs) * n + i, span + i, bs * n))
+        if keys:
+            keys.sort()
+            got: list[int] = []
+            kv.allocate(len(keys), got)  # == len(keys) single allocations, in order
+            for key, block in zip(keys, got, strict=True):
+                running[key % n].blocks.append(block)
+        stamp = b._steps + steps
+        b._steps = stamp
+        for s in running:
+            s.computed += steps
+            s.generated += steps
+            s.known += steps
+            s.new = 1
+            s.decoding = True
+            s.spec = 0
+            s.scheduled_at = stamp
+        if steps < self.steps or not self.finishes:
+            return []
+        t = self.starts[steps]
+        events: list[EngineEvent] = []
+        live = b._seqs
+        for s in running:
+            g = s.generated
+            if g == s.output:
+                events.append(Finished(s.seq_id, t, s.prompt, g))
+                kv.free(s.blocks)
+                s.state = GONE
+                del live[s.seq_id]
+        b._running = [s for s in running if s.state == RUNNING]
+        return events
+
+
+def _boundaries(c0: list[int], steps: int, bs: int) -> int:
+    """Blocks taken by ``steps`` decode steps of sequences with ``c0`` computed tokens."""
+    total = 0
+    for c in c0:
+        first = 1 + (-c) % bs
+        if first <= steps:
+            total += (steps - first) // bs + 1
+    return total
+
+
+def plan_decode_run(batcher: Batcher, now: float, min_steps: int = 2) -> DecodeRun | None:
+    """Plan the longest pure-decode stretch of ``batcher`` starting at ``now``.
+
+    Returns ``None`` when fewer than ``min_steps`` (>= 1) steps qualify (see the module
+    docstring); the caller then calls ``batcher.step(now)`` as usual.  Costs O(running
+    sequences + steps); changes nothing (the waiting queue may drop entries of aborted
+    sequences, as ``step`` would).
+    """
+    b = batcher
+    p = b._profile
+    running = b._running
+    n = len(running)
+    if not n or p.spec_tokens or b._token_events:
+        return None
+    bs = p.block_size
+    free = b._kv.num_free
+    admit = 0  # blocks the waiting head's first chunk needs, if each step tries to admit it
+    first_fit = b._prefill_first  # admission is tried before the running sequences' blocks
+    budget = p.max_num_batched_tokens - (0 if first_fit else n)
+    if b._n_waiting and budget > 0 and n < p.max_num_seqs:
+        head = b._waiting.peek()
+        if head is not None:
+            if b._pc is not None:
+                return None
+            admit = -(-min(head.known, budget) // bs)
+            if admit <= free - (0 if first_fit else n):
+                return None  # it fits whatever the first step allocates
+    steps = p.max_model_len
+    c0: list[int] = []
+    context = 0
+    for s in running:
+        c = s.computed
+        if s.known - c != 1 or not s.generated:
+            return None  # (decoding, its prefix blocks are all computed and registered)
+        left = s.output - s.generated
+        if left < steps:
+            if left < min_steps:
+                return None
+            steps = left
+        c0.append(c)
+        context += c
+    finishes = True
+    if _boundaries(c0, steps, bs) > free:
+        finishes = False
+        lo, hi = 0, steps - 1  # the longest prefix whose blocks are all free
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if _boundaries(c0, mid, bs) <= free:
+                lo = mid
+            else:
+                hi = mid - 1
+        steps = lo
+        if steps < min_steps:
+            return None
+    if admit and not first_fit and admit <= free - sum(1 for c in c0 if c % bs == 0):
+        return None
+    return DecodeRun(b, c0, _starts(b, n, context, steps, now), finishes)
+
+
+_LINEAR: dict[tuple[int, int], tuple[EngineProfile, float, float, float] | None] = {}
+"""Per (profile id, batch size): step_time's constant part, context coefficient and tail,
+or ``None`` when the closed form does not reproduce ``step_time`` (the profile is kept in
+the value, so its id stays its own)."""
+
+
+def _linear(p: EngineProfile, n: int) -> tuple[float, float, float] | None:
+    """``(head, ctx, tail)`` with ``step_time(0, n, c) == head + ctx * c + tail`` bit for bit
+    (the order step_time sums in), checked once per profile and ``n`` at two contexts."""
+    hit = _LINEAR.get((id(p), n))
+    if hit is None or hit[0] is not p:
+        head = p.step_base_s + p.tp_allreduce_s + p.per_prefill_token_s * 0 + p.per_decode_seq_s * n
+        ctx, tail = p.per_context_token_s, p.tp_per_token_s * n
+        exact = all(head + ctx * c + tail == p.step_time(0, n, c) for c in (n, 10**6 + n))
+        if len(_LINEAR) > 4096:
+            _LINEAR.clear()
+        hit = _LINEAR[id(p), n] = (p, head, ctx, tail) if exact else None
+        if hit is None:
+            return None
+    return hit[1], hit[2], hit[3]
+
+
+def _starts(b: Batcher, n: int, context: int, steps: int, now: float) -> list[float]:
+    """``[now, e1, ..., e_steps]``: the ends of ``steps`` decode steps of ``n`` sequences
+    whose first step attends to ``context + n`` tokens, bit for bit those of step-by-step.
+
+    Step ``j`` lasts ``profile.step_time(0, n, context + n * j)`` and ends at
+    ``e_{j-1} + duration`` (``e_0 = now``).  The closed form (:func:`_linear`) evaluates
+    step_time's sum in its order, with the constant part computed once, and accumulates left
+    to right (numpy's ``add.accumulate`` is a sequential scan, not a pairwise sum, so it
+    rounds exactly like the loop; numpy only for long runs, where it is faster).  A profile
+    whose step time the closed form does not reproduce gets per-step ``step_time`` calls:
+    exact, only slower.
+    """
+    p = b._profile
+    first, last = context + n, context + n * steps
+    rng = range(first, last + 1, n)
+    lin = _linear(p, n)
+    if lin is None:
+        step_time = p.step_time
+        return list(accumulate([step_time(0, n, x) for x in rng], add, initial=now))
+    head, ctx, tail = lin
+    if steps < _NUMPY_FROM:
+        durations = [head + ctx * x + tail for x in rng] if tail else [head + ctx * x for x in rng]
+        return list(accumulate(durations, add, initial=now))
+    a = np.arange(first - n, last + 1, n, dtype=np.float64)  # integers: exact
+    a *= ctx
+    a += head
+    if tail:
+        a += tail
+    a[0] = now
+    np.add.accumulate(a, out=a)
+    out: list[float] = a.tolist()
+    return out

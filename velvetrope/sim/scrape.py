@@ -1,0 +1,123 @@
+"""The simulator's side of the fleet rules: capacity per engine and engine readings.
+
+What the gateway learns from its engines over HTTP, the simulator reads from its engine
+models, and hands to the same core objects:
+
+* each pool's :class:`~velvetrope.core.capacity.PoolCapacity` is told its number of
+  replicas (:meth:`~velvetrope.core.capacity.PoolCapacity.set_engines`), so limits given
+  per engine become that × replicas, exactly as the gateway's live engines do;
+* every ``policy.saturation.scrape_interval_s`` of virtual time, :meth:`EngineScrapes.fire`
+  reads each replica's batcher (``num_running``, ``num_waiting``, ``kv_usage``: what a vLLM
+  server's gauges report) into its pool's
+  :class:`~velvetrope.core.saturation.EngineSaturation`, and the loop then dispatches what
+  the fresh readings allow, as the gateway does after each scrape round;
+* :meth:`EngineScrapes.sent` tells the rule which replica took a job (the gateway's
+  ``sent``); the rule hears of each job's start and end from the controller itself.
+
+A reading is what vLLM's gauges say: the state after the engine's last scheduling step.
+A sequence added since that step has not been scheduled yet and is not counted as waiting
+(vLLM updates ``vllm:num_requests_waiting`` from each step's scheduler statistics, so a
+request handed to it between steps shows up only once a step has tried to schedule it);
+the loop counts those adds in :attr:`EngineScrapes.fresh` and zeroes a replica's count when
+it starts a step.  Readings are never stale here (a modelled engine always answers).  With
+``record=True`` each scrape also records every replica's running and waiting sequences
+(:class:`EngineSamples`), with or without the saturation rule: what an operator's Prometheus
+would have scraped.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from velvetrope.core import AdmissionController, EngineReading, EngineSaturation, Job
+from velvetrope.sim.fleet import Fleet
+
+__all__ = ["EngineSamples", "EngineScrapes"]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class EngineSamples:
+    """Per scrape (rows) and replica (columns): sequences running and waiting in the engine."""
+
+    t: NDArray[np.float64]
+    running: NDArray[np.int64]
+    waiting: NDArray[np.int64]
+
+
+class EngineScrapes:
+    """Capacity per engine, the saturation rules' readings, and optional samples."""
+
+    __slots__ = (
+        "_fleet",
+        "_ids",
+        "_rule_of",
+        "_rules",
+        "_running",
+        "_t",
+        "_waiting",
+        "fresh",
+        "interval_s",
+        "next_at",
+        "record",
+    )
+
+    def __init__(self, ctl: AdmissionController, fleet: Fleet, *, record: bool = False) -> None:
+        self._fleet = fleet
+        self._ids = [str(k) for k in range(len(fleet))]
+        self._rule_of: list[EngineSaturation | None] = [None] * len(fleet)
+        self._rules: list[tuple[EngineSaturation, int, int]] = []
+        for name, (lo, hi) in zip(fleet.pool_names, fleet.ranges, strict=True):
+            ctl.pool_capacity(name).set_engines(hi - lo)
+            rule = ctl.saturation(name)
+            if rule is not None:
+                rule.set_engines(self._ids[lo:hi])
+                self._rules.append((rule, lo, hi))
+                for k in range(lo, hi):
+                    self._rule_of[k] = rule
+        self.interval_s = ctl.config.saturation.scrape_interval_s
+        self.record = record
+        self.next_at = self.interval_s if (self._rules or record) else math.inf
+        """Virtual time of the next scrape (``inf``: nothing to scrape)."""
+        self.fresh = [0] * len(fleet)
+        """Sequences added to each replica since its last step started (kept by the loop)."""
+        self._t: list[float] = []
+        self._running: list[list[int]] = []
+        self._waiting: list[list[int]] = []
+
+    def sent(self, job: Job, k: int) -> None:
+        """``job`` was added to replica ``k``'s engine."""
+        rule = self._rule_of[k]
+        if rule is not None:
+            rule.sent(job.id, self._ids[k])
+
+    def fire(self, now: float) -> None:
+        """Read every replica at ``now`` and schedule the next scrape."""
+        batchers = self._fleet.batchers
+        fresh = self.fresh
+        waiting = [max(0, b.num_waiting - f) for b, f in zip(batchers, fresh, strict=True)]
+        for rule, lo, hi in self._rules:
+            for k in range(lo, hi):
+                b = batchers[k]
+                rule.observe(
+                    self._ids[k], EngineReading(b.num_running, waiting[k], b.kv_usage), now
+                )
+        if self.record:
+            self._t.append(now)
+            self._running.append([b.num_running for b in batchers])
+            self._waiting.append(waiting)
+        self.next_at = now + self.interval_s
+
+    def samples(self) -> EngineSamples | None:
+        """What was recorded (``None`` without ``record``)."""
+        if not self.record:
+            return None
+        n = len(self._fleet)
+        return EngineSamples(
+            t=np.asarray(self._t, dtype=np.float64),
+            running=np.asarray(self._running, dtype=np.int64).reshape(-1, n),
+            waiting=np.asarray(self._waiting, dtype=np.int64).reshape(-1, n),
+        )
