@@ -129,7 +129,7 @@ def policy_config(
     """``policy`` with ``limit`` slots per replica, or the adaptive limit (``None``)."""
     if limit is not None:
         return make_policy(policy, max_in_flight=limit * REPLICAS, queue=queue)
-    pool = {"name": "default", "adaptive": {"initial": SLOTS * REPLICAS}}
+    pool = {"name": "default", "adaptive": {"initial": SLOTS}}  # per engine
     return make_policy(policy, max_in_flight=0, queue=queue, pools=[pool])
 
 
