@@ -23,7 +23,7 @@ Poisson arrivals at ρ = 0.8 and 0.95 (ρ relative to the fleet's throughput at 
 per replica, as in (a)).
 
 Run from the repository root: ``.venv/bin/python -m experiments.j_adaptive.run`` (two
-processes; 8 minutes of CPU, 15 minutes on the 2 busy shared cores it was last run on).
+processes: 5 minutes of CPU, 6 minutes on 2 cores; 15 when they are shared with others).
 Writes ``results.json`` (every run), ``REPORT.md`` and PNGs next to this file; with
 ``--report`` it rewrites the report and plots from ``results.json`` alone.
 """
