@@ -89,33 +89,59 @@ def write(
     taus = {w: pick(rows, w, "recorded", 0.8, "sjf", "predicted", SLOTS).tau for w in WORKLOADS}
     old_taus = {r.workload: r.tau for r in extra if r.lengths == "tenant"}
     fifo_ad = row("azure_code", "recorded", 0.8, "fifo", "oracle", "adaptive")
-    sjfa_64 = row("azure_code", "recorded", 0.8, "sjf_aging", "oracle", "64")
 
     verdict = "Reached" if ok1 and ok2 else ("Partly reached" if ok1 or ok2 else "Not reached")
+    fifo_best = row("azure_code", "recorded", 0.8, "fifo", "oracle", "best")
+    sjfa_best = row("azure_code", "recorded", 0.8, "sjf_aging", "oracle", "best")
+    t_fifo_ad = row("templates", "recorded", 0.8, "fifo", "oracle", "adaptive")
+    t_fifo_best = row("templates", "recorded", 0.8, "fifo", "oracle", "best")
+    at64 = {
+        p: kept(
+            tb,
+            row("templates", "recorded", 0.8, p, "oracle", "64"),
+            row("templates", "recorded", 0.8, p, "predicted", "64"),
+        )
+        for p in ("sjf", "sjf_aging", "hybrid")
+    }
+    p1_pred = prompt[("azure_code", "sjf_aging+prompt", "predicted", "adaptive")]
     r = Report("(j) An adaptive in-flight limit and a length predictor on a batching fleet")
     r.verdict = (
-        f"**Verdict: {verdict}.** Aim 1 (code trace, recorded arrivals, ρ = 0.8: SJF+aging "
-        f"with the adaptive limit and oracle lengths against fixed-64 FIFO, ≥ 20% lower mean "
-        f"end-to-end latency for ≤ 2% less throughput): **{'reached' if ok1 else 'not reached'}**"
-        f" — {pct(cut1)} ({f2(code_base.e2e)} → {f2(aim1.e2e)} s) at {pct(thr1)} of the "
-        f"throughput. With the `sjf_aging` preset's cost (predicted output tokens only) the "
-        f"queue's order barely changes on this trace: its outputs average 28 tokens against "
-        f"2,048-token prompts, so the size that decides how long a job holds the engines' "
-        f"prefill budget is its prompt, which the preset ignores (fixed 64: "
-        f"{pct(gain(code_base, sjfa_64))}; FIFO with the adaptive limit alone: "
-        f"{pct(gain(code_base, fifo_ad))}). Counting "
-        f"prompt tokens in SJF's cost (`sjf_prompt_weight: 1`, `aging_ref_tokens: 8192`) "
-        f"gives {pct(gain(code_base, p1))} with the adaptive limit and "
-        f"{pct(gain(code_base, p1_64))} at fixed 64. Aim 2 (our multi-template workload: the "
-        f"predictor keeps ≥ 60% of the oracle's gain for SJF+aging with the adaptive limit): "
-        f"**{'reached' if ok2 else 'not reached'}** — it keeps {pct(keep2, 0)} "
-        f"({pct(gain(tb, t_pr))} of {pct(gain(tb, t_or))}). The predictor's Kendall τ: "
+        f"**Verdict: {verdict}.** **Aim 1** (code trace, recorded arrivals, ρ = 0.8: SJF+aging "
+        f"with the adaptive limit and oracle lengths ≥ 20% below fixed-64 FIFO's mean "
+        f"end-to-end latency, for ≤ 2% less throughput) is **"
+        f"{'reached' if ok1 else 'not reached'} with the `sjf_aging` preset**: "
+        f"{pct(cut1)} ({f2(code_base.e2e)} → {f2(aim1.e2e)} s, throughput {pct(thr1)}). Two "
+        f"reasons, measured. (1) The preset's SJF cost is the predicted *output*; this trace's "
+        f"outputs average 28 tokens against 2,048-token prompts and the engines are "
+        f"prefill-bound, so a job's size is its prompt: counting prompt tokens in the cost "
+        f"(`sjf_prompt_weight: 1`, `aging_ref_tokens: 8192`) gives **{pct(gain(code_base, p1))}"
+        f"** with the adaptive limit at {pct(p1.throughput / code_base.throughput)} of the "
+        f"throughput (the aim is reached that way; {pct(gain(code_base, p1_64))} at fixed 64, "
+        f"{pct(gain(code_base, p1_pred))} with predicted lengths). (2) The adaptive limit "
+        f"settles at the throughput knee (95th percentile in flight "
+        f"{f1(fifo_ad.in_flight_p95 / REPLICAS)}-{f1(aim1.in_flight_p95 / REPLICAS)} per "
+        f"replica; `bench/adaptive_bench.py` finds the knee of this mix at 107 on one H100 in "
+        f"closed loop), where throughput is flat but "
+        f"every engine step is longer; the latency-best fixed limit is {fifo_best.limit} "
+        f"(FIFO) / {sjfa_best.limit} (SJF+aging): FIFO with the adaptive limit is "
+        f"{pct(-gain(code_base, fifo_ad))} slower than at fixed 64. **Aim 2** (our "
+        f"multi-template workload: the predictor keeps ≥ 60% of the oracle's gain for "
+        f"SJF+aging with the adaptive limit) is **{'reached' if ok2 else 'not reached'}**: "
+        f"{pct(keep2, 0)} ({pct(gain(tb, t_pr))} of {pct(gain(tb, t_or))}), but nearly all "
+        f"of that gain is the limit's (FIFO with the adaptive limit alone: "
+        f"{pct(gain(tb, t_fifo_ad))}, as good as the sweep's best fixed limit, "
+        f"{t_fifo_best.limit} per replica: {f2(t_fifo_best.e2e)} s); where the gateway queue "
+        f"is long (fixed 64) the predictor keeps {pct(at64['sjf_aging'], 0)} of SJF+aging's "
+        f"gain, {pct(at64['sjf'], 0)} of SJF's and {pct(at64['hybrid'], 0)} of hybrid's. The "
+        f"predictor's Kendall τ (p90, online): "
         + ", ".join(
             f"{w} {f2(taus[w])} (per-tenant p90: {f2(old_taus.get(w, math.nan))})"
             for w in WORKLOADS
         )
         + ". On the traces it has only the prompt length to go by (one tenant, no template, "
-        "no max_tokens)."
+        "no max_tokens); on ours the per-tenant p90 is as good because each template declares "
+        "its own max_tokens, which caps the tenant's guess. With Poisson arrivals at ρ = 0.8 "
+        "nothing waits in the gateway whatever the limit, and at 0.95 little does."
     )
 
     r.h2("Method")
@@ -156,7 +182,9 @@ def write(
             "Reductions made to run in minutes on 2 cores: one seed; the sweep uses oracle "
             "lengths only (its best limit is reused for predicted lengths); the per-tenant "
             "estimator and the prompt-aware cost (section 4) run with recorded arrivals "
-            "only.",
+            "only. The adaptive limit's convergence against a sweep, for two engine "
+            "profiles and a pool that doubles and halves, is measured in closed loop by "
+            "`bench/adaptive_bench.py` and `tests/sim/test_closed_loop.py`, not here.",
         ]
     )
 

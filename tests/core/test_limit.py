@@ -137,6 +137,21 @@ def test_rescale_moves_the_limit_by_the_fleet_factor() -> None:
         lim.rescale(0.0)
 
 
+def test_a_pool_tells_its_limit_how_many_engines_it_has() -> None:
+    ctl, _ = controller({"pools": [{"name": "default", "adaptive": {"initial": 10}}]})
+    cap = ctl.pool_capacity("default")
+    lim = ctl.pool_limit("default")
+    assert lim is not None and lim.value == 10  # one engine until told
+    cap.set_engines(4)
+    assert lim.value == 40
+    cap.set_engines(0)  # none live: left alone
+    assert lim.value == 40
+    cap.set_engines(2)
+    assert lim.value == 20
+    cap.set_engines(2)
+    assert lim.value == 20
+
+
 def test_settings_are_checked() -> None:
     with pytest.raises(ValidationError):
         AdaptiveLimitPolicy(floor=10, ceiling=5)

@@ -111,7 +111,7 @@ class Pair:
             self.seen["no run"] += 1
             self.step()
             return
-        assert run.starts[0] == self.t
+        assert run.start(0) == self.t
         j = min(run.steps, int(cut * (run.steps + 1)))
         self.seen["run"] += 1
         self.seen["cut" if j < run.steps else "whole"] += 1
@@ -124,19 +124,25 @@ class Pair:
                 (s.computed + 1) % self.ref.profile.block_size == 1 for s in self.ref._running
             )
             self.seen["block boundary"] += pure[True] > 0
+        mid = int(cut * cut * j)  # brought up to date on the way (as an engine scrape does)
         events: list[Any] = []
         for i in range(j):
+            if i == mid:
+                assert run.apply(mid) == []
+                assert run.applied == mid
+                self.check()
+                self.seen["applied in two parts"] += mid > 0
             r = self.ref.step(self.t)
             assert r.prefill_tokens == r.verify_tokens == 0
-            assert r.start == run.starts[i]
-            assert r.end == run.starts[i + 1]
+            assert r.start == run.start(i)
+            assert r.end == run.start(i + 1)
             if i < j - 1:
                 assert r.events == []
             events = r.events
             self.t = r.end
         assert run.apply(j) == events
         if j == 0:
-            self.t = run.starts[0]
+            self.t = run.start(0)
 
 
 _add = st.tuples(
@@ -229,7 +235,8 @@ def test_seeded_programs_cover_every_kind_of_run(profile: EngineProfile) -> None
             pair = play(profile, priority, program(seed, 300), first=seed % 2 == 1)
             seen += pair.seen
             preemptions += pair.ref.num_preemptions
-    kinds = ("run", "no run", "cut", "whole", "finishes", "block-limited", "block boundary")
+    kinds = ["run", "no run", "cut", "whole", "finishes", "block-limited", "block boundary"]
+    kinds.append("applied in two parts")
     assert all(seen[k] > 0 for k in kinds), seen
     assert seen["waiting head blocked"] > 0, seen
     assert preemptions > 0
@@ -268,8 +275,19 @@ def test_a_stale_run_refuses_to_apply() -> None:
     run = plan_decode_run(b, t)
     assert run is not None
     run.apply(1)
+    b.step(run.start(1))  # the batcher moves on its own: the run is stale
     with pytest.raises(RuntimeError, match="changed"):
-        run.apply(1)
+        run.apply(2)
+    b = Batcher(PROFILES[0], token_events=False)
+    b.add("c", 10, 50, 0.0)
+    run = plan_decode_run(b, b.step(0.0).end)
+    assert run is not None
+    run.apply(2)
+    with pytest.raises(ValueError, match="cannot apply"):
+        run.apply(1)  # no way back
+    run.apply(run.steps)
+    with pytest.raises(ValueError, match="cannot apply"):
+        run.apply(run.steps)  # spent
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,7 +56,7 @@ class Spy:
             return apply(run, steps)
 
         def spy_started(run: DecodeRun, t: float, *, inclusive: bool) -> int:
-            if t in run.starts[: run.steps]:
+            if any(run.start(i) == t for i in range(run.steps)):
                 self.seen["tie, inclusive" if inclusive else "tie, exclusive"] += 1
             return started(run, t, inclusive=inclusive)
 
@@ -102,6 +102,31 @@ def test_fast_forward_equals_step_by_step_with_prefix_caching(
     ff, step = both(STRESS_POLICY, work, 2, profile, client_timeout_s=4.0)
     assert_same(ff, step)
     assert spy.seen["whole"] > 0
+    assert spy.seen["cut"] > 0
+
+
+def test_fast_forward_equals_step_by_step_with_engine_readings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The saturation rule and the recorded samples read every engine at each scrape: a
+    decode run in progress is applied up to that moment first."""
+    spy = Spy(monkeypatch)
+    policy = STRESS_POLICY.model_copy(
+        update={
+            "saturation": STRESS_POLICY.saturation.model_copy(
+                update={"enabled": True, "max_waiting": 1, "scrape_interval_s": 0.3}
+            )
+        }
+    )
+    work = stress_workload(n=300, rate=20.0, seed=13)
+    ff, step = both(
+        policy, work, 2, preempting(load_profile("llama3-8b-h100")), record_engines=True
+    )
+    assert_same(ff, step)
+    assert ff.engines is not None and step.engines is not None
+    for f in fields(ff.engines):
+        assert np.array_equal(getattr(ff.engines, f.name), getattr(step.engines, f.name))
+    assert ff.engines.waiting.sum() > 0  # the readings are not all idle
     assert spy.seen["cut"] > 0
 
 

@@ -14,10 +14,10 @@ from tests.sim.golden import SCENARIOS, digest
 
 GOLDEN = {
     "stress-least-loaded": "3f9ba03449b9d70e0e85cc980140a70e668ec7e2",
-    "stress-round-robin": "76596d81514043cff745c5080165ec835c56c1c7",
-    "stress-same-instant": "100916cca8c77a5c1d1c4375034d93ebe975a2d0",
+    "stress-round-robin": "66a4c11b417c89b85e9291cbed8b5dd646fae64d",
+    "stress-same-instant": "487eb906d11e62740b8687a5e44c7449d73f4fe1",
     "conv-overload": "851bdc776e78390db8aa00fdbbce0fb161949b52",
-    "code-prefix": "2b87a519a38980b4a14c3888f7087984939be6d0",
+    "code-prefix": "20efc884908c865fed6c0267d9f3c8a4712fd48a",
     "routes-degrade-engines": "28b26f06c84d042da5137c9e7bfe157ad9ba6d40",
 }
 

@@ -19,6 +19,7 @@ work on its way to the engines with it, so nothing it counts can leak.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from velvetrope.core.request import Job
@@ -53,6 +54,7 @@ class PoolCapacity:
     __slots__ = (
         "engines",
         "in_flight",
+        "listeners",
         "max_in_flight",
         "max_tokens",
         "name",
@@ -81,6 +83,8 @@ class PoolCapacity:
         self.tokens = 0
         self.signals: list[SaturationSignal] = []
         self.trackers: list[DispatchTracker] = []
+        self.listeners: list[Callable[[int], None]] = []
+        """Told the number of live engines whenever it changes (an adaptive limit)."""
         self.engines = 1
         self.set_engines(1)
 
@@ -89,8 +93,12 @@ class PoolCapacity:
         request each (a half-open circuit breaker): limits given per engine become that ×
         ``n``, plus one slot (and one engine's token budget) per probe; fixed limits are
         left alone.  The caller dispatches what now fits."""
+        old = self.engines
         self.engines = max(0, n)
         probes = max(0, probes)
+        if self.engines != old:
+            for tell in self.listeners:
+                tell(self.engines)
         if self.per_engine_slots is not None:
             self.max_in_flight = self.per_engine_slots * self.engines + probes
         if self.per_engine_tokens is not None:

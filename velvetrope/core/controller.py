@@ -142,7 +142,7 @@ class _Pool:
         self.drain = drain
         self.limit = limit  # the adaptive in-flight limit, fed with every dispatched job
         if limit is not None:
-            capacity.signals.append(limit)
+            limit.attach(capacity)
 
 
 class AdmissionController:

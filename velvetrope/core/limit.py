@@ -81,6 +81,7 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
+from velvetrope.core.capacity import PoolCapacity
 from velvetrope.core.policy import AdaptiveLimitPolicy
 from velvetrope.core.request import Job, JobState
 
@@ -118,6 +119,7 @@ class AdaptiveLimit:
         "_base",
         "_c_area",
         "_credit",
+        "_engines",
         "_goal",
         "_in_flight",
         "_limited_s",
@@ -148,6 +150,7 @@ class AdaptiveLimit:
         self._t = now
         self._moved_at = now
         self._credit = 0.0
+        self._engines = 1
         self._pair: LimitPoint | None = None
         self._slopes: deque[tuple[float, float]] = deque(maxlen=s.pairs)
         self.history: deque[LimitPoint] = deque(maxlen=s.history)
@@ -163,6 +166,20 @@ class AdaptiveLimit:
     def base(self) -> float:
         """The base limit (the limit in force outside probe windows), unrounded."""
         return self._base
+
+    def attach(self, capacity: PoolCapacity) -> None:
+        """Brake ``capacity``'s dispatch and hear of its live engines."""
+        capacity.signals.append(self)
+        capacity.listeners.append(self.engines_changed)
+
+    def engines_changed(self, engines: int) -> None:
+        """The pool now has ``engines`` live engines (its
+        :class:`~velvetrope.core.capacity.PoolCapacity` tells it): the limit scales by the
+        change since the last count above zero.  It starts for one engine, so ``initial``
+        is per engine; with none live it is left alone."""
+        if engines > 0 and engines != self._engines:
+            self.rescale(engines / self._engines)
+            self._engines = engines
 
     def rescale(self, factor: float) -> None:
         """Multiply the limit by ``factor`` at once (the pool's engines changed by that

@@ -193,7 +193,12 @@ class AdaptiveLimitPolicy(_Model):
     :mod:`velvetrope.core.limit`): it tracks the knee of the pool's throughput curve, the
     smallest concurrency that keeps ``target`` of the best throughput seen."""
 
-    initial: float = Field(16.0, ge=1, description="First limit, before anything is measured.")
+    initial: float = Field(
+        16.0,
+        ge=1,
+        description="First limit per live engine, before anything is measured (the pool "
+        "starts at this × its engines when it knows them).",
+    )
     floor: int = Field(1, ge=1, description="The limit never goes below this.")
     ceiling: int = Field(4096, ge=1, description="The limit never goes above this.")
     target: float = Field(

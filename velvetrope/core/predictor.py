@@ -27,7 +27,8 @@ finished job is recorded in each of its groups.  A group keeps its last ``window
 outputs in a ring buffer (the tenant and global levels keep ``wide_window``) and predicts
 their ``quantile`` exactly as ``numpy.quantile(..., method="inverted_cdf")`` does: the
 smallest observed value with at least that share of the window at or below it, recomputed
-every ``refresh`` observations (and at each of the first ``refresh``).  At most
+every ``refresh`` observations (by default every eighth of the window, at least 8), and at
+each of the first ones.  At most
 ``max_keys`` groups live; the least recently used is dropped first, so a stream of unique
 templates cannot grow memory past ``max_keys`` rings.  The prediction is clamped to
 ``[1, max_tokens]``.
@@ -84,11 +85,11 @@ class LengthPredictor:
         wide_window: int = 256,
         max_keys: int = 4096,
         prompt_feature: bool = True,
-        refresh: int = 8,
+        refresh: int | None = None,
     ) -> None:
         if not 0 < quantile < 1:
             raise ValueError(f"quantile must be in (0, 1), got {quantile}")
-        if min(default, min_observations, window, wide_window, max_keys, refresh) < 1:
+        if min(default, min_observations, window, wide_window, max_keys, refresh or 1) < 1:
             raise ValueError("default, min_observations, windows, max_keys and refresh >= 1")
         self.quantile = quantile
         self.default = default
@@ -135,8 +136,9 @@ class LengthPredictor:
         for key in self.keys(job):
             g = groups.get(key)
             if g is None:
-                wide = key[0] in ("n", "*")
-                g = RingQuantile(self.quantile, self._wide if wide else self._window, self._refresh)
+                size = self._wide if key[0] in ("n", "*") else self._window
+                every = self._refresh if self._refresh is not None else max(8, size // 8)
+                g = RingQuantile(self.quantile, size, every)
                 groups[key] = g
                 if len(groups) > self.max_keys:
                     groups.popitem(last=False)

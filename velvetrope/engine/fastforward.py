@@ -15,7 +15,7 @@ the batcher is in exactly the state ``j`` calls of ``b.step`` would have left it
 starting at ``now`` and each starting when the previous one ended (every sequence's
 counters, block tables in the same order with the same block ids, the allocator's free
 list and, with prefix caching, its evictions, the step count); ``events`` are the events
-the ``j``-th call would have returned and ``run.starts[j]`` is bit for bit the end time it
+the ``j``-th call would have returned and ``run.start(j)`` is bit for bit the end time it
 would have reported (``now + d1 + d2 + ...``, summed in the same order).  The tests check
 this against step-by-step for every built-in profile, with and without preemption, with
 prefix caching and with speculative decoding.
@@ -58,6 +58,7 @@ from itertools import accumulate
 from operator import add
 
 import numpy as np
+import numpy.typing as npt
 
 from velvetrope.engine.batcher import Batcher
 from velvetrope.engine.events import EngineEvent, Finished
@@ -66,47 +67,53 @@ from velvetrope.engine.queues import GONE, RUNNING
 
 __all__ = ["DecodeRun", "plan_decode_run"]
 
+_Times = list[float] | npt.NDArray[np.float64]
+"""A run's step boundaries: a list, or a numpy array for long runs."""
+
 _NUMPY_FROM = 24
 """Runs of at least this many steps accumulate their end times with numpy."""
 
 
 class DecodeRun:
-    """A planned stretch of ``steps`` pure-decode steps of one batcher, not yet applied.
+    """A planned stretch of ``steps`` pure-decode steps of one batcher, applied on demand.
 
-    ``starts[j]`` (``0 <= j <= steps``) is the start of step ``j + 1``, i.e. the end of step
-    ``j``; ``starts[0]`` is the plan's ``now`` and :attr:`end` the end of the last step.
-    ``finishes`` says whether sequences finish in the last step.
+    ``start(j)`` (``0 <= j <= steps``) is the start of step ``j + 1``, i.e. the end of step
+    ``j``; ``start(0)`` is the plan's ``now`` and :attr:`end` the end of the last step.
+    ``finishes`` says whether sequences finish in the last step; ``applied`` how many steps
+    the batcher has been brought through so far (:meth:`apply`).
     """
 
     __slots__ = (
         "_base",
         "_batcher",
-        "_c0",
         "_n_waiting",
         "_order",
         "_running",
+        "_size",
+        "_t",
+        "applied",
+        "end",
         "finishes",
-        "starts",
         "steps",
     )
 
-    def __init__(
-        self, batcher: Batcher, c0: list[int], starts: list[float], finishes: bool
-    ) -> None:
+    def __init__(self, batcher: Batcher, starts: _Times, finishes: bool) -> None:
         self._batcher = batcher
         self._running = batcher._running
-        self._c0 = c0
+        self._size = len(batcher._running)
         self._base = batcher._steps
         self._order = batcher._order
         self._n_waiting = batcher._n_waiting
-        self.starts = starts
+        self._t = starts
         self.steps = len(starts) - 1
+        self.end = float(starts[-1])
+        """When the last step of the stretch ends (``start(steps)``)."""
         self.finishes = finishes
+        self.applied = 0
 
-    @property
-    def end(self) -> float:
-        """When the last step of the stretch ends (``starts[steps]``)."""
-        return self.starts[-1]
+    def start(self, j: int) -> float:
+        """When step ``j + 1`` starts (step ``j`` ends), ``0 <= j <= steps``."""
+        return float(self._t[j])
 
     def started(self, t: float, *, inclusive: bool) -> int:
         """How many steps of the stretch have started by ``t``.
@@ -114,60 +121,67 @@ class DecodeRun:
         A step starting exactly at ``t`` counts when ``inclusive`` (the caller handles
         ``t`` after the batcher's own step boundary at ``t``), not otherwise.
         """
-        starts = self.starts
+        starts = self._t
         if inclusive:
             return bisect.bisect_right(starts, t, 0, self.steps)
         return bisect.bisect_left(starts, t, 0, self.steps)
 
     def apply(self, steps: int) -> list[EngineEvent]:
-        """Apply the first ``steps`` steps (``0 <= steps <= self.steps``) to the batcher.
+        """Bring the batcher through the first ``steps`` steps of the run
+        (``applied <= steps <= self.steps``), as ``steps - applied`` more calls of
+        :meth:`~velvetrope.engine.Batcher.step` would (see the module docstring).
 
-        Returns the events of step ``steps`` (stamped ``starts[steps]``): the
-        :class:`Finished` events when it is the last step and :attr:`finishes`, else none
-        (earlier steps have none).  A run is applied once; the batcher is then exactly as
-        after ``steps`` calls of :meth:`~velvetrope.engine.Batcher.step` (module docstring).
+        Returns the events of step ``steps`` (stamped ``start(steps)``) when it is newly
+        applied: the :class:`Finished` events when it is the last step and :attr:`finishes`,
+        else none (earlier steps have none).  Nothing else may change the batcher between
+        applies; once the last step is applied the run is spent.
         """
+        done = self.applied
+        if not done <= steps <= self.steps or done == self.steps:
+            raise ValueError(f"a run of {self.steps} steps at step {done} cannot apply {steps}")
         b = self._batcher
-        if not 0 <= steps <= self.steps:
-            raise ValueError(f"a run of {self.steps} steps cannot apply {steps}")
         running = self._running
-        n = len(running)
         if (
             b._steps != self._base
             or b._running is not running
-            or len(running) != len(self._c0)
+            or len(running) != self._size
             or b._order != self._order
             or b._n_waiting != self._n_waiting
         ):
             raise RuntimeError("the batcher changed since this decode run was planned")
-        self._base = -1  # a second apply fails the check above
-        if not steps:
+        delta = steps - done
+        if not delta:
             return []
+        n = self._size
         kv = b._kv
         bs = b._profile.block_size
-        keys: list[int] = []
-        span = steps * n + 1
-        for i, c in enumerate(self._c0):
-            keys.extend(range((1 + (-c) % bs) * n + i, span + i, bs * n))
-        if keys:
-            keys.sort()
+        c = [s.computed for s in running]
+        taken = _boundaries(c, delta, bs)
+        if taken:
             got: list[int] = []
-            kv.allocate(len(keys), got)  # == len(keys) single allocations, in order
-            for key, block in zip(keys, got, strict=True):
-                running[key % n].blocks.append(block)
-        stamp = b._steps + steps
-        b._steps = stamp
+            kv.allocate(taken, got)  # == `taken` single allocations, in order
+            # Every bs steps each sequence takes one block, at the step given by its
+            # computed tokens mod bs: ordered by (first boundary, running index), the
+            # sequences take the blocks in turns, the last turn cut short.
+            if n == 1:
+                running[0].blocks.extend(got)
+            else:
+                first = sorted(range(n), key=lambda i: ((-c[i]) % bs, i))
+                for r, i in enumerate(first):
+                    running[i].blocks.extend(got[r::n])
+        stamp = self._base = b._steps = b._steps + delta
+        self.applied = steps
         for s in running:
-            s.computed += steps
-            s.generated += steps
-            s.known += steps
+            s.computed += delta
+            s.generated += delta
+            s.known += delta
             s.new = 1
             s.decoding = True
             s.spec = 0
             s.scheduled_at = stamp
         if steps < self.steps or not self.finishes:
             return []
-        t = self.starts[steps]
+        t = self.end
         events: list[EngineEvent] = []
         live = b._seqs
         for s in running:
@@ -247,7 +261,7 @@ def plan_decode_run(batcher: Batcher, now: float, min_steps: int = 2) -> DecodeR
             return None
     if admit and not first_fit and admit <= free - sum(1 for c in c0 if c % bs == 0):
         return None
-    return DecodeRun(b, c0, _starts(b, n, context, steps, now), finishes)
+    return DecodeRun(b, _starts(b, n, context, steps, now), finishes)
 
 
 _LINEAR: dict[tuple[int, int], tuple[EngineProfile, float, float, float] | None] = {}
@@ -272,7 +286,7 @@ def _linear(p: EngineProfile, n: int) -> tuple[float, float, float] | None:
     return hit[1], hit[2], hit[3]
 
 
-def _starts(b: Batcher, n: int, context: int, steps: int, now: float) -> list[float]:
+def _starts(b: Batcher, n: int, context: int, steps: int, now: float) -> _Times:
     """``[now, e1, ..., e_steps]``: the ends of ``steps`` decode steps of ``n`` sequences
     whose first step attends to ``context + n`` tokens, bit for bit those of step-by-step.
 
@@ -302,5 +316,4 @@ def _starts(b: Batcher, n: int, context: int, steps: int, now: float) -> list[fl
         a += tail
     a[0] = now
     np.add.accumulate(a, out=a)
-    out: list[float] = a.tolist()
-    return out
+    return a  # (no tolist(): boxing every end costs more than the few reads of it)

@@ -11,9 +11,10 @@ in virtual time (a :class:`~velvetrope.clock.ManualClock`) over ``replicas`` rea
 :class:`~velvetrope.engine.Batcher` s of one pool, routing each dispatched job to the
 least-loaded live replica.  ``changes`` resize the pool during the run: ``(t, n)`` makes
 ``n`` replicas live from ``t`` on; a replica taken out gets no new work and finishes what
-it holds (a drained scale-down), one added starts empty.  With ``rescale=True`` the pool's
-adaptive limit is told the factor (:meth:`~velvetrope.core.limit.AdaptiveLimit.rescale`),
-as a gateway whose capacity follows the fleet would; without it the limit has to notice.
+it holds (a drained scale-down), one added starts empty.  With ``rescale=True`` the pool is
+told its live engines (:meth:`~velvetrope.core.capacity.PoolCapacity.set_engines`, at the
+start and at each change), as a gateway whose capacity follows the fleet tells it, and an
+adaptive limit scales with them; without it the limit has to notice.
 
 :func:`knee_sweep` measures the knee as the adaptive limit defines it
 (:mod:`velvetrope.core.limit`): one closed-loop run per fixed concurrency, each giving its
@@ -130,6 +131,8 @@ def run_closed_loop(
     heap: list[tuple[float, int]] = []
     busy = [False] * replicas
     draws = rng.integers(0, len(pairs), size=clients * 64).tolist()
+    if rescale:
+        ctl.pool_capacity(pool).set_engines(replicas)
     counter = 0
     completed = 0
     tokens = 0
@@ -208,8 +211,8 @@ def run_closed_loop(
                 load.append(0)
                 busy.append(False)
                 pend.append([])
-            if limit is not None and rescale and n != live:
-                limit.rescale(n / live)
+            if rescale:
+                ctl.pool_capacity(pool).set_engines(n)
             live = n
             launch_ready(t)
         else:

@@ -56,7 +56,8 @@ up to and including the step where sequences finish
 (:func:`~velvetrope.engine.fastforward.plan_decode_run`) and schedules only its end.
 The stretch is applied to the batcher in closed form when it ends, or earlier, up to the
 step in progress, the moment anything touches that replica (a dispatch to it, a client
-timeout of one of its jobs): a step starting exactly then counts as started when a
+timeout of one of its jobs, an engine scrape): a step starting exactly then counts as
+started when a
 step-by-step loop would have handled that step end first (ties go by replica number, and every
 step end before the arrival, deadline or timeout at the same time).  The result is the same,
 bit for bit, as stepping every iteration (``fast_forward=False``).

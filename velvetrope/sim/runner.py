@@ -37,9 +37,10 @@ core (a step end only if it delivers events), so a run's span is the last such m
 
 Fast-forward (:mod:`velvetrope.engine.fastforward`): a replica whose next steps are pure
 decode gets one STEP event at the end of the whole stretch.  Anything that touches it
-earlier (a dispatch to it, a client timeout of one of its jobs, a scrape) first applies the
-stretch up to the step in progress (``settle``) and moves its STEP event to that step's end:
-the old event keeps a stale version and is ignored.  A step starting exactly at that moment
+earlier (a dispatch to it, a client timeout of one of its jobs) first applies the stretch
+up to the step in progress (``settle``) and moves its STEP event to that step's end: the
+old event keeps a stale version and is ignored.  A scrape applies every run up to the step
+in progress and lets it go on (``bring_up``).  A step starting exactly at that moment
 counts as started when a step-by-step loop would have handled that step end first (a lower
 replica number while handling a step end; always for the other events).
 
@@ -215,7 +216,7 @@ def drive(
         j = run.started(now, inclusive=k < by)
         pend[k] = run.apply(j)
         if j < run.steps:
-            step_at(k, run.starts[j])
+            step_at(k, run.start(j))
 
     def launch(batch: Sequence[Job], now: float, by: int) -> bool:
         """Send dispatched jobs to replicas; True if some failed (capacity was released)."""
@@ -310,17 +311,23 @@ def drive(
         if timeout is not None and tp[0] < arrived[0]:
             schedule(max(times[tp[0]] + timeout, now), priority(TIMEOUT), on_timeout, hver[1])
 
-    def settle_all(now: float) -> None:
-        for k in range(len(runs)):
-            if runs[k] is not None:
-                settle(k, now, _BY_ALL)
+    def bring_up(now: float) -> None:
+        """Apply every pending decode run up to the step in progress at ``now`` (a scrape
+        reads every engine); a run that goes on past ``now`` keeps its end."""
+        for k, run in enumerate(runs):
+            if run is not None:
+                j = run.started(now, inclusive=True)
+                if j < run.steps:
+                    run.apply(j)
+                else:
+                    settle(k, now, _BY_ALL)
 
     def on_scrape(_: None) -> None:
         now = env.now
         if not (arrived[0] < n or ctl.queued or ctl.in_flight):
             return  # the last work ended before this scrape: nothing left to read
         set_clock(now)
-        settle_all(now)  # a scrape reads the batchers: bring them to now
+        bring_up(now)
         scrapes.fire(now)
         dispatch(now, _BY_ALL)
         schedule(scrapes.next_at, priority(SCRAPE), on_scrape, None)
@@ -457,7 +464,7 @@ def drive(
     def on_prom(_: None) -> None:
         assert auto is not None and auto.signal is not None and auto.record is not None
         now = env.now
-        settle_all(now)  # the signal reads the batchers: bring them to now
+        bring_up(now)  # the signal reads the batchers
         auto.record(now, auto.signal(now))
         nxt = now + auto.scrape_interval_s
         if keep_going(nxt):
