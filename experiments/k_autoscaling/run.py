@@ -27,7 +27,7 @@ Only the signal, the threshold and the start-up change:
   the daily peak without spikes).
 
 Run from the repository root: ``.venv/bin/python -m experiments.k_autoscaling.run`` (about
-5 minutes on 2 otherwise idle cores: the runs go to a process pool of 2 workers).  Writes
+2 to 4 minutes on 2 cores: the runs go to a process pool of 2 workers).  Writes
 ``REPORT.md`` and PNGs next to this file.
 """
 
