@@ -247,10 +247,11 @@ def test_redis_outage_mid_load(
         threads = [threading.Thread(target=load) for _ in range(3)]
         for t in threads:
             t.start()
-        time.sleep(1.0)
+        poll(lambda: sum(codes.values()) >= 30, 20, "load under way")
         own_redis.stop()
         poll(lambda: not admin_status(gw.url)["state"]["up"], 10, "outage seen")
-        time.sleep(1.0)
+        at_outage = sum(codes.values())
+        poll(lambda: sum(codes.values()) >= at_outage + 30, 20, "load through the outage")
         during = dict(codes)
         own_redis.start()
         back = poll(lambda: admin_status(gw.url)["state"]["up"], 10, "recovery")

@@ -23,6 +23,8 @@ Both operations cost O(blocks moved), done by list slicing (no per-block Python 
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 __all__ = ["BlockAllocator", "BlockPool", "blocks_for"]
 
 
@@ -31,7 +33,7 @@ def blocks_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
-class BlockPool:
+class BlockPool(ABC):
     """What every block pool has: its size, and how much of it is free (``num_free``)."""
 
     __slots__ = ("block_size", "num_blocks")
@@ -46,9 +48,9 @@ class BlockPool:
         self.block_size = block_size
 
     @property
+    @abstractmethod
     def num_free(self) -> int:
         """Blocks held by no table (allocatable now)."""
-        raise NotImplementedError
 
     @property
     def num_used(self) -> int:

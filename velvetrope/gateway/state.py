@@ -174,7 +174,6 @@ class FleetGate:
         self.max_in_flight = max_in_flight
         self.max_tokens = max_tokens
         self.waiting = 0
-        self.waits = 0  # jobs that had to wait for a slot
         self._released = asyncio.Event()
 
     def admits(self, job: Job, in_flight: int, tokens_in_flight: int, now: float) -> bool:
@@ -200,7 +199,6 @@ class FleetGate:
         if await acquire(job.id, slot):
             return True
         self.waiting += 1
-        self.waits += 1
         try:
             delay = 0.002
             while True:

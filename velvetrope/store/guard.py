@@ -347,17 +347,6 @@ class GuardedState:
         held.add(job_id)
         return True
 
-    def release(self, pool: str, job_id: str) -> None:
-        """Give back ``job_id``'s slot wherever it was taken (a no-op if it holds none)."""
-        local = self._local_leases.get(pool)
-        if local is not None and job_id in local:
-            local.discard(job_id)
-            return
-        held = self._leases.get(pool)
-        if held is None or held.pop(job_id, None) is None:
-            return
-        self._release_remote(pool, job_id)
-
     def _release_remote(self, pool: str, job_id: str) -> None:
         def send() -> Any:
             return self.redis.send_release(pool, [job_id])
@@ -367,10 +356,6 @@ class GuardedState:
     def levels(self) -> dict[str, tuple[float, float]]:
         """``(level, capacity)`` of every bucket as this replica last saw it in Redis."""
         return dict(self._seen)
-
-    def leases_held(self, pool: str) -> int:
-        """Slots this replica holds in ``pool`` (Redis leases and local fallback ones)."""
-        return len(self._leases.get(pool, ())) + len(self._local_leases.get(pool, ()))
 
     # -- background ------------------------------------------------------------------
 
@@ -449,6 +434,8 @@ class GuardedState:
             "on_store_error": self.on_store_error,
             "fallbacks": dict(self.fallbacks),
             "outbox": len(self.outbox),
+            "outbox_sent": self.outbox.sent,
+            "outbox_retried": self.outbox.retried,
             "outbox_dropped": self.outbox.dropped,
             "leases": {p: len(h) for p, h in self._leases.items()},
             "local_leases": {p: len(h) for p, h in self._local_leases.items()},

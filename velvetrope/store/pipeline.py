@@ -41,8 +41,6 @@ class AutoPipeline:
         self._queue: list[_Call] = []
         self._scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
-        self.batches = 0
-        self.calls = 0
         self.last_reply = -1e18  # time.monotonic() of the last pipeline answered
 
     def run(self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]) -> Any:
@@ -65,8 +63,6 @@ class AutoPipeline:
             task.add_done_callback(self._tasks.discard)
 
     async def _send(self, batch: list[_Call]) -> None:
-        self.batches += 1
-        self.calls += len(batch)
         try:
             results = await self._execute(batch)
         except BaseException as e:  # the connection failed: every caller hears of it

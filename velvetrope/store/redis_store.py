@@ -154,7 +154,7 @@ class RedisStore:
     async def reserve(self, job_id: str, tenant: str, claims: Sequence[Claim]) -> Grant | Denial:
         if not claims:
             return Grant(())
-        return _answer(claims, await self.send_reserve(job_id, tenant, claims))
+        return parse_reserve(claims, await self.send_reserve(job_id, tenant, claims))
 
     def send_reserve(self, job_id: str, tenant: str, claims: Sequence[Claim]) -> Any:
         """:meth:`reserve` (with claims) as an awaitable of the raw reply (see
@@ -277,10 +277,6 @@ class RedisStore:
         r = await self._run(self._heartbeat, list(self._fleet), args)
         return FleetView(int(r[0]), int(r[1]))
 
-    async def ping(self) -> None:
-        """One round trip (a breaker's probe)."""
-        await self.client.ping()
-
     async def close(self) -> None:
         """Wait for pipelined calls in flight; close the client and its connection pool."""
         if self._pipe is not None:
@@ -300,7 +296,7 @@ def parse_admit(
     claims: Sequence[Claim], r: Sequence[Any]
 ) -> tuple[Grant | Denial, LeaseAnswer | None]:
     """The admit script's reply: the reservation, and the lease if one was asked for."""
-    res = _answer(claims, r[:-3])
+    res = parse_reserve(claims, r[:-3])
     if isinstance(res, Denial):
         return res, None
     return res, parse_lease(r[-3:])
@@ -308,11 +304,6 @@ def parse_admit(
 
 def parse_reserve(claims: Sequence[Claim], r: Sequence[Any]) -> Grant | Denial:
     """The reserve script's reply as a grant or a denial."""
-    return _answer(claims, r)
-
-
-def _answer(claims: Sequence[Claim], r: Sequence[Any]) -> Grant | Denial:
-    """A reserve script's reply as a grant or a denial."""
     if int(r[0]) == 1:
         return Grant(tuple(claims), _snaps(claims, r, 1))
     return Denial(_f(r[1]), claims[int(r[2]) - 1].key, _snaps(claims, r, 3))
