@@ -44,6 +44,10 @@ class JobState(enum.Enum):
     COMPLETED = "completed"
     FAILED = "failed"
 
+    # members are singletons compared by identity: hash them the same way, in C (Enum's
+    # own __hash__ is Python code, and states key the gateway's per-request metrics)
+    __hash__ = object.__hash__
+
 
 TERMINAL_STATES = frozenset(
     {JobState.REJECTED, JobState.EXPIRED, JobState.CANCELLED, JobState.COMPLETED, JobState.FAILED}
@@ -74,6 +78,8 @@ class Reason(enum.Enum):
     NO_HEALTHY_UPSTREAM = ("no_healthy_upstream", 503)
     STATE_UNAVAILABLE = ("state_unavailable", 503)  # shared state unreachable, fail_closed
     UPSTREAM_REJECTED = ("upstream_rejected", 400)  # the engine refused the request as sent
+
+    __hash__ = object.__hash__  # as JobState's
 
     def __init__(self, code: str, status: int) -> None:
         self.code = code

@@ -10,7 +10,6 @@ its job at once.  Every exit path ends the job in the controller exactly once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Literal
 
@@ -136,22 +135,30 @@ class Admission:
 
     def first_token(self, job_id: str) -> None:
         """Record the first token (ignored if the job already ended)."""
-        with contextlib.suppress(LifecycleError):
+        try:
             self.ctl.first_token(job_id)
+        except LifecycleError:  # not contextlib.suppress: a context manager per call costs
+            return
+
+    def _freed(self) -> None:
+        """Capacity was given back: dispatch from the queue, if anything waits there (with
+        nothing queued there is nothing to dispatch or expire)."""
+        if self.ctl.queued:
+            self.pump()
 
     def complete(self, job_id: str, usage: Usage) -> Outcome:
         out = self.ctl.complete(job_id, usage)
-        self.pump()
+        self._freed()
         return out
 
     def fail(self, job_id: str, reason: Reason, usage: Usage | None = None) -> Outcome:
         out = self.ctl.fail(job_id, reason, usage)
-        self.pump()
+        self._freed()
         return out
 
     def cancel(self, job_id: str, usage: Usage | None = None) -> Outcome:
         out = self.ctl.cancel(job_id, usage)
-        self.pump()
+        self._freed()
         return out
 
     def close(self) -> None:

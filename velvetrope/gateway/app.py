@@ -80,9 +80,15 @@ _UPSTREAM_PATH = {"chat": "/v1/chat/completions", "completions": "/v1/completion
 def _duration(seconds: float) -> bytes:
     """OpenAI's reset format: ``250ms``, ``1.5s``, ``6m0s``."""
     if seconds < 1:
-        return f"{max(0, round(seconds * 1000))}ms".encode()
+        return b"%dms" % (round(seconds * 1000) if seconds > 0 else 0)
     m, s = divmod(seconds, 60)
     return (f"{int(m)}m{s:.0f}s" if m >= 1 else f"{s:.3g}s").encode()
+
+
+_RATELIMIT_NAMES = {
+    kind: tuple(f"x-ratelimit-{what}-{kind}".encode() for what in ("limit", "remaining", "reset"))
+    for kind in ("tokens", "requests")
+}
 
 
 def _ratelimit_headers(snaps: tuple[BucketSnapshot, ...]) -> list[tuple[bytes, bytes]]:
@@ -91,12 +97,14 @@ def _ratelimit_headers(snaps: tuple[BucketSnapshot, ...]) -> list[tuple[bytes, b
     for snap in snaps:
         if snap.owner != "tenant":
             continue
-        kind = b"tokens" if snap.kind == "tokens" else b"requests"
-        out += [
-            (b"x-ratelimit-limit-" + kind, str(int(snap.limit)).encode()),
-            (b"x-ratelimit-remaining-" + kind, str(max(0, int(snap.remaining))).encode()),
-            (b"x-ratelimit-reset-" + kind, _duration(snap.reset_s)),
-        ]
+        kind = "tokens" if snap.kind == "tokens" else "requests"
+        limit, remaining, reset = _RATELIMIT_NAMES[kind]
+        left = snap.remaining
+        out += (
+            (limit, b"%d" % snap.limit),
+            (remaining, b"%d" % left if left > 0 else b"0"),
+            (reset, _duration(snap.reset_s)),
+        )
     return out
 
 
@@ -465,7 +473,7 @@ class Gateway:
                 return
         relay = Relay(job.prompt_tokens)
         queue_ms = job.queue_s * 1000.0
-        extra = [(b"x-velvetrope-queue-ms", f"{queue_ms:.1f}".encode()), *route_headers(job)]
+        extra = [(b"x-velvetrope-queue-ms", b"%.1f" % queue_ms), *route_headers(job)]
         if snaps:
             extra += _ratelimit_headers(snaps)
         tried: set[str] = set()

@@ -193,6 +193,9 @@ class UpstreamPools:
         ups = self.pools.get(pool)
         if not ups:
             return None
+        if len(ups) == 1 and not exclude:  # the common case, without the scan below
+            u = ups[0]
+            return u if u.healthy and u.breaker.allow() else None
         skip = set(exclude)
         banned: set[int] = set()
 
