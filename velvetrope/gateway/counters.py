@@ -17,10 +17,12 @@ from collections.abc import Iterator, Sequence
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-__all__ = ["LoopCounter", "LoopHistogram"]
+__all__ = ["CounterChild", "HistogramChild", "LoopCounter", "LoopHistogram"]
 
 
-class _CounterChild:
+class CounterChild:
+    """One labelled series of a counter (``value`` may be added to directly)."""
+
     __slots__ = ("value",)
 
     def __init__(self) -> None:
@@ -37,14 +39,14 @@ class LoopCounter(Collector):
         self.name = name
         self.documentation = documentation
         self.labelnames = list(labelnames)
-        self._children: dict[tuple[str, ...], _CounterChild] = {}
+        self._children: dict[tuple[str, ...], CounterChild] = {}
 
-    def labels(self, *values: str) -> _CounterChild:
+    def labels(self, *values: str) -> CounterChild:
         child = self._children.get(values)
         if child is None:
             if len(values) != len(self.labelnames):
                 raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {values}")
-            child = self._children[values] = _CounterChild()
+            child = self._children[values] = CounterChild()
         return child
 
     def collect(self) -> Iterator[CounterMetricFamily]:
@@ -54,7 +56,9 @@ class LoopCounter(Collector):
         yield fam
 
 
-class _HistogramChild:
+class HistogramChild:
+    """One labelled series of a histogram."""
+
     __slots__ = ("bounds", "counts", "sum")
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
@@ -81,14 +85,14 @@ class LoopHistogram(Collector):
         self.documentation = documentation
         self.labelnames = list(labelnames)
         self.bounds = tuple(sorted(float(b) for b in buckets if b != float("inf")))
-        self._children: dict[tuple[str, ...], _HistogramChild] = {}
+        self._children: dict[tuple[str, ...], HistogramChild] = {}
 
-    def labels(self, *values: str) -> _HistogramChild:
+    def labels(self, *values: str) -> HistogramChild:
         child = self._children.get(values)
         if child is None:
             if len(values) != len(self.labelnames):
                 raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {values}")
-            child = self._children[values] = _HistogramChild(self.bounds)
+            child = self._children[values] = HistogramChild(self.bounds)
         return child
 
     def collect(self) -> Iterator[HistogramMetricFamily]:

@@ -117,12 +117,21 @@ class GatewayFleet:
         return sum(r.held for r in self.rules.values())
 
 
+_ROUTE_HEADERS: dict[tuple[str, str | None], tuple[tuple[bytes, bytes], ...]] = {}
+
+
 def route_headers(job: Job) -> list[tuple[bytes, bytes]]:
     """``x-velvetrope-pool`` and ``x-velvetrope-route`` (the rule), and for a degraded job
     ``x-velvetrope-degraded``: what was done, e.g. ``max_tokens=50, pool=spare``."""
-    out = [(b"x-velvetrope-pool", job.pool.encode())]
-    if job.route is not None:
-        out.append((b"x-velvetrope-route", job.route.encode()))
+    key = (job.pool, job.route)
+    fixed = _ROUTE_HEADERS.get(key)
+    if fixed is None:
+        fixed = ((b"x-velvetrope-pool", job.pool.encode()),)
+        if job.route is not None:
+            fixed += ((b"x-velvetrope-route", job.route.encode()),)
+        if len(_ROUTE_HEADERS) < 4096:  # pools x rules: bounded by the configuration
+            _ROUTE_HEADERS[key] = fixed
+    out = list(fixed)
     if job.degraded:
         parts = []
         for action in job.degraded:

@@ -26,10 +26,14 @@ from prometheus_client.registry import Collector
 
 from velvetrope.core import AdmissionController, Job, Outcome, Reason
 from velvetrope.core.request import JobState
-from velvetrope.gateway.counters import LoopCounter, LoopHistogram
+from velvetrope.gateway.counters import CounterChild, HistogramChild, LoopCounter, LoopHistogram
 
 __all__ = ["GatewayMetrics"]
 
+# per outcome: requests; queue wait, TTFT and e2e histograms; reserved and settled tokens
+_OutcomeSeries = tuple[
+    CounterChild, HistogramChild, HistogramChild, HistogramChild, CounterChild, CounterChild
+]
 _LAT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
 
 
@@ -289,8 +293,9 @@ class GatewayMetrics:
             ["tier", "action"],
         )
         self._store_children: dict[str, Any] = {}
-        self._request_children: dict[tuple[str, JobState, Reason, str], Any] = {}
-        self._tier_children: dict[str, tuple[Any, Any, Any, Any, Any]] = {}
+        # every series one outcome updates, found with one lookup
+        self._outcome_series: dict[tuple[str, JobState, Reason, str], _OutcomeSeries] = {}
+        self._routed_series: dict[tuple[str, str | None], CounterChild] = {}
         self._state_collector = _StateCollector(ctl)
         self.registry.register(self._state_collector)
         ctl.observers.append(self.on_outcome)
@@ -301,7 +306,11 @@ class GatewayMetrics:
 
     def on_route(self, job: Job) -> None:
         """Count a routing decision and its degradation actions (after ``ctl.route``)."""
-        self.routed.labels(job.pool, job.route or "").inc()
+        key = (job.pool, job.route)
+        routed = self._routed_series.get(key)
+        if routed is None:
+            routed = self._routed_series[key] = self.routed.labels(job.pool, job.route or "")
+        routed.value += 1.0
         for action in job.degraded:
             self.degraded.labels(job.tier, action).inc()
 
@@ -330,39 +339,39 @@ class GatewayMetrics:
     def on_outcome(self, o: Outcome) -> None:
         """Count a terminal outcome (called by the controller, exactly once per job)."""
         job = o.job
-        key = (job.tier, o.state, o.reason, job.tenant if self.tenant_label else "")
-        child = self._request_children.get(key)
-        if child is None:
-            values = [job.tier, o.state.value, o.reason.code]
-            if self.tenant_label:
-                values.append(job.tenant)
-            child = self._request_children[key] = self.requests.labels(*values)
-        child.inc()
-        hs = self._tier_children.get(job.tier)
-        if hs is None:
-            t = job.tier
-            hs = self._tier_children[t] = (
-                self.queue_wait.labels(t),
-                self.ttft.labels(t),
-                self.e2e.labels(t),
-                self.reserved.labels(t),
-                self.settled.labels(t),
-            )
-        queue_wait, ttft, e2e, reserved_c, settled_c = hs
-        if o.state is not JobState.REJECTED:
+        state = o.state
+        key = (job.tier, state, o.reason, job.tenant if self.tenant_label else "")
+        series = self._outcome_series.get(key)
+        if series is None:
+            series = self._outcome_series[key] = self._series(job.tier, state, o.reason, job)
+        requests, queue_wait, ttft, e2e, reserved_c, settled_c = series
+        requests.value += 1.0
+        if state is not JobState.REJECTED:
             queue_wait.observe(job.queue_s)
-        if job.first_token_at is not None:
-            ttft.observe(job.first_token_at - job.arrival)
-        if o.state is JobState.COMPLETED and job.finished_at is not None:
+        first = job.first_token_at
+        if first is not None:
+            ttft.observe(first - job.arrival)
+        if state is JobState.COMPLETED and job.finished_at is not None:
             e2e.observe(job.finished_at - job.arrival)
         # one token line per job (the first token bucket), so tenant + tier do not double
         for c, (_, reserved, actual) in zip(job.claims, o.settlement.lines, strict=False):
             if c.kind == "tokens":
-                if reserved:
-                    reserved_c.inc(reserved)
-                if actual:
-                    settled_c.inc(actual)
+                reserved_c.value += reserved
+                settled_c.value += actual
                 break
+
+    def _series(self, tier: str, state: JobState, reason: Reason, job: Job) -> _OutcomeSeries:
+        values = [tier, state.value, reason.code]
+        if self.tenant_label:
+            values.append(job.tenant)
+        return (
+            self.requests.labels(*values),
+            self.queue_wait.labels(tier),
+            self.ttft.labels(tier),
+            self.e2e.labels(tier),
+            self.reserved.labels(tier),
+            self.settled.labels(tier),
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -106,8 +106,8 @@ class LocalState:
         lines: Sequence[SettleLine],
         pool: str | None,
     ) -> None:
-        if lines:
-            self.store.buckets.settle(lines, self.store.clock.now(), job_id)
+        if lines:  # the controller ends each job once: no per-job deduplication here
+            self.store.buckets.settle(lines, self.store.clock.now())
 
     async def acquire(self, job_id: str, slot: Slot) -> bool:
         return True

@@ -105,8 +105,11 @@ async def respond(
     """A complete response: ``body`` with a content length (JSON unless a content type
     is given)."""
     hs = list(headers)
-    if not any(k == b"content-type" for k, _ in hs):
+    for k, _ in hs:
+        if k == b"content-type":
+            break
+    else:
         hs.insert(0, _JSON)
-    hs.append((b"content-length", str(len(body)).encode()))
+    hs.append((b"content-length", b"%d" % len(body)))
     await send({"type": "http.response.start", "status": status, "headers": hs})
     await send({"type": "http.response.body", "body": body})
