@@ -2,7 +2,9 @@
 
 Starts ``velvetrope engine --instant``, a real ``redis-server`` (on PATH, else the one the
 dev extras install) and, in turn, with the load of ``bench/gateway_bench.py`` (64
-connections, non-streaming, closed loop):
+connections, non-streaming, closed loop; ``wrk`` when it is on PATH, so that the gateway,
+not a Python load generator, is what limits the rate, else the Python generator; the
+output says which):
 
 * one gateway worker on ``memory://`` (A),
 * one gateway worker on ``redis://`` (B),
@@ -35,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -49,7 +52,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gateway_bench import KEY, config, cpu_seconds, latencies, python_load
+from gateway_bench import KEY, config, cpu_seconds, latencies, python_load, wrk_load
 
 from tests.support.redis_server import RedisServer
 from velvetrope.serving.launch import free_port, start, start_engine, start_gateway
@@ -95,9 +98,16 @@ def median_run(runs: list[tuple[float, float, int]]) -> tuple[float, float, int]
     return rps, cpu, sum(e for _, _, e in runs)
 
 
+WRK = shutil.which("wrk")
+
+
 def measure(url: str, pid: int, seconds: float, concurrency: int) -> tuple[float, float, int]:
-    """(rps, gateway CPU µs per request, errors) of one closed-loop run (Python generator)."""
-    r = python_load(url, pid, False, concurrency, seconds)
+    """(rps, gateway CPU µs per request, errors) of one closed-loop run: the gateway
+    benchmark's load (wrk when it is on PATH, else the Python generator)."""
+    if WRK is not None:
+        r = wrk_load(WRK, url, pid, False, concurrency, seconds)
+    else:
+        r = python_load(url, pid, False, concurrency, seconds)
     return r.rps, r.cpu_us, r.errors
 
 
@@ -154,6 +164,7 @@ def main() -> None:
         ):
             # A and B alternate, round by round, so that a noisy neighbour hits both alike;
             # each figure is the median of its rounds
+            print(f"  load generator: {'wrk' if WRK else 'python (aiohttp)'}")
             runs: dict[str, list[tuple[float, float, int]]] = {"A": [], "B": []}
             assert rds.proc is not None
             redis_cpu = 0.0
