@@ -43,6 +43,8 @@ class RedisServer:
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     workdir: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="vr-redis-"))
+    args: list[str] = field(default_factory=list)  # more redis-server options
+    password: str | None = None  # requirepass
 
     @property
     def url(self) -> str:
@@ -66,13 +68,20 @@ class RedisServer:
                 self.workdir,
                 "--protected-mode",
                 "no",
+                *self.args,
+                *(["--requirepass", self.password] if self.password else []),
             ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + timeout_s
-        client = redis.Redis(port=self.port, socket_timeout=0.5, socket_connect_timeout=0.5)
+        client = redis.Redis(
+            port=self.port,
+            password=self.password,
+            socket_timeout=0.5,
+            socket_connect_timeout=0.5,
+        )
         try:
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None:
@@ -104,7 +113,7 @@ class RedisServer:
         self.proc.send_signal(signal.SIGCONT)
 
     def flush(self) -> None:
-        with redis.Redis(port=self.port) as c:
+        with redis.Redis(port=self.port, password=self.password) as c:
             c.flushall()
 
 

@@ -18,70 +18,13 @@ from urllib.parse import unquote, urlsplit
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
-from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
 from redis.asyncio.sentinel import Sentinel
 
 from velvetrope.errors import ConfigError
 
-__all__ = ["SCHEMES", "FastPackConnection", "connect", "parse_nodes"]
+__all__ = ["SCHEMES", "connect", "parse_nodes"]
 
 SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "redis+cluster")
-
-
-class _FastPack:
-    """redis-py's ``pack_command`` in linear time.
-
-    redis-py builds each command by re-joining a growing buffer once per argument; our
-    scripts carry 10–30 arguments, and that packing was the largest single cost of a Redis
-    call in the gateway's profile.  This builds the same RESP bytes from one list (a test
-    compares both byte for byte); values other than ``bytes`` and ``str`` go through the
-    client's own encoder, so its checks (no ``bool``, no ``None``) still apply.
-    """
-
-    encoder: Any
-
-    def pack_command(self, *args: Any) -> list[bytes]:
-        first = args[0]
-        if isinstance(first, str):
-            if " " in first:
-                args = (*first.encode().split(), *args[1:])
-        elif b" " in first:
-            args = (*first.split(), *args[1:])
-        parts = [b"*%d\r\n" % len(args)]
-        encode = self.encoder.encode
-        for a in args:
-            kind = type(a)
-            b = a if kind is bytes else a.encode() if kind is str else encode(a)
-            parts += (b"$%d\r\n" % len(b), b, b"\r\n")
-        return [b"".join(parts)]
-
-
-class FastPackConnection(_FastPack, Connection):
-    """A TCP connection with linear-time command packing (and its address string, which
-    redis-py formats on every read, made once)."""
-
-    _host_error_text: str | None = None
-
-    def _host_error(self) -> str:
-        text = self._host_error_text
-        if text is None:
-            text = self._host_error_text = super()._host_error()
-        return text
-
-
-class _FastPackSSLConnection(_FastPack, SSLConnection):
-    pass
-
-
-class _FastPackUnixConnection(_FastPack, UnixDomainSocketConnection):
-    pass
-
-
-_FAST = {
-    Connection: FastPackConnection,
-    SSLConnection: _FastPackSSLConnection,
-    UnixDomainSocketConnection: _FastPackUnixConnection,
-}
 
 
 def parse_nodes(netloc: str, default_port: int) -> list[tuple[str, int]]:
@@ -121,12 +64,13 @@ def connect(url: str, *, password: str | None, timeout_s: float, max_connections
     pw = url_password or password
     if scheme in ("redis", "rediss", "unix"):
         kw = dict(common)
+        if scheme == "unix":
+            del kw["socket_keepalive"]  # a TCP option
         if pw is not None and url_password is None:
             kw["password"] = pw
         pool = BlockingConnectionPool.from_url(
             url, max_connections=max_connections, timeout=timeout_s, **kw
         )
-        pool.connection_class = _FAST.get(pool.connection_class, pool.connection_class)
         return Redis(connection_pool=pool)
     if scheme == "redis+cluster":
         nodes = [ClusterNode(h, p) for h, p in parse_nodes(parts.netloc, 6379)]

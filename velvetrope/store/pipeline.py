@@ -1,11 +1,11 @@
-"""Automatic pipelining: Redis script calls issued in one event-loop tick share one round trip.
+"""Automatic pipelining: Redis script calls issued in one event-loop tick share one write.
 
 Under load many requests reach the store in the same tick (a reservation here, a lease
 there, a batch of settlements from the outbox).  :class:`AutoPipeline` queues each call,
-and once per tick sends everything queued as one non-transactional pipeline of EVALSHAs —
-one write, one read, one parse pass — then resolves each caller's future with its own reply
-or error.  Calls stay independent: one failing script fails only its caller.  A script the
-server does not know (NOSCRIPT, e.g. after a restart) is loaded and those calls are re-run.
+and once per tick writes everything queued as EVALSHAs on one pipelined connection
+(:class:`~velvetrope.store.wire.Wire`); replies resolve each caller's future in order as
+they arrive.  Calls stay independent: one failing script fails only its caller.  A script
+the server does not know (NOSCRIPT, e.g. after a restart) is loaded and that call re-sent.
 
 This is what ioredis calls auto-pipelining; it trades nothing for correctness (each script
 is atomic on its own, and no caller assumed ordering between independent calls).
@@ -21,33 +21,92 @@ from typing import Any
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
+from velvetrope.store.wire import Wire, pack
+
 __all__ = ["AutoPipeline"]
 
-_Call = tuple[AsyncScript, Sequence[Any], Sequence[Any], "asyncio.Future[Any]"]
+
+class _Call:
+    """One queued script call and the future its caller awaits."""
+
+    __slots__ = ("args", "fut", "keys", "pipe", "script", "t0")
+
+    def __init__(
+        self,
+        pipe: AutoPipeline,
+        script: AsyncScript,
+        keys: Sequence[Any],
+        args: Sequence[Any],
+        fut: asyncio.Future[Any],
+    ) -> None:
+        self.pipe = pipe
+        self.script = script
+        self.keys = keys
+        self.args = args
+        self.fut = fut
+        self.t0 = 0.0  # set on the last call of a write: when that write left
+
+    def packed(self) -> bytes:
+        return pack(b"EVALSHA", self.script.sha, len(self.keys), *self.keys, *self.args)
+
+    def reply(self, r: Any) -> None:
+        pipe = self.pipe
+        pipe.last_reply = time.monotonic()
+        if self.t0 and pipe.observe is not None:
+            pipe.observe(time.perf_counter() - self.t0)
+        fut = self.fut
+        if isinstance(r, NoScriptError):
+            pipe.reload(self)
+        elif fut.done():
+            return  # the caller gave up (its budget ran out)
+        elif isinstance(r, Exception):
+            fut.set_exception(r)
+        else:
+            fut.set_result(r)
+
+    def fail(self, e: Exception) -> None:
+        if not self.fut.done():
+            self.fut.set_exception(e)
+
+
+class _Loaded:
+    """The reply to SCRIPT LOAD before a call is sent again: an error fails that call."""
+
+    __slots__ = ("call",)
+
+    def __init__(self, call: _Call) -> None:
+        self.call = call
+
+    def reply(self, r: Any) -> None:
+        if isinstance(r, Exception):
+            self.call.fail(r)
+
+    def fail(self, e: Exception) -> None:
+        self.call.fail(e)
 
 
 class AutoPipeline:
-    """Coalesces script calls per event-loop tick into pipelines on ``client``."""
+    """Coalesces script calls per event-loop tick into one write on ``client``'s server
+    (a ``redis.asyncio.Redis``, not a cluster client)."""
 
     def __init__(
         self,
         client: Any,
-        max_batch: int = 512,
         observe: Callable[[float], None] | None = None,
+        connect_timeout: float = 5.0,
     ) -> None:
         self.client = client
-        self.observe = observe  # hears each pipeline's round trip, seconds
-        self.max_batch = max_batch
+        self.observe = observe  # hears each write's round trip (to its last reply), seconds
+        self.wire = Wire(client, connect_timeout)
         self._queue: list[_Call] = []
         self._scheduled = False
-        self._tasks: set[asyncio.Task[None]] = set()
-        self.last_reply = -1e18  # time.monotonic() of the last pipeline answered
+        self.last_reply = -1e18  # time.monotonic() of the last reply
 
     def run(self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """Queue one script call; returns an awaitable of its reply (or its error)."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
-        self._queue.append((script, keys, args, fut))
+        self._queue.append(_Call(self, script, keys, args, fut))
         if not self._scheduled:
             self._scheduled = True
             loop.call_soon(self._flush)
@@ -57,51 +116,20 @@ class AutoPipeline:
         self._scheduled = False
         queue = self._queue
         self._queue = []
-        for i in range(0, len(queue), self.max_batch):
-            task = asyncio.get_running_loop().create_task(self._send(queue[i : i + self.max_batch]))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        payload = b"".join([c.packed() for c in queue])
+        queue[-1].t0 = time.perf_counter()
+        self.wire.send(payload, queue)
 
-    async def _send(self, batch: list[_Call]) -> None:
-        try:
-            results = await self._execute(batch)
-        except BaseException as e:  # the connection failed: every caller hears of it
-            for *_, fut in batch:
-                if not fut.done():
-                    fut.set_exception(e if isinstance(e, Exception) else ConnectionError(str(e)))
-            if not isinstance(e, Exception):
-                raise
-            return
-        for (*_, fut), r in zip(batch, results, strict=True):
-            if fut.done():
-                continue  # the caller gave up (its budget ran out)
-            if isinstance(r, Exception):
-                fut.set_exception(r)
-            else:
-                fut.set_result(r)
-
-    async def _execute(self, batch: list[_Call]) -> list[Any]:
-        pipe = self.client.pipeline(transaction=False)
-        for script, keys, args, _ in batch:
-            pipe.evalsha(script.sha, len(keys), *keys, *args)
-        t0 = time.perf_counter()
-        results: list[Any] = await pipe.execute(raise_on_error=False)
-        self.last_reply = time.monotonic()
-        if self.observe is not None:
-            self.observe(time.perf_counter() - t0)
-        missing = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
-        if missing:
-            for script in {id(batch[i][0]): batch[i][0] for i in missing}.values():
-                script.sha = await self.client.script_load(script.script)
-            retry = self.client.pipeline(transaction=False)
-            for i in missing:
-                script, keys, args, _ = batch[i]
-                retry.evalsha(script.sha, len(keys), *keys, *args)
-            for i, r in zip(missing, await retry.execute(raise_on_error=False), strict=True):
-                results[i] = r
-        return results
+    def reload(self, call: _Call) -> None:
+        """Load ``call``'s script (the server lost it) and send the call again, in one
+        write (the connection keeps their order)."""
+        call.t0 = 0.0
+        payload = pack(b"SCRIPT", b"LOAD", call.script.script) + call.packed()
+        self.wire.send(payload, (_Loaded(call), call))
 
     async def close(self) -> None:
-        """Wait for batches in flight."""
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        """Wait for calls in flight (at most 2 s), then close the connection."""
+        waiting = [c.fut for c in (*self._queue, *self.wire.pending()) if isinstance(c, _Call)]
+        if waiting:
+            await asyncio.wait(waiting, timeout=2.0)
+        await self.wire.close()
