@@ -59,7 +59,12 @@ def _bulk(x: object) -> bytes:
 
 def pack(*args: object) -> bytes:
     """The RESP encoding of the command ``args`` (``bytes``, ``str``, ``int``, ``float``)."""
-    return b"*%d\r\n" % len(args) + b"".join([_bulk(a) for a in args])
+    out = [b"*%d\r\n" % len(args)]
+    cached = _BULK.get
+    for a in args:
+        b = cached(a) if type(a) is str else None  # exactly str: a subclass may encode otherwise
+        out.append(b if b is not None else _bulk(a))
+    return b"".join(out)
 
 
 class Pending(Protocol):
