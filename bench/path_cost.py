@@ -1,0 +1,225 @@
+"""The gateway's own per-request cost, in process and without sockets: pure proxy, admission
+on ``memory://``, admission on ``redis://``.
+
+``bench/gateway_bench.py`` measures the whole server under load (kernel, HTTP parsing,
+sockets, the load generator beside it); on a shared two-core machine its figures move from
+run to run.  This bench drives the gateway's ASGI app directly, 64 requests at a time, with
+an upstream that answers at once in process (:class:`InstantUpstream` stands in for the
+HTTP client: the proxy still parses its answer and reads the usage), so what it measures is
+the Python each request runs through the gateway: parsing, routing, the core, the buckets,
+metrics, headers, and for ``redis://`` the store's calls (a real ``redis-server``, started
+here, answers them).
+
+* **CPU per request** (``time.process_time``), the best of ``--rounds`` alternating rounds.
+* **Instructions per request** with ``--instructions`` when valgrind is on PATH: each mode
+  runs once more under callgrind, counting only the timed loop.  Instruction counts do not
+  depend on what else the machine runs, so two commits compare exactly (for ``redis://``
+  they depend a little on how calls batch, which timing decides).
+
+Ends with::
+
+    path: passthrough_us=<p> admission_us=<a> redis_us=<r> admission_ratio=<a/p>
+          redis_extra_us=<r-a> [passthrough_kinstr=.. admission_kinstr=.. redis_kinstr=..]
+
+Run: ``.venv/bin/python bench/path_cost.py [--requests 6400] [--rounds 3] [--instructions]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import MutableMapping
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gateway_bench import KEY, body, config
+
+from tests.support.redis_server import RedisServer
+from velvetrope.config import GatewayConfig
+from velvetrope.gateway.app import Gateway
+
+ANSWER = (
+    b'{"id":"cmpl-1","object":"chat.completion","model":"velvetrope-sim","choices":[{"index":0,'
+    b'"message":{"role":"assistant","content":"hello benchmark hello benchmark"},'
+    b'"finish_reason":"length"}],"usage":{"prompt_tokens":12,"completion_tokens":16,'
+    b'"total_tokens":28}}'
+)
+BODY = body(False)
+HEADERS = [
+    (b"host", b"127.0.0.1:8000"),
+    (b"authorization", b"Bearer " + KEY.encode()),
+    (b"content-type", b"application/json"),
+    (b"content-length", str(len(BODY)).encode()),
+]
+MODES = ("passthrough", "admission", "redis")
+
+
+class _Answer:
+    """A complete upstream response (what :class:`~velvetrope.gateway.httpclient.Response`
+    offers the proxy)."""
+
+    status = 200
+
+    def header(self, name: bytes, default: bytes | None = None) -> bytes | None:
+        return b"application/json" if name == b"content-type" else default
+
+    async def read(self) -> bytes:
+        return ANSWER
+
+    async def __aenter__(self) -> _Answer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+
+class InstantUpstream:
+    """The gateway's HTTP client, answering every POST at once with :data:`ANSWER`."""
+
+    async def post(self, url: str, data: bytes) -> _Answer:
+        await asyncio.sleep(0)  # one turn of the loop, as a reply would take
+        return _Answer()
+
+    def close(self) -> None:
+        return None
+
+
+async def one(gw: Gateway, never: asyncio.Future[None]) -> None:
+    """One request through the ASGI app; the client stays connected until it is answered."""
+    first = True
+    sent = 0
+
+    async def receive() -> dict[str, Any]:
+        nonlocal first
+        if first:
+            first = False
+            return {"type": "http.request", "body": BODY, "more_body": False}
+        await never
+        return {"type": "http.disconnect"}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        nonlocal sent
+        sent += 1
+        if message["type"] == "http.response.start" and message["status"] != 200:
+            raise RuntimeError(f"the gateway answered {message['status']}")
+
+    scope: dict[str, Any] = {"type": "http", "method": "POST", "path": "/v1/chat/completions"}
+    scope["headers"] = HEADERS
+    await gw(scope, receive, send)
+    assert sent == 2
+
+
+def gateway(mode: str, redis_url: str | None) -> Gateway:
+    cfg = config("http://127.0.0.1:9", mode != "passthrough")
+    if mode == "redis":
+        cfg["state"] = {"url": redis_url, "namespace": f"path{os.getpid()}"}
+    gw = Gateway(GatewayConfig.model_validate(cfg))
+    gw.http = InstantUpstream()  # type: ignore[assignment]
+    return gw
+
+
+async def measure(mode: str, redis_url: str | None, n: int, toggle: bool = False) -> float:
+    """CPU µs per request over ``n`` requests, 64 at a time, after a warm-up; with
+    ``toggle``, callgrind counts only this loop."""
+    gw = gateway(mode, redis_url)
+    gw.state.start()
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)  # as the gateway's start-up does
+    never: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    conc = 64
+    try:
+        for _ in range(16):
+            await asyncio.gather(*(one(gw, never) for _ in range(conc)))
+        if toggle:
+            subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())], check=True)
+        t0 = time.process_time()
+        for _ in range(n // conc):
+            await asyncio.gather(*(one(gw, never) for _ in range(conc)))
+        cpu = time.process_time() - t0
+        if toggle:
+            subprocess.run(["callgrind_control", "-i", "off", str(os.getpid())], check=True)
+    finally:
+        await gw.state.stop()
+    return cpu / (n // conc * conc) * 1e6
+
+
+def instructions(mode: str, redis_url: str | None, n: int) -> float:
+    """Instructions per request of ``mode`` under callgrind (a process of its own)."""
+    out = Path(tempfile.mkdtemp(prefix="vr-path-")) / "callgrind.out"
+    cmd = [
+        "valgrind",
+        "--tool=callgrind",
+        "--instr-atstart=no",
+        f"--callgrind-out-file={out}",
+        sys.executable,
+        __file__,
+        "--one",
+        mode,
+        "--requests",
+        str(n),
+    ]
+    if redis_url:
+        cmd += ["--redis-url", redis_url]
+    subprocess.run(cmd, check=True, capture_output=True)
+    for line in out.read_text().splitlines():
+        if line.startswith("totals:"):
+            total = int(line.split()[1])
+            shutil.rmtree(out.parent)
+            return total / n
+    raise RuntimeError("callgrind wrote no totals")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--requests", type=int, default=6400)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--instructions", action="store_true", help="also count (valgrind)")
+    ap.add_argument("--one", choices=MODES, help=argparse.SUPPRESS)  # under callgrind
+    ap.add_argument("--redis-url", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        uvloop.run(measure(args.one, args.redis_url, args.requests, toggle=True))
+        return
+    if args.instructions and shutil.which("valgrind") is None:
+        ap.error("--instructions: valgrind is not on PATH")
+    rds = RedisServer()
+    rds.start()
+    try:
+        best = dict.fromkeys(MODES, float("inf"))
+        for _ in range(args.rounds):
+            for mode in MODES:
+                us = uvloop.run(measure(mode, rds.url, args.requests))
+                best[mode] = min(best[mode], us)
+        for mode in MODES:
+            print(f"  {mode:12s} {best[mode]:7.1f} µs CPU per request (best of {args.rounds})")
+        p, a, r = best["passthrough"], best["admission"], best["redis"]
+        line = (
+            f"path: passthrough_us={p:.1f} admission_us={a:.1f} redis_us={r:.1f} "
+            f"admission_ratio={a / p:.2f} redis_extra_us={r - a:.1f}"
+        )
+        if args.instructions:
+            n = max(640, args.requests // 5)
+            counts = {m: instructions(m, rds.url, n) for m in MODES}
+            for mode in MODES:
+                print(f"  {mode:12s} {counts[mode] / 1000:7.0f} k instructions per request")
+            line += "".join(f" {m}_kinstr={counts[m] / 1000:.0f}" for m in MODES)
+    finally:
+        rds.stop()
+    print(line)
+
+
+if __name__ == "__main__":
+    main()
