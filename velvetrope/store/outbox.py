@@ -11,7 +11,8 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 __all__ = ["Outbox"]
 
@@ -51,6 +52,7 @@ class Outbox:
         self.sent = 0
         self.retried = 0
         self.dropped = 0
+        self._in_flight = 0  # calls of the batch being sent
 
     def __len__(self) -> int:
         return len(self._items)
@@ -68,10 +70,11 @@ class Outbox:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def flush(self, timeout_s: float) -> bool:
-        """Wait until empty, at most ``timeout_s``; True if it emptied."""
+        """Wait until empty, the batch in flight landed too, at most ``timeout_s``; True if
+        it emptied."""
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout_s
-        while self._items:
+        while self._items or self._in_flight:
             if loop.time() >= end:
                 return False
             self._wake.set()
@@ -97,11 +100,12 @@ class Outbox:
                 backoff = min(self._max_backoff, backoff * 2)
                 continue
             batch = [self._items.popleft() for _ in range(min(self._batch, len(self._items)))]
+            self._in_flight = len(batch)
             futs = [asyncio.ensure_future(s()) for s in batch]  # futures stay futures
-            done, _ = await asyncio.wait(futs, timeout=self._timeout())
+            await _settled(futs, self._timeout())
             failed = []
             for s, f in zip(batch, futs, strict=True):
-                if f not in done or f.cancelled() or f.exception() is not None:
+                if not f.done() or f.cancelled() or f.exception() is not None:
                     # not answered in time or failed: sent again (the calls are idempotent)
                     log.debug("velvetrope: outbox call failed: %r", f)
                     failed.append(s)
@@ -110,7 +114,28 @@ class Outbox:
             if failed:
                 self.retried += len(failed)
                 self._items.extendleft(reversed(failed))
+            self._in_flight = 0
+            if failed:
                 await asyncio.sleep(backoff)
                 backoff = min(self._max_backoff, backoff * 2)
             else:
                 backoff = 0.01
+
+
+async def _settled(futs: Sequence[asyncio.Future[Any]], timeout_s: float) -> None:
+    """Wait until every one of ``futs`` is done (whatever its outcome), at most
+    ``timeout_s``; a timeout leaves them as they are.  Replies arrive in order, so after the
+    first most are done already: this awaits them one by one (no callback on every future,
+    as ``asyncio.wait`` adds)."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            for f in futs:
+                if f.done():
+                    continue
+                try:
+                    await asyncio.shield(f)  # our timeout must not cancel the call itself
+                except asyncio.CancelledError:
+                    if not f.cancelled():
+                        raise  # the timeout, or this task was cancelled
+                except Exception:  # its outcome is read by the caller
+                    continue
