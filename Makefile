@@ -6,7 +6,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: test demo install lint typecheck pytest bench clean
 
-$(STAMP): pyproject.toml
+# the core's modules that setup.py compiles with mypyc: edited, they are built again
+COMPILED := $(shell sed -n 's/^ *"\(velvetrope\/core\/[a-z_]*\.py\)",$$/\1/p' setup.py)
+
+$(STAMP): pyproject.toml setup.py $(COMPILED)
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'

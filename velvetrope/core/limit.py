@@ -340,7 +340,7 @@ class AdaptiveLimit:
             self._slopes.clear()
         else:
             self._slopes.append((dq, dc))
-            pooled = sum(a for a, _ in self._slopes) / sum(b for _, b in self._slopes)
+            pooled = sum((a for a, _ in self._slopes), 0.0) / sum((b for _, b in self._slopes), 0.0)
             pooled = max(pooled, st.gradient / 10)
             knee = mid * math.exp(st.gain * math.log(st.gradient / pooled))
         knee = min(mid * st.max_step, max(mid / st.max_step, knee))

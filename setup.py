@@ -1,0 +1,36 @@
+"""Build hook: the admission core's hot modules, compiled to C with mypyc.
+
+They are typed under ``mypy --strict``; mypyc turns them into C extensions that the gateway
+and the simulator import in place of the ``.py`` files (see the README for what it gains).
+``VELVETROPE_PURE=1`` at install time builds nothing and the package runs as plain Python.
+``pip install -e .`` builds them in place, next to their sources; after editing one of them,
+run ``make install`` again (the core refuses to import a module compiled from an older
+source; see ``velvetrope/core/__init__.py``).
+"""
+
+import os
+
+from setuptools import setup
+
+COMPILED = [
+    "velvetrope/core/bucket.py",
+    "velvetrope/core/capacity.py",
+    "velvetrope/core/controller.py",
+    "velvetrope/core/estimate.py",
+    "velvetrope/core/fairness.py",
+    "velvetrope/core/jobheap.py",
+    "velvetrope/core/limit.py",
+    "velvetrope/core/ordering.py",
+    "velvetrope/core/predictor.py",
+    "velvetrope/core/routing.py",
+    "velvetrope/core/saturation.py",
+    "velvetrope/core/scheduler.py",
+]
+
+ext_modules = []
+if os.environ.get("VELVETROPE_PURE") != "1":
+    from mypyc.build import mypycify
+
+    ext_modules = mypycify(COMPILED, opt_level="3")
+
+setup(ext_modules=ext_modules)

@@ -1,0 +1,35 @@
+"""The core refuses compiled modules older than their sources."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from velvetrope.core.fresh import stale_builds
+
+EXT = "cpython-311-x86_64-linux-gnu.so"
+
+
+def test_a_source_edited_after_its_build_is_reported(tmp_path: Path) -> None:
+    for name, source_t, ext_t in (("fresh", 100, 200), ("stale", 300, 200), ("same", 200, 200)):
+        (tmp_path / f"{name}.py").write_text("x = 1\n")
+        (tmp_path / f"{name}.{EXT}").write_bytes(b"\\x7fELF")
+        os.utime(tmp_path / f"{name}.py", (source_t, source_t))
+        os.utime(tmp_path / f"{name}.{EXT}", (ext_t, ext_t))
+    (tmp_path / f"orphan.{EXT}").write_bytes(b"")  # no source: nothing to compare
+    assert stale_builds(tmp_path) == [(tmp_path / "stale.py", tmp_path / f"stale.{EXT}")]
+
+
+def test_the_modules_setup_names_are_the_compiled_ones() -> None:
+    """``make install`` compiled exactly what setup.py lists (unless VELVETROPE_PURE=1)."""
+    import importlib
+
+    root = Path(__file__).resolve().parents[2]
+    listed = re.findall(r'"(velvetrope/core/\w+)\.py"', (root / "setup.py").read_text())
+    assert len(listed) >= 10
+    pure = os.environ.get("VELVETROPE_PURE") == "1"
+    for path in listed:
+        module = importlib.import_module(path.replace("/", "."))
+        assert str(module.__file__).endswith(".py" if pure else ".so"), module.__file__
+    assert str(importlib.import_module("velvetrope.core.policy").__file__).endswith(".py")

@@ -1,0 +1,27 @@
+"""Imported first by :mod:`velvetrope.core`: refuses to run a module compiled (by mypyc,
+see ``setup.py``) from an older version of its source.  After an edit, the extension next
+to the ``.py`` would otherwise run the old code, silently; ``make install`` builds it again.
+"""
+
+from pathlib import Path
+
+__all__ = ["stale_builds"]
+
+
+def stale_builds(directory: Path) -> list[tuple[Path, Path]]:
+    """``(source, extension)`` pairs in ``directory`` whose source is newer."""
+    out = []
+    for ext in sorted(directory.glob("*.so")):
+        source = directory / (ext.name.split(".", 1)[0] + ".py")
+        if source.exists() and source.stat().st_mtime > ext.stat().st_mtime:
+            out.append((source, ext))
+    return out
+
+
+_stale = stale_builds(Path(__file__).parent)
+if _stale:
+    source, ext = _stale[0]
+    raise ImportError(
+        f"{source} changed after it was compiled to {ext.name}: run `make install` to build "
+        "it again (or reinstall with VELVETROPE_PURE=1 for plain Python)"
+    )
