@@ -24,13 +24,14 @@ A job is predicted by the first of its groups (levels without a template are ski
 the job has none) that holds at least ``min_observations`` outputs: a cold start falls
 back to the coarser level, and with nothing at all to the configured default.  Every
 finished job is recorded in each of its groups.  A group keeps its last ``window``
-outputs in a ring buffer (the tenant and global levels keep ``wide_window``) and predicts
-their ``quantile`` exactly as ``numpy.quantile(..., method="inverted_cdf")`` does: the
-smallest observed value with at least that share of the window at or below it, recomputed
-every ``refresh`` observations (by default every eighth of the window, at least 8), and at
-each of the first ones.  At most
-``max_keys`` groups live; the least recently used is dropped first, so a stream of unique
-templates cannot grow memory past ``max_keys`` rings.  The prediction is clamped to
+outputs (the tenant and global levels keep ``wide_window``) and predicts their
+``quantile`` exactly as ``numpy.quantile(..., method="inverted_cdf")`` does: the smallest
+observed value with at least that share of the window at or below it, as the window stood
+every ``refresh`` observations (by default every eighth of the window, at least 8) and at
+each of the first ones (:class:`~velvetrope.core.estimate.WindowQuantile`: sorted only
+when the group is read).  At most ``max_keys`` groups live; the least recently used is
+dropped first, so a stream of unique templates cannot grow memory past ``max_keys``
+windows.  The prediction is clamped to
 ``[1, max_tokens]``.
 """
 
@@ -64,6 +65,7 @@ class LengthPredictor:
     :class:`~velvetrope.core.estimate.OutputEstimator`."""
 
     __slots__ = (
+        "_chains",
         "_groups",
         "_min_obs",
         "_refresh",
@@ -100,16 +102,27 @@ class LengthPredictor:
         self.prompt_feature = prompt_feature
         self._refresh = refresh
         self._groups: OrderedDict[_Key, RingQuantile] = OrderedDict()
+        # (tenant, template, model, mt, pl) -> its groups' keys, built once (bounded)
+        self._chains: dict[_Key, tuple[_Key, ...]] = {}
 
     def __len__(self) -> int:
         """Groups held (at most ``max_keys``)."""
         return len(self._groups)
 
-    def keys(self, job: Job) -> list[_Key]:
+    def keys(self, job: Job) -> tuple[_Key, ...]:
         """``job``'s groups, most specific first (see the module docstring)."""
         mt = job.max_tokens.bit_length()
         pl = job.prompt_tokens.bit_length() if self.prompt_feature else -1
-        t, m, tpl = job.tenant, job.model, job.template
+        sig = (job.tenant, job.template, job.model, mt, pl)
+        chains = self._chains
+        out = chains.get(sig)
+        if out is None:
+            if len(chains) >= self.max_keys:  # a cache, bounded like the groups
+                del chains[next(iter(chains))]
+            out = chains[sig] = self._chain(job.tenant, job.template, job.model, mt, pl)
+        return out
+
+    def _chain(self, t: str, tpl: str | None, m: str | None, mt: int, pl: int) -> tuple[_Key, ...]:
         out: list[_Key] = []
         if tpl is not None:
             if self.prompt_feature:
@@ -118,7 +131,7 @@ class LengthPredictor:
         if self.prompt_feature:
             out.append(("mp", t, m, mt, pl))
         out += [("m", t, m, mt), ("n", t), ("*",)]
-        return out
+        return tuple(out)
 
     def predict(self, job: Job) -> int:
         groups = self._groups
