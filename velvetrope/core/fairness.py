@@ -179,8 +179,15 @@ class VirtualTokenCounter:
 
     def peek(self) -> Job | None:
         backlogged = self._backlogged
+        counters = self.counters
         while backlogged:
-            best = min(backlogged, key=self.counters.__getitem__)
+            it = iter(backlogged)  # the first smallest counter (a loop beats min(key=) here)
+            best = next(it)
+            low = counters[best]
+            for t in it:
+                c = counters[t]
+                if c < low:
+                    best, low = t, c
             job = backlogged[best].peek()
             if job is not None:
                 self._chosen = best
