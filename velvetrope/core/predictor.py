@@ -51,9 +51,14 @@ _Key = tuple[object, ...]
 
 class RingQuantile(WindowQuantile):
     """The ``p``-quantile of the last ``window`` observations by the inverted CDF (numpy's
-    ``method="inverted_cdf"``): the ``⌈p·n⌉``-th smallest; ``nan`` before any."""
+    ``method="inverted_cdf"``): the ``⌈p·n⌉``-th smallest; ``nan`` before any.  ``used``
+    is when a :class:`LengthPredictor` last touched it (its own tick count)."""
 
-    __slots__ = ()
+    __slots__ = ("used",)
+
+    def __init__(self, p: float, window: int = 256, refresh: int = 16) -> None:
+        super().__init__(p, window, refresh)
+        self.used = 0
 
     def _pick(self, s: list[float]) -> float:
         return s[max(0, math.ceil(self._p * len(s)) - 1)]
@@ -68,7 +73,9 @@ class LengthPredictor:
         "_chains",
         "_groups",
         "_min_obs",
+        "_ordered",
         "_refresh",
+        "_tick",
         "_wide",
         "_window",
         "default",
@@ -101,9 +108,15 @@ class LengthPredictor:
         self.max_keys = max_keys
         self.prompt_feature = prompt_feature
         self._refresh = refresh
+        # The least recently used group is dropped first.  Until the groups come within
+        # _CHAIN_MAX of max_keys none can be dropped, so recency is kept as a tick per group
+        # (``used``) and a request shape's groups are reached through its _Chain; from then
+        # on (_ordered) the dict's order is the recency order, as the ticks give it.
         self._groups: OrderedDict[_Key, RingQuantile] = OrderedDict()
-        # (tenant, template, model, mt, pl) -> its groups' keys, built once (bounded)
-        self._chains: dict[_Key, tuple[_Key, ...]] = {}
+        self._ordered = False
+        self._tick = 0
+        # (tenant, template, model, mt, pl) -> its groups, built once (bounded)
+        self._chains: dict[_Key, _Chain] = {}
 
     def __len__(self) -> int:
         """Groups held (at most ``max_keys``)."""
@@ -111,6 +124,9 @@ class LengthPredictor:
 
     def keys(self, job: Job) -> tuple[_Key, ...]:
         """``job``'s groups, most specific first (see the module docstring)."""
+        return self._chain_of(job).keys
+
+    def _chain_of(self, job: Job) -> _Chain:
         mt = job.max_tokens.bit_length()
         pl = job.prompt_tokens.bit_length() if self.prompt_feature else -1
         sig = (job.tenant, job.template, job.model, mt, pl)
@@ -119,10 +135,10 @@ class LengthPredictor:
         if out is None:
             if len(chains) >= self.max_keys:  # a cache, bounded like the groups
                 del chains[next(iter(chains))]
-            out = chains[sig] = self._chain(job.tenant, job.template, job.model, mt, pl)
+            out = chains[sig] = _Chain(self._keys(job.tenant, job.template, job.model, mt, pl))
         return out
 
-    def _chain(self, t: str, tpl: str | None, m: str | None, mt: int, pl: int) -> tuple[_Key, ...]:
+    def _keys(self, t: str, tpl: str | None, m: str | None, mt: int, pl: int) -> tuple[_Key, ...]:
         out: list[_Key] = []
         if tpl is not None:
             if self.prompt_feature:
@@ -134,30 +150,71 @@ class LengthPredictor:
         return tuple(out)
 
     def predict(self, job: Job) -> int:
-        groups = self._groups
+        chain = self._chain_of(job)
         guess = self.default
-        for key in self.keys(job):
-            g = groups.get(key)
-            if g is not None and g.count >= self._min_obs:
-                groups.move_to_end(key)
-                guess = math.ceil(g.value())
-                break
+        if self._ordered:
+            groups = self._groups
+            for key in chain.keys:
+                g = groups.get(key)
+                if g is not None and g.count >= self._min_obs:
+                    groups.move_to_end(key)
+                    guess = math.ceil(g.value())
+                    break
+        else:
+            cached = chain.groups
+            for i, g in enumerate(cached):
+                if g is None:
+                    g = cached[i] = self._groups.get(chain.keys[i])
+                    if g is None:
+                        continue
+                if g.count >= self._min_obs:
+                    g.used = self._tick = self._tick + 1
+                    guess = math.ceil(g.value())
+                    break
         return max(1, min(job.max_tokens, guess))
 
     def observe(self, job: Job, output_tokens: int) -> None:
+        chain = self._chain_of(job)
+        if not self._ordered and len(self._groups) + _CHAIN_MAX > self.max_keys:
+            self._order()
         groups = self._groups
-        for key in self.keys(job):
-            g = groups.get(key)
+        if self._ordered:
+            for key in chain.keys:
+                g = groups.get(key)
+                if g is None:
+                    g = groups[key] = self._new(key)
+                    if len(groups) > self.max_keys:
+                        groups.popitem(last=False)
+                else:
+                    groups.move_to_end(key)
+                g.add(output_tokens)
+            return
+        tick = self._tick
+        cached = chain.groups
+        for i, g in enumerate(cached):
             if g is None:
-                size = self._wide if key[0] in ("n", "*") else self._window
-                every = self._refresh if self._refresh is not None else max(8, size // 8)
-                g = RingQuantile(self.quantile, size, every)
-                groups[key] = g
-                if len(groups) > self.max_keys:
-                    groups.popitem(last=False)
-            else:
-                groups.move_to_end(key)
+                key = chain.keys[i]
+                g = groups.get(key)
+                if g is None:
+                    g = groups[key] = self._new(key)
+                cached[i] = g
+            tick += 1
+            g.used = tick
             g.add(output_tokens)
+        self._tick = tick
+
+    def _new(self, key: _Key) -> RingQuantile:
+        size = self._wide if key[0] in ("n", "*") else self._window
+        every = self._refresh if self._refresh is not None else max(8, size // 8)
+        return RingQuantile(self.quantile, size, every)
+
+    def _order(self) -> None:
+        """Put the groups in recency order (by their ticks) and keep them so from now on:
+        the next groups created may push the least recently used one out."""
+        order = sorted(self._groups.items(), key=lambda kv: kv[1].used)
+        self._groups = OrderedDict(order)
+        self._ordered = True
+        self._chains.clear()  # their cached groups may be dropped from now on
 
     def level(self, job: Job) -> str:
         """Which level would predict ``job`` now (``default`` before any has enough)."""
@@ -166,6 +223,21 @@ class LengthPredictor:
             if g is not None and g.count >= self._min_obs:
                 return str(key[0])
         return "default"
+
+
+_CHAIN_MAX = 7
+"""Groups per request at most (the levels of the module docstring)."""
+
+
+class _Chain:
+    """One request shape's group keys, most specific first, and the groups reached by them
+    while none can be dropped (``None``: not seen yet)."""
+
+    __slots__ = ("groups", "keys")
+
+    def __init__(self, keys: tuple[_Key, ...]) -> None:
+        self.keys = keys
+        self.groups: list[RingQuantile | None] = [None] * len(keys)
 
 
 def make_estimator(policy: EstimatorPolicy) -> OutputEstimator:
