@@ -166,7 +166,7 @@ class DecodeRun:
             if n == 1:
                 running[0].blocks.extend(got)
             else:
-                first = sorted(range(n), key=lambda i: ((-c[i]) % bs, i))
+                first = sorted(range(n), key=[(-x) % bs for x in c].__getitem__)  # stable
                 for r, i in enumerate(first):
                     running[i].blocks.extend(got[r::n])
         stamp = self._base = b._steps = b._steps + delta

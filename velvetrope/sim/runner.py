@@ -88,6 +88,7 @@ STEP, SCRAPE, READY, PROM, SCALE, DEADLINE, TIMEOUT, ARRIVAL = range(8)
 _BY_ALL = 1 << 30
 """The ``by`` of events that are not step ends: after every replica's (fast-forward)."""
 _KBITS = 24
+_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
 _QUEUED = JobState.QUEUED
 _DISPATCHED = JobState.DISPATCHED
 
@@ -121,7 +122,9 @@ class Autoscaling:
 @dataclass(slots=True)
 class Inputs:
     """Per-request inputs, prepared once (aligned lists, in workload order).  ``outputs`` is
-    updated in place when a degraded job's ``max_tokens`` cuts what its engine generates."""
+    updated in place when a degraded job's ``max_tokens`` cuts what its engine generates.
+    ``templates`` are the requests' shared-prefix ids (the core's template, the engine's
+    prefix id) and ``prefix_tokens`` the tokens of that prefix."""
 
     times: list[float]
     tenants: list[str]
@@ -134,7 +137,7 @@ class Inputs:
     templates: list[str | None]
     pool_index: dict[str, int]
     max_len: int
-    shared: list[tuple[str | None, int]]
+    prefix_tokens: list[int]
 
 
 @dataclass(slots=True)
@@ -168,7 +171,8 @@ def drive(
     env = Environment()
     schedule = env.schedule
     n = len(inp.times)
-    times, prompts, outputs, shared = inp.times, inp.prompts, inp.outputs, inp.shared
+    times, prompts, outputs = inp.times, inp.prompts, inp.outputs
+    templates, prefix_tokens = inp.templates, inp.prefix_tokens
     max_len = inp.max_len
     pool_index = inp.pool_index
     jobs: list[Job | None] = [None] * n
@@ -183,6 +187,7 @@ def drive(
     runs: list[DecodeRun | None] = [None] * len(fleet)
     ver = [0] * len(fleet)
     step_prio = [priority(STEP, k) for k in range(len(fleet))]
+    arrival_prio = priority(ARRIVAL, 0)  # + i: priority(ARRIVAL, i) (checked below)
     plan = plan_decode_run if fast_forward else None
     set_clock = clock.set
     dispatchable = ctl.dispatchable
@@ -231,9 +236,13 @@ def drive(
             k = route(pool)
             if runs[k] is not None:
                 settle(k, now, by)
-            pid, ptok = shared[idx]
             batchers[k].add(
-                job.id, prompts[idx], outputs[idx], now, prefix_id=pid, prefix_tokens=ptok
+                job.id,
+                prompts[idx],
+                outputs[idx],
+                now,
+                prefix_id=templates[idx],
+                prefix_tokens=prefix_tokens[idx],
             )
             sent(job, k)
             fresh[k] += 1
@@ -273,7 +282,7 @@ def drive(
                 if type(e) is FirstToken:
                     first_token(e.seq_id)
                 elif type(e) is Finished:
-                    complete(e.seq_id, Usage(e.prompt_tokens, e.output_tokens))
+                    complete(e.seq_id, _tuple(Usage, (e.prompt_tokens, e.output_tokens)))
                     load_[k] -= 1
                     freed = True
             if freed and ctl.queued:
@@ -399,7 +408,7 @@ def drive(
         samples_f.append(ctl.in_flight)
         arrived[0] = i + 1
         if i + 1 < n:
-            schedule(times[i + 1], priority(ARRIVAL, i + 1), on_arrival, i + 1)
+            schedule(times[i + 1], arrival_prio + i + 1, on_arrival, i + 1)
         horizon(h)
 
     # -- the autoscaled pool ---------------------------------------------------------------
@@ -487,7 +496,8 @@ def drive(
     if scrapes.next_at < math.inf:
         schedule(scrapes.next_at, priority(SCRAPE), on_scrape, None)
     if n:
-        schedule(times[0], priority(ARRIVAL, 0), on_arrival, 0)
+        priority(ARRIVAL, n - 1)  # every arrival's rank is in range
+        schedule(times[0], arrival_prio, on_arrival, 0)
     was_enabled = gc.isenabled()
     gc.disable()
     try:
