@@ -60,6 +60,7 @@ from velvetrope.core.request import Job
 __all__ = ["EngineReading", "EngineSaturation"]
 
 _INF = math.inf
+_ABSENT: Any = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,10 +167,9 @@ class EngineSaturation:
 
     def ended(self, job: Job, now: float) -> None:
         """``job`` reached its terminal state: release it from wherever it was counted."""
-        where = self._where
-        if job.id not in where:
+        prev = self._where.pop(job.id, _ABSENT)
+        if prev is _ABSENT:
             return
-        prev = where.pop(job.id)
         if prev is None:
             self._pending -= 1
         else:
