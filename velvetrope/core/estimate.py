@@ -134,7 +134,7 @@ class WindowQuantile:
     than once per refresh point.
     """
 
-    __slots__ = ("_hist", "_p", "_refresh", "_since", "_stale", "_value", "count", "window")
+    __slots__ = ("_at", "_hist", "_next", "_p", "_refresh", "_stale", "_value", "count", "window")
 
     def __init__(self, p: float, window: int = 256, refresh: int = 16) -> None:
         if not 0 < p < 1:
@@ -143,22 +143,22 @@ class WindowQuantile:
         self.window = window
         self._refresh = refresh
         self._hist: list[float] = []
-        self._since = 0  # observations after the last refresh point
+        self._at = 0  # observations at the last refresh point
+        self._next = 1  # ... and at the next one
         self._stale = False  # _value is not yet the estimate of the last refresh point
         self._value = math.nan
         self.count = 0
 
     def add(self, x: float) -> None:
         """Observe one value."""
-        hist = self._hist
-        hist.append(x)
+        self._hist.append(x)
         n = self.count = self.count + 1
-        since = self._since + 1
-        if since < self._refresh and n > self._refresh:
-            self._since = since
+        if n < self._next:
             return
-        self._since = 0  # a refresh point
+        self._at = n  # a refresh point
+        self._next = n + 1 if n < self._refresh else n + self._refresh
         self._stale = True
+        hist = self._hist
         if len(hist) > self.window:
             del hist[: -self.window]
 
@@ -171,7 +171,7 @@ class WindowQuantile:
         if self._stale:
             self._stale = False
             hist = self._hist
-            end = len(hist) - self._since
+            end = len(hist) - (self.count - self._at)
             self._value = self._pick(sorted(hist[max(0, end - self.window) : end]))
         return self._value
 

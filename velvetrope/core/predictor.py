@@ -162,11 +162,10 @@ class LengthPredictor:
                     break
         else:
             cached = chain.groups
-            for i, g in enumerate(cached):
-                if g is None:
-                    g = cached[i] = self._groups.get(chain.keys[i])
-                    if g is None:
-                        continue
+            if cached is None:  # not observed yet: other shapes may share its groups
+                groups = self._groups
+                cached = [g for g in (groups.get(key) for key in chain.keys) if g is not None]
+            for g in cached:
                 if g.count >= self._min_obs:
                     g.used = self._tick = self._tick + 1
                     guess = math.ceil(g.value())
@@ -189,15 +188,16 @@ class LengthPredictor:
                     groups.move_to_end(key)
                 g.add(output_tokens)
             return
-        tick = self._tick
         cached = chain.groups
-        for i, g in enumerate(cached):
-            if g is None:
-                key = chain.keys[i]
+        if cached is None:
+            cached = chain.groups = []
+            for key in chain.keys:
                 g = groups.get(key)
                 if g is None:
                     g = groups[key] = self._new(key)
-                cached[i] = g
+                cached.append(g)
+        tick = self._tick
+        for g in cached:
             tick += 1
             g.used = tick
             g.add(output_tokens)
@@ -230,14 +230,14 @@ _CHAIN_MAX = 7
 
 
 class _Chain:
-    """One request shape's group keys, most specific first, and the groups reached by them
-    while none can be dropped (``None``: not seen yet)."""
+    """One request shape's group keys, most specific first, and (while none can be
+    dropped, once the shape was observed) its groups, in the same order."""
 
     __slots__ = ("groups", "keys")
 
     def __init__(self, keys: tuple[_Key, ...]) -> None:
         self.keys = keys
-        self.groups: list[RingQuantile | None] = [None] * len(keys)
+        self.groups: list[RingQuantile] | None = None  # all of them, once observed
 
 
 def make_estimator(policy: EstimatorPolicy) -> OutputEstimator:
