@@ -126,6 +126,17 @@ class DecodeRun:
             return bisect.bisect_right(starts, t, 0, self.steps)
         return bisect.bisect_left(starts, t, 0, self.steps)
 
+    def kv_usage(self, steps: int) -> float:
+        """The batcher's ``kv_usage`` once brought through the first ``steps`` steps of the
+        run (``applied <= steps < self.steps``), without applying them: the blocks those
+        steps take are the only change a reading sees (nothing is admitted or finishes
+        before the last step)."""
+        b = self._batcher
+        kv = b._kv
+        c = [s.computed for s in self._running]
+        taken = _boundaries(c, steps - self.applied, b._profile.block_size)
+        return (kv.num_blocks - (kv.num_free - taken)) / kv.num_blocks  # as BlockPool.usage
+
     def apply(self, steps: int) -> list[EngineEvent]:
         """Bring the batcher through the first ``steps`` steps of the run
         (``applied <= steps <= self.steps``), as ``steps - applied`` more calls of

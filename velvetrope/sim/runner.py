@@ -39,8 +39,11 @@ Fast-forward (:mod:`velvetrope.engine.fastforward`): a replica whose next steps 
 decode gets one STEP event at the end of the whole stretch.  Anything that touches it
 earlier (a dispatch to it, a client timeout of one of its jobs) first applies the stretch
 up to the step in progress (``settle``) and moves its STEP event to that step's end: the
-old event keeps a stale version and is ignored.  A scrape applies every run up to the step
-in progress and lets it go on (``bring_up``).  A step starting exactly at that moment
+old event keeps a stale version and is ignored.  A scrape reads each run as it stands at
+the step in progress without applying it (``projected``: only its KV blocks change before
+its last step) and lets it go on; the autoscaler's signal, which reads the batchers
+themselves, applies every run up to the step in progress first (``bring_up``).  A step
+starting exactly at that moment
 counts as started when a step-by-step loop would have handled that step end first (a lower
 replica number while handling a step end; always for the other events).
 
@@ -331,13 +334,26 @@ def drive(
                 else:
                     settle(k, now, _BY_ALL)
 
+    def projected(now: float) -> list[float | None]:
+        """Each replica's KV usage with its pending decode run brought up to the step in
+        progress at ``now``, the run left pending (``None``: no run, read the batcher); a
+        run that ends by ``now`` is settled."""
+        usage: list[float | None] = [None] * len(runs)
+        for k, run in enumerate(runs):
+            if run is not None:
+                j = run.started(now, inclusive=True)
+                if j < run.steps:
+                    usage[k] = run.kv_usage(j)
+                else:
+                    settle(k, now, _BY_ALL)
+        return usage
+
     def on_scrape(_: None) -> None:
         now = env.now
         if not (arrived[0] < n or ctl.queued or ctl.in_flight):
             return  # the last work ended before this scrape: nothing left to read
         set_clock(now)
-        bring_up(now)
-        scrapes.fire(now)
+        scrapes.fire(now, projected(now))
         dispatch(now, _BY_ALL)
         schedule(scrapes.next_at, priority(SCRAPE), on_scrape, None)
         horizon(now)
