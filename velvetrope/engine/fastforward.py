@@ -186,9 +186,10 @@ class DecodeRun:
             s.computed += delta
             s.generated += delta
             s.known += delta
-            s.new = 1
-            s.decoding = True
-            s.spec = 0
+            if not s.decoding:  # (a decoding sequence has new == 1 and spec == 0 already)
+                s.new = 1
+                s.decoding = True
+                s.spec = 0
             s.scheduled_at = stamp
         if steps < self.steps or not self.finishes:
             return []
