@@ -279,7 +279,7 @@ class AdmissionController:
                 if d.model is not None:
                     job.model = d.model
             job.degraded = d.actions
-        return Routed(job.pool, rule, job.degraded)
+        return _tuple(Routed, (job.pool, rule, job.degraded))
 
     def _wait_in(self, pool: str, tier: int) -> float | None:
         """The predicted wait of a new job of tier number ``tier`` in ``pool``."""
