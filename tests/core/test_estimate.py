@@ -90,3 +90,28 @@ def test_the_estimators_sketch_is_chosen_by_config() -> None:
         assert isinstance(ctl.estimator._sketches["t"], kind)
     with pytest.raises(ValueError, match="sketch"):
         QuantileEstimator(sketch="nope")
+
+
+@pytest.mark.parametrize(("window", "refresh"), [(1, 1), (5, 3), (64, 8), (256, 32), (10, 16)])
+def test_window_quantile_reads_the_window_of_its_last_refresh_point(
+    window: int, refresh: int
+) -> None:
+    """Whenever it is read, the estimate is the window as it stood at the last refresh point
+    (each of the first ``refresh`` observations, then every ``refresh``-th), however many
+    observations came since and whether or not it was read in between."""
+    from velvetrope.core.estimate import WindowQuantile
+
+    rng = random.Random(window * 1000 + refresh)
+    w = WindowQuantile(0.9, window=window, refresh=refresh)
+    xs: list[int] = []
+    at = 0  # observations at the last refresh point
+    for _ in range(3 * window + 5 * refresh):
+        x = rng.randrange(1, 5000)
+        xs.append(x)
+        w.add(x)
+        n = len(xs)
+        if n <= refresh or n % refresh == 0:
+            at = n
+        if rng.random() < 0.3:
+            s = sorted(xs[max(0, at - window) : at])
+            assert w.value() == s[min(len(s) - 1, int(0.9 * len(s)))]

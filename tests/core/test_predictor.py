@@ -153,3 +153,24 @@ def test_an_expected_length_is_taken_only_from_tenants_trusted_with_it() -> None
     assert b.predicted_output == 300  # ignored: the estimate
     assert c.predicted_output == 50  # capped by max_tokens
     assert a.cost == 100 + 20  # reserved as predicted
+
+
+def test_recency_kept_by_ticks_drops_the_same_groups_as_an_ordered_dict() -> None:
+    """Far from ``max_keys`` the predictor keeps recency as ticks and orders its groups only
+    when they may start to be dropped: it predicts and drops exactly as one that keeps them
+    in recency order from the start."""
+    rng = np.random.default_rng(11)
+    lazy = LengthPredictor(0.5, min_observations=2, window=8, max_keys=60, refresh=1)
+    eager = LengthPredictor(0.5, min_observations=2, window=8, max_keys=60, refresh=1)
+    eager._order()  # recency order from the first group on
+    for i in range(3000):
+        tpl = None if i % 5 == 0 else f"tpl-{int(rng.integers(0, 4 + i // 100))}"
+        j = job(tenant=f"t{i % 3}", template=tpl, prompt=int(rng.integers(1, 5000)))
+        assert lazy.predict(j) == eager.predict(j)
+        assert lazy.level(j) == eager.level(j)
+        out = int(rng.integers(1, 900))
+        lazy.observe(j, out)
+        eager.observe(j, out)
+        if i in (50, 500, 2999):
+            assert list(lazy._groups) == list(eager._groups)
+    assert len(lazy) == 60

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -248,3 +249,12 @@ def test_least_loaded_ties_and_eligibility() -> None:
     assert least_loaded([3, 1, 1, 2], eligible=lambda i: i != 1) == 2
     assert least_loaded([3, 1], eligible=lambda i: False) == -1
     assert least_loaded([]) == -1
+
+
+def test_least_loaded_without_a_filter_picks_as_the_filtered_scan() -> None:
+    """The unfiltered scan from 0 (a ``min``) picks what the general scan picks: the first
+    of the smallest loads, -1 for none."""
+    rng = random.Random(3)
+    for _ in range(500):
+        loads = [rng.randrange(4) for _ in range(rng.randrange(6))]
+        assert least_loaded(loads) == least_loaded(loads, 0, lambda i: True)

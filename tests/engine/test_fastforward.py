@@ -136,6 +136,8 @@ class Pair:
             assert r.prefill_tokens == r.verify_tokens == 0
             assert r.start == run.start(i)
             assert r.end == run.start(i + 1)
+            if i + 1 < run.steps:  # a reading of the run as it stands, nothing applied
+                assert run.kv_usage(i + 1) == self.ref.kv_usage
             if i < j - 1:
                 assert r.events == []
             events = r.events

@@ -41,10 +41,6 @@ from typing import Any, NamedTuple
 
 from velvetrope.clock import Clock
 from velvetrope.core.bucket import (
-    REQUESTS,
-    TOKENS,
-    BucketKind,
-    BucketOwner,
     BucketSnapshot,
     Claim,
     Denial,
@@ -53,9 +49,10 @@ from velvetrope.core.bucket import (
     settle_lines,
 )
 from velvetrope.core.capacity import PoolCapacity
+from velvetrope.core.claims import ClaimSpecs
 from velvetrope.core.estimate import DrainMeter, OutputEstimator
 from velvetrope.core.limit import AdaptiveLimit
-from velvetrope.core.policy import BucketLimits, PolicyConfig, TenantPolicy
+from velvetrope.core.policy import PolicyConfig, TenantPolicy
 from velvetrope.core.predictor import make_estimator
 from velvetrope.core.presets import apply_preset
 from velvetrope.core.request import Job, JobState, Outcome, Reason, Settlement, Usage
@@ -68,6 +65,8 @@ __all__ = ["AdmissionController", "Admitted", "Decision", "Queued", "Rejected", 
 
 _QUEUED = JobState.QUEUED
 _DISPATCHED = JobState.DISPATCHED
+_COMPLETED = JobState.COMPLETED
+_DONE = Reason.COMPLETED
 _DEFAULT_RETRY_S = 1.0
 _NO_SETTLEMENT = Settlement(())
 _MISSING: Any = object()
@@ -104,25 +103,6 @@ class Rejected(NamedTuple):
 
 
 Decision = Admitted | Queued | Rejected
-
-
-_Spec = tuple[str, BucketKind, BucketOwner, float, float, float | None]
-
-
-def _limit_claims(owner: BucketOwner, name: str, lim: BucketLimits | None) -> list[_Spec]:
-    """Static bucket specs ``(key, kind, owner, capacity, rate, floor)`` for ``lim``."""
-    out: list[_Spec] = []
-    if lim is None:
-        return out
-    if lim.tokens_per_minute is not None:
-        rate = lim.tokens_per_minute / 60.0
-        cap = lim.token_capacity or lim.tokens_per_minute
-        out.append((f"{owner}:{name}:tok", TOKENS, owner, cap, rate, lim.token_debt_floor))
-    if lim.requests_per_minute is not None:
-        rate = lim.requests_per_minute / 60.0
-        cap = lim.request_capacity or lim.requests_per_minute
-        out.append((f"{owner}:{name}:req", REQUESTS, owner, cap, rate, None))
-    return out
 
 
 class _Pool:
@@ -168,9 +148,7 @@ class AdmissionController:
         self._tenants = {t.name: t for t in config.tenants}
         self._tier_index = {t.name: i for i, t in enumerate(config.tiers)}
         self._tier_max_wait = [t.max_wait_s for t in config.tiers]
-        self._tier_claims = [_limit_claims("tier", t.name, t.limits) for t in config.tiers]
-        self._model_claims = {m: _limit_claims("model", m, lim) for m, lim in config.models.items()}
-        self._spec_cache: dict[tuple[str, str, str | None], list[_Spec]] = {}
+        self._specs = ClaimSpecs(config, lambda tenant: self.tenant_policy(tenant).limits)
         self._bounds: dict[str, int | None] = {}
         self._max_queued = config.queue.max_queued
         self._pools: dict[str, _Pool] = {}
@@ -243,39 +221,20 @@ class AdmissionController:
         d = self.config.default_tenant
         return d.weight if d is not None else 1.0
 
-    def _specs(self, job: Job) -> list[_Spec]:
-        """Static bucket specs for ``job``'s (tenant, tier, model), cached."""
-        k = (job.tenant, job.tier, job.model)
-        specs = self._spec_cache.get(k)
-        if specs is None:
-            specs = _limit_claims("tenant", job.tenant, self.tenant_policy(job.tenant).limits)
-            tier = self._tier_index.get(job.tier)
-            if tier is not None:
-                specs = specs + self._tier_claims[tier]
-            if job.model is not None and job.model in self._model_claims:
-                specs = specs + self._model_claims[job.model]
-            self._spec_cache[k] = specs
-        return specs
-
     def claims(self, job: Job) -> list[Claim]:
         """The bucket claims ``job`` must reserve (tenant, tier, model), sized by its cost:
-        its tokens from each token bucket, 1 from each request bucket.
+        its tokens from each token bucket, 1 from each request bucket
+        (:mod:`velvetrope.core.claims`).
 
         Fills ``predicted_output``, ``reserved_output`` and ``cost`` if not done yet.
         """
-        self._size(job)
-        specs = self._spec_cache.get((job.tenant, job.tier, job.model))
-        if specs is None:
-            specs = self._specs(job)
-        cost = float(job.cost)
-        return [
-            Claim(key, kind, owner, cost if kind is TOKENS else 1.0, cap, rate, floor)
-            for key, kind, owner, cap, rate, floor in specs
-        ]
+        if not job.cost:
+            self._size(job)
+        return self._specs.claims(job)
 
     def _size(self, job: Job) -> None:
-        if job.cost:
-            return
+        """Fill ``predicted_output``, ``reserved_output`` and ``cost``; callers check that
+        ``cost`` is not set yet (a sized job keeps its size)."""
         if job.max_tokens < 1 or job.prompt_tokens < 0:
             raise PolicyError(
                 f"job {job.id!r}: max_tokens must be >= 1 and prompt_tokens >= 0 "
@@ -299,7 +258,8 @@ class AdmissionController:
         prediction and cost re-sized to match, so its claims reserve what it will use) or
         a fallback ``pool`` and ``model``.  Raises PolicyError for an unknown tier.
         """
-        self._size(job)
+        if not job.cost:
+            self._size(job)
         pool, rule = self.router.match(job)
         job.pool = pool
         job.route = rule
@@ -319,7 +279,7 @@ class AdmissionController:
                 if d.model is not None:
                     job.model = d.model
             job.degraded = d.actions
-        return Routed(job.pool, rule, job.degraded)
+        return _tuple(Routed, (job.pool, rule, job.degraded))
 
     def _wait_in(self, pool: str, tier: int) -> float | None:
         """The predicted wait of a new job of tier number ``tier`` in ``pool``."""
@@ -356,16 +316,19 @@ class AdmissionController:
         # 1. edge buckets
         buckets = self.buckets
         if buckets is None:
-            self._size(job)
+            if not job.cost:
+                self._size(job)
             if reservation is None:
-                if self._specs(job):
+                if self._specs.of(job):
                     raise PolicyError(f"job {job.id!r}: external buckets need a reservation")
             elif isinstance(reservation, Denial):
                 return self._deny(job, reservation, now)
             else:
                 job.claims = reservation.claims
         else:
-            claims = self.claims(job)
+            if not job.cost:
+                self._size(job)
+            claims = self._specs.claims(job)
             if claims:
                 res = buckets.reserve(claims, now)
                 if isinstance(res, Denial):
@@ -508,7 +471,7 @@ class AdmissionController:
         if job.state is not _DISPATCHED:
             raise LifecycleError(f"job {job_id!r} is {job.state.value}, not dispatched")
         self.estimator.observe(job, usage.completion_tokens)
-        return self._end_dispatched(job, JobState.COMPLETED, Reason.COMPLETED, usage)
+        return self._end_dispatched(job, _COMPLETED, _DONE, usage)
 
     def fail(
         self, job_id: str, reason: Reason = Reason.UPSTREAM_ERROR, usage: Usage | None = None
@@ -626,7 +589,7 @@ class AdmissionController:
         claims = job.claims
         if not claims:
             return _NO_SETTLEMENT
-        return Settlement(settle_lines(claims, actual_tokens))
+        return _tuple(Settlement, (settle_lines(claims, actual_tokens),))
 
     def _emit(
         self, job: Job, state: JobState, reason: Reason, settlement: Settlement, now: float
@@ -687,8 +650,10 @@ class AdmissionController:
         if pool.limit is not None:
             pool.limit.ended(job, now)
         del self._jobs[job.id]
+        claims = job.claims  # (self._settlement, inline on this path)
         total = usage.prompt_tokens + usage.completion_tokens
-        return self._emit(job, state, reason, self._settlement(job, total), now)
+        settled = _tuple(Settlement, (settle_lines(claims, total),)) if claims else _NO_SETTLEMENT
+        return self._emit(job, state, reason, settled, now)
 
     def _expire(self, now: float) -> list[Outcome]:
         out: list[Outcome] = []

@@ -1,8 +1,8 @@
 """Output-length estimation and drain-rate measurement.
 
-:class:`WindowQuantile` is the quantile of a sliding window of recent observations (a
-fixed ring buffer, cheap and adaptive); :class:`P2Quantile` is the P² algorithm of Jain &
-Chlamtac (CACM 1985), a running all-time quantile in five markers.  Both use O(1) memory.
+:class:`WindowQuantile` is the quantile of a sliding window of recent observations (cheap
+and adaptive); :class:`P2Quantile` is the P² algorithm of Jain & Chlamtac (CACM 1985), a
+running all-time quantile in five markers.  Both use O(1) memory.
 Two estimators predict a job's output tokens, both ``min(max_tokens, quantile)`` of what
 was observed, and any object with the :class:`OutputEstimator` shape can replace them (a
 learned model, an oracle):
@@ -121,13 +121,20 @@ class OutputEstimator(Protocol):
 class WindowQuantile:
     """The ``p``-quantile of the last ``window`` observations.
 
-    A ring buffer of fixed size: O(1) per observation, the sorted copy rebuilt at most once
-    every ``refresh`` observations (amortised O(window log window / refresh)), so the
-    estimate lags by fewer than ``refresh`` observations and follows drift within one
-    window.  Memory is bounded by ``window``.
+    The estimate is the quantile of the window as it stood at the last *refresh point*:
+    each of the first ``refresh`` observations, then every ``refresh``-th.  So it lags by
+    fewer than ``refresh`` observations and follows drift within one window.
+
+    Observations are appended to a history list that is cut back to the last ``window``
+    at each refresh point (a move of ``window`` pointers every ``refresh`` observations;
+    memory below ``window + refresh``); the sort that turns the window into an
+    estimate is done lazily, by the first :meth:`value` after a refresh point, from the
+    history as it stood there (the observations since are simply left off).  An estimator
+    that observes many windows and reads few sorts only the ones it reads, and never more
+    than once per refresh point.
     """
 
-    __slots__ = ("_buf", "_i", "_p", "_refresh", "_since", "_value", "count", "window")
+    __slots__ = ("_at", "_hist", "_next", "_p", "_refresh", "_stale", "_value", "count", "window")
 
     def __init__(self, p: float, window: int = 256, refresh: int = 16) -> None:
         if not 0 < p < 1:
@@ -135,26 +142,25 @@ class WindowQuantile:
         self._p = p
         self.window = window
         self._refresh = refresh
-        self._buf: list[float] = []
-        self._i = 0
-        self._since = 0
+        self._hist: list[float] = []
+        self._at = 0  # observations at the last refresh point
+        self._next = 1  # ... and at the next one
+        self._stale = False  # _value is not yet the estimate of the last refresh point
         self._value = math.nan
         self.count = 0
 
     def add(self, x: float) -> None:
         """Observe one value."""
-        buf = self._buf
-        window = self.window
-        if len(buf) < window:
-            buf.append(x)
-        else:
-            buf[self._i] = x
-            self._i = (self._i + 1) % self.window
-        self.count += 1
-        self._since += 1
-        if self._since >= self._refresh or self.count <= self._refresh:
-            self._since = 0
-            self._value = self._pick(sorted(buf))
+        self._hist.append(x)
+        n = self.count = self.count + 1
+        if n < self._next:
+            return
+        self._at = n  # a refresh point
+        self._next = n + 1 if n < self._refresh else n + self._refresh
+        self._stale = True
+        hist = self._hist
+        if len(hist) > self.window:
+            del hist[: -self.window]
 
     def _pick(self, s: list[float]) -> float:
         """The estimate from the window, sorted: its ``⌊p·n⌋``-th value (from 0)."""
@@ -162,6 +168,11 @@ class WindowQuantile:
 
     def value(self) -> float:
         """The current estimate; ``nan`` before any observation."""
+        if self._stale:
+            self._stale = False
+            hist = self._hist
+            end = len(hist) - (self.count - self._at)
+            self._value = self._pick(sorted(hist[max(0, end - self.window) : end]))
         return self._value
 
 

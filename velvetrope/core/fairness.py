@@ -179,8 +179,15 @@ class VirtualTokenCounter:
 
     def peek(self) -> Job | None:
         backlogged = self._backlogged
+        counters = self.counters
         while backlogged:
-            best = min(backlogged, key=self.counters.__getitem__)
+            it = iter(backlogged)  # the first smallest counter (a loop beats min(key=) here)
+            best = next(it)
+            low = counters[best]
+            for t in it:
+                c = counters[t]
+                if c < low:
+                    best, low = t, c
             job = backlogged[best].peek()
             if job is not None:
                 self._chosen = best
@@ -202,7 +209,7 @@ class VirtualTokenCounter:
         w = self._weights.get(t)
         counters[t] = c + (self._w_in * job.prompt_tokens + self._w_out * out) / (
             w if w is not None else self._w(t)
-        )  # as _charge: the pop path, inline
+        )  # the charge of a dispatched job (as on_start_direct)
         if h.live == 0:
             del self._backlogged[t]
         self._chosen = None
@@ -212,17 +219,6 @@ class VirtualTokenCounter:
         w = self._weights[tenant] = self._weight(tenant)
         return w
 
-    def _charge(self, job: Job) -> None:
-        """Charge a dispatched job's prompt and predicted output to its tenant."""
-        t = job.tenant
-        out = job.predicted_output
-        if out is None:
-            out = job.max_tokens
-        w = self._weights.get(t)
-        self.counters[t] = self.counters.get(t, 0.0) + (
-            self._w_in * job.prompt_tokens + self._w_out * out
-        ) / (w if w is not None else self._w(t))
-
     def discard(self, job: Job) -> None:
         h = self._heaps[job.tenant]
         h.discard(job)
@@ -231,12 +227,18 @@ class VirtualTokenCounter:
             self._backlogged.pop(job.tenant, None)
 
     def on_start_direct(self, job: Job) -> None:
-        """A job of this band started without queueing: it is service all the same."""
+        """A job of this band started without queueing: it is service all the same (its
+        tenant is lifted to the last served counter, then charged as :meth:`pop` does)."""
         t = job.tenant
         c = self.counters.get(t, 0.0)
-        self.counters[t] = c if c > self._last else self._last
-        self._last = self.counters[t]
-        self._charge(job)
+        c = self._last = c if c > self._last else self._last
+        out = job.predicted_output
+        if out is None:
+            out = job.max_tokens
+        w = self._weights.get(t)
+        self.counters[t] = c + (self._w_in * job.prompt_tokens + self._w_out * out) / (
+            w if w is not None else self._w(t)
+        )
 
     def on_complete(self, job: Job, output_tokens: int) -> None:
         predicted = job.predicted_output

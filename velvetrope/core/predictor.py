@@ -24,13 +24,14 @@ A job is predicted by the first of its groups (levels without a template are ski
 the job has none) that holds at least ``min_observations`` outputs: a cold start falls
 back to the coarser level, and with nothing at all to the configured default.  Every
 finished job is recorded in each of its groups.  A group keeps its last ``window``
-outputs in a ring buffer (the tenant and global levels keep ``wide_window``) and predicts
-their ``quantile`` exactly as ``numpy.quantile(..., method="inverted_cdf")`` does: the
-smallest observed value with at least that share of the window at or below it, recomputed
-every ``refresh`` observations (by default every eighth of the window, at least 8), and at
-each of the first ones.  At most
-``max_keys`` groups live; the least recently used is dropped first, so a stream of unique
-templates cannot grow memory past ``max_keys`` rings.  The prediction is clamped to
+outputs (the tenant and global levels keep ``wide_window``) and predicts their
+``quantile`` exactly as ``numpy.quantile(..., method="inverted_cdf")`` does: the smallest
+observed value with at least that share of the window at or below it, as the window stood
+every ``refresh`` observations (by default every eighth of the window, at least 8) and at
+each of the first ones (:class:`~velvetrope.core.estimate.WindowQuantile`: sorted only
+when the group is read).  At most ``max_keys`` groups live; the least recently used is
+dropped first, so a stream of unique templates cannot grow memory past ``max_keys``
+windows.  The prediction is clamped to
 ``[1, max_tokens]``.
 """
 
@@ -50,9 +51,14 @@ _Key = tuple[object, ...]
 
 class RingQuantile(WindowQuantile):
     """The ``p``-quantile of the last ``window`` observations by the inverted CDF (numpy's
-    ``method="inverted_cdf"``): the ``⌈p·n⌉``-th smallest; ``nan`` before any."""
+    ``method="inverted_cdf"``): the ``⌈p·n⌉``-th smallest; ``nan`` before any.  ``used``
+    is when a :class:`LengthPredictor` last touched it (its own tick count)."""
 
-    __slots__ = ()
+    __slots__ = ("used",)
+
+    def __init__(self, p: float, window: int = 256, refresh: int = 16) -> None:
+        super().__init__(p, window, refresh)
+        self.used = 0
 
     def _pick(self, s: list[float]) -> float:
         return s[max(0, math.ceil(self._p * len(s)) - 1)]
@@ -64,9 +70,12 @@ class LengthPredictor:
     :class:`~velvetrope.core.estimate.OutputEstimator`."""
 
     __slots__ = (
+        "_chains",
         "_groups",
         "_min_obs",
+        "_ordered",
         "_refresh",
+        "_tick",
         "_wide",
         "_window",
         "default",
@@ -99,17 +108,37 @@ class LengthPredictor:
         self.max_keys = max_keys
         self.prompt_feature = prompt_feature
         self._refresh = refresh
+        # The least recently used group is dropped first.  Until the groups come within
+        # _CHAIN_MAX of max_keys none can be dropped, so recency is kept as a tick per group
+        # (``used``) and a request shape's groups are reached through its _Chain; from then
+        # on (_ordered) the dict's order is the recency order, as the ticks give it.
         self._groups: OrderedDict[_Key, RingQuantile] = OrderedDict()
+        self._ordered = False
+        self._tick = 0
+        # (tenant, template, model, mt, pl) -> its groups, built once (bounded)
+        self._chains: dict[_Key, _Chain] = {}
 
     def __len__(self) -> int:
         """Groups held (at most ``max_keys``)."""
         return len(self._groups)
 
-    def keys(self, job: Job) -> list[_Key]:
+    def keys(self, job: Job) -> tuple[_Key, ...]:
         """``job``'s groups, most specific first (see the module docstring)."""
+        return self._chain_of(job).keys
+
+    def _chain_of(self, job: Job) -> _Chain:
         mt = job.max_tokens.bit_length()
         pl = job.prompt_tokens.bit_length() if self.prompt_feature else -1
-        t, m, tpl = job.tenant, job.model, job.template
+        sig = (job.tenant, job.template, job.model, mt, pl)
+        chains = self._chains
+        out = chains.get(sig)
+        if out is None:
+            if len(chains) >= self.max_keys:  # a cache, bounded like the groups
+                del chains[next(iter(chains))]
+            out = chains[sig] = _Chain(self._keys(job.tenant, job.template, job.model, mt, pl))
+        return out
+
+    def _keys(self, t: str, tpl: str | None, m: str | None, mt: int, pl: int) -> tuple[_Key, ...]:
         out: list[_Key] = []
         if tpl is not None:
             if self.prompt_feature:
@@ -118,33 +147,74 @@ class LengthPredictor:
         if self.prompt_feature:
             out.append(("mp", t, m, mt, pl))
         out += [("m", t, m, mt), ("n", t), ("*",)]
-        return out
+        return tuple(out)
 
     def predict(self, job: Job) -> int:
-        groups = self._groups
+        chain = self._chain_of(job)
         guess = self.default
-        for key in self.keys(job):
-            g = groups.get(key)
-            if g is not None and g.count >= self._min_obs:
-                groups.move_to_end(key)
-                guess = math.ceil(g.value())
-                break
+        if self._ordered:
+            groups = self._groups
+            for key in chain.keys:
+                g = groups.get(key)
+                if g is not None and g.count >= self._min_obs:
+                    groups.move_to_end(key)
+                    guess = math.ceil(g.value())
+                    break
+        else:
+            cached = chain.groups
+            if cached is None:  # not observed yet: other shapes may share its groups
+                groups = self._groups
+                cached = [g for g in (groups.get(key) for key in chain.keys) if g is not None]
+            for g in cached:
+                if g.count >= self._min_obs:
+                    g.used = self._tick = self._tick + 1
+                    guess = math.ceil(g.value())
+                    break
         return max(1, min(job.max_tokens, guess))
 
     def observe(self, job: Job, output_tokens: int) -> None:
+        chain = self._chain_of(job)
+        if not self._ordered and len(self._groups) + _CHAIN_MAX > self.max_keys:
+            self._order()
         groups = self._groups
-        for key in self.keys(job):
-            g = groups.get(key)
-            if g is None:
-                size = self._wide if key[0] in ("n", "*") else self._window
-                every = self._refresh if self._refresh is not None else max(8, size // 8)
-                g = RingQuantile(self.quantile, size, every)
-                groups[key] = g
-                if len(groups) > self.max_keys:
-                    groups.popitem(last=False)
-            else:
-                groups.move_to_end(key)
+        if self._ordered:
+            for key in chain.keys:
+                g = groups.get(key)
+                if g is None:
+                    g = groups[key] = self._new(key)
+                    if len(groups) > self.max_keys:
+                        groups.popitem(last=False)
+                else:
+                    groups.move_to_end(key)
+                g.add(output_tokens)
+            return
+        cached = chain.groups
+        if cached is None:
+            cached = chain.groups = []
+            for key in chain.keys:
+                g = groups.get(key)
+                if g is None:
+                    g = groups[key] = self._new(key)
+                cached.append(g)
+        tick = self._tick
+        for g in cached:
+            tick += 1
+            g.used = tick
             g.add(output_tokens)
+        self._tick = tick
+
+    def _new(self, key: _Key) -> RingQuantile:
+        size = self._wide if key[0] in ("n", "*") else self._window
+        every = self._refresh if self._refresh is not None else max(8, size // 8)
+        return RingQuantile(self.quantile, size, every)
+
+    def _order(self) -> None:
+        """Put the groups in recency order (by their ticks) and keep them so from now on:
+        the next groups created may push the least recently used one out."""
+        order = sorted(self._groups.items(), key=lambda kv: kv[1].used)
+        self._groups = OrderedDict(order)
+        self._ordered = True
+        self._chains.clear()  # their cached groups may be dropped from now on
 
     def level(self, job: Job) -> str:
         """Which level would predict ``job`` now (``default`` before any has enough)."""
@@ -153,6 +223,21 @@ class LengthPredictor:
             if g is not None and g.count >= self._min_obs:
                 return str(key[0])
         return "default"
+
+
+_CHAIN_MAX = 7
+"""Groups per request at most (the levels of the module docstring)."""
+
+
+class _Chain:
+    """One request shape's group keys, most specific first, and (while none can be
+    dropped, once the shape was observed) its groups, in the same order."""
+
+    __slots__ = ("groups", "keys")
+
+    def __init__(self, keys: tuple[_Key, ...]) -> None:
+        self.keys = keys
+        self.groups: list[RingQuantile] | None = None  # all of them, once observed
 
 
 def make_estimator(policy: EstimatorPolicy) -> OutputEstimator:

@@ -60,6 +60,7 @@ from velvetrope.core.request import Job
 __all__ = ["EngineReading", "EngineSaturation"]
 
 _INF = math.inf
+_ABSENT: Any = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,10 +167,9 @@ class EngineSaturation:
 
     def ended(self, job: Job, now: float) -> None:
         """``job`` reached its terminal state: release it from wherever it was counted."""
-        where = self._where
-        if job.id not in where:
+        prev = self._where.pop(job.id, _ABSENT)
+        if prev is _ABSENT:
             return
-        prev = where.pop(job.id)
         if prev is None:
             self._pending -= 1
         else:
@@ -177,26 +177,36 @@ class EngineSaturation:
 
     # -- the rule ----------------------------------------------------------------------
 
-    def _room(self, e: _Engine, now: float) -> float:
-        r = e.reading
-        if r is None:
-            return _INF
-        if now - e.at > self.stale_after_s or r.kv_usage >= self.max_kv_usage:
-            return 0.0
-        cap = e.capacity
-        if cap is None:
-            if r.waiting <= self.max_waiting:
-                return _INF
-            cap = r.running
-        return cap + self.max_waiting - (r.running + r.waiting + e.ours - e.ours_at)
+    def _rooms(self, engines: list[_Engine], now: float, stop: bool) -> list[float]:
+        """The room of each of ``engines`` (``inf``: unlimited), up to the first unlimited
+        one when ``stop``."""
+        out: list[float] = []
+        stale, max_kv, max_waiting = self.stale_after_s, self.max_kv_usage, self.max_waiting
+        for e in engines:  # one loop, no call per engine: the dispatch path runs it
+            r = e.reading
+            if r is None:
+                room = _INF
+            elif now - e.at > stale or r.kv_usage >= max_kv:
+                room = 0.0
+            else:
+                cap = e.capacity
+                if cap is None and r.waiting <= max_waiting:
+                    room = _INF
+                else:
+                    if cap is None:
+                        cap = r.running
+                    room = cap + max_waiting - (r.running + r.waiting + e.ours - e.ours_at)
+            out.append(room)
+            if stop and room == _INF:
+                break
+        return out
 
     def room(self, now: float) -> float:
         """Dispatches the pool's engines can take now (``inf``: not limited by readings)."""
         if not self._live:
             return _INF
         total = 0.0
-        for e in self._live:
-            r = self._room(e, now)
+        for r in self._rooms(self._live, now, True):
             if r == _INF:
                 return _INF
             if r > 0:
@@ -226,9 +236,9 @@ class EngineSaturation:
         """Per live engine: its last reading, the reading's age, the learned capacity, the
         corrected load (``projected``) and its room (``None``: unlimited)."""
         out: dict[str, dict[str, Any]] = {}
-        for eid, e in zip(self._live_ids, self._live, strict=True):
+        rooms = self._rooms(self._live, now, False)
+        for eid, e, room in zip(self._live_ids, self._live, rooms, strict=True):
             r = e.reading
-            room = self._room(e, now)
             out[eid] = {
                 "running": None if r is None else r.running,
                 "waiting": None if r is None else r.waiting,

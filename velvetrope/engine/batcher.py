@@ -500,7 +500,7 @@ class Batcher:
         # when the victims took every sequence scheduled so far and then the needy one).
         duration = profile.step_time(prefill, decode, context, verify) if scheduled else 0.0
         t = now + duration
-        events: list[EngineEvent] = [Preempted(v.seq_id, t) for v in preempted]
+        events: list[EngineEvent] = [Preempted(v.seq_id, t) for v in preempted] if preempted else []
         finished = False
         token_events = self._token_events
         pc = self._pc

@@ -126,6 +126,17 @@ class DecodeRun:
             return bisect.bisect_right(starts, t, 0, self.steps)
         return bisect.bisect_left(starts, t, 0, self.steps)
 
+    def kv_usage(self, steps: int) -> float:
+        """The batcher's ``kv_usage`` once brought through the first ``steps`` steps of the
+        run (``applied <= steps < self.steps``), without applying them: the blocks those
+        steps take are the only change a reading sees (nothing is admitted or finishes
+        before the last step)."""
+        b = self._batcher
+        kv = b._kv
+        c = [s.computed for s in self._running]
+        taken = _boundaries(c, steps - self.applied, b._profile.block_size)
+        return (kv.num_blocks - (kv.num_free - taken)) / kv.num_blocks  # as BlockPool.usage
+
     def apply(self, steps: int) -> list[EngineEvent]:
         """Bring the batcher through the first ``steps`` steps of the run
         (``applied <= steps <= self.steps``), as ``steps - applied`` more calls of
@@ -166,7 +177,7 @@ class DecodeRun:
             if n == 1:
                 running[0].blocks.extend(got)
             else:
-                first = sorted(range(n), key=lambda i: ((-c[i]) % bs, i))
+                first = sorted(range(n), key=[(-x) % bs for x in c].__getitem__)  # stable
                 for r, i in enumerate(first):
                     running[i].blocks.extend(got[r::n])
         stamp = self._base = b._steps = b._steps + delta
@@ -175,9 +186,10 @@ class DecodeRun:
             s.computed += delta
             s.generated += delta
             s.known += delta
-            s.new = 1
-            s.decoding = True
-            s.spec = 0
+            if not s.decoding:  # (a decoding sequence has new == 1 and spec == 0 already)
+                s.new = 1
+                s.decoding = True
+                s.spec = 0
             s.scheduled_at = stamp
         if steps < self.steps or not self.finishes:
             return []

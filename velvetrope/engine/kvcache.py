@@ -93,13 +93,13 @@ class BlockAllocator(BlockPool):
             raise ValueError(f"cannot allocate {n} KV blocks: {len(free)} free")
         if n:
             cut = len(free) - n
-            table.extend(reversed(free[cut:]))
+            table += free[: cut - 1 : -1] if cut else free[::-1]  # free[cut:], reversed
             del free[cut:]
 
     def free(self, table: list[int]) -> None:
         """Return every block of ``table`` to the pool and clear ``table``."""
         if table:
-            self._free.extend(reversed(table))
+            self._free += table[::-1]
             table.clear()
 
     def release_tail(self, table: list[int], keep: int) -> None:

@@ -236,7 +236,7 @@ def run_simulation(
         outputs=outputs, caps=caps, preds=preds, models=models,
         templates=[r.prefix_id for r in workload], pool_index={p: i for i, p in
         enumerate(pool_names)}, max_len=profile.max_model_len,
-        shared=[(r.prefix_id, r.prefix_tokens) for r in workload],
+        prefix_tokens=[r.prefix_tokens for r in workload],
     )  # fmt: skip
     attached = None
     if autoscale is not None:

@@ -39,8 +39,11 @@ Fast-forward (:mod:`velvetrope.engine.fastforward`): a replica whose next steps 
 decode gets one STEP event at the end of the whole stretch.  Anything that touches it
 earlier (a dispatch to it, a client timeout of one of its jobs) first applies the stretch
 up to the step in progress (``settle``) and moves its STEP event to that step's end: the
-old event keeps a stale version and is ignored.  A scrape applies every run up to the step
-in progress and lets it go on (``bring_up``).  A step starting exactly at that moment
+old event keeps a stale version and is ignored.  A scrape reads each run as it stands at
+the step in progress without applying it (``projected``: only its KV blocks change before
+its last step) and lets it go on; the autoscaler's signal, which reads the batchers
+themselves, applies every run up to the step in progress first (``bring_up``).  A step
+starting exactly at that moment
 counts as started when a step-by-step loop would have handled that step end first (a lower
 replica number while handling a step end; always for the other events).
 
@@ -88,6 +91,7 @@ STEP, SCRAPE, READY, PROM, SCALE, DEADLINE, TIMEOUT, ARRIVAL = range(8)
 _BY_ALL = 1 << 30
 """The ``by`` of events that are not step ends: after every replica's (fast-forward)."""
 _KBITS = 24
+_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
 _QUEUED = JobState.QUEUED
 _DISPATCHED = JobState.DISPATCHED
 
@@ -121,7 +125,9 @@ class Autoscaling:
 @dataclass(slots=True)
 class Inputs:
     """Per-request inputs, prepared once (aligned lists, in workload order).  ``outputs`` is
-    updated in place when a degraded job's ``max_tokens`` cuts what its engine generates."""
+    updated in place when a degraded job's ``max_tokens`` cuts what its engine generates.
+    ``templates`` are the requests' shared-prefix ids (the core's template, the engine's
+    prefix id) and ``prefix_tokens`` the tokens of that prefix."""
 
     times: list[float]
     tenants: list[str]
@@ -134,7 +140,7 @@ class Inputs:
     templates: list[str | None]
     pool_index: dict[str, int]
     max_len: int
-    shared: list[tuple[str | None, int]]
+    prefix_tokens: list[int]
 
 
 @dataclass(slots=True)
@@ -168,7 +174,8 @@ def drive(
     env = Environment()
     schedule = env.schedule
     n = len(inp.times)
-    times, prompts, outputs, shared = inp.times, inp.prompts, inp.outputs, inp.shared
+    times, prompts, outputs = inp.times, inp.prompts, inp.outputs
+    templates, prefix_tokens = inp.templates, inp.prefix_tokens
     max_len = inp.max_len
     pool_index = inp.pool_index
     jobs: list[Job | None] = [None] * n
@@ -183,6 +190,7 @@ def drive(
     runs: list[DecodeRun | None] = [None] * len(fleet)
     ver = [0] * len(fleet)
     step_prio = [priority(STEP, k) for k in range(len(fleet))]
+    arrival_prio = priority(ARRIVAL, 0)  # + i: priority(ARRIVAL, i) (checked below)
     plan = plan_decode_run if fast_forward else None
     set_clock = clock.set
     dispatchable = ctl.dispatchable
@@ -231,9 +239,13 @@ def drive(
             k = route(pool)
             if runs[k] is not None:
                 settle(k, now, by)
-            pid, ptok = shared[idx]
             batchers[k].add(
-                job.id, prompts[idx], outputs[idx], now, prefix_id=pid, prefix_tokens=ptok
+                job.id,
+                prompts[idx],
+                outputs[idx],
+                now,
+                prefix_id=templates[idx],
+                prefix_tokens=prefix_tokens[idx],
             )
             sent(job, k)
             fresh[k] += 1
@@ -273,7 +285,7 @@ def drive(
                 if type(e) is FirstToken:
                     first_token(e.seq_id)
                 elif type(e) is Finished:
-                    complete(e.seq_id, Usage(e.prompt_tokens, e.output_tokens))
+                    complete(e.seq_id, _tuple(Usage, (e.prompt_tokens, e.output_tokens)))
                     load_[k] -= 1
                     freed = True
             if freed and ctl.queued:
@@ -322,13 +334,26 @@ def drive(
                 else:
                     settle(k, now, _BY_ALL)
 
+    def projected(now: float) -> list[float | None]:
+        """Each replica's KV usage with its pending decode run brought up to the step in
+        progress at ``now``, the run left pending (``None``: no run, read the batcher); a
+        run that ends by ``now`` is settled."""
+        usage: list[float | None] = [None] * len(runs)
+        for k, run in enumerate(runs):
+            if run is not None:
+                j = run.started(now, inclusive=True)
+                if j < run.steps:
+                    usage[k] = run.kv_usage(j)
+                else:
+                    settle(k, now, _BY_ALL)
+        return usage
+
     def on_scrape(_: None) -> None:
         now = env.now
         if not (arrived[0] < n or ctl.queued or ctl.in_flight):
             return  # the last work ended before this scrape: nothing left to read
         set_clock(now)
-        bring_up(now)
-        scrapes.fire(now)
+        scrapes.fire(now, projected(now))
         dispatch(now, _BY_ALL)
         schedule(scrapes.next_at, priority(SCRAPE), on_scrape, None)
         horizon(now)
@@ -399,7 +424,7 @@ def drive(
         samples_f.append(ctl.in_flight)
         arrived[0] = i + 1
         if i + 1 < n:
-            schedule(times[i + 1], priority(ARRIVAL, i + 1), on_arrival, i + 1)
+            schedule(times[i + 1], arrival_prio + i + 1, on_arrival, i + 1)
         horizon(h)
 
     # -- the autoscaled pool ---------------------------------------------------------------
@@ -487,7 +512,8 @@ def drive(
     if scrapes.next_at < math.inf:
         schedule(scrapes.next_at, priority(SCRAPE), on_scrape, None)
     if n:
-        schedule(times[0], priority(ARRIVAL, 0), on_arrival, 0)
+        priority(ARRIVAL, n - 1)  # every arrival's rank is in range
+        schedule(times[0], arrival_prio, on_arrival, 0)
     was_enabled = gc.isenabled()
     gc.disable()
     try:

@@ -28,6 +28,7 @@ would have scraped.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -117,16 +118,21 @@ class EngineScrapes:
         if rule is not None:
             rule.sent(job.id, self._ids[k])
 
-    def fire(self, now: float) -> None:
-        """Read every replica at ``now`` and schedule the next scrape."""
+    def fire(self, now: float, kv_usage: Sequence[float | None] | None = None) -> None:
+        """Read every replica at ``now`` and schedule the next scrape.  ``kv_usage[k]``,
+        when given and not ``None``, is replica ``k``'s KV usage as of ``now`` (its batcher
+        lags behind by a pending decode run: nothing else of it has changed)."""
         batchers = self._fleet.batchers
         fresh = self.fresh
         waiting = [max(0, b.num_waiting - f) for b, f in zip(batchers, fresh, strict=True)]
         for rule, present in self._rules:
             for k in present:
                 b = batchers[k]
+                kv = kv_usage[k] if kv_usage is not None else None
                 rule.observe(
-                    self._ids[k], EngineReading(b.num_running, waiting[k], b.kv_usage), now
+                    self._ids[k],
+                    EngineReading(b.num_running, waiting[k], b.kv_usage if kv is None else kv),
+                    now,
                 )
         if self.record:
             self._t.append(now)

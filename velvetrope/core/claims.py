@@ -1,0 +1,86 @@
+"""Which token buckets a job claims, and how much of each: the static bucket specs of a
+policy and the claims built from them.
+
+A job claims the buckets its tenant's, its tier's and its model's ``limits`` name
+(:class:`~velvetrope.core.policy.BucketLimits`), in that order: a token bucket
+(``<owner>:<name>:tok``) for ``tokens_per_minute`` and a request bucket
+(``<owner>:<name>:req``) for ``requests_per_minute``.  A claim takes the job's ``cost`` from
+each token bucket and 1 from each request bucket (:class:`~velvetrope.core.bucket.Claim`).
+The specs of a (tenant, tier, model) are built once and cached; they never change while the
+policy does not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from velvetrope.core.bucket import REQUESTS, TOKENS, BucketKind, BucketOwner, Claim
+from velvetrope.core.policy import BucketLimits, PolicyConfig
+from velvetrope.core.request import Job
+
+__all__ = ["ClaimSpecs", "Spec"]
+
+Spec = tuple[str, BucketKind, BucketOwner, float, float, float | None]
+"""A static bucket spec: ``(key, kind, owner, capacity, rate, floor)``."""
+
+_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
+
+
+def _limit_specs(owner: BucketOwner, name: str, lim: BucketLimits | None) -> list[Spec]:
+    """Static bucket specs ``(key, kind, owner, capacity, rate, floor)`` for ``lim``."""
+    out: list[Spec] = []
+    if lim is None:
+        return out
+    if lim.tokens_per_minute is not None:
+        rate = lim.tokens_per_minute / 60.0
+        cap = lim.token_capacity or lim.tokens_per_minute
+        out.append((f"{owner}:{name}:tok", TOKENS, owner, cap, rate, lim.token_debt_floor))
+    if lim.requests_per_minute is not None:
+        rate = lim.requests_per_minute / 60.0
+        cap = lim.request_capacity or lim.requests_per_minute
+        out.append((f"{owner}:{name}:req", REQUESTS, owner, cap, rate, None))
+    return out
+
+
+class ClaimSpecs:
+    """The bucket specs of one policy, per (tenant, tier, model); ``tenant_limits(name)``
+    is a tenant's ``limits`` (its own, its default policy's or none)."""
+
+    __slots__ = ("_cache", "_models", "_tenant_limits", "_tier_index", "_tiers")
+
+    def __init__(
+        self, config: PolicyConfig, tenant_limits: Callable[[str], BucketLimits | None]
+    ) -> None:
+        self._tenant_limits = tenant_limits
+        self._tier_index = {t.name: i for i, t in enumerate(config.tiers)}
+        self._tiers = [_limit_specs("tier", t.name, t.limits) for t in config.tiers]
+        self._models = {m: _limit_specs("model", m, lim) for m, lim in config.models.items()}
+        self._cache: dict[tuple[str, str, str | None], list[Spec]] = {}
+
+    def of(self, job: Job) -> list[Spec]:
+        """The specs of ``job``'s (tenant, tier, model), cached."""
+        k = (job.tenant, job.tier, job.model)
+        specs = self._cache.get(k)
+        if specs is None:
+            specs = _limit_specs("tenant", job.tenant, self._tenant_limits(job.tenant))
+            tier = self._tier_index.get(job.tier)
+            if tier is not None:
+                specs = specs + self._tiers[tier]
+            if job.model is not None and job.model in self._models:
+                specs = specs + self._models[job.model]
+            self._cache[k] = specs
+        return specs
+
+    def claims(self, job: Job) -> list[Claim]:
+        """The claims of a sized ``job`` (its ``cost`` set): its cost from each token
+        bucket, 1 from each request bucket."""
+        specs = self._cache.get((job.tenant, job.tier, job.model))
+        if specs is None:
+            specs = self.of(job)
+        cost = float(job.cost)
+        out: list[Claim] = []  # a loop, not a comprehension: cheaper for one or two specs
+        for key, kind, owner, cap, rate, floor in specs:
+            out.append(
+                _tuple(Claim, (key, kind, owner, cost if kind is TOKENS else 1.0, cap, rate, floor))
+            )
+        return out
