@@ -15,6 +15,7 @@ from setuptools import setup
 COMPILED = [
     "velvetrope/core/bucket.py",
     "velvetrope/core/capacity.py",
+    "velvetrope/core/claims.py",
     "velvetrope/core/controller.py",
     "velvetrope/core/estimate.py",
     "velvetrope/core/fairness.py",
