@@ -72,8 +72,9 @@ def instant() -> Iterator[EngineServer]:
 
 @pytest.fixture(scope="module")
 def small() -> Iterator[EngineServer]:
-    """A tiny KV cache (64 blocks = 1,024 tokens) and context, 100x real time."""
-    with run_engine(speed=100, set=["num_gpu_blocks=64", "max_model_len=1024"]) as e:
+    """A tiny KV cache (64 blocks = 1,024 tokens) and context, 10x real time (slow enough
+    that requests sent together overlap on the engine even when the machine is busy)."""
+    with run_engine(speed=10, set=["num_gpu_blocks=64", "max_model_len=1024"]) as e:
         yield e
 
 
