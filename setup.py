@@ -11,6 +11,7 @@ source; see ``velvetrope/core/__init__.py``).
 import os
 
 from setuptools import setup
+from setuptools.command.build_ext import build_ext
 
 COMPILED = [
     "velvetrope/core/bucket.py",
@@ -28,10 +29,26 @@ COMPILED = [
     "velvetrope/core/scheduler.py",
 ]
 
+
+class OptionalBuildExt(build_ext):
+    """Build the compiled core if this machine can (a C compiler and the Python headers);
+    else say so and install plain Python, which behaves the same, only slower."""
+
+    def run(self) -> None:
+        try:
+            super().run()
+        except Exception as e:  # noqa: BLE001 (any build failure means: no extensions)
+            print(f"velvetrope: the compiled core was not built ({e}); installing plain Python")
+            for ext in self.extensions:  # none of them, or the shared runtime could be missing
+                path = self.get_ext_fullpath(ext.name)
+                if os.path.exists(path):
+                    os.remove(path)
+
+
 ext_modules = []
 if os.environ.get("VELVETROPE_PURE") != "1":
     from mypyc.build import mypycify
 
     ext_modules = mypycify(COMPILED, opt_level="3")
 
-setup(ext_modules=ext_modules)
+setup(ext_modules=ext_modules, cmdclass={"build_ext": OptionalBuildExt})
