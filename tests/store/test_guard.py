@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import redis
 
 from tests.support.redis_server import RedisServer
 from velvetrope.clock import ManualClock, SystemClock
@@ -186,3 +187,30 @@ def test_admit_and_finish_take_and_give_back_in_one_call(fresh_redis: str) -> No
             await s.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.integration
+def test_every_key_the_scripts_write_expires(fresh_redis: str) -> None:
+    """Buckets, holds, leases and heartbeats all carry a TTL: a namespace left behind by a
+    deployment that went away empties itself."""
+
+    async def main() -> None:
+        s = RedisStore(connect(fresh_redis, password=None, timeout_s=1.0), namespace="ttl")
+        try:
+            claims = [claim(300), Claim("tenant:a:req", "requests", "tenant", 1, 10, 0.1)]
+            await s.admit("j1", "a", claims, Slot("p", 300, 4, None))
+            await s.reserve("j2", "a", claims)
+            await s.acquire("j2", Slot("p", 300, 4, None))
+            await s.heartbeat("replica-1", 3)
+            await s.finish("j1", "a", claims, settle_lines(claims, 100), "p")
+            await s.settle("j2", "a", claims, settle_lines(claims, 50))
+            await s.reserve("j3", "a", claims)  # a hold left waiting for its settlement
+        finally:
+            await s.close()
+
+    asyncio.run(main())
+    with redis.Redis.from_url(fresh_redis) as c:
+        keys = sorted(k.decode() for k in c.scan_iter("ttl:*"))
+        assert any(":b:" in k for k in keys) and any(":held:" in k for k in keys)
+        assert any(":leases" in k for k in keys) and any("replicas" in k for k in keys)
+        assert {k: c.pttl(k) for k in keys if c.pttl(k) <= 0} == {}
