@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from velvetrope.core.bucket import BucketKind, Claim, Denial, Grant, MemoryBuckets, TokenBucket
-from velvetrope.store.redis_store import RedisStore, bucket_state
+from velvetrope.store.redis_store import RedisStore
 
 from .vectors import TOLERANCE_S, VECTORS, Vector
 
@@ -55,7 +55,10 @@ async def run_redis(v: Vector, url: str) -> tuple[object, dict[str, float]]:
         now = sec + usec / 1e6
         for key, b in v.buckets.items():
             if b.level is not None:
-                sync.set(store.bucket_key(TENANT, key), bucket_state(b.level, now - b.age_s))
+                sync.hset(
+                    store.bucket_key(TENANT, key),
+                    mapping={"l": repr(b.level), "t": repr(now - b.age_s)},
+                )
         claims = claims_of(v)
         if v.op == "reserve":
             out: object = await store.reserve("job", TENANT, claims)

@@ -11,8 +11,7 @@ loses its settlement), leases after twice their TTL without renewal.
 
 Key layout (``ns`` is the deployment namespace, ``{...}`` the hash tag)::
 
-    ns:{t:<tenant>}:b:<claim key>      a bucket ("<level> <refill time>"), when only tenants
-                                       have limits
+    ns:{t:<tenant>}:b:<claim key>      a bucket, when only tenants have limits
     ns:{shared}:b:<claim key>          every bucket, when tiers or models have limits too
                                        (a job's claims then span tenants: one slot for all)
     ns:{...}:held:<job id>             a job's reservation awaits settlement (deleted by it)
@@ -39,14 +38,7 @@ from velvetrope.core.bucket import BucketSnapshot, Claim, Denial, Grant, SettleL
 from velvetrope.store.base import FleetView, LeaseAnswer, Slot
 from velvetrope.store.pipeline import AutoPipeline
 
-__all__ = [
-    "RedisStore",
-    "bucket_state",
-    "load_script",
-    "parse_admit",
-    "parse_lease",
-    "parse_reserve",
-]
+__all__ = ["RedisStore", "load_script", "parse_admit", "parse_lease", "parse_reserve"]
 
 _SLACK_MS = 5_000
 
@@ -56,12 +48,6 @@ def load_script(name: str) -> str:
     the shared prelude ``common.lua`` (the bucket refill and lease bookkeeping, once)."""
     lua = resources.files("velvetrope.store").joinpath("lua")
     return lua.joinpath("common.lua").read_text() + lua.joinpath(f"{name}.lua").read_text()
-
-
-def bucket_state(level: float, refilled_at: float) -> str:
-    """A bucket's stored value, as ``common.lua`` writes and reads it: its level and the
-    Redis time (seconds) it was last refilled to."""
-    return f"{level!r} {refilled_at!r}"
 
 
 _SHAPES: dict[tuple[float, float, float | None], tuple[str, str, str]] = {}

@@ -1,6 +1,5 @@
 -- velvetrope: prelude prepended to every script (see velvetrope.store.redis_store.load_script).
--- Redis TIME is the only clock; a bucket is a string "<level> <last refill, seconds>"
--- (one GET to read it, one SET ... PX to write it with its expiry).
+-- Redis TIME is the only clock; a bucket is a hash {l = level, t = last refill, seconds}.
 -- The rules are those of velvetrope.core.bucket.MemoryBuckets (one table of test vectors
 -- runs against both).
 local function clock_now()
@@ -14,15 +13,8 @@ end
 
 -- A bucket's level at now, refilled at rate up to cap; a missing bucket is full.
 local function bucket_level(key, cap, rate, now)
-  local v = redis.call('GET', key)
-  if not v then
-    return cap
-  end
-  local sp = string.find(v, ' ', 1, true)
-  local level, last = nil, nil
-  if sp then
-    level, last = tonumber(string.sub(v, 1, sp - 1)), tonumber(string.sub(v, sp + 1))
-  end
+  local h = redis.call('HMGET', key, 'l', 't')
+  local level, last = tonumber(h[1]), tonumber(h[2])
   if level == nil or last == nil then
     return cap
   end
@@ -34,8 +26,8 @@ local function bucket_level(key, cap, rate, now)
 end
 
 local function bucket_write(key, level, cap, rate, now, slack_ms)
-  redis.call('SET', key, fmt(level) .. ' ' .. fmt(now), 'PX',
-    math.ceil(math.max(0, (cap - level) / rate) * 1000) + slack_ms)
+  redis.call('HSET', key, 'l', fmt(level), 't', fmt(now))
+  redis.call('PEXPIRE', key, math.ceil(math.max(0, (cap - level) / rate) * 1000) + slack_ms)
 end
 
 -- Reserve n claims, all or none: bucket i is KEYS[k0 + i], its amount, capacity, rate and

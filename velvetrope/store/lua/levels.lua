@@ -1,5 +1,5 @@
 -- velvetrope: buckets' levels now, without writing.
--- KEYS[i]: bucket; ARGV per key i, at 2(i-1)+1..: capacity, rate
+-- KEYS[i]: bucket hash; ARGV per key i, at 2(i-1)+1..: capacity, rate
 -- Returns {level_1, reset_1, ...}; a missing bucket is full.
 local now = clock_now()
 local out = {}
