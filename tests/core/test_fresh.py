@@ -6,7 +6,9 @@ import os
 import re
 from pathlib import Path
 
-from velvetrope.core.fresh import stale_builds
+import pytest
+
+from velvetrope.core.fresh import refuse_stale_builds, stale_builds
 
 EXT = "cpython-311-x86_64-linux-gnu.so"
 
@@ -19,6 +21,22 @@ def test_a_source_edited_after_its_build_is_reported(tmp_path: Path) -> None:
         os.utime(tmp_path / f"{name}.{EXT}", (ext_t, ext_t))
     (tmp_path / f"orphan.{EXT}").write_bytes(b"")  # no source: nothing to compare
     assert stale_builds(tmp_path) == [(tmp_path / "stale.py", tmp_path / f"stale.{EXT}")]
+
+
+def test_only_a_source_checkout_is_refused(tmp_path: Path) -> None:
+    for root, checkout in ((tmp_path / "repo", True), (tmp_path / "site-packages", False)):
+        pkg = root / "velvetrope" / "core"
+        pkg.mkdir(parents=True)
+        if checkout:
+            (root / "setup.py").write_text("")
+        (pkg / f"bucket.{EXT}").write_bytes(b"")
+        (pkg / "bucket.py").write_text("x = 1\n")
+        os.utime(pkg / f"bucket.{EXT}", (100, 100))
+        if checkout:
+            with pytest.raises(ImportError, match="make install"):
+                refuse_stale_builds(pkg)
+        else:
+            refuse_stale_builds(pkg)  # installed: files written in any order, not checked
 
 
 def test_the_modules_setup_lists_are_compiled_all_or_none() -> None:

@@ -1,11 +1,12 @@
-"""Imported first by :mod:`velvetrope.core`: refuses to run a module compiled (by mypyc,
-see ``setup.py``) from an older version of its source.  After an edit, the extension next
-to the ``.py`` would otherwise run the old code, silently; ``make install`` builds it again.
+"""Imported first by :mod:`velvetrope.core`: in a source checkout, refuses to run a module
+compiled (by mypyc, see ``setup.py``) from an older version of its source.  After an edit,
+the extension next to the ``.py`` would otherwise run the old code, silently; ``make
+install`` builds it again.
 """
 
 from pathlib import Path
 
-__all__ = ["stale_builds"]
+__all__ = ["refuse_stale_builds", "stale_builds"]
 
 
 def stale_builds(directory: Path) -> list[tuple[Path, Path]]:
@@ -18,10 +19,19 @@ def stale_builds(directory: Path) -> list[tuple[Path, Path]]:
     return out
 
 
-_stale = stale_builds(Path(__file__).parent)
-if _stale:
-    source, ext = _stale[0]
-    raise ImportError(
-        f"{source} changed after it was compiled to {ext.name}: run `make install` to build "
-        "it again (or reinstall with VELVETROPE_PURE=1 for plain Python)"
-    )
+def refuse_stale_builds(directory: Path) -> None:
+    """Raise ImportError if ``directory`` (a package of a source checkout: ``setup.py`` two
+    levels up) holds a stale extension.  An installed package is not checked: its files are
+    all written at install time, in no particular order."""
+    if not (directory.parents[1] / "setup.py").exists():
+        return
+    stale = stale_builds(directory)
+    if stale:
+        source, ext = stale[0]
+        raise ImportError(
+            f"{source} changed after it was compiled to {ext.name}: run `make install` to "
+            "build it again (or reinstall with VELVETROPE_PURE=1 for plain Python)"
+        )
+
+
+refuse_stale_builds(Path(__file__).parent)
