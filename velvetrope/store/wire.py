@@ -142,6 +142,7 @@ class Wire:
         )
         self._proto: _Protocol | None = None
         self._connecting: asyncio.Future[_Protocol] | None = None
+        self._waiting: set[asyncio.Task[None]] = set()  # sends waiting for a connection
 
     @property
     def connected(self) -> bool:
@@ -160,7 +161,9 @@ class Wire:
             p.pending.extend(calls)
             p.transport.write(payload)
         else:
-            asyncio.get_running_loop().create_task(self._send_when_connected(payload, calls))
+            task = asyncio.get_running_loop().create_task(self._send_when_connected(payload, calls))
+            self._waiting.add(task)  # the loop keeps only a weak reference
+            task.add_done_callback(self._waiting.discard)
 
     async def _send_when_connected(self, payload: bytes, calls: Sequence[Pending]) -> None:
         try:
