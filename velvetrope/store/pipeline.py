@@ -55,10 +55,10 @@ class _Call:
         if self.t0 and pipe.observe is not None:
             pipe.observe(time.perf_counter() - self.t0)
         fut = self.fut
+        if fut.done():
+            return  # the caller gave up (its budget ran out): not even re-sent after NOSCRIPT
         if isinstance(r, NoScriptError):
             pipe.reload(self)
-        elif fut.done():
-            return  # the caller gave up (its budget ran out)
         elif isinstance(r, Exception):
             fut.set_exception(r)
         else:
