@@ -293,13 +293,18 @@ class RedisStore:
         return FleetView(int(r[0]), int(r[1]))
 
     async def close(self) -> None:
-        """Wait for pipelined calls in flight; close the client and its connection pool."""
+        """Wait for pipelined calls in flight; close the client, its connection pool and (on
+        a Sentinel URL) the clients that asked the Sentinels for the master."""
         if self._pipe is not None:
             await self._pipe.close()
         pool = getattr(self.client, "connection_pool", None)
         await self.client.aclose()
         if pool is not None:
             await pool.disconnect()
+            manager = getattr(pool, "sentinel_manager", None)
+            for sentinel in getattr(manager, "sentinels", ()):
+                await sentinel.aclose()
+                await sentinel.connection_pool.disconnect()
 
 
 def parse_lease(r: Sequence[Any]) -> LeaseAnswer:
