@@ -1,6 +1,7 @@
 """Suite-wide fixtures and rules.
 
-Fixtures: a real Redis (see :mod:`tests.support.redis_server`).
+Fixtures: a real Redis, and a real three-node Redis Cluster (see
+:mod:`tests.support.redis_server`).
 
 Rule: a test that starts a real server is marked ``integration``.  Every server the tests
 start goes through :func:`velvetrope.serving.launch.start` (``velvetrope engine``,
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 import redis
 
-from tests.support.redis_server import RedisServer, shared_redis_url
+from tests.support.redis_server import RedisCluster, RedisServer, shared_redis_url
 from velvetrope.serving import launch
 
 _current: list[pytest.Item] = []
@@ -83,3 +84,14 @@ def own_redis() -> Iterator[RedisServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def redis_cluster() -> Iterator[RedisCluster]:
+    """A three-node Redis Cluster of this test's own."""
+    cluster = RedisCluster()
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -18,7 +18,7 @@ import httpx
 import pytest
 import redis
 
-from tests.support.redis_server import RedisServer
+from tests.support.redis_server import RedisCluster, RedisServer
 from velvetrope.serving import launch
 
 from .conftest import admin_status, free_port, gateway_config, start_engine, start_gateway
@@ -123,6 +123,20 @@ def test_two_replicas_share_one_token_limit(tmp_path: Path, engine: str, redis_u
 
 def test_max_in_flight_holds_for_the_fleet(tmp_path: Path, redis_url: str) -> None:
     """Two gateways, pool max_in_flight 3: never more than 3 requests at the engine."""
+    with redis.Redis.from_url(redis_url) as r:
+        fleet_max_in_flight(tmp_path, redis_url, r)
+
+
+def test_max_in_flight_holds_for_the_fleet_on_a_cluster(
+    tmp_path: Path, redis_cluster: RedisCluster
+) -> None:
+    """The same on a Redis Cluster, where a request's buckets and its pool's leases live
+    in different slots (separate calls to reserve and to lease, to settle and to release)."""
+    with redis_cluster.client() as r:
+        fleet_max_in_flight(tmp_path, redis_cluster.url, r)
+
+
+def fleet_max_in_flight(tmp_path: Path, redis_url: str, r: Any) -> None:
     eng = start_engine(2.0)
     try:
         cfg = shared_config(eng.url, redis_url)
@@ -140,7 +154,6 @@ def test_max_in_flight_holds_for_the_fleet(tmp_path: Path, redis_url: str) -> No
             threads = [threading.Thread(target=one, args=(u,)) for u in [a.url, b.url] * 6]
             for t in threads:
                 t.start()
-            r = redis.Redis.from_url(redis_url)
             leases_max = 0
             engine_max = 0.0
             while any(t.is_alive() for t in threads):
@@ -155,7 +168,6 @@ def test_max_in_flight_holds_for_the_fleet(tmp_path: Path, redis_url: str) -> No
                 time.sleep(0.01)
             for t in threads:
                 t.join()
-            r.close()
             assert results == [200] * 12
             assert 1 <= leases_max <= 3
             assert engine_max <= 3

@@ -9,8 +9,10 @@ dev extra) ships.  No persistence, no root, its own temporary directory.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -20,7 +22,7 @@ import redis
 
 from velvetrope.serving.launch import free_port
 
-__all__ = ["RedisServer", "redis_binary", "shared_redis_url"]
+__all__ = ["RedisCluster", "RedisServer", "redis_binary", "shared_redis_url"]
 
 
 def redis_binary() -> str:
@@ -120,3 +122,61 @@ class RedisServer:
 def shared_redis_url() -> str | None:
     """``VELVETROPE_TEST_REDIS_URL`` if set."""
     return os.environ.get("VELVETROPE_TEST_REDIS_URL") or None
+
+
+def _cluster_port() -> int:
+    """A free port whose cluster-bus twin (port + 10000) is free too."""
+    while True:
+        port = random.randrange(20_000, 40_000)
+        try:
+            for p in (port, port + 10_000):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        return port
+
+
+@dataclass
+class RedisCluster:
+    """Three ``redis-server`` masters joined by ``redis-cli --cluster create`` (the
+    ``redis-cli`` beside the server binary), every slot assigned, no replicas."""
+
+    nodes: list[RedisServer] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        """``redis+cluster://`` with two of the nodes (the client discovers the third)."""
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in self.nodes[:2])
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        args = ["--cluster-enabled", "yes", "--cluster-node-timeout", "5000"]
+        self.nodes = [RedisServer(port=_cluster_port(), args=args) for _ in range(3)]
+        try:
+            for n in self.nodes:
+                n.start()
+            cli = os.path.join(os.path.dirname(redis_binary()), "redis-cli")
+            hosts = [f"127.0.0.1:{n.port}" for n in self.nodes]
+            subprocess.run(
+                [cli, "--cluster", "create", *hosts, "--cluster-yes"],
+                check=True,
+                capture_output=True,
+                timeout=60,
+            )
+            deadline = time.monotonic() + timeout_s
+            for n in self.nodes:
+                with redis.Redis(port=n.port) as c:
+                    while c.cluster("info").get("cluster_state") != "ok":
+                        if time.monotonic() > deadline:
+                            raise RuntimeError("the Redis Cluster did not come up")
+                        time.sleep(0.05)
+        except BaseException:
+            self.stop()
+            raise
+
+    def client(self) -> redis.RedisCluster:
+        return redis.RedisCluster(host="127.0.0.1", port=self.nodes[0].port)
+
+    def stop(self) -> None:
+        for n in self.nodes:
+            n.stop()
