@@ -37,7 +37,7 @@ class OptionalBuildExt(build_ext):
     def run(self) -> None:
         try:
             super().run()
-        except Exception as e:  # noqa: BLE001 (any build failure means: no extensions)
+        except Exception as e:  # any build failure means: no extensions
             print(f"velvetrope: the compiled core was not built ({e}); installing plain Python")
             for ext in self.extensions:  # none of them, or the shared runtime could be missing
                 path = self.get_ext_fullpath(ext.name)

@@ -93,7 +93,10 @@ def test_a_lost_connection_fails_what_waits_and_the_next_call_reconnects(
         assert await pipe.run(echo, ["a"], [1]) == [b"a", b"1"]
         own_redis.pause()  # the call below is written and never answered...
         fut = pipe.run(echo, ["b"], [2])
-        await asyncio.sleep(0.05)
+        deadline = asyncio.get_running_loop().time() + 5
+        while not pipe.wire.pending():  # until it is written
+            assert asyncio.get_running_loop().time() < deadline, "the call was never written"
+            await asyncio.sleep(0.001)
         assert not fut.done()
         assert own_redis.proc is not None
         own_redis.proc.kill()  # ...until the server dies, still stopped: the caller hears it

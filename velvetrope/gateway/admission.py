@@ -54,7 +54,10 @@ class Admission:
                 fut.set_result(o)
 
     def pump(self) -> None:
-        """Dispatch whatever the controller allows now, waking the waiters."""
+        """Dispatch whatever the controller allows now, waking the waiters (with nothing
+        queued there is nothing to dispatch or expire)."""
+        if not self.ctl.queued:
+            return
         for job in self.ctl.dispatchable():
             fut = self._waiters.pop(job.id, None)
             if fut is not None and not fut.done():
@@ -140,25 +143,19 @@ class Admission:
         except LifecycleError:  # not contextlib.suppress: a context manager per call costs
             return
 
-    def _freed(self) -> None:
-        """Capacity was given back: dispatch from the queue, if anything waits there (with
-        nothing queued there is nothing to dispatch or expire)."""
-        if self.ctl.queued:
-            self.pump()
-
     def complete(self, job_id: str, usage: Usage) -> Outcome:
         out = self.ctl.complete(job_id, usage)
-        self._freed()
+        self.pump()
         return out
 
     def fail(self, job_id: str, reason: Reason, usage: Usage | None = None) -> Outcome:
         out = self.ctl.fail(job_id, reason, usage)
-        self._freed()
+        self.pump()
         return out
 
     def cancel(self, job_id: str, usage: Usage | None = None) -> Outcome:
         out = self.ctl.cancel(job_id, usage)
-        self._freed()
+        self.pump()
         return out
 
     def close(self) -> None:

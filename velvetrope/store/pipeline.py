@@ -95,7 +95,6 @@ class AutoPipeline:
         observe: Callable[[float], None] | None = None,
         connect_timeout: float = 5.0,
     ) -> None:
-        self.client = client
         self.observe = observe  # hears each write's round trip (to its last reply), seconds
         self.wire = Wire(client, connect_timeout)
         self._queue: list[_Call] = []

@@ -144,11 +144,6 @@ class Wire:
         self._connecting: asyncio.Future[_Protocol] | None = None
         self._waiting: set[asyncio.Task[None]] = set()  # sends waiting for a connection
 
-    @property
-    def connected(self) -> bool:
-        p = self._proto
-        return p is not None and not p.lost
-
     def pending(self) -> list[Pending]:
         """Commands written and not yet answered."""
         p = self._proto
