@@ -24,7 +24,6 @@ import logging
 import math
 import os
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import aiohttp
 import orjson
@@ -53,6 +52,7 @@ from velvetrope.errors import (
 )
 from velvetrope.gateway.admission import Admission
 from velvetrope.gateway.client_stream import PROGRESS_HEADER, ClientStream
+from velvetrope.gateway.disconnects import DisconnectWatches, Watch
 from velvetrope.gateway.fleet import GatewayFleet, degrade_body, route_headers
 from velvetrope.gateway.httpclient import HttpClient
 from velvetrope.gateway.metrics import GatewayMetrics
@@ -160,6 +160,7 @@ class Gateway:
             self.settings.upstream_connect_timeout_s, self.settings.upstream_read_timeout_s
         )
         self.draining = False
+        self.watches = DisconnectWatches()
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -182,6 +183,7 @@ class Gateway:
             self.state.start()
 
     async def shutdown(self) -> None:
+        self.watches.close()
         await self.fleet.stop()
         await self.state.stop()
         self.admission.close()
@@ -321,9 +323,7 @@ class Gateway:
             await self._passthrough(kind, pool, parsed.stream, parsed.raw, send)
             return
         self._route(job, parsed)
-        loop = asyncio.get_running_loop()
-        watch = _Watch(loop.create_future())
-        watcher = loop.create_task(watch.run(receive))
+        watch = self.watches.watch(receive)
         client = ClientStream(send)
         try:
             claims = self.ctl.claims(job)
@@ -376,7 +376,7 @@ class Gateway:
             with contextlib.suppress(Exception):
                 await client.error(500, "internal error in the gateway", "internal_error")
         finally:
-            watcher.cancel()
+            self.watches.done(watch)
 
     def _route(self, job: Job, parsed: ParsedRequest) -> None:
         """Route ``job`` through the core (pool, degradation), count the decision and
@@ -456,7 +456,7 @@ class Gateway:
         wants_usage: bool,
         body: bytes,
         client: ClientStream,
-        watch: _Watch,
+        watch: Watch,
         snaps: tuple[BucketSnapshot, ...],
     ) -> None:
         adm = self.admission
@@ -569,30 +569,6 @@ class Gateway:
         detail = (answer.body or b"")[:200].decode("utf-8", "replace")
         msg = f"upstream answered {answer.status}: {detail}"
         await client.error(502, msg, "upstream_error")
-
-
-class _Watch:
-    """Watches one client for a disconnect once its body was read.
-
-    ``gone`` resolves when the client hangs up; ``target``, while set, is the task to
-    cancel at that moment (the one proxying the request, so the upstream is closed at once).
-    """
-
-    __slots__ = ("gone", "target")
-
-    def __init__(self, gone: asyncio.Future[None]) -> None:
-        self.gone = gone
-        self.target: asyncio.Task[Any] | None = None
-
-    async def run(self, receive: Receive) -> None:
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                if not self.gone.done():
-                    self.gone.set_result(None)
-                if self.target is not None:
-                    self.target.cancel()
-                return
 
 
 async def _unauthorized(send: Send, message: str = "missing or invalid API key") -> None:

@@ -19,9 +19,16 @@ import orjson
 from velvetrope.core import Usage
 from velvetrope.errors import UpstreamError
 from velvetrope.gateway.httpclient import HttpClient
-from velvetrope.openai.sse import DONE_DATA, content_choices, data_of, split_events, usage_of
+from velvetrope.openai.sse import (
+    DONE_DATA,
+    content_choices,
+    content_keys,
+    data_of,
+    usage_at,
+    usage_of,
+)
 
-__all__ = ["Relay", "UpstreamAnswer", "forward"]
+__all__ = ["Relay", "UpstreamAnswer", "forward", "relay_events"]
 
 Send = Callable[[bytes], Awaitable[None]]
 Start = Callable[[int, list[tuple[bytes, bytes]]], Awaitable[None]]
@@ -90,12 +97,14 @@ async def forward(
             await start(200, [(b"content-type", ctype), *extra_headers])
             buf = b""
             async for piece in resp.chunks():
-                events, buf = split_events(buf + piece)
-                out = [
-                    e for e in events if _keep_event(e, relay, client_wants_usage, on_first_token)
-                ]
+                buf += piece
+                cut = buf.rfind(b"\n\n")
+                if cut < 0:
+                    continue
+                out = relay_events(buf[: cut + 2], relay, client_wants_usage, on_first_token)
+                buf = buf[cut + 2 :]
                 if out:
-                    await send(b"".join(out))
+                    await send(out)
             if buf.strip():
                 await send(buf)
             return UpstreamAnswer(200, relay.usage, None, ctype)
@@ -105,10 +114,55 @@ async def forward(
         raise UpstreamError(f"upstream {url} failed: {type(e).__name__}: {e}") from e
 
 
-def _keep_event(
+def relay_events(
+    data: bytes, relay: Relay, client_wants_usage: bool, on_first_token: Callable[[], None]
+) -> bytes:
+    """Account complete events (``data`` ends with a blank line); what reaches the client.
+
+    Only an event with a ``usage`` object is parsed; elsewhere the generated text is
+    counted from the bytes (:func:`~velvetrope.openai.sse.content_keys`), which counts
+    what parsing every chunk would, for a small fraction of its cost."""
+    at = usage_at(data)
+    if at < 0:
+        _count(data, relay, on_first_token)
+        return data
+    out: list[bytes] = []
+    pos = 0
+    while at >= 0:
+        cut = data.rfind(b"\n\n", pos, at)
+        start = pos if cut < 0 else cut + 2
+        end = data.find(b"\n\n", at) + 2
+        if start > pos:
+            _count(data[pos:start], relay, on_first_token)
+            out.append(data[pos:start])
+        event = data[start:end]
+        if _keep_usage_event(event, relay, client_wants_usage, on_first_token):
+            out.append(event)
+        pos = end
+        at = usage_at(data, pos)
+    if pos < len(data):
+        _count(data[pos:], relay, on_first_token)
+        out.append(data[pos:])
+    return b"".join(out)
+
+
+def _count(data: bytes, relay: Relay, on_first_token: Callable[[], None]) -> None:
+    _credit(content_keys(data), relay, on_first_token)
+
+
+def _credit(n: int, relay: Relay, on_first_token: Callable[[], None]) -> None:
+    """``n`` more generated tokens (the first of them: the first-token signal)."""
+    if n:
+        relay.completion_tokens += n
+        if not relay.first_token:
+            relay.first_token = True
+            on_first_token()
+
+
+def _keep_usage_event(
     event: bytes, relay: Relay, client_wants_usage: bool, on_first_token: Callable[[], None]
 ) -> bool:
-    """Account one SSE event; False when it must not reach the client."""
+    """Account one SSE event that reports usage; False when it must not reach the client."""
     data = data_of(event)
     if data is None or data == DONE_DATA:
         return True
@@ -118,12 +172,7 @@ def _keep_event(
         return True
     if not isinstance(obj, dict):
         return True
-    n = content_choices(obj)
-    if n:
-        relay.completion_tokens += n
-        if not relay.first_token:
-            relay.first_token = True
-            on_first_token()
+    _credit(content_choices(obj), relay, on_first_token)
     usage = usage_of(obj)
     if usage is not None:
         relay.usage = usage

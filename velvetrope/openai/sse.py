@@ -13,6 +13,7 @@ response body says about tokens.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
@@ -25,11 +26,13 @@ __all__ = [
     "DONE_DATA",
     "SSE_HEADERS",
     "content_choices",
+    "content_keys",
     "data_of",
     "error_event",
     "event",
     "json_event",
     "split_events",
+    "usage_at",
     "usage_of",
 ]
 
@@ -64,12 +67,13 @@ def error_event(status: int, message: str, code: str | None = None) -> bytes:
 def split_events(buf: bytes) -> tuple[list[bytes], bytes]:
     """The complete events at the start of ``buf`` (each with its ``\\n\\n``) and the rest."""
     out: list[bytes] = []
+    start = 0
     while True:
-        cut = buf.find(b"\n\n")
+        cut = buf.find(b"\n\n", start)
         if cut < 0:
-            return out, buf
-        out.append(buf[: cut + 2])
-        buf = buf[cut + 2 :]
+            return out, buf[start:]
+        out.append(buf[start : cut + 2])
+        start = cut + 2
 
 
 def data_of(line: bytes) -> bytes | None:
@@ -91,6 +95,30 @@ def usage_of(obj: object) -> Usage | None:
     if isinstance(p, int) and isinstance(c, int):
         return Usage(p, c)
     return None
+
+
+_TEXT_KEYS = re.compile(rb'"(?:content|text)"\s*:\s*"(?!")')
+_USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
+
+
+def content_keys(data: bytes) -> int:
+    """How many ``content`` or ``text`` members with a non-empty string value the JSON in
+    ``data`` has, at any depth, without parsing it.
+
+    For the chunks of a stream this is :func:`content_choices` summed over the events in
+    ``data``, whatever the whitespace: in valid JSON a quoted word followed by ``:`` is a
+    member name (a quote inside a string is escaped), and chunks carry text only in
+    ``delta.content`` (chat) or ``text`` (completions); ``logprobs.content`` is an array
+    and ``reasoning_content`` another name, so neither counts."""
+    return len(_TEXT_KEYS.findall(data))
+
+
+def usage_at(data: bytes, start: int = 0) -> int:
+    """Where the first ``usage`` member whose value is an object is in ``data[start:]``
+    (an index into ``data``), or -1.  ``"usage": null``, which some servers put in every
+    chunk, does not count."""
+    m = _USAGE_OBJECT.search(data, start)
+    return -1 if m is None else m.start()
 
 
 def content_choices(obj: dict[str, Any]) -> int:
