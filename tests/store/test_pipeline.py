@@ -150,3 +150,18 @@ def test_unix_socket(tmp_path: Any) -> None:
         assert os.path.exists(sock)
     finally:
         server.stop()
+
+
+def test_pack_writes_resp_as_redis_py_does_and_refuses_what_it_cannot_send() -> None:
+    from redis.connection import Encoder, PythonRespSerializer
+
+    from velvetrope.store.wire import pack
+
+    args = ("EVALSHA", "f" * 40, 2, "k:{t}:é", b"\x00raw", 1e12, 1 / 3, -0.0, 10**20, "30.0")
+    want = b"".join(
+        PythonRespSerializer(6000, Encoder("utf-8", "strict", False).encode).pack(*args)
+    )
+    assert pack(*args) == want
+    for bad in (True, None, [1], {"a": 1}):
+        with pytest.raises(TypeError, match=f"cannot send {type(bad).__name__}"):
+            pack("SET", "k", bad)

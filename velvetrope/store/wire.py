@@ -35,36 +35,18 @@ from redis.exceptions import InvalidResponse
 
 __all__ = ["Pending", "Wire", "pack"]
 
-_BULK: dict[str | bytes, bytes] = {}
-_BULK_MAX = 16_384
-
-
-def _bulk(x: object) -> bytes:
-    """One RESP bulk string (length-prefixed, CRLF-framed); strings are cached (keys and
-    constants repeat from call to call; ``str`` and ``bytes`` never compare equal)."""
-    if isinstance(x, str | bytes):
-        b = _BULK.get(x)
-        if b is None:
-            raw = x.encode() if isinstance(x, str) else x
-            b = b"$%d\r\n%b\r\n" % (len(raw), raw)
-            if len(_BULK) >= _BULK_MAX:
-                _BULK.clear()
-            _BULK[x] = b
-        return b
-    if isinstance(x, int | float) and not isinstance(x, bool):
-        raw = repr(x).encode()
-        return b"$%d\r\n%b\r\n" % (len(raw), raw)
-    raise TypeError(f"cannot send {type(x).__name__} to Redis: {x!r}")
-
-
 def pack(*args: object) -> bytes:
-    """The RESP encoding of the command ``args`` (``bytes``, ``str``, ``int``, ``float``)."""
-    out = [b"*%d\r\n" % len(args)]
-    cached = _BULK.get
-    for a in args:
-        b = cached(a) if type(a) is str else None  # exactly str: a subclass may encode otherwise
-        out.append(b if b is not None else _bulk(a))
-    return b"".join(out)
+    """The RESP encoding of the command ``args`` (``bytes``, ``str``, ``int``, ``float``;
+    numbers as ``repr`` writes them).  hiredis packs in C, about 2.5x faster than Python."""
+    try:
+        packed: bytes = hiredis.pack_command(args)  # type: ignore[arg-type]  # stub: 1-tuple
+        return packed
+    except TypeError:
+        bad = next((a for a in args if isinstance(a, bool) or not isinstance(a, _SENDABLE)), None)
+        raise TypeError(f"cannot send {type(bad).__name__} to Redis: {bad!r}") from None
+
+
+_SENDABLE = (str, bytes, int, float)
 
 
 class Pending(Protocol):
