@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import os
 import re
 import shutil
@@ -275,6 +276,7 @@ def main() -> None:
         return python_load(url, pid, args.stream, args.concurrency, args.seconds)
 
     tmp = Path(tempfile.mkdtemp(prefix="vr-bench-"))
+    atexit.register(shutil.rmtree, tmp, True)
     with (
         start_engine("--instant") as eng,
         start_gateway(config(eng.url, False), tmp) as proxy,

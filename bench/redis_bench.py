@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import json
 import shutil
 import sys
@@ -154,6 +155,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="vr-redis-bench-"))
+    atexit.register(shutil.rmtree, tmp, True)
     rds = RedisServer()
     rds.start()
     try:

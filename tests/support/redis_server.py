@@ -8,6 +8,7 @@ dev extra) ships.  No persistence, no root, its own temporary directory.
 
 from __future__ import annotations
 
+import atexit
 import os
 import random
 import shutil
@@ -47,6 +48,10 @@ class RedisServer:
     workdir: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="vr-redis-"))
     args: list[str] = field(default_factory=list)  # more redis-server options
     password: str | None = None  # requirepass
+
+    def __post_init__(self) -> None:
+        # the data lives in memory; the directory holds nothing worth keeping past the run
+        atexit.register(shutil.rmtree, self.workdir, True)
 
     @property
     def url(self) -> str:
