@@ -39,3 +39,41 @@ def test_the_store_on_a_cluster(redis_cluster: RedisCluster) -> None:
             await s.close()
 
     asyncio.run(main())
+
+
+def test_two_replicas_share_a_token_limit_on_a_cluster(redis_cluster: RedisCluster) -> None:
+    """Two stores (two replicas' clients) race for one tenant's tokens: the cluster grants
+    exactly what the bucket holds, in total; tenants spread over the nodes' slots."""
+
+    async def main() -> None:
+        a, b = (
+            RedisStore(connect(redis_cluster.url, password=None, timeout_s=2.0), namespace="sh")
+            for _ in range(2)
+        )
+        try:
+            claim = Claim("tenant:t:tok", "tokens", "tenant", 30.0, 1000.0, 1e-9)
+
+            async def ask(store: RedisStore, i: int) -> bool:
+                return isinstance(await store.reserve(f"j{i}", "t", [claim]), Grant)
+
+            got = await asyncio.gather(*(ask(a if i % 2 else b, i) for i in range(80)))
+            assert sum(got) == 33  # 33 x 30 = 990 of 1000: never more, whoever asked
+            (snap,) = await b.snapshots("t", [claim])
+            assert snap.remaining == pytest.approx(10, abs=0.01)
+            granted = [i for i, ok in enumerate(got) if ok]
+            for i in granted[:10]:  # ten finish having used 10 tokens each: 200 back
+                store = a if i % 2 else b
+                assert await store.settle(f"j{i}", "t", [claim], settle_lines([claim], 10))
+            (snap,) = await a.snapshots("t", [claim])
+            assert snap.remaining == pytest.approx(210, abs=0.01)
+            # hash tags put tenants in different slots, and so on different nodes
+            nodes = {
+                a.client.get_node_from_key(a.bucket_key(f"u{k}", "tenant:x:tok")).name
+                for k in range(32)
+            }
+            assert len(nodes) == 3
+        finally:
+            await a.close()
+            await b.close()
+
+    asyncio.run(main())
