@@ -107,3 +107,15 @@ def test_ledger_denial_reports_the_longest_wait() -> None:
     snap = {s.key: s for s in res.snapshots}
     assert snap["a"].remaining == pytest.approx(10)
     assert snap["a"].limit == 100
+
+
+def test_a_grant_with_snapshots_shows_the_buckets_after_the_reservation() -> None:
+    led, plain = MemoryBuckets(), MemoryBuckets()
+    claims = [tok("a", 30, 100, 2), tok("b", 5, 50, 1), tok("a", 10, 100, 2)]
+    for t in (0.0, 20.0, 30.5):
+        got = led.reserve(claims, t, with_snapshots=True)
+        ref = plain.reserve(claims, t)
+        assert isinstance(got, Grant) and isinstance(ref, Grant) and ref.snapshots == ()
+        assert got.claims == ref.claims
+        assert got.snapshots == plain.snapshots(claims, t)  # what a separate read says
+    assert got.snapshots[0].remaining == got.snapshots[2].remaining  # one bucket, one level

@@ -193,9 +193,12 @@ class MemoryBuckets:
     def get(self, key: str) -> TokenBucket | None:
         return self._buckets.get(key)
 
-    def reserve(self, claims: Sequence[Claim], now: float) -> Grant | Denial:
+    def reserve(
+        self, claims: Sequence[Claim], now: float, with_snapshots: bool = False
+    ) -> Grant | Denial:
         """Reserve every claim, or none.  A denial names the bucket with the longest wait
-        (the first such claim on ties) and carries snapshots of every claimed bucket."""
+        (the first such claim on ties) and carries snapshots of every claimed bucket; a
+        grant carries them (after the reservation) when ``with_snapshots``."""
         buckets = self._buckets
         worst = 0.0
         worst_key = ""
@@ -210,7 +213,16 @@ class MemoryBuckets:
             return Denial(worst, worst_key, self.snapshots(claims, now))
         for c in claims:
             buckets[c.key].level -= c.amount
-        return _tuple(Grant, (tuple(claims), ()))
+        if not with_snapshots:
+            return _tuple(Grant, (tuple(claims), ()))
+        snaps = []
+        for c in claims:  # each bucket was refilled to now by wait_for
+            b = buckets[c.key]
+            reset = (b.capacity - b.level) / b.rate
+            snaps.append(
+                BucketSnapshot(c.key, c.kind, c.owner, b.capacity, b.level, max(0.0, reset))
+            )
+        return _tuple(Grant, (tuple(claims), tuple(snaps)))
 
     def settle(self, lines: Iterable[SettleLine], now: float, job_id: str | None = None) -> bool:
         """Apply ``lines``; with ``job_id``, only the first time that id is settled.

@@ -31,11 +31,7 @@ class MemoryStore:
 
     def reserve_now(self, claims: Sequence[Claim]) -> Grant | Denial:
         """:meth:`reserve`, synchronously (used by the fail-open fallback)."""
-        now = self.clock.now()
-        res = self.buckets.reserve(claims, now)
-        if isinstance(res, Grant):
-            return Grant(res.claims, self.buckets.snapshots(claims, now))
-        return res
+        return self.buckets.reserve(claims, self.clock.now(), with_snapshots=True)
 
     async def settle(
         self, job_id: str, tenant: str, claims: Sequence[Claim], lines: Sequence[SettleLine]
