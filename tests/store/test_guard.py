@@ -166,6 +166,36 @@ def test_leases_are_fleet_wide_and_expire(fresh_redis: str) -> None:
 
 
 @pytest.mark.integration
+def test_acquiring_a_lease_already_held_renews_it_once(fresh_redis: str) -> None:
+    """With room in the pool or without, a second acquire of a held lease renews it: it
+    is granted, its expiry moves, and neither the slot nor its tokens count twice."""
+
+    async def main() -> None:
+        s = RedisStore(connect(fresh_redis, password=None, timeout_s=1.0), lease_ttl_s=30.0)
+        leases = "velvetrope:{pool:p}:leases"
+        try:
+            with redis.Redis.from_url(fresh_redis) as r:
+                assert tuple(await s.acquire("j1", Slot("p", 100, 2, 1000))) == (True, 1, 100)
+                first = r.zscore(leases, "j1")
+                await asyncio.sleep(0.01)
+                assert tuple(await s.acquire("j1", Slot("p", 100, 2, 1000))) == (True, 1, 100)
+                second = r.zscore(leases, "j1")
+                assert first is not None and second is not None and second > first
+                assert tuple(await s.acquire("j2", Slot("p", 100, 2, 1000))) == (True, 2, 200)
+                await asyncio.sleep(0.01)
+                assert tuple(await s.acquire("j1", Slot("p", 100, 2, 1000))) == (True, 2, 200)
+                third = r.zscore(leases, "j1")
+                assert third is not None and third > second
+                assert tuple(await s.acquire("j3", Slot("p", 100, 2, 1000))) == (False, 2, 200)
+                assert await s.release("p", ["j1", "j2"]) == 2
+                assert tuple(await s.acquire("j3", Slot("p", 100, 2, 1000))) == (True, 1, 100)
+        finally:
+            await s.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.integration
 def test_admit_and_finish_take_and_give_back_in_one_call(fresh_redis: str) -> None:
     async def main() -> None:
         s = RedisStore(connect(fresh_redis, password=None, timeout_s=1.0), namespace="af")

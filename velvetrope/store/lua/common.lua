@@ -119,14 +119,16 @@ local function lease_take(zkey, hkey, id, tokens, max_n, max_tok, ttl, now)
   end
   local n = redis.call('ZCARD', zkey)
   local total = tonumber(redis.call('HGET', hkey, '_total')) or 0
-  if redis.call('ZSCORE', zkey, id) then
+  if n > 0 and (n >= max_n or (max_tok >= 0 and total + tokens > max_tok)) then
+    if not redis.call('ZSCORE', zkey, id) then
+      return {0, n, total}
+    end
     redis.call('ZADD', zkey, now + ttl, id)
     return {1, n, total}
   end
-  if n > 0 and (n >= max_n or (max_tok >= 0 and total + tokens > max_tok)) then
-    return {0, n, total}
+  if redis.call('ZADD', zkey, now + ttl, id) == 0 then
+    return {1, n, total}  -- already held: renewed
   end
-  redis.call('ZADD', zkey, now + ttl, id)
   redis.call('HSET', hkey, id, tokens)
   total = redis.call('HINCRBY', hkey, '_total', tokens)
   redis.call('EXPIRE', zkey, math.ceil(ttl * 2))
