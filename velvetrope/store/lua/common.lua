@@ -98,7 +98,9 @@ local function settle_claims(hold_key, k0, n, a0, slack, now)
 end
 
 -- A pool's leases: zset zkey (job id -> expiry, s) and hash hkey (job id -> tokens,
--- '_total' -> their sum).  Forget the given ids' tokens.
+-- '_total' -> their sum).  Only a lease taken under a token cap has its tokens recorded
+-- there; forgetting an id without a record changes nothing, so leases taken with and
+-- without a cap share one pool.  Forget the given ids' tokens.
 local function lease_forget(hkey, ids)
   for _, id in ipairs(ids) do
     local tk = tonumber(redis.call('HGET', hkey, id))
@@ -110,7 +112,9 @@ local function lease_forget(hkey, ids)
 end
 
 -- Take a slot for id (dropping expired leases first); a pool with nothing in flight always
--- grants one; a lease already held is renewed.  Returns {granted, in flight, tokens}.
+-- grants one; a lease already held is renewed.  max_tok < 0: no token cap, so the lease's
+-- tokens are neither checked nor recorded.  Returns {granted, in flight, tokens}, tokens
+-- being the recorded sum (-1 without a cap, which does not read it).
 local function lease_take(zkey, hkey, id, tokens, max_n, max_tok, ttl, now)
   local dead = redis.call('ZRANGEBYSCORE', zkey, '-inf', now)
   if #dead > 0 then
@@ -118,8 +122,12 @@ local function lease_take(zkey, hkey, id, tokens, max_n, max_tok, ttl, now)
     redis.call('ZREMRANGEBYSCORE', zkey, '-inf', now)
   end
   local n = redis.call('ZCARD', zkey)
-  local total = tonumber(redis.call('HGET', hkey, '_total')) or 0
-  if n > 0 and (n >= max_n or (max_tok >= 0 and total + tokens > max_tok)) then
+  local capped = max_tok >= 0
+  local total = -1
+  if capped then
+    total = tonumber(redis.call('HGET', hkey, '_total')) or 0
+  end
+  if n > 0 and (n >= max_n or (capped and total + tokens > max_tok)) then
     if not redis.call('ZSCORE', zkey, id) then
       return {0, n, total}
     end
@@ -129,10 +137,12 @@ local function lease_take(zkey, hkey, id, tokens, max_n, max_tok, ttl, now)
   if redis.call('ZADD', zkey, now + ttl, id) == 0 then
     return {1, n, total}  -- already held: renewed
   end
-  redis.call('HSET', hkey, id, tokens)
-  total = redis.call('HINCRBY', hkey, '_total', tokens)
   redis.call('EXPIRE', zkey, math.ceil(ttl * 2))
-  redis.call('EXPIRE', hkey, math.ceil(ttl * 2))
+  if capped then
+    redis.call('HSET', hkey, id, tokens)
+    total = redis.call('HINCRBY', hkey, '_total', tokens)
+    redis.call('EXPIRE', hkey, math.ceil(ttl * 2))
+  end
   return {1, n + 1, total}
 end
 
