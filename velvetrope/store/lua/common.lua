@@ -25,8 +25,9 @@ local function bucket_level(key, cap, rate, now)
   return level
 end
 
+-- Redis writes the numbers passed to redis.call as strings that read back as the same double.
 local function bucket_write(key, level, cap, rate, now, slack_ms)
-  redis.call('HSET', key, 'l', fmt(level), 't', fmt(now))
+  redis.call('HSET', key, 'l', level, 't', now)
   redis.call('PEXPIRE', key, math.ceil(math.max(0, (cap - level) / rate) * 1000) + slack_ms)
 end
 
