@@ -293,3 +293,37 @@ def test_every_key_the_scripts_write_expires(fresh_redis: str) -> None:
         assert any(":b:" in k for k in keys) and any(":held:" in k for k in keys)
         assert any(":leases" in k for k in keys) and any("replicas" in k for k in keys)
         assert {k: c.pttl(k) for k in keys if c.pttl(k) <= 0} == {}
+
+
+@pytest.mark.integration
+def test_a_settlement_lowering_a_bucket_extends_its_expiry_one_raising_it_keeps_it(
+    fresh_redis: str,
+) -> None:
+    """A bucket's key lives at least until the bucket would be full again, plus a slack
+    (5 s): a reservation or an overrun sets that; a refund leaves the later expiry it had;
+    a bucket that had expired is written with one again."""
+    c = Claim("tenant:a:tok", "tokens", "tenant", 300, 1000.0, 10.0)  # 10 tokens/s
+    key = "ttl:{t:a}:b:tenant:a:tok"
+
+    async def main() -> None:
+        s = RedisStore(connect(fresh_redis, password=None, timeout_s=1.0), namespace="ttl")
+        try:
+            with redis.Redis.from_url(fresh_redis) as r:
+                assert isinstance(await s.reserve("j1", "a", [c]), Grant)  # 700: full in 30 s
+                assert 34_000 < r.pttl(key) <= 35_000
+                assert await s.settle("j1", "a", [c], settle_lines([c], 100))  # 900, kept
+                assert 34_000 < r.pttl(key) <= 35_000
+                assert isinstance(await s.reserve("j2", "a", [c]), Grant)  # ~600: 45 s
+                assert 44_000 < r.pttl(key) <= 45_000
+                assert await s.settle("j2", "a", [c], settle_lines([c], 500))  # ~400: 65 s
+                assert 64_000 < r.pttl(key) <= 65_000
+                assert isinstance(await s.reserve("j3", "a", [c]), Grant)
+                r.delete(key)  # expired meanwhile: full again
+                assert await s.settle("j3", "a", [c], settle_lines([c], 0))
+                assert 0 < r.pttl(key) <= 5_000
+                (snap,) = await s.snapshots("a", [c])
+                assert snap.remaining == 1000.0
+        finally:
+            await s.close()
+
+    asyncio.run(main())

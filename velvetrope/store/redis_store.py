@@ -5,9 +5,10 @@ Scripts ship as package data (``velvetrope/store/lua``) and run with EVALSHA, re
 NOSCRIPT (redis-py's ``Script``).  Redis ``TIME`` is the only clock inside them, so replicas
 whose clocks disagree still share one bucket arithmetic (that of
 :class:`~velvetrope.core.bucket.MemoryBuckets`; one table of test vectors runs against
-both).  Every key expires: a bucket once it would be full again (plus a slack), a settled
-job's hold after ``hold_ttl_s`` (a job running longer
-loses its settlement), leases after twice their TTL without renewal.
+both).  Every key expires: a bucket once it would be full again (plus a slack; a
+settlement that does not lower its level leaves the later expiry it had), a settled job's
+hold after ``hold_ttl_s`` (a job running longer loses its settlement), leases after twice
+their TTL without renewal.
 
 Key layout (``ns`` is the deployment namespace, ``{...}`` the hash tag)::
 

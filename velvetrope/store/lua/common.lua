@@ -11,18 +11,19 @@ local function fmt(x)
   return string.format('%.17g', x)
 end
 
--- A bucket's level at now, refilled at rate up to cap; a missing bucket is full.
+-- A bucket's level at now, refilled at rate up to cap, and whether its key exists (a
+-- missing bucket is full).
 local function bucket_level(key, cap, rate, now)
   local h = redis.call('HMGET', key, 'l', 't')
   local level, last = tonumber(h[1]), tonumber(h[2])
   if level == nil or last == nil then
-    return cap
+    return cap, false
   end
   if now > last then
     level = level + (now - last) * rate
     if level > cap then level = cap end
   end
-  return level
+  return level, true
 end
 
 -- Redis writes the numbers passed to redis.call as strings that read back as the same double.
@@ -78,7 +79,8 @@ end
 
 -- Settle n lines if the job's hold exists (deleting it): bucket i is KEYS[k0 + i], its
 -- reserved, actual, capacity, rate and floor are ARGV[a0 + 5(i-1) + 1..5].  A missing
--- bucket refilled to capacity and expired: it counts as full.  Returns 1 if applied.
+-- bucket refilled to capacity and expired: it counts as full.  A bucket whose level does
+-- not drop keeps its expiry (later than it needs).  Returns 1 if applied.
 local function settle_claims(hold_key, k0, n, a0, slack, now)
   if redis.call('DEL', hold_key) == 0 then
     return 0
@@ -87,13 +89,19 @@ local function settle_claims(hold_key, k0, n, a0, slack, now)
     local b = a0 + 5 * (i - 1)
     local reserved, actual = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
     local cap, rate, floor = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
-    local level = bucket_level(KEYS[k0 + i], cap, rate, now) + reserved - actual
+    local before, found = bucket_level(KEYS[k0 + i], cap, rate, now)
+    local level = before + reserved - actual
     if level < floor then
       level = floor
     elseif level > cap then
       level = cap
     end
-    bucket_write(KEYS[k0 + i], level, cap, rate, now, slack)
+    if found and level >= before then
+      -- not lower: the expiry set when the level was this low or lower is late enough
+      redis.call('HSET', KEYS[k0 + i], 'l', level, 't', now)
+    else
+      bucket_write(KEYS[k0 + i], level, cap, rate, now, slack)
+    end
   end
   return 1
 end
