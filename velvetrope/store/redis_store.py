@@ -32,6 +32,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from importlib import resources
+from math import ldexp
 from typing import Any
 
 from redis.commands.core import AsyncScript
@@ -263,7 +264,7 @@ class RedisStore:
         for c in claims:
             args += [repr(c.capacity), repr(c.rate)]
         r = await self._run(self._levels, [f"{tag}:b:{c.key}" for c in claims], args)
-        return _snaps(claims, [b"1", *r], 1)
+        return _snaps(claims, r, 0)
 
     # -- fleet slots ---------------------------------------------------------------------
 
@@ -332,9 +333,15 @@ def parse_reserve(claims: Sequence[Claim], r: Sequence[Any]) -> Grant | Denial:
 
 
 def _snaps(claims: Sequence[Claim], r: Sequence[Any], start: int) -> tuple[BucketSnapshot, ...]:
+    """Snapshots from the levels at ``r[start:]``, each as the integers ``m, e`` of
+    ``m * 2**e`` (one pair per claim); the time to full is derived here, as
+    :meth:`~velvetrope.core.bucket.TokenBucket.time_to_full` does."""
     out = []
     for i, c in enumerate(claims):
-        level = _f(r[start + 2 * i])
-        reset = _f(r[start + 2 * i + 1])
-        out.append(BucketSnapshot(c.key, c.kind, c.owner, c.capacity, level, reset))
+        j = start + 2 * i
+        level = ldexp(r[j], r[j + 1])
+        reset = (c.capacity - level) / c.rate
+        out.append(
+            BucketSnapshot(c.key, c.kind, c.owner, c.capacity, level, reset if reset > 0.0 else 0.0)
+        )
     return tuple(out)

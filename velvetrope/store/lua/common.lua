@@ -11,6 +11,14 @@ local function fmt(x)
   return string.format('%.17g', x)
 end
 
+-- A finite x as the integers m, e with x = m * 2^e exactly (Redis replies a Lua number as
+-- an integer; a string would cost a format and an allocation).
+local function out_exact(out, x)
+  local m, e = math.frexp(x)
+  out[#out + 1] = m * 9007199254740992
+  out[#out + 1] = e - 53
+end
+
 -- A bucket's level at now, refilled at rate up to cap, and whether its key exists (a
 -- missing bucket is full).
 local function bucket_level(key, cap, rate, now)
@@ -34,7 +42,8 @@ end
 
 -- Reserve n claims, all or none: bucket i is KEYS[k0 + i], its amount, capacity, rate and
 -- floor are ARGV[a0 + 4(i-1) + 1..4].  A grant writes the job's hold (hold_key).
--- Returns {1, level_1, reset_1, ...} or {0, wait_s, worst_index, level_1, reset_1, ...}.
+-- Returns {1, levels...} or {0, wait_s, worst_index, levels...}: each bucket's level after
+-- the call as out_exact's pair (the caller derives the time to full from it).
 local function reserve_claims(k0, n, a0, slack, hold_key, hold_ttl, now)
   local levels = {}
   local worst, worst_i = 0, 0
@@ -71,8 +80,7 @@ local function reserve_claims(k0, n, a0, slack, hold_key, hold_ttl, now)
       level = level - amount
       bucket_write(KEYS[k0 + i], level, cap, rate, now, slack)
     end
-    out[#out + 1] = fmt(level)
-    out[#out + 1] = fmt(math.max(0, (cap - level) / rate))
+    out_exact(out, level)
   end
   return out
 end
