@@ -116,3 +116,21 @@ def test_concurrent_settlement_is_exact(run: Run) -> None:
         assert snap.remaining == pytest.approx(1e9 - sum(u for _, _, u in jobs), abs=0.5)
 
     run(body)
+
+
+def test_levels_and_times_to_full_come_back_exact(run: Run) -> None:
+    """A level with a long fraction (its refill during the test is below its precision)
+    reads back as the same double the Python rules compute, in a grant and in a snapshot."""
+    c = Claim("tenant:a:x", "tokens", "tenant", 1 / 3, 1e9, 1e-9)
+    level = 1e9 - 1 / 3
+
+    async def body(s: BucketStore) -> None:
+        g = await s.reserve("j1", "a", [c])
+        assert isinstance(g, Grant)
+        for snap in (*g.snapshots, *(await s.snapshots("a", [c]))):
+            assert (snap.remaining, snap.reset_s) == (level, (1e9 - level) / 1e-9)
+        d = await s.reserve("j2", "a", [c._replace(amount=1e9)])
+        assert isinstance(d, Denial)
+        assert d.snapshots[0].remaining == level
+
+    run(body)

@@ -155,12 +155,91 @@ def test_leases_are_fleet_wide_and_expire(fresh_redis: str) -> None:
             assert (ans.granted, ans.in_flight, ans.tokens_in_flight) == (True, 2, 250)
             assert await b.renew("p", ["j2"]) == 1
             await asyncio.sleep(0.45)  # j4 (not renewed since) and j2 expire
-            ans = await a.acquire("j5", Slot("p", 100, 1, None))
+            ans = await a.acquire("j5", Slot("p", 100, 1, 250))  # their tokens were dropped
             assert (ans.granted, ans.in_flight, ans.tokens_in_flight) == (True, 1, 100)
             assert await b.renew("p", ["j2"]) == 0  # an expired lease is not re-created
         finally:
             await a.close()
             await b.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.integration
+def test_leases_with_and_without_a_token_cap_share_a_pool(fresh_redis: str) -> None:
+    """Only leases taken under a token cap count tokens (a replica whose pool has no cap,
+    or not yet, counts slots alone): mixed in one pool, released or expired in any order,
+    the recorded sum never goes negative and comes back to zero."""
+
+    async def main() -> None:
+        a = RedisStore(connect(fresh_redis, password=None, timeout_s=1.0), lease_ttl_s=0.3)
+        b = RedisStore(connect(fresh_redis, password=None, timeout_s=1.0), lease_ttl_s=0.3)
+        tokens = "velvetrope:{pool:p}:lease_tokens"
+        try:
+            ans = await a.acquire("u1", Slot("p", 500, 4, None))
+            assert (ans.granted, ans.in_flight, ans.tokens_in_flight) == (True, 1, -1)
+            with redis.Redis.from_url(fresh_redis) as c:
+                assert not c.exists(tokens)  # nothing recorded without a cap
+            ans = await b.acquire("c1", Slot("p", 100, 4, 250))  # u1's 500 not counted
+            assert (ans.granted, ans.in_flight, ans.tokens_in_flight) == (True, 2, 100)
+            assert not (await b.acquire("c2", Slot("p", 200, 4, 250))).granted  # 300 > 250
+            ans = await b.acquire("c1", Slot("p", 100, 4, 250))  # held: renewed, counted once
+            assert (ans.granted, ans.in_flight, ans.tokens_in_flight) == (True, 2, 100)
+            ans = await a.acquire("u1", Slot("p", 500, 2, None))  # held, pool full: renewed
+            assert (ans.granted, ans.in_flight, ans.tokens_in_flight) == (True, 2, -1)
+            res, lease = await a.admit("c2", "a", [claim(10)], Slot("p", 150, 4, 250))
+            assert isinstance(res, Grant) and lease is not None
+            assert (lease.granted, lease.in_flight, lease.tokens_in_flight) == (True, 3, 250)
+            assert await a.release("p", ["u1", "u1"]) == 1  # no record: the sum is untouched
+            ans = await b.acquire("c3", Slot("p", 1, 4, 250))
+            assert (ans.granted, ans.in_flight, ans.tokens_in_flight) == (False, 2, 250)
+            assert await b.release("p", ["c1"]) == 1
+            assert await a.finish("c2", "a", [claim(10)], settle_lines([claim(10)], 5), "p") == (
+                True,
+                1,
+            )
+            ans = await b.acquire("c3", Slot("p", 250, 4, 250))  # back to zero, not below
+            assert (ans.granted, ans.in_flight, ans.tokens_in_flight) == (True, 1, 250)
+            assert (await a.acquire("u2", Slot("p", 50, 4, None))).granted
+            await asyncio.sleep(0.45)  # c3 and u2 expire without renewal
+            ans = await b.acquire("c4", Slot("p", 10, 4, 250))
+            assert (ans.granted, ans.in_flight, ans.tokens_in_flight) == (True, 1, 10)
+            assert await b.release("p", ["c4"]) == 1
+            with redis.Redis.from_url(fresh_redis) as c:
+                assert c.hgetall(tokens) == {b"_total": b"0"}
+        finally:
+            await a.close()
+            await b.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.integration
+def test_acquiring_a_lease_already_held_renews_it_once(fresh_redis: str) -> None:
+    """With room in the pool or without, a second acquire of a held lease renews it: it
+    is granted, its expiry moves, and neither the slot nor its tokens count twice."""
+
+    async def main() -> None:
+        s = RedisStore(connect(fresh_redis, password=None, timeout_s=1.0), lease_ttl_s=30.0)
+        leases = "velvetrope:{pool:p}:leases"
+        try:
+            with redis.Redis.from_url(fresh_redis) as r:
+                assert tuple(await s.acquire("j1", Slot("p", 100, 2, 1000))) == (True, 1, 100)
+                first = r.zscore(leases, "j1")
+                await asyncio.sleep(0.01)
+                assert tuple(await s.acquire("j1", Slot("p", 100, 2, 1000))) == (True, 1, 100)
+                second = r.zscore(leases, "j1")
+                assert first is not None and second is not None and second > first
+                assert tuple(await s.acquire("j2", Slot("p", 100, 2, 1000))) == (True, 2, 200)
+                await asyncio.sleep(0.01)
+                assert tuple(await s.acquire("j1", Slot("p", 100, 2, 1000))) == (True, 2, 200)
+                third = r.zscore(leases, "j1")
+                assert third is not None and third > second
+                assert tuple(await s.acquire("j3", Slot("p", 100, 2, 1000))) == (False, 2, 200)
+                assert await s.release("p", ["j1", "j2"]) == 2
+                assert tuple(await s.acquire("j3", Slot("p", 100, 2, 1000))) == (True, 1, 100)
+        finally:
+            await s.close()
 
     asyncio.run(main())
 
@@ -214,3 +293,37 @@ def test_every_key_the_scripts_write_expires(fresh_redis: str) -> None:
         assert any(":b:" in k for k in keys) and any(":held:" in k for k in keys)
         assert any(":leases" in k for k in keys) and any("replicas" in k for k in keys)
         assert {k: c.pttl(k) for k in keys if c.pttl(k) <= 0} == {}
+
+
+@pytest.mark.integration
+def test_a_settlement_lowering_a_bucket_extends_its_expiry_one_raising_it_keeps_it(
+    fresh_redis: str,
+) -> None:
+    """A bucket's key lives at least until the bucket would be full again, plus a slack
+    (5 s): a reservation or an overrun sets that; a refund leaves the later expiry it had;
+    a bucket that had expired is written with one again."""
+    c = Claim("tenant:a:tok", "tokens", "tenant", 300, 1000.0, 10.0)  # 10 tokens/s
+    key = "ttl:{t:a}:b:tenant:a:tok"
+
+    async def main() -> None:
+        s = RedisStore(connect(fresh_redis, password=None, timeout_s=1.0), namespace="ttl")
+        try:
+            with redis.Redis.from_url(fresh_redis) as r:
+                assert isinstance(await s.reserve("j1", "a", [c]), Grant)  # 700: full in 30 s
+                assert 34_000 < r.pttl(key) <= 35_000
+                assert await s.settle("j1", "a", [c], settle_lines([c], 100))  # 900, kept
+                assert 34_000 < r.pttl(key) <= 35_000
+                assert isinstance(await s.reserve("j2", "a", [c]), Grant)  # ~600: 45 s
+                assert 44_000 < r.pttl(key) <= 45_000
+                assert await s.settle("j2", "a", [c], settle_lines([c], 500))  # ~400: 65 s
+                assert 64_000 < r.pttl(key) <= 65_000
+                assert isinstance(await s.reserve("j3", "a", [c]), Grant)
+                r.delete(key)  # expired meanwhile: full again
+                assert await s.settle("j3", "a", [c], settle_lines([c], 0))
+                assert 0 < r.pttl(key) <= 5_000
+                (snap,) = await s.snapshots("a", [c])
+                assert snap.remaining == 1000.0
+        finally:
+            await s.close()
+
+    asyncio.run(main())

@@ -104,3 +104,24 @@ def test_python_rules(v: Vector) -> None:
 def test_lua_scripts(v: Vector, redis_url: str) -> None:
     out, levels = asyncio.run(run_redis(v, redis_url))
     check(v, out, levels, TOLERANCE_S)
+
+
+def test_a_written_level_reads_back_as_the_same_double(fresh_redis: str) -> None:
+    """A bucket's fields hold the exact doubles the script computed (a level with a long
+    fraction: its refill during the test is below its precision)."""
+
+    async def main() -> None:
+        store = RedisStore(redis.asyncio.Redis.from_url(fresh_redis), namespace="vec")
+        try:
+            c = Claim("x", "tokens", "tenant", 1 / 3, 1e9, 1e-9)
+            assert isinstance(await store.reserve("exact", TENANT, [c]), Grant)
+            with redis.Redis.from_url(fresh_redis) as sync:
+                level, last = sync.hmget(store.bucket_key(TENANT, "x"), "l", "t")
+                sec, usec = sync.time()
+            assert level is not None and last is not None
+            assert float(level) == 1e9 - 1 / 3
+            assert 0 <= sec + usec / 1e6 - float(last) < 5
+        finally:
+            await store.close()
+
+    asyncio.run(main())

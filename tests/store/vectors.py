@@ -185,4 +185,20 @@ VECTORS: tuple[Vector, ...] = (
         applied=True,
         levels={"t": 200, "r": 5},
     ),
+    Vector(
+        "settling exactly what was reserved keeps the refilled level",
+        {"t": B(1000, 10, level=200, age_s=5)},
+        "settle",
+        lines=(("t", 300, 300),),
+        applied=True,
+        levels={"t": 250},
+    ),
+    Vector(
+        "one line refunds while another charges an overrun",
+        {"t": B(1000, 10, level=0), "u": B(1000, 10, level=500)},
+        "settle",
+        lines=(("t", 300, 100), ("u", 100, 400)),
+        applied=True,
+        levels={"t": 200, "u": 200},
+    ),
 )

@@ -65,7 +65,10 @@ class Slot(NamedTuple):
 
 
 class LeaseAnswer(NamedTuple):
-    """Whether a slot was granted, and the pool's fleet-wide load after the call."""
+    """Whether a slot was granted, and the pool's fleet-wide load after the call:
+    ``tokens_in_flight`` sums the tokens of the leases taken under a token cap (only those
+    count against one); -1 when the call named no cap (``Slot.max_tokens`` ``None``), which
+    neither checks nor records tokens."""
 
     granted: bool
     in_flight: int

@@ -5,9 +5,10 @@ Scripts ship as package data (``velvetrope/store/lua``) and run with EVALSHA, re
 NOSCRIPT (redis-py's ``Script``).  Redis ``TIME`` is the only clock inside them, so replicas
 whose clocks disagree still share one bucket arithmetic (that of
 :class:`~velvetrope.core.bucket.MemoryBuckets`; one table of test vectors runs against
-both).  Every key expires: a bucket once it would be full again (plus a slack), a settled
-job's hold after ``hold_ttl_s`` (a job running longer
-loses its settlement), leases after twice their TTL without renewal.
+both).  Every key expires: a bucket once it would be full again (plus a slack; a
+settlement that does not lower its level leaves the later expiry it had), a settled job's
+hold after ``hold_ttl_s`` (a job running longer loses its settlement), leases after twice
+their TTL without renewal.
 
 Key layout (``ns`` is the deployment namespace, ``{...}`` the hash tag)::
 
@@ -15,7 +16,8 @@ Key layout (``ns`` is the deployment namespace, ``{...}`` the hash tag)::
     ns:{shared}:b:<claim key>          every bucket, when tiers or models have limits too
                                        (a job's claims then span tenants: one slot for all)
     ns:{...}:held:<job id>             a job's reservation awaits settlement (deleted by it)
-    ns:{pool:<pool>}:leases / :lease_tokens   a pool's leases (zset) and their tokens (hash)
+    ns:{pool:<pool>}:leases / :lease_tokens   a pool's leases (zset), the tokens of those
+                                              taken under a token cap (hash)
     ns:{fleet}:replicas / :queues             heartbeats (zset) and queue depths (hash)
 
 Calls go through an :class:`~velvetrope.store.pipeline.AutoPipeline` (one round trip per
@@ -30,6 +32,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from importlib import resources
+from math import ldexp
 from typing import Any
 
 from redis.commands.core import AsyncScript
@@ -261,7 +264,7 @@ class RedisStore:
         for c in claims:
             args += [repr(c.capacity), repr(c.rate)]
         r = await self._run(self._levels, [f"{tag}:b:{c.key}" for c in claims], args)
-        return _snaps(claims, [b"1", *r], 1)
+        return _snaps(claims, r, 0)
 
     # -- fleet slots ---------------------------------------------------------------------
 
@@ -330,9 +333,15 @@ def parse_reserve(claims: Sequence[Claim], r: Sequence[Any]) -> Grant | Denial:
 
 
 def _snaps(claims: Sequence[Claim], r: Sequence[Any], start: int) -> tuple[BucketSnapshot, ...]:
+    """Snapshots from the levels at ``r[start:]``, each as the integers ``m, e`` of
+    ``m * 2**e`` (one pair per claim); the time to full is derived here, as
+    :meth:`~velvetrope.core.bucket.TokenBucket.time_to_full` does."""
     out = []
     for i, c in enumerate(claims):
-        level = _f(r[start + 2 * i])
-        reset = _f(r[start + 2 * i + 1])
-        out.append(BucketSnapshot(c.key, c.kind, c.owner, c.capacity, level, reset))
+        j = start + 2 * i
+        level = ldexp(r[j], r[j + 1])
+        reset = (c.capacity - level) / c.rate
+        out.append(
+            BucketSnapshot(c.key, c.kind, c.owner, c.capacity, level, reset if reset > 0.0 else 0.0)
+        )
     return tuple(out)

@@ -8,7 +8,7 @@
 local n = #KEYS - 3
 local now = clock_now()
 local out = reserve_claims(0, n, 0, tonumber(ARGV[4 * n + 1]), KEYS[n + 1],
-  tonumber(ARGV[4 * n + 2]), now)
+  ARGV[4 * n + 2], now)
 local a = 4 * n + 2
 local lease = {0, -1, -1}
 if out[1] == 1 then

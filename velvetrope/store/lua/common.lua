@@ -11,28 +11,39 @@ local function fmt(x)
   return string.format('%.17g', x)
 end
 
--- A bucket's level at now, refilled at rate up to cap; a missing bucket is full.
+-- A finite x as the integers m, e with x = m * 2^e exactly (Redis replies a Lua number as
+-- an integer; a string would cost a format and an allocation).
+local function out_exact(out, x)
+  local m, e = math.frexp(x)
+  out[#out + 1] = m * 9007199254740992
+  out[#out + 1] = e - 53
+end
+
+-- A bucket's level at now, refilled at rate up to cap, and whether its key exists (a
+-- missing bucket is full).
 local function bucket_level(key, cap, rate, now)
   local h = redis.call('HMGET', key, 'l', 't')
   local level, last = tonumber(h[1]), tonumber(h[2])
   if level == nil or last == nil then
-    return cap
+    return cap, false
   end
   if now > last then
     level = level + (now - last) * rate
     if level > cap then level = cap end
   end
-  return level
+  return level, true
 end
 
+-- Redis writes the numbers passed to redis.call as strings that read back as the same double.
 local function bucket_write(key, level, cap, rate, now, slack_ms)
-  redis.call('HSET', key, 'l', fmt(level), 't', fmt(now))
+  redis.call('HSET', key, 'l', level, 't', now)
   redis.call('PEXPIRE', key, math.ceil(math.max(0, (cap - level) / rate) * 1000) + slack_ms)
 end
 
 -- Reserve n claims, all or none: bucket i is KEYS[k0 + i], its amount, capacity, rate and
 -- floor are ARGV[a0 + 4(i-1) + 1..4].  A grant writes the job's hold (hold_key).
--- Returns {1, level_1, reset_1, ...} or {0, wait_s, worst_index, level_1, reset_1, ...}.
+-- Returns {1, levels...} or {0, wait_s, worst_index, levels...}: each bucket's level after
+-- the call as out_exact's pair (the caller derives the time to full from it).
 local function reserve_claims(k0, n, a0, slack, hold_key, hold_ttl, now)
   local levels = {}
   local worst, worst_i = 0, 0
@@ -69,15 +80,15 @@ local function reserve_claims(k0, n, a0, slack, hold_key, hold_ttl, now)
       level = level - amount
       bucket_write(KEYS[k0 + i], level, cap, rate, now, slack)
     end
-    out[#out + 1] = fmt(level)
-    out[#out + 1] = fmt(math.max(0, (cap - level) / rate))
+    out_exact(out, level)
   end
   return out
 end
 
 -- Settle n lines if the job's hold exists (deleting it): bucket i is KEYS[k0 + i], its
 -- reserved, actual, capacity, rate and floor are ARGV[a0 + 5(i-1) + 1..5].  A missing
--- bucket refilled to capacity and expired: it counts as full.  Returns 1 if applied.
+-- bucket refilled to capacity and expired: it counts as full.  A bucket whose level does
+-- not drop keeps its expiry (later than it needs).  Returns 1 if applied.
 local function settle_claims(hold_key, k0, n, a0, slack, now)
   if redis.call('DEL', hold_key) == 0 then
     return 0
@@ -86,19 +97,27 @@ local function settle_claims(hold_key, k0, n, a0, slack, now)
     local b = a0 + 5 * (i - 1)
     local reserved, actual = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2])
     local cap, rate, floor = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
-    local level = bucket_level(KEYS[k0 + i], cap, rate, now) + reserved - actual
+    local before, found = bucket_level(KEYS[k0 + i], cap, rate, now)
+    local level = before + reserved - actual
     if level < floor then
       level = floor
     elseif level > cap then
       level = cap
     end
-    bucket_write(KEYS[k0 + i], level, cap, rate, now, slack)
+    if found and level >= before then
+      -- not lower: the expiry set when the level was this low or lower is late enough
+      redis.call('HSET', KEYS[k0 + i], 'l', level, 't', now)
+    else
+      bucket_write(KEYS[k0 + i], level, cap, rate, now, slack)
+    end
   end
   return 1
 end
 
 -- A pool's leases: zset zkey (job id -> expiry, s) and hash hkey (job id -> tokens,
--- '_total' -> their sum).  Forget the given ids' tokens.
+-- '_total' -> their sum).  Only a lease taken under a token cap has its tokens recorded
+-- there; forgetting an id without a record changes nothing, so leases taken with and
+-- without a cap share one pool.  Forget the given ids' tokens.
 local function lease_forget(hkey, ids)
   for _, id in ipairs(ids) do
     local tk = tonumber(redis.call('HGET', hkey, id))
@@ -110,7 +129,9 @@ local function lease_forget(hkey, ids)
 end
 
 -- Take a slot for id (dropping expired leases first); a pool with nothing in flight always
--- grants one; a lease already held is renewed.  Returns {granted, in flight, tokens}.
+-- grants one; a lease already held is renewed.  max_tok < 0: no token cap, so the lease's
+-- tokens are neither checked nor recorded.  Returns {granted, in flight, tokens}, tokens
+-- being the recorded sum (-1 without a cap, which does not read it).
 local function lease_take(zkey, hkey, id, tokens, max_n, max_tok, ttl, now)
   local dead = redis.call('ZRANGEBYSCORE', zkey, '-inf', now)
   if #dead > 0 then
@@ -118,19 +139,27 @@ local function lease_take(zkey, hkey, id, tokens, max_n, max_tok, ttl, now)
     redis.call('ZREMRANGEBYSCORE', zkey, '-inf', now)
   end
   local n = redis.call('ZCARD', zkey)
-  local total = tonumber(redis.call('HGET', hkey, '_total')) or 0
-  if redis.call('ZSCORE', zkey, id) then
+  local capped = max_tok >= 0
+  local total = -1
+  if capped then
+    total = tonumber(redis.call('HGET', hkey, '_total')) or 0
+  end
+  if n > 0 and (n >= max_n or (capped and total + tokens > max_tok)) then
+    if not redis.call('ZSCORE', zkey, id) then
+      return {0, n, total}
+    end
     redis.call('ZADD', zkey, now + ttl, id)
     return {1, n, total}
   end
-  if n > 0 and (n >= max_n or (max_tok >= 0 and total + tokens > max_tok)) then
-    return {0, n, total}
+  if redis.call('ZADD', zkey, now + ttl, id) == 0 then
+    return {1, n, total}  -- already held: renewed
   end
-  redis.call('ZADD', zkey, now + ttl, id)
-  redis.call('HSET', hkey, id, tokens)
-  total = redis.call('HINCRBY', hkey, '_total', tokens)
   redis.call('EXPIRE', zkey, math.ceil(ttl * 2))
-  redis.call('EXPIRE', hkey, math.ceil(ttl * 2))
+  if capped then
+    redis.call('HSET', hkey, id, tokens)
+    total = redis.call('HINCRBY', hkey, '_total', tokens)
+    redis.call('EXPIRE', hkey, math.ceil(ttl * 2))
+  end
   return {1, n + 1, total}
 end
 

@@ -5,4 +5,4 @@
 -- Returns as reserve_claims (common.lua).
 local n = #KEYS - 1
 return reserve_claims(0, n, 0, tonumber(ARGV[4 * n + 1]), KEYS[n + 1],
-  tonumber(ARGV[4 * n + 2]), clock_now())
+  ARGV[4 * n + 2], clock_now())
