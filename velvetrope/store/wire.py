@@ -35,6 +35,7 @@ from redis.exceptions import InvalidResponse
 
 __all__ = ["Pending", "Wire", "pack"]
 
+
 def pack(*args: object) -> bytes:
     """The RESP encoding of the command ``args`` (``bytes``, ``str``, ``int``, ``float``;
     numbers as ``repr`` writes them).  hiredis packs in C, about 2.5x faster than Python."""
