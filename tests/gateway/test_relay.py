@@ -40,6 +40,8 @@ TEXTS = [
     "hello",
     " world",
     "",
+    "content",  # a value that is also a member name
+    "text",
     'say "content":"x" and \\"text\\"',
     "\u00e9t\u00e9 \U0001f600",
     "\\",
@@ -164,6 +166,8 @@ def test_content_keys_and_usage_at() -> None:
     assert content_keys(b'{"content" : "a", "text":"b", "text": ""}') == 2
     assert content_keys(b'{"reasoning_content":"a","context":"b","logprobs":{"content":[]}}') == 0
     assert content_keys(b'{"content":"he said \\"content\\":\\"x\\""}') == 1
+    assert content_keys(b'{"content":"content"},{"text":"text"},{"content":null}') == 2
+    assert content_keys(b'{"content":"a"},{"content":"b","logprobs":{"content":[]}}') == 2
     assert usage_at(b'{"usage": {"prompt_tokens": 1}}') == 1
     assert usage_at(b'{"usage":{},"x":{"usage":{}}}', 2) == 17
     assert usage_at(b'{"usage":null,"choices":[]}') == -1
