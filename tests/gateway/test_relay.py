@@ -169,9 +169,12 @@ def test_content_keys_and_usage_at() -> None:
     assert content_keys(b'{"content":"content"},{"text":"text"},{"content":null}') == 2
     assert content_keys(b'{"content":"a"},{"content":"b","logprobs":{"content":[]}}') == 2
     assert usage_at(b'{"usage": {"prompt_tokens": 1}}') == 1
-    assert usage_at(b'{"usage":{},"x":{"usage":{}}}', 2) == 17
+    assert usage_at(b'{"usage":{},"x":{"usage" :\t{}}}') == 17  # the last one
+    assert usage_at(b'{"usage":{},"x":{"usage":null}}') == -1  # the last one is null
     assert usage_at(b'{"usage":null,"choices":[]}') == -1
     assert usage_at(b'{"content":"the \\"usage\\":{ word"}') == -1
+    assert usage_at(b'{"usage":{"n":1},"c":"usage"}') == 1  # a value "usage" is no member
+    assert usage_at(b'{"a":"x"}') == -1
 
 
 def test_split_events_keeps_the_rest() -> None:

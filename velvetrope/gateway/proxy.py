@@ -119,31 +119,27 @@ def relay_events(
 ) -> bytes:
     """Account complete events (``data`` ends with a blank line); what reaches the client.
 
-    Only an event with a ``usage`` object is parsed; elsewhere the generated text is
-    counted from the bytes (:func:`~velvetrope.openai.sse.content_keys`), which counts
-    what parsing every chunk would, for a small fraction of its cost."""
+    Only the event with the last ``usage`` object is parsed (a later usage supersedes an
+    earlier one); elsewhere the generated text is counted from the bytes
+    (:func:`~velvetrope.openai.sse.content_keys`), which counts what parsing every chunk
+    would, for a small fraction of its cost."""
     at = usage_at(data)
     if at < 0:
         _count(data, relay, on_first_token)
         return data
-    out: list[bytes] = []
-    pos = 0
-    while at >= 0:
-        cut = data.rfind(b"\n\n", pos, at)
-        start = pos if cut < 0 else cut + 2
-        end = data.find(b"\n\n", at) + 2
-        if start > pos:
-            _count(data[pos:start], relay, on_first_token)
-            out.append(data[pos:start])
-        event = data[start:end]
-        if _keep_usage_event(event, relay, client_wants_usage, on_first_token):
-            out.append(event)
-        pos = end
-        at = usage_at(data, pos)
-    if pos < len(data):
-        _count(data[pos:], relay, on_first_token)
-        out.append(data[pos:])
-    return b"".join(out)
+    start = data.rfind(b"\n\n", 0, at) + 2  # 1 when none: the event starts the data
+    if start == 1:
+        start = 0
+    end = data.find(b"\n\n", at) + 2
+    event = data[start:end]
+    if start:
+        _count(data[:start], relay, on_first_token)
+    keep = _keep_usage_event(event, relay, client_wants_usage, on_first_token)
+    if end < len(data):
+        _count(data[end:], relay, on_first_token)
+    if keep:
+        return data
+    return data[:start] + data[end:]
 
 
 def _count(data: bytes, relay: Relay, on_first_token: Callable[[], None]) -> None:

@@ -103,7 +103,6 @@ _TEXT_FORMS = tuple(
 )
 """Compact JSON (what engines send): a name's occurrences, then those with a string value,
 a null value and an empty string; four substring counts cost far less than a regex."""
-_USAGE_OBJECT = re.compile(rb'"usage"\s*:\s*\{')
 
 
 def content_keys(data: bytes) -> int:
@@ -121,24 +120,34 @@ def content_keys(data: bytes) -> int:
         if not n:
             continue
         strings = data.count(string)
-        if n != strings + data.count(null):  # spaced, or another value: the exact scan
+        if n != strings and n != strings + data.count(null):  # spaced, or another value
             return len(_TEXT_KEYS.findall(data))
         total += strings - data.count(empty)
     return total
 
 
-def usage_at(data: bytes, start: int = 0) -> int:
-    """Where the first ``usage`` member whose value is an object is in ``data[start:]``
-    (an index into ``data``), or -1.  ``"usage": null``, which some servers put in every
-    chunk, does not count."""
-    n = data.count(b'"usage"', start)
-    if n == 0:
-        return -1
-    objects = data.count(b'"usage":{', start)
-    if n == objects + data.count(b'"usage":null', start):  # all compact: no regex needed
-        return data.find(b'"usage":{', start) if objects else -1
-    m = _USAGE_OBJECT.search(data, start)
-    return -1 if m is None else m.start()
+def usage_at(data: bytes) -> int:
+    """Where the last ``usage`` member in ``data`` is, if its value is an object; else -1
+    (``"usage": null``, which some servers put in every chunk, is no usage).
+
+    Searched from the end, where a stream's usage chunk is: the scan stops there."""
+    i = data.rfind(b'"usage"')
+    while i >= 0:
+        j = _skip_space(data, i + 7)
+        if data[j : j + 1] == b":":  # a member name (a string value is never followed by ':')
+            j = _skip_space(data, j + 1)
+            return i if data[j : j + 1] == b"{" else -1
+        i = data.rfind(b'"usage"', 0, i)
+    return -1
+
+
+def _skip_space(data: bytes, j: int) -> int:
+    while data[j : j + 1] in _JSON_SPACE:
+        j += 1
+    return j
+
+
+_JSON_SPACE = (b" ", b"\t", b"\r", b"\n")
 
 
 def content_choices(obj: dict[str, Any]) -> int:
