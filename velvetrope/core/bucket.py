@@ -220,7 +220,9 @@ class MemoryBuckets:
             b = buckets[c.key]
             reset = (b.capacity - b.level) / b.rate
             snaps.append(
-                BucketSnapshot(c.key, c.kind, c.owner, b.capacity, b.level, max(0.0, reset))
+                _tuple(
+                    BucketSnapshot, (c.key, c.kind, c.owner, b.capacity, b.level, max(0.0, reset))
+                )
             )
         return _tuple(Grant, (tuple(claims), tuple(snaps)))
 
@@ -246,8 +248,9 @@ class MemoryBuckets:
             b = self._buckets.get(c.key)
             if b is not None:
                 level = b.refill(now)
+                reset = b.time_to_full(now)
                 out.append(
-                    BucketSnapshot(c.key, c.kind, c.owner, b.capacity, level, b.time_to_full(now))
+                    _tuple(BucketSnapshot, (c.key, c.kind, c.owner, b.capacity, level, reset))
                 )
         return tuple(out)
 

@@ -69,6 +69,9 @@ def _shape(c: Claim) -> tuple[str, str, str]:
     return s
 
 
+_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
+
+
 def _f(x: Any) -> float:
     return float(x.decode() if isinstance(x, bytes) else x)
 
@@ -328,7 +331,7 @@ def parse_admit(
 def parse_reserve(claims: Sequence[Claim], r: Sequence[Any]) -> Grant | Denial:
     """The reserve script's reply as a grant or a denial."""
     if int(r[0]) == 1:
-        return Grant(tuple(claims), _snaps(claims, r, 1))
+        return _tuple(Grant, (tuple(claims), _snaps(claims, r, 1)))
     return Denial(_f(r[1]), claims[int(r[2]) - 1].key, _snaps(claims, r, 3))
 
 
@@ -341,7 +344,6 @@ def _snaps(claims: Sequence[Claim], r: Sequence[Any], start: int) -> tuple[Bucke
         j = start + 2 * i
         level = ldexp(r[j], r[j + 1])
         reset = (c.capacity - level) / c.rate
-        out.append(
-            BucketSnapshot(c.key, c.kind, c.owner, c.capacity, level, reset if reset > 0.0 else 0.0)
-        )
+        reset = reset if reset > 0.0 else 0.0
+        out.append(_tuple(BucketSnapshot, (c.key, c.kind, c.owner, c.capacity, level, reset)))
     return tuple(out)
