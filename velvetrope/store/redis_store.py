@@ -53,20 +53,10 @@ def load_script(name: str) -> str:
     return lua.joinpath("common.lua").read_text() + lua.joinpath(f"{name}.lua").read_text()
 
 
-_SHAPES: dict[tuple[float, float, float | None], tuple[str, str, str]] = {}
-
-
-def _shape(c: Claim) -> tuple[str, str, str]:
-    """A bucket's capacity, refill rate and floor as script arguments (few distinct ones:
-    made once each)."""
-    k = (c.capacity, c.rate, c.floor)
-    s = _SHAPES.get(k)
-    if s is None:
-        floor = -c.capacity if c.floor is None else c.floor
-        s = (repr(c.capacity), repr(c.rate), repr(floor))
-        if len(_SHAPES) < 4096:
-            _SHAPES[k] = s
-    return s
+def _shape(c: Claim) -> tuple[float, float, float]:
+    """A bucket's capacity, refill rate and floor as script arguments (numbers are packed
+    as ``repr`` writes them, which reads back as the same double)."""
+    return c.capacity, c.rate, -c.capacity if c.floor is None else c.floor
 
 
 _tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
@@ -147,7 +137,7 @@ class RedisStore:
         keys.append(f"{tag}:held:{job_id}")
         args: list[Any] = []
         for c in claims:
-            args.append(repr(c.amount))
+            args.append(c.amount)
             args += _shape(c)
         args += [_SLACK_MS, math.ceil(self.hold_ttl_s)]
         return keys, args
@@ -160,7 +150,7 @@ class RedisStore:
         args: list[Any] = [_SLACK_MS]
         for c, (key, reserved, actual) in zip(claims, lines, strict=True):
             keys.append(f"{tag}:b:{key}")
-            args += [repr(reserved), repr(actual), *_shape(c)]
+            args += [reserved, actual, *_shape(c)]
         return keys, args
 
     def _lease_args(self, job_id: str, slot: Slot) -> list[Any]:
