@@ -67,3 +67,25 @@ def test_defects_name_their_param(raw: bytes, param: str) -> None:
         parse_request(raw, kind, max_tokens_limit=100, count_text=words)
     assert ei.value.status == 400
     assert ei.value.param == param
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"model":"m","prompt":"x","stream":true}',
+        b' \n{ "model" : "m", "prompt": "x {", "stream": true }',
+        b'{"model":"m","prompt":"x","stream":true,"stream_options":null}',
+        b'{"model":"m","prompt":"x","stream":true,"stream_options":{}}',
+        b'{"model":"m","prompt":"x","stream":true,"stream_options":{"include_usage":false}}',
+    ],
+)
+def test_a_stream_asks_for_usage_keeping_the_clients_bytes_where_it_can(raw: bytes) -> None:
+    p = parse_request(raw, "completions", max_tokens_limit=100, count_text=words)
+    sent = p.upstream_body()
+    assert orjson.loads(sent) == p.body
+    assert p.body["stream_options"]["include_usage"] is True
+    if b"stream_options" not in raw:  # spliced in front of the client's own members
+        at = raw.index(b"{") + 1
+        assert sent == raw[:at] + b'"stream_options":{"include_usage":true},' + raw[at:]
+    else:  # one member must change: the body is written anew (no duplicate names)
+        assert sent.count(b"stream_options") == 1

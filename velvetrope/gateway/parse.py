@@ -52,10 +52,21 @@ class ParsedRequest:
     rewritten: bool
     n: int = 1
     template: str | None = None  # the prompt template's fingerprint (length prediction)
+    prepend: bytes = b""  # members to add at the start of ``raw`` (``body`` has them)
 
     def upstream_body(self) -> bytes:
-        """The bytes to send upstream: the client's own, unless the gateway changed them."""
-        return orjson.dumps(self.body) if self.rewritten else self.raw
+        """The bytes to send upstream: the client's own, with :attr:`prepend`'s members
+        spliced in first, unless the gateway changed more (then ``body`` serialized)."""
+        if self.rewritten:
+            return orjson.dumps(self.body)
+        if self.prepend:
+            raw = self.raw
+            at = raw.index(b"{") + 1  # a valid request: an object with members
+            return raw[:at] + self.prepend + raw[at:]
+        return self.raw
+
+
+_ASK_USAGE = b'"stream_options":{"include_usage":true},'
 
 
 def parse_request(
@@ -74,10 +85,15 @@ def parse_request(
     if "priority" in body:
         del body["priority"]
         rewritten = True
+    prepend = b""
     if req.stream and not req.include_usage:
+        absent = "stream_options" not in body
         opts = body.get("stream_options")
         body["stream_options"] = {**(opts or {}), "include_usage": True}
-        rewritten = True
+        if absent:
+            prepend = _ASK_USAGE  # no such member yet: add it to the client's own bytes
+        else:
+            rewritten = True
     return ParsedRequest(
         kind=kind,
         model=req.model,
@@ -88,6 +104,7 @@ def parse_request(
         raw=raw,
         body=body,
         rewritten=rewritten,
+        prepend=prepend,
         n=req.n,
         template=template_fingerprint(req),
     )
