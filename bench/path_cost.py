@@ -16,12 +16,17 @@ here, answers them).
   depend on what else the machine runs, so two commits compare exactly (for ``redis://``
   they depend a little on how calls batch, which timing decides).
 
-Ends with::
+With ``--stream`` the requests stream (SSE): the upstream answers with the chunks
+``velvetrope engine`` sends for 16 tokens (with ``"usage": null`` in each and a usage chunk
+when asked for ``include_usage``), so the relay's per-chunk work is measured too.
+
+Ends with (``path_stream:`` with ``--stream``)::
 
     path: passthrough_us=<p> admission_us=<a> redis_us=<r> admission_ratio=<a/p>
           redis_extra_us=<r-a> [passthrough_kinstr=.. admission_kinstr=.. redis_kinstr=..]
 
-Run: ``.venv/bin/python bench/path_cost.py [--requests 6400] [--rounds 3] [--instructions]``.
+Run: ``.venv/bin/python bench/path_cost.py [--stream] [--requests 6400] [--rounds 3]
+[--instructions]``.
 """
 
 from __future__ import annotations
@@ -35,10 +40,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import MutableMapping
+from collections.abc import AsyncIterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
+import orjson
 import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -49,6 +55,7 @@ from gateway_bench import KEY, body, config
 from tests.support.redis_server import RedisServer
 from velvetrope.config import GatewayConfig
 from velvetrope.gateway.app import Gateway
+from velvetrope.openai.sse import DONE, event
 
 ANSWER = (
     b'{"id":"cmpl-1","object":"chat.completion","model":"velvetrope-sim","choices":[{"index":0,'
@@ -56,14 +63,45 @@ ANSWER = (
     b'"finish_reason":"length"}],"usage":{"prompt_tokens":12,"completion_tokens":16,'
     b'"total_tokens":28}}'
 )
-BODY = body(False)
-HEADERS = [
-    (b"host", b"127.0.0.1:8000"),
-    (b"authorization", b"Bearer " + KEY.encode()),
-    (b"content-type", b"application/json"),
-    (b"content-length", str(len(BODY)).encode()),
-]
 MODES = ("passthrough", "admission", "redis")
+
+
+def headers(data: bytes) -> list[tuple[bytes, bytes]]:
+    return [
+        (b"host", b"127.0.0.1:8000"),
+        (b"authorization", b"Bearer " + KEY.encode()),
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(data)).encode()),
+    ]
+
+
+def sse_answer(include_usage: bool, tokens: int = 16) -> bytes:
+    """The chunks of a streamed chat answer of ``tokens`` tokens, as the engine sends them."""
+    extra: dict[str, Any] = {"usage": None} if include_usage else {}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        obj = {
+            "id": "chatcmpl-1",
+            "object": "chat.completion.chunk",
+            "created": 1,
+            "model": "velvetrope-sim",
+            "choices": [choice],
+            **extra,
+        }
+        return event(orjson.dumps(obj))
+
+    out = [chunk({"role": "assistant", "content": ""})]
+    out += [chunk({"content": f" w{i}"}) for i in range(tokens)]
+    out.append(chunk({}, "length"))
+    if include_usage:
+        usage = {"prompt_tokens": 12, "completion_tokens": tokens, "total_tokens": 12 + tokens}
+        out.append(event(orjson.dumps({"id": "chatcmpl-1", "choices": [], "usage": usage})))
+    out.append(DONE)
+    return b"".join(out)
+
+
+SSE = {flag: sse_answer(flag) for flag in (False, True)}
 
 
 class _Answer:
@@ -72,11 +110,20 @@ class _Answer:
 
     status = 200
 
+    def __init__(self, stream: bytes | None = None) -> None:
+        self.stream = stream  # the SSE answer, or None for ANSWER
+
     def header(self, name: bytes, default: bytes | None = None) -> bytes | None:
-        return b"application/json" if name == b"content-type" else default
+        if name != b"content-type":
+            return default
+        return b"application/json" if self.stream is None else b"text/event-stream"
 
     async def read(self) -> bytes:
-        return ANSWER
+        return ANSWER if self.stream is None else self.stream
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        assert self.stream is not None
+        yield self.stream
 
     async def __aenter__(self) -> _Answer:
         return self
@@ -90,22 +137,25 @@ class InstantUpstream:
 
     async def post(self, url: str, data: bytes) -> _Answer:
         await asyncio.sleep(0)  # one turn of the loop, as a reply would take
-        return _Answer()
+        if b'"stream":true' not in data:
+            return _Answer()
+        return _Answer(SSE[b'"include_usage":true' in data])
 
     def close(self) -> None:
         return None
 
 
-async def one(gw: Gateway, never: asyncio.Future[None]) -> None:
+async def one(gw: Gateway, never: asyncio.Future[None], stream: bool = False) -> None:
     """One request through the ASGI app; the client stays connected until it is answered."""
     first = True
     sent = 0
+    data = body(stream)
 
     async def receive() -> dict[str, Any]:
         nonlocal first
         if first:
             first = False
-            return {"type": "http.request", "body": BODY, "more_body": False}
+            return {"type": "http.request", "body": data, "more_body": False}
         await never
         return {"type": "http.disconnect"}
 
@@ -116,9 +166,9 @@ async def one(gw: Gateway, never: asyncio.Future[None]) -> None:
             raise RuntimeError(f"the gateway answered {message['status']}")
 
     scope: dict[str, Any] = {"type": "http", "method": "POST", "path": "/v1/chat/completions"}
-    scope["headers"] = HEADERS
+    scope["headers"] = headers(data)
     await gw(scope, receive, send)
-    assert sent == 2
+    assert sent == (3 if stream else 2)  # a stream: start, its chunks, the end
 
 
 def gateway(mode: str, redis_url: str | None) -> Gateway:
@@ -130,7 +180,9 @@ def gateway(mode: str, redis_url: str | None) -> Gateway:
     return gw
 
 
-async def measure(mode: str, redis_url: str | None, n: int, toggle: bool = False) -> float:
+async def measure(
+    mode: str, redis_url: str | None, n: int, toggle: bool = False, stream: bool = False
+) -> float:
     """CPU µs per request over ``n`` requests, 64 at a time, after a warm-up; with
     ``toggle``, callgrind counts only this loop."""
     gw = gateway(mode, redis_url)
@@ -142,12 +194,12 @@ async def measure(mode: str, redis_url: str | None, n: int, toggle: bool = False
     conc = 64
     try:
         for _ in range(16):
-            await asyncio.gather(*(one(gw, never) for _ in range(conc)))
+            await asyncio.gather(*(one(gw, never, stream) for _ in range(conc)))
         if toggle:
             subprocess.run(["callgrind_control", "-i", "on", str(os.getpid())], check=True)
         t0 = time.process_time()
         for _ in range(n // conc):
-            await asyncio.gather(*(one(gw, never) for _ in range(conc)))
+            await asyncio.gather(*(one(gw, never, stream) for _ in range(conc)))
         cpu = time.process_time() - t0
         if toggle:
             subprocess.run(["callgrind_control", "-i", "off", str(os.getpid())], check=True)
@@ -156,7 +208,7 @@ async def measure(mode: str, redis_url: str | None, n: int, toggle: bool = False
     return cpu / (n // conc * conc) * 1e6
 
 
-def instructions(mode: str, redis_url: str | None, n: int) -> float:
+def instructions(mode: str, redis_url: str | None, n: int, stream: bool) -> float:
     """Instructions per request of ``mode`` under callgrind (a process of its own)."""
     out = Path(tempfile.mkdtemp(prefix="vr-path-")) / "callgrind.out"
     cmd = [
@@ -173,6 +225,8 @@ def instructions(mode: str, redis_url: str | None, n: int) -> float:
     ]
     if redis_url:
         cmd += ["--redis-url", redis_url]
+    if stream:
+        cmd.append("--stream")
     subprocess.run(cmd, check=True, capture_output=True)
     for line in out.read_text().splitlines():
         if line.startswith("totals:"):
@@ -187,11 +241,12 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=6400)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--instructions", action="store_true", help="also count (valgrind)")
+    ap.add_argument("--stream", action="store_true", help="streamed requests (SSE)")
     ap.add_argument("--one", choices=MODES, help=argparse.SUPPRESS)  # under callgrind
     ap.add_argument("--redis-url", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
-        uvloop.run(measure(args.one, args.redis_url, args.requests, toggle=True))
+        uvloop.run(measure(args.one, args.redis_url, args.requests, True, args.stream))
         return
     if args.instructions and shutil.which("valgrind") is None:
         ap.error("--instructions: valgrind is not on PATH")
@@ -201,18 +256,19 @@ def main() -> None:
         best = dict.fromkeys(MODES, float("inf"))
         for _ in range(args.rounds):
             for mode in MODES:
-                us = uvloop.run(measure(mode, rds.url, args.requests))
+                us = uvloop.run(measure(mode, rds.url, args.requests, stream=args.stream))
                 best[mode] = min(best[mode], us)
         for mode in MODES:
             print(f"  {mode:12s} {best[mode]:7.1f} µs CPU per request (best of {args.rounds})")
         p, a, r = best["passthrough"], best["admission"], best["redis"]
         line = (
-            f"path: passthrough_us={p:.1f} admission_us={a:.1f} redis_us={r:.1f} "
+            f"{'path_stream' if args.stream else 'path'}: passthrough_us={p:.1f} "
+            f"admission_us={a:.1f} redis_us={r:.1f} "
             f"admission_ratio={a / p:.2f} redis_extra_us={r - a:.1f}"
         )
         if args.instructions:
             n = max(640, args.requests // 5)
-            counts = {m: instructions(m, rds.url, n) for m in MODES}
+            counts = {m: instructions(m, rds.url, n, args.stream) for m in MODES}
             for mode in MODES:
                 print(f"  {mode:12s} {counts[mode] / 1000:7.0f} k instructions per request")
             line += "".join(f" {m}_kinstr={counts[m] / 1000:.0f}" for m in MODES)
