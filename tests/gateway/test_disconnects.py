@@ -4,6 +4,7 @@ two sweeps for a long one, the proxying task cancelled, nothing noticed after ``
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -27,6 +28,16 @@ class _Client:
         self.gone.set()
 
 
+async def _until(check: Callable[[], bool], within_s: float = 2.0) -> None:
+    """Poll ``check`` until it holds (the sweeps run on the loop's clock), at most
+    ``within_s``."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + within_s
+    while not check():
+        assert loop.time() < end, "timed out"
+        await asyncio.sleep(0.005)
+
+
 def test_a_request_ended_before_the_first_sweep_never_gets_a_watcher() -> None:
     async def main() -> None:
         ws = DisconnectWatches(after_s=0.02)
@@ -34,7 +45,7 @@ def test_a_request_ended_before_the_first_sweep_never_gets_a_watcher() -> None:
         watches = [ws.watch(c.receive) for c in clients]
         for w in watches:
             ws.done(w)
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # five sweeps: none may start a watcher
         assert ws.started == 0
         assert all(c.receives == 0 for c in clients)
         ws.close()
@@ -49,8 +60,8 @@ def test_a_long_request_is_watched_and_its_disconnect_cancels_the_target() -> No
         w = ws.watch(client.receive)
         target = asyncio.get_running_loop().create_task(asyncio.sleep(10))
         w.target = target
-        await asyncio.sleep(0.1)  # more than two sweeps
-        assert ws.started == 1 and client.receives == 1
+        await _until(lambda: client.receives == 1)  # started within two sweeps
+        assert ws.started == 1
         assert not w.gone.done()
         t0 = asyncio.get_running_loop().time()
         client.hang_up()
@@ -85,10 +96,10 @@ def test_done_stops_a_started_watcher_and_the_sweeps_stop_when_idle() -> None:
         ws = DisconnectWatches(after_s=0.01)
         client = _Client()
         w = ws.watch(client.receive)
-        await asyncio.sleep(0.05)
+        await _until(lambda: w.task is not None)
         assert w.task is not None and not w.task.done()
         ws.done(w)
-        await asyncio.sleep(0.03)
+        await _until(lambda: w.task is not None and w.task.done())
         assert w.task.cancelled()
         assert ws._timer is None  # nothing left to watch: no timer keeps the loop busy
         client.hang_up()

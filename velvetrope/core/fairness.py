@@ -201,19 +201,23 @@ class VirtualTokenCounter:
         h = self._backlogged[t]
         job = h.pop()
         self._live -= 1
-        counters = self.counters
-        c = self._last = counters[t]
-        out = job.predicted_output
-        if out is None:
-            out = job.max_tokens
-        w = self._weights.get(t)
-        counters[t] = c + (self._w_in * job.prompt_tokens + self._w_out * out) / (
-            w if w is not None else self._w(t)
-        )  # the charge of a dispatched job (as on_start_direct)
+        c = self._last = self.counters[t]
+        self.counters[t] = c + self._charge(t, job)
         if h.live == 0:
             del self._backlogged[t]
         self._chosen = None
         return job
+
+    def _charge(self, t: str, job: Job) -> float:
+        """What dispatching ``job`` adds to its tenant ``t``'s counter: its prompt and
+        predicted output, weighted, over the tenant's weight."""
+        out = job.predicted_output
+        if out is None:
+            out = job.max_tokens
+        w = self._weights.get(t)
+        return (self._w_in * job.prompt_tokens + self._w_out * out) / (
+            w if w is not None else self._w(t)
+        )
 
     def _w(self, tenant: str) -> float:
         w = self._weights[tenant] = self._weight(tenant)
@@ -232,13 +236,7 @@ class VirtualTokenCounter:
         t = job.tenant
         c = self.counters.get(t, 0.0)
         c = self._last = c if c > self._last else self._last
-        out = job.predicted_output
-        if out is None:
-            out = job.max_tokens
-        w = self._weights.get(t)
-        self.counters[t] = c + (self._w_in * job.prompt_tokens + self._w_out * out) / (
-            w if w is not None else self._w(t)
-        )
+        self.counters[t] = c + self._charge(t, job)
 
     def on_complete(self, job: Job, output_tokens: int) -> None:
         predicted = job.predicted_output

@@ -111,11 +111,10 @@ class Outbox:
                     failed.append(s)
             self.sent += len(batch) - len(failed)
             self._on_result(not failed)
+            self._in_flight = 0
             if failed:
                 self.retried += len(failed)
                 self._items.extendleft(reversed(failed))
-            self._in_flight = 0
-            if failed:
                 await asyncio.sleep(backoff)
                 backoff = min(self._max_backoff, backoff * 2)
             else:

@@ -62,10 +62,6 @@ def _shape(c: Claim) -> tuple[float, float, float]:
 _tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
 
 
-def _f(x: Any) -> float:
-    return float(x.decode() if isinstance(x, bytes) else x)
-
-
 class RedisStore:
     """:class:`~velvetrope.store.base.BucketStore` and
     :class:`~velvetrope.store.base.FleetSlots` on one Redis client.
@@ -159,7 +155,7 @@ class RedisStore:
             int(slot.tokens),
             int(slot.max_in_flight),
             -1 if slot.max_tokens is None else int(slot.max_tokens),
-            repr(self.lease_ttl_s),
+            self.lease_ttl_s,
         ]
 
     async def reserve(self, job_id: str, tenant: str, claims: Sequence[Claim]) -> Grant | Denial:
@@ -255,7 +251,7 @@ class RedisStore:
         tag = self._tag(tenant)
         args: list[Any] = []
         for c in claims:
-            args += [repr(c.capacity), repr(c.rate)]
+            args += [c.capacity, c.rate]
         r = await self._run(self._levels, [f"{tag}:b:{c.key}" for c in claims], args)
         return _snaps(claims, r, 0)
 
@@ -280,11 +276,11 @@ class RedisStore:
     async def renew(self, pool: str, job_ids: Sequence[str]) -> int:
         if not job_ids:
             return 0
-        args: list[Any] = [repr(self.lease_ttl_s), *job_ids]
+        args: list[Any] = [self.lease_ttl_s, *job_ids]
         return int(await self._run(self._renew, self._lease_keys(pool), args))
 
     async def heartbeat(self, replica: str, queue_depth: int) -> FleetView:
-        args: list[Any] = [replica, repr(self.replica_ttl_s), int(queue_depth)]
+        args: list[Any] = [replica, self.replica_ttl_s, int(queue_depth)]
         r = await self._run(self._heartbeat, list(self._fleet), args)
         return FleetView(int(r[0]), int(r[1]))
 
@@ -322,7 +318,7 @@ def parse_reserve(claims: Sequence[Claim], r: Sequence[Any]) -> Grant | Denial:
     """The reserve script's reply as a grant or a denial."""
     if int(r[0]) == 1:
         return _tuple(Grant, (tuple(claims), _snaps(claims, r, 1)))
-    return Denial(_f(r[1]), claims[int(r[2]) - 1].key, _snaps(claims, r, 3))
+    return Denial(float(r[1]), claims[int(r[2]) - 1].key, _snaps(claims, r, 3))
 
 
 def _snaps(claims: Sequence[Claim], r: Sequence[Any], start: int) -> tuple[BucketSnapshot, ...]:

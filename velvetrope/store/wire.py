@@ -36,6 +36,9 @@ from redis.exceptions import InvalidResponse
 __all__ = ["Pending", "Wire", "pack"]
 
 
+_SENDABLE = (str, bytes, int, float)
+
+
 def pack(*args: object) -> bytes:
     """The RESP encoding of the command ``args`` (``bytes``, ``str``, ``int``, ``float``;
     numbers as ``repr`` writes them).  hiredis packs in C, about 2.5x faster than Python."""
@@ -45,9 +48,6 @@ def pack(*args: object) -> bytes:
     except TypeError:
         bad = next((a for a in args if isinstance(a, bool) or not isinstance(a, _SENDABLE)), None)
         raise TypeError(f"cannot send {type(bad).__name__} to Redis: {bad!r}") from None
-
-
-_SENDABLE = (str, bytes, int, float)
 
 
 class Pending(Protocol):
