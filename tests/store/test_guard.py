@@ -327,3 +327,31 @@ def test_a_settlement_lowering_a_bucket_extends_its_expiry_one_raising_it_keeps_
             await s.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.integration
+def test_a_reservation_sent_again_takes_nothing_twice(fresh_redis: str) -> None:
+    """A client that retries a call whose reply it lost (redis-py's cluster client does,
+    on a timeout) sends the same job's reservation again: it is granted, charged once, and
+    settled once; a denied one leaves no hold behind."""
+
+    async def main() -> None:
+        s = RedisStore(connect(fresh_redis, password=None, timeout_s=1.0))
+        c = Claim("tenant:a:tok", "tokens", "tenant", 600.0, 1000.0, 1e-9)
+        try:
+            for _ in range(3):  # j1 three times: 600 taken once
+                assert isinstance(await s.reserve("j1", "a", [c]), Grant)
+            res, lease = await s.admit("j1", "a", [c], Slot("p", 600, 4, None))  # as admit
+            assert isinstance(res, Grant) and lease is not None and lease.granted
+            (snap,) = await s.snapshots("a", [c])
+            assert snap.remaining == pytest.approx(400, abs=0.01)
+            assert isinstance(await s.reserve("j2", "a", [c]), Denial)  # 600 > 400 left
+            assert isinstance(await s.reserve("j2", "a", [c]), Denial)  # no hold was left
+            assert await s.settle("j1", "a", [c], settle_lines([c], 100))  # 500 back
+            assert not await s.settle("j1", "a", [c], settle_lines([c], 100))
+            (snap,) = await s.snapshots("a", [c])
+            assert snap.remaining == pytest.approx(900, abs=0.01)
+        finally:
+            await s.close()
+
+    asyncio.run(main())

@@ -41,10 +41,13 @@ local function bucket_write(key, level, cap, rate, now, slack_ms)
 end
 
 -- Reserve n claims, all or none: bucket i is KEYS[k0 + i], its amount, capacity, rate and
--- floor are ARGV[a0 + 4(i-1) + 1..4].  A grant writes the job's hold (hold_key).
+-- floor are ARGV[a0 + 4(i-1) + 1..4].  A grant writes the job's hold (hold_key); a job
+-- that holds one already (the same call sent again: a client retrying after a lost reply)
+-- is granted without taking anything twice.
 -- Returns {1, levels...} or {0, wait_s, worst_index, levels...}: each bucket's level after
 -- the call as out_exact's pair (the caller derives the time to full from it).
 local function reserve_claims(k0, n, a0, slack, hold_key, hold_ttl, now)
+  local again = not redis.call('SET', hold_key, '1', 'EX', hold_ttl, 'NX')
   local levels = {}
   local worst, worst_i = 0, 0
   for i = 1, n do
@@ -63,20 +66,20 @@ local function reserve_claims(k0, n, a0, slack, hold_key, hold_ttl, now)
     end
   end
   local out = {}
-  local granted = worst == 0
+  local granted = again or worst == 0
   if granted then
     out[1] = 1
-    redis.call('SET', hold_key, '1', 'EX', hold_ttl)
   else
     out[1] = 0
     out[2] = fmt(worst)
     out[3] = worst_i
+    redis.call('DEL', hold_key)
   end
   for i = 1, n do
     local b = a0 + 4 * (i - 1)
     local amount, cap, rate = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
     local level = levels[i]
-    if granted then
+    if granted and not again then
       level = level - amount
       bucket_write(KEYS[k0 + i], level, cap, rate, now, slack)
     end
