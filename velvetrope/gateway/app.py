@@ -404,6 +404,7 @@ class Gateway:
                 relay=Relay(0),
                 start=client.start,
                 send=client.chunk,
+                end=client.end,
                 on_first_token=lambda: None,
                 extra_headers=[],
             )
@@ -501,6 +502,7 @@ class Gateway:
                     relay=relay,
                     start=client.start,
                     send=client.chunk,
+                    end=client.end,
                     on_first_token=lambda: adm.first_token(job.id),
                     extra_headers=extra,
                 )

@@ -29,11 +29,12 @@ PROGRESS_HEADER = b"x-velvetrope-progress"
 class ClientStream:
     """One response to one client: started at most once."""
 
-    __slots__ = ("comments", "send", "started")
+    __slots__ = ("comments", "ended", "send", "started")
 
     def __init__(self, send: Send) -> None:
         self.send = send
         self.started = False
+        self.ended = False
         self.comments = 0
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
@@ -46,8 +47,12 @@ class ClientStream:
     async def chunk(self, data: bytes) -> None:
         await self.send({"type": "http.response.body", "body": data, "more_body": True})
 
-    async def end(self) -> None:
-        await self.send({"type": "http.response.body", "body": b"", "more_body": False})
+    async def end(self, data: bytes = b"") -> None:
+        """End the response, with ``data`` as its last bytes (once; later calls do nothing)."""
+        if self.ended:
+            return
+        self.ended = True
+        await self.send({"type": "http.response.body", "body": data, "more_body": False})
 
     async def comment(self, text: str) -> None:
         """An SSE comment line; the first one commits the response to a 200 stream."""

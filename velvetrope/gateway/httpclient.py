@@ -161,6 +161,15 @@ class Response:
                     f"no bytes from upstream for {self.read_timeout:g}s"
                 ) from None
 
+    @property
+    def at_end(self) -> bool:
+        """Whether every piece of the body has been handed out (the response is complete)."""
+        c = self._conn
+        if c.done and not c.chunks:
+            self._finished = True
+            return True
+        return False
+
     async def read(self) -> bytes:
         """The whole body."""
         return b"".join([piece async for piece in self.chunks()])

@@ -70,10 +70,13 @@ async def forward(
     relay: Relay,
     start: Start,
     send: Send,
+    end: Send,
     on_first_token: Callable[[], None],
     extra_headers: list[tuple[bytes, bytes]],
 ) -> UpstreamAnswer:
-    """POST ``body`` to ``url``; stream the answer to the client through ``start``/``send``.
+    """POST ``body`` to ``url``; stream the answer to the client through ``start``/``send``;
+    when the upstream's answer is complete as its last bytes are relayed, they go through
+    ``end``, which also ends the client's response (one write, not two).
 
     For a non-streaming request nothing is sent to the client: the caller sends
     ``UpstreamAnswer.body``.  Raises what :class:`HttpClient` raises:
@@ -103,6 +106,9 @@ async def forward(
                     continue
                 out = relay_events(buf[: cut + 2], relay, client_wants_usage, on_first_token)
                 buf = buf[cut + 2 :]
+                if not buf and resp.at_end:
+                    await end(out)  # the last bytes and the end of the response: one write
+                    return UpstreamAnswer(200, relay.usage, None, ctype)
                 if out:
                     await send(out)
             if buf.strip():

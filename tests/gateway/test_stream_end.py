@@ -1,0 +1,123 @@
+"""The end of a relayed stream: when the upstream's response is complete by the time its
+last bytes are relayed, they go to the client with the end of the response in one message
+(one write instead of two); when the end comes later, it follows on its own.  Either way
+the client gets the same bytes and the upstream connection goes back to the pool.
+
+The upstream is a raw loopback HTTP/1.1 server that writes the response exactly as the test
+says (all at once, or the terminating chunk later), so what the relay sees is deterministic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from velvetrope.gateway.httpclient import HttpClient
+from velvetrope.gateway.proxy import Relay, forward
+from velvetrope.openai.sse import DONE
+
+pytestmark = pytest.mark.integration
+
+EVENTS = (
+    b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\n'
+    b'data: {"choices":[{"index":0,"delta":{"content":"b"}}]}\n\n' + DONE
+)
+HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+async def _relay(split_end: bool) -> tuple[list[tuple[str, bytes]], int, int]:
+    """Serve one streamed answer (the terminating chunk written with the body, or 50 ms
+    later); relay it twice through one client.  Returns the client-side messages of the
+    first relay, the connections the server accepted and the tokens counted."""
+    accepted = 0
+
+    closed = asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal accepted
+        accepted += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length")
+                )
+                await reader.readexactly(length)
+                if split_end:
+                    writer.write(HEAD + _chunk(EVENTS))
+                    await writer.drain()
+                    await asyncio.sleep(0.05)
+                    writer.write(b"0\r\n\r\n")
+                else:
+                    writer.write(HEAD + _chunk(EVENTS) + b"0\r\n\r\n")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the client closed its connection
+        finally:
+            writer.close()
+            closed.set()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    http = HttpClient(2.0, 2.0)
+    runs: list[list[tuple[str, bytes]]] = []
+    sent: list[tuple[str, bytes]] = []
+
+    async def start(status: int, headers: Any) -> None:
+        sent.append(("start", b"%d" % status))
+
+    async def send(data: bytes) -> None:
+        sent.append(("more", data))
+
+    async def end(data: bytes) -> None:
+        sent.append(("end", data))
+
+    relay = Relay(0)
+    try:
+        for _ in range(2):
+            sent.clear()
+            relay = Relay(0)
+            answer = await forward(
+                http,
+                f"http://127.0.0.1:{port}/v1/chat/completions",
+                b"{}",
+                stream=True,
+                client_wants_usage=True,
+                relay=relay,
+                start=start,
+                send=send,
+                end=end,
+                on_first_token=lambda: None,
+                extra_headers=[],
+            )
+            assert answer.status == 200
+            runs.append(list(sent))
+    finally:
+        http.close()
+        await asyncio.wait_for(closed.wait(), 5.0)  # the server saw the pooled connection close
+        server.close()
+        await server.wait_closed()
+    assert runs[0] == runs[1]
+    return runs[0], accepted, relay.completion_tokens
+
+
+def test_a_complete_answer_ends_the_response_with_its_last_bytes() -> None:
+    sent, accepted, tokens = asyncio.run(_relay(split_end=False))
+    assert sent == [("start", b"200"), ("end", EVENTS)]
+    assert accepted == 1  # the connection was reused for the second answer
+    assert tokens == 2
+
+
+def test_an_end_that_comes_later_follows_the_bytes_on_its_own() -> None:
+    sent, accepted, tokens = asyncio.run(_relay(split_end=True))
+    assert sent == [("start", b"200"), ("more", EVENTS)]  # the caller ends the response
+    assert accepted == 1
+    assert tokens == 2
