@@ -328,10 +328,13 @@ class Gateway:
         try:
             claims = self.ctl.claims(job)
             gate = self.gates.get(job.pool)
+            slotted = False  # holds its fleet slot already
             try:
                 if gate is not None and self.ctl.would_start(job):
                     # a job that will start at once takes its fleet slot in the same trip
-                    reservation, _ = await self.state.admit(job.id, tenant, claims, gate.slot(job))
+                    reservation, slotted = await self.state.admit(
+                        job.id, tenant, claims, gate.slot(job)
+                    )
                 else:
                     reservation = await self.state.reserve(job.id, tenant, claims)
             except StoreUnavailable as e:
@@ -363,6 +366,7 @@ class Gateway:
                     client,
                     watch,
                     snaps,
+                    slotted,
                 )
         except Exception:
             # A bug must not leak a stack trace or a job: log it, end the job exactly
@@ -459,10 +463,14 @@ class Gateway:
         client: ClientStream,
         watch: Watch,
         snaps: tuple[BucketSnapshot, ...],
+        slotted: bool = False,
     ) -> None:
+        """Take the job's fleet slot unless ``slotted`` (taken with its reservation), then
+        forward it to the least-loaded upstream of its pool, trying the next one when one
+        cannot be reached, and settle it."""
         adm = self.admission
         gate = self.gates.get(job.pool)
-        if gate is not None:
+        if gate is not None and not slotted:
             try:
                 got = await gate.hold(self.state, job, watch.gone, adm.pump)
             except StoreUnavailable as e:
