@@ -23,7 +23,9 @@ Key layout (``ns`` is the deployment namespace, ``{...}`` the hash tag)::
 Calls go through an :class:`~velvetrope.store.pipeline.AutoPipeline` (one round trip per
 event-loop tick for everything issued in it); a job admitted at once reserves its buckets
 and its slot lease in the same tick, so one round trip; settlements and releases leave
-through the outbox, batched the same way.
+through the outbox, batched the same way, and those of jobs sharing a slot (one tag and,
+for a finish, one pool) as one call of ``finish_many.lua`` / ``settle_many.lua`` (each job
+settled by the rules of ``settle.lua``, a bucket read and written once per call).
 """
 
 from __future__ import annotations
@@ -41,9 +43,19 @@ from velvetrope.core.bucket import BucketSnapshot, Claim, Denial, Grant, SettleL
 from velvetrope.store.base import FleetView, LeaseAnswer, Slot
 from velvetrope.store.pipeline import AutoPipeline
 
-__all__ = ["RedisStore", "load_script", "parse_admit", "parse_lease", "parse_reserve"]
+__all__ = [
+    "RedisStore",
+    "Settlement",
+    "load_script",
+    "parse_admit",
+    "parse_lease",
+    "parse_reserve",
+]
 
 _SLACK_MS = 5_000
+
+Settlement = tuple[str, str, Sequence[Claim], Sequence[SettleLine]]
+"""One job's settlement in a batch: ``(job id, tenant, claims, lines)``."""
 
 
 def load_script(name: str) -> str:
@@ -95,6 +107,8 @@ class RedisStore:
         self._heartbeat: AsyncScript = reg(load_script("heartbeat"))
         self._admit: AsyncScript = reg(load_script("admit"))
         self._finish: AsyncScript = reg(load_script("finish"))
+        self._finish_many: AsyncScript = reg(load_script("finish_many"))
+        self._settle_many: AsyncScript = reg(load_script("settle_many"))
         self._fleet = (f"{namespace}:{{fleet}}:replicas", f"{namespace}:{{fleet}}:queues")
         # a cluster client routes each command by its slot: call scripts one by one there
         self._pipe = None if hasattr(client, "get_nodes") else AutoPipeline(client)
@@ -112,12 +126,13 @@ class RedisStore:
 
     # -- keys ----------------------------------------------------------------------
 
-    def _tag(self, tenant: str) -> str:
+    def tag(self, tenant: str) -> str:
+        """The prefix, hash tag included, of ``tenant``'s bucket and hold keys (one slot)."""
         return f"{self.ns}:{{shared}}" if self.shared_tag else f"{self.ns}:{{t:{tenant}}}"
 
     def bucket_key(self, tenant: str, claim_key: str) -> str:
         """The Redis key of bucket ``claim_key`` for a job of ``tenant``."""
-        return f"{self._tag(tenant)}:b:{claim_key}"
+        return f"{self.tag(tenant)}:b:{claim_key}"
 
     def _lease_keys(self, pool: str) -> list[str]:
         base = f"{self.ns}:{{pool:{pool}}}"
@@ -128,7 +143,7 @@ class RedisStore:
     def _reserve_call(
         self, job_id: str, tenant: str, claims: Sequence[Claim]
     ) -> tuple[list[Any], list[Any]]:
-        tag = self._tag(tenant)
+        tag = self.tag(tenant)
         keys: list[Any] = [f"{tag}:b:{c.key}" for c in claims]
         keys.append(f"{tag}:held:{job_id}")
         args: list[Any] = []
@@ -141,13 +156,43 @@ class RedisStore:
     def _settle_call(
         self, job_id: str, tenant: str, claims: Sequence[Claim], lines: Sequence[SettleLine]
     ) -> tuple[list[Any], list[Any]]:
-        tag = self._tag(tenant)
+        tag = self.tag(tenant)
         keys: list[Any] = [f"{tag}:held:{job_id}"]
         args: list[Any] = [_SLACK_MS]
         for c, (key, reserved, actual) in zip(claims, lines, strict=True):
             keys.append(f"{tag}:b:{key}")
             args += [reserved, actual, *_shape(c)]
         return keys, args
+
+    def _settle_many_call(
+        self, jobs: Sequence[Settlement], keys: list[Any], with_ids: bool
+    ) -> tuple[list[Any], list[Any]]:
+        """``keys`` followed by settle_many's (common.lua): each bucket once (a bucket key
+        and shape seen before gets its index again), then the jobs' holds."""
+        tag = self.tag(jobs[0][1])
+        index: dict[tuple[str, float, float, float], int] = {}
+        head: list[Any] = [_SLACK_MS, 0]  # 0: the number of buckets, known at the end
+        holds: list[Any] = []
+        tail: list[Any] = []
+        first = jobs[0][1]
+        for job_id, tenant, claims, lines in jobs:
+            if tenant != first and self.tag(tenant) != tag:
+                raise ValueError(f"tenants {first!r} and {tenant!r} do not share a slot")
+            holds.append(f"{tag}:held:{job_id}")
+            if with_ids:
+                tail.append(job_id)
+            tail.append(len(lines))
+            for c, (key, reserved, actual) in zip(claims, lines, strict=True):
+                shape = _shape(c)
+                b = index.get((key, *shape))
+                if b is None:
+                    b = index[(key, *shape)] = len(index) + 1
+                    keys.append(f"{tag}:b:{key}")
+                    head += shape
+                tail += (b, reserved, actual)
+        head[1] = len(index)
+        keys += holds
+        return keys, head + tail
 
     def _lease_args(self, job_id: str, slot: Slot) -> list[Any]:
         return [
@@ -245,10 +290,32 @@ class RedisStore:
         args.append(job_id)
         return self._run(self._finish, keys, args)
 
+    async def finish_many(self, pool: str, jobs: Sequence[Settlement]) -> list[tuple[bool, int]]:
+        """:meth:`finish` of several jobs in one call (requires :attr:`combined`; their
+        tenants share one :meth:`tag`), as if each ran alone at one instant; returns
+        (settled, leases released) per job, in order."""
+        r = await self.send_finish_many(pool, jobs)
+        return [(int(r[i]) == 1, int(r[i + 1])) for i in range(0, len(r), 2)]
+
+    def send_finish_many(self, pool: str, jobs: Sequence[Settlement]) -> Any:
+        """:meth:`finish_many` as an awaitable of the raw reply (a future when pipelined)."""
+        keys, args = self._settle_many_call(jobs, self._lease_keys(pool), True)
+        return self._run(self._finish_many, keys, args)
+
+    async def settle_many(self, jobs: Sequence[Settlement]) -> list[bool]:
+        """:meth:`settle` of several jobs whose tenants share one :meth:`tag`, in one call,
+        as if each ran alone at one instant; returns whether each was settled, in order."""
+        return [int(x) == 1 for x in await self.send_settle_many(jobs)]
+
+    def send_settle_many(self, jobs: Sequence[Settlement]) -> Any:
+        """:meth:`settle_many` as an awaitable of the raw reply."""
+        keys, args = self._settle_many_call(jobs, [], False)
+        return self._run(self._settle_many, keys, args)
+
     async def snapshots(self, tenant: str, claims: Sequence[Claim]) -> tuple[BucketSnapshot, ...]:
         if not claims:
             return ()
-        tag = self._tag(tenant)
+        tag = self.tag(tenant)
         args: list[Any] = []
         for c in claims:
             args += [c.capacity, c.rate]

@@ -117,6 +117,67 @@ local function settle_claims(hold_key, k0, n, a0, slack, now)
   return 1
 end
 
+-- Settle the jobs of one call (finish_many.lua, settle_many.lua), each exactly as
+-- settle_claims would, one after the other, at one instant (now).  The buckets are
+-- KEYS[k0 + 1..k0 + u], u = ARGV[2], each bucket b with its capacity, rate and floor at
+-- ARGV[3b..3b + 2]; job j's hold is KEYS[k0 + u + j].  From ARGV[3u + 3] on, per job: its id
+-- (with_ids), its number of lines n, then n times (bucket b, reserved, actual).  A bucket
+-- is read once and written once: its level moves through the jobs' lines in order here,
+-- and it gets the expiry the last job that lowered it (or found it missing) would have set.
+-- Returns each job's 1 (settled) or 0, and the jobs' ids (with_ids).
+local function settle_many(k0, with_ids, now)
+  local slack, u = tonumber(ARGV[1]), tonumber(ARGV[2])
+  local shape = {}
+  for i = 3, 3 * u + 2 do
+    shape[i] = tonumber(ARGV[i])
+  end
+  local state, touched, settled, ids = {}, {}, {}, {}
+  local a, last, j = 3 * u + 3, #ARGV, 0
+  while a <= last do
+    j = j + 1
+    if with_ids then
+      ids[j] = ARGV[a]
+      a = a + 1
+    end
+    local n = tonumber(ARGV[a])
+    a = a + 1
+    settled[j] = redis.call('DEL', KEYS[k0 + u + j])
+    if settled[j] == 1 then
+      for p = a, a + 3 * n - 1, 3 do
+        local b = tonumber(ARGV[p])
+        local key, cap, rate, floor = KEYS[k0 + b], shape[3 * b], shape[3 * b + 1], shape[3 * b + 2]
+        local st = state[key]  -- {level, found, expiry (ms) to set or false}
+        if st == nil then
+          local level, found = bucket_level(key, cap, rate, now)
+          st = {level, found, false}
+          state[key] = st
+          touched[#touched + 1] = key
+        end
+        local before = st[1]
+        local level = before + tonumber(ARGV[p + 1]) - tonumber(ARGV[p + 2])
+        if level < floor then
+          level = floor
+        elseif level > cap then
+          level = cap
+        end
+        if not (st[2] and level >= before) then
+          st[3] = math.ceil(math.max(0, (cap - level) / rate) * 1000) + slack
+        end
+        st[1], st[2] = level, true
+      end
+    end
+    a = a + 3 * n
+  end
+  for _, key in ipairs(touched) do
+    local st = state[key]
+    redis.call('HSET', key, 'l', st[1], 't', now)
+    if st[3] then
+      redis.call('PEXPIRE', key, st[3])
+    end
+  end
+  return settled, ids
+end
+
 -- A pool's leases: zset zkey (job id -> expiry, s) and hash hkey (job id -> tokens,
 -- '_total' -> their sum).  Only a lease taken under a token cap has its tokens recorded
 -- there; forgetting an id without a record changes nothing, so leases taken with and
