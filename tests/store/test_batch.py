@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import hiredis
 import pytest
 import redis
 from redis.commands.core import AsyncScript
@@ -210,17 +211,29 @@ def test_a_batch_refuses_tenants_of_different_slots(fresh_redis: str) -> None:
     asyncio.run(main())
 
 
-def _record_calls(s: RedisStore) -> list[tuple[str, list[Any]]]:
-    """Record the store's script calls as (script name, keys)."""
+def _record_calls(s: RedisStore) -> list[tuple[str, list[str]]]:
+    """Record the store's script calls as (script name, keys), pipelined or not."""
     names = {v.sha: a[1:] for a, v in vars(s).items() if isinstance(v, AsyncScript)}
-    calls: list[tuple[str, list[Any]]] = []
-    run = s._run
+    calls: list[tuple[str, list[str]]] = []
+    pipe, run = s._pipe, s._run
+    if pipe is None:
 
-    def recording(script: Any, keys: list[Any], args: list[Any]) -> Any:
-        calls.append((names.get(script.sha, "?"), list(keys)))
-        return run(script, keys, args)
+        def recording(script: Any, keys: list[Any], args: list[Any]) -> Any:
+            calls.append((names[script.sha], list(keys)))
+            return run(script, keys, args)
 
-    s._run = recording  # type: ignore[method-assign]
+        s._run = recording  # type: ignore[method-assign]
+        return calls
+    send = pipe.send
+
+    def sending(script: Any, packed: bytes) -> Any:
+        reader = hiredis.Reader()
+        reader.feed(packed)
+        cmd = reader.gets()  # EVALSHA sha numkeys keys... args...
+        calls.append((names[script.sha], [k.decode() for k in cmd[3 : 3 + int(cmd[2])]]))
+        return send(script, packed)
+
+    pipe.send = sending  # type: ignore[method-assign]
     return calls
 
 
@@ -269,7 +282,7 @@ def _check_settled_once(sync: redis.Redis, s: RedisStore, jobs: list[tuple[str, 
 
 async def _one_round(
     state: GuardedState, jobs: list[tuple[str, str, str]]
-) -> list[tuple[str, list[Any]]]:
+) -> list[tuple[str, list[str]]]:
     """Start ``state``, admit ``jobs``, finish them in one tick, wait for the outbox;
     returns the script calls made from the first admission on."""
     state.start()

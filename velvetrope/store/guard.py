@@ -43,7 +43,8 @@ from velvetrope.errors import StoreUnavailable
 from velvetrope.store.base import Slot
 from velvetrope.store.breaker import CircuitBreaker
 from velvetrope.store.outbox import Outbox
-from velvetrope.store.redis_store import RedisStore, parse_admit, parse_lease, parse_reserve
+from velvetrope.store.redis_store import RedisStore
+from velvetrope.store.replies import parse_admit, parse_lease, parse_reserve
 
 __all__ = ["GuardedState", "OnStoreError"]
 
