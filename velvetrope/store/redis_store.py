@@ -16,8 +16,9 @@ Key layout (``ns`` is the deployment namespace, ``{...}`` the hash tag)::
     ns:{shared}:b:<claim key>          every bucket, when tiers or models have limits too
                                        (a job's claims then span tenants: one slot for all)
     ns:{...}:held:<job id>             a job's reservation awaits settlement (deleted by it)
-    ns:{pool:<pool>}:leases / :lease_tokens   a pool's leases (zset), the tokens of those
-                                              taken under a token cap (hash)
+    ns:{pool:<pool>}:leases / :lease_tokens   a pool's leases (zset: job id -> expiry in
+                                              whole ms), the tokens of those taken under a
+                                              token cap (hash)
     ns:{fleet}:replicas / :queues             heartbeats (zset) and queue depths (hash)
 
 Calls go through an :class:`~velvetrope.store.pipeline.AutoPipeline` (one round trip per

@@ -48,11 +48,12 @@ end
 -- the call as out_exact's pair (the caller derives the time to full from it).
 local function reserve_claims(k0, n, a0, slack, hold_key, hold_ttl, now)
   local again = not redis.call('SET', hold_key, '1', 'EX', hold_ttl, 'NX')
-  local levels = {}
+  local levels, nums = {}, {}  -- nums: each claim's amount, capacity, rate (parsed once)
   local worst, worst_i = 0, 0
   for i = 1, n do
     local b = a0 + 4 * (i - 1)
     local amount, cap, rate = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+    nums[3 * i - 2], nums[3 * i - 1], nums[3 * i] = amount, cap, rate
     local level = bucket_level(KEYS[k0 + i], cap, rate, now)
     levels[i] = level
     local w = 0
@@ -76,12 +77,10 @@ local function reserve_claims(k0, n, a0, slack, hold_key, hold_ttl, now)
     redis.call('DEL', hold_key)
   end
   for i = 1, n do
-    local b = a0 + 4 * (i - 1)
-    local amount, cap, rate = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
     local level = levels[i]
     if granted and not again then
-      level = level - amount
-      bucket_write(KEYS[k0 + i], level, cap, rate, now, slack)
+      level = level - nums[3 * i - 2]
+      bucket_write(KEYS[k0 + i], level, nums[3 * i - 1], nums[3 * i], now, slack)
     end
     out_exact(out, level)
   end
@@ -178,8 +177,10 @@ local function settle_many(k0, with_ids, now)
   return settled, ids
 end
 
--- A pool's leases: zset zkey (job id -> expiry, s) and hash hkey (job id -> tokens,
--- '_total' -> their sum).  Only a lease taken under a token cap has its tokens recorded
+-- A pool's leases: zset zkey (job id -> expiry, in whole ms) and hash hkey (job id -> tokens,
+-- '_total' -> their sum).  Expiries are integers: a small sorted set (a ziplist) keeps them
+-- as integers and compares them as such when it inserts (a fraction is kept as a string,
+-- parsed back at every comparison).  Only a lease taken under a token cap has its tokens recorded
 -- there; forgetting an id without a record changes nothing, so leases taken with and
 -- without a cap share one pool.  Forget the given ids' tokens.
 local function lease_forget(hkey, ids)
@@ -197,10 +198,12 @@ end
 -- tokens are neither checked nor recorded.  Returns {granted, in flight, tokens}, tokens
 -- being the recorded sum (-1 without a cap, which does not read it).
 local function lease_take(zkey, hkey, id, tokens, max_n, max_tok, ttl, now)
-  local dead = redis.call('ZRANGEBYSCORE', zkey, '-inf', now)
+  local now_ms = math.floor(now * 1000)
+  local expiry = now_ms + math.ceil(ttl * 1000)
+  local dead = redis.call('ZRANGEBYSCORE', zkey, '-inf', now_ms)
   if #dead > 0 then
     lease_forget(hkey, dead)
-    redis.call('ZREMRANGEBYSCORE', zkey, '-inf', now)
+    redis.call('ZREMRANGEBYSCORE', zkey, '-inf', now_ms)
   end
   local n = redis.call('ZCARD', zkey)
   local capped = max_tok >= 0
@@ -212,10 +215,10 @@ local function lease_take(zkey, hkey, id, tokens, max_n, max_tok, ttl, now)
     if not redis.call('ZSCORE', zkey, id) then
       return {0, n, total}
     end
-    redis.call('ZADD', zkey, now + ttl, id)
+    redis.call('ZADD', zkey, expiry, id)
     return {1, n, total}
   end
-  if redis.call('ZADD', zkey, now + ttl, id) == 0 then
+  if redis.call('ZADD', zkey, expiry, id) == 0 then
     return {1, n, total}  -- already held: renewed
   end
   redis.call('EXPIRE', zkey, math.ceil(ttl * 2))
