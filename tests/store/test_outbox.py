@@ -101,3 +101,32 @@ def test_items_of_a_group_leave_together_in_bounded_calls() -> None:
         assert (box.sent, box.retried) == (11, 1)
 
     asyncio.run(main())
+
+
+def test_a_call_that_raises_at_once_is_sent_again_and_the_outbox_lives_on() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        sent: Counter[str] = Counter()
+
+        def call(name: str) -> Any:
+            def send() -> asyncio.Future[Any]:
+                sent[name] += 1
+                if name == "raises" and sent[name] == 1:
+                    raise ConnectionError("not even sent")
+                fut: asyncio.Future[Any] = loop.create_future()
+                fut.set_result(1)
+                return fut
+
+            return send
+
+        box = Outbox(ready=lambda: True, on_result=lambda ok: None)
+        box.start()
+        box.put(call("raises"))
+        box.put(call("next"))
+        assert await box.flush(5.0)
+        box.put(call("later"))
+        assert await box.flush(5.0)
+        await box.stop()
+        assert sent == Counter(raises=2, next=1, later=1)
+
+    asyncio.run(main())

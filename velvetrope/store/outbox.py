@@ -126,7 +126,7 @@ class Outbox:
                 continue
             entries, call_of, calls = self._round()
             self._in_flight = len(entries)
-            futs = [asyncio.ensure_future(c()) for c in calls]  # futures stay futures
+            futs = [_start(c) for c in calls]
             await _settled(futs, self._timeout())
             bad = set()
             for i, f in enumerate(futs):
@@ -194,6 +194,18 @@ class _Group:
 
     def send(self) -> Awaitable[object]:
         return self.send_many(self.group, self.items)
+
+
+def _start(call: Send) -> asyncio.Future[Any]:
+    """``call``'s awaitable as a future (a future stays itself: no task); what ``call``
+    raises at once comes back as a failed future, so that the call is sent again and the
+    outbox's task lives on."""
+    try:
+        return asyncio.ensure_future(call())
+    except Exception as e:
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        fut.set_exception(e)
+        return fut
 
 
 async def _settled(futs: Sequence[asyncio.Future[Any]], timeout_s: float) -> None:
