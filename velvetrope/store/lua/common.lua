@@ -177,12 +177,12 @@ local function settle_many(k0, with_ids, now)
   return settled, ids
 end
 
--- A pool's leases: zset zkey (job id -> expiry, in whole ms) and hash hkey (job id -> tokens,
--- '_total' -> their sum).  Expiries are integers: a small sorted set (a ziplist) keeps them
--- as integers and compares them as such when it inserts (a fraction is kept as a string,
--- parsed back at every comparison).  Only a lease taken under a token cap has its tokens recorded
--- there; forgetting an id without a record changes nothing, so leases taken with and
--- without a cap share one pool.  Forget the given ids' tokens.
+-- A pool's leases: zset zkey (job id -> expiry, in whole ms) and hash hkey (job id ->
+-- tokens, '_total' -> their sum).  Expiries are integers: a small sorted set (a ziplist)
+-- keeps them as integers and compares them as such when it inserts (a fraction is kept as a
+-- string, parsed back at every comparison).  Only a lease taken under a token cap has its
+-- tokens recorded there; forgetting an id without a record changes nothing, so leases taken
+-- with and without a cap share one pool.  Forget the given ids' tokens.
 local function lease_forget(hkey, ids)
   for _, id in ipairs(ids) do
     local tk = tonumber(redis.call('HGET', hkey, id))
