@@ -44,3 +44,89 @@ def test_calls_that_time_out_or_fail_are_sent_again_and_the_rest_once() -> None:
         assert not late.cancelled()  # the outbox gave up waiting, not the call
 
     asyncio.run(main())
+
+
+def test_items_of_a_group_leave_together_in_bounded_calls() -> None:
+    """A round sends the queued items of each group as one call (at most ``group_items``
+    items, ``group_size`` in size), plain calls alone, at most ``batch`` calls; a failed
+    grouped call is sent again with all its items, ahead of newer entries."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        calls: list[tuple[str, list[int]]] = []
+        fail_once = {"b"}
+
+        def send_many(group: Any, items: list[int]) -> asyncio.Future[Any]:
+            calls.append((group, list(items)))
+            fut: asyncio.Future[Any] = loop.create_future()
+            if group in fail_once:
+                fail_once.discard(group)
+                fut.set_exception(ConnectionError("refused"))
+            else:
+                fut.set_result(1)
+            return fut
+
+        def plain() -> asyncio.Future[Any]:
+            calls.append(("plain", []))
+            fut: asyncio.Future[Any] = loop.create_future()
+            fut.set_result(1)
+            return fut
+
+        box = Outbox(
+            ready=lambda: True, on_result=lambda ok: None, batch=4, group_items=3, group_size=5
+        )
+        for i in range(7):
+            box.put_grouped("a", i, send_many)
+            if i == 2:
+                box.put(plain)
+        box.put_grouped("b", 10, send_many, size=2)
+        box.put_grouped("b", 11, send_many, size=4)  # 2 + 4 > 5: a call of its own
+        box.put_grouped("a", 12, send_many, size=9)  # bigger than group_size: alone
+        box.start()
+        assert await box.flush(5.0)
+        await box.stop()
+        assert calls == [
+            # round 1: four calls
+            ("a", [0, 1, 2]),
+            ("plain", []),
+            ("a", [3, 4, 5]),
+            ("a", [6]),
+            # round 2: what did not fit; b's first call fails
+            ("b", [10]),
+            ("b", [11]),
+            ("a", [12]),
+            # round 3: the failed call again
+            ("b", [10]),
+        ]
+        assert (box.sent, box.retried) == (11, 1)
+
+    asyncio.run(main())
+
+
+def test_a_call_that_raises_at_once_is_sent_again_and_the_outbox_lives_on() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        sent: Counter[str] = Counter()
+
+        def call(name: str) -> Any:
+            def send() -> asyncio.Future[Any]:
+                sent[name] += 1
+                if name == "raises" and sent[name] == 1:
+                    raise ConnectionError("not even sent")
+                fut: asyncio.Future[Any] = loop.create_future()
+                fut.set_result(1)
+                return fut
+
+            return send
+
+        box = Outbox(ready=lambda: True, on_result=lambda ok: None)
+        box.start()
+        box.put(call("raises"))
+        box.put(call("next"))
+        assert await box.flush(5.0)
+        box.put(call("later"))
+        assert await box.flush(5.0)
+        await box.stop()
+        assert sent == Counter(raises=2, next=1, later=1)
+
+    asyncio.run(main())

@@ -16,7 +16,9 @@ Redis costs no timeout per request once the breaker opened.  While Redis cannot 
 
 A job remembers where it was reserved and where its lease was taken, and settles there:
 settlements and releases bound for Redis leave through an :class:`Outbox` (retried,
-idempotent per job id); local ones apply at once.  A heartbeat every ``heartbeat_s`` counts
+idempotent per job id), those queued together that share a Redis slot as one call (the
+finishes of one tenant tag and pool; on a Cluster the settlements of one tag, the releases
+of one pool); local ones apply at once.  A heartbeat every ``heartbeat_s`` counts
 the live replicas and, while the breaker is open, serves as its probe, so service recovers
 by itself when Redis returns.
 """
@@ -41,7 +43,8 @@ from velvetrope.errors import StoreUnavailable
 from velvetrope.store.base import Slot
 from velvetrope.store.breaker import CircuitBreaker
 from velvetrope.store.outbox import Outbox
-from velvetrope.store.redis_store import RedisStore, parse_admit, parse_lease, parse_reserve
+from velvetrope.store.redis_store import RedisStore
+from velvetrope.store.replies import parse_admit, parse_lease, parse_reserve
 
 __all__ = ["GuardedState", "OnStoreError"]
 
@@ -288,12 +291,18 @@ class GuardedState:
         lines: Sequence[SettleLine],
         pool: str,
     ) -> None:
-        claims_t, lines_t = tuple(claims), tuple(lines)
+        job = (job_id, tenant, tuple(claims), tuple(lines))
+        self.outbox.put_grouped(
+            ("finish", self.redis.tag(tenant), pool), job, self._send_many, len(lines)
+        )
 
-        def send() -> Any:
-            return self.redis.send_finish(job_id, tenant, claims_t, lines_t, pool)
-
-        self.outbox.put(send)
+    def _send_many(self, group: tuple[str, ...], items: list[Any]) -> Any:
+        """One call for the outbox's items of ``group`` (jobs of one slot; job ids)."""
+        if group[0] == "finish":
+            return self.redis.send_finish_many(group[2], items)
+        if group[0] == "settle":
+            return self.redis.send_settle_many(items)
+        return self.redis.send_release(group[1], items)
 
     def settle(
         self, job_id: str, tenant: str, claims: Sequence[Claim], lines: Sequence[SettleLine]
@@ -308,12 +317,10 @@ class GuardedState:
     def _settle_remote(
         self, job_id: str, tenant: str, claims: Sequence[Claim], lines: Sequence[SettleLine]
     ) -> None:
-        claims_t, lines_t = tuple(claims), tuple(lines)
-
-        def send() -> Any:
-            return self.redis.send_settle(job_id, tenant, claims_t, lines_t)
-
-        self.outbox.put(send)
+        job = (job_id, tenant, tuple(claims), tuple(lines))
+        self.outbox.put_grouped(
+            ("settle", self.redis.tag(tenant)), job, self._send_many, len(lines)
+        )
 
     # -- fleet slots ---------------------------------------------------------------------
 
@@ -348,10 +355,7 @@ class GuardedState:
         return True
 
     def _release_remote(self, pool: str, job_id: str) -> None:
-        def send() -> Any:
-            return self.redis.send_release(pool, [job_id])
-
-        self.outbox.put(send)
+        self.outbox.put_grouped(("release", pool), job_id, self._send_many)
 
     def levels(self) -> dict[str, tuple[float, float]]:
         """``(level, capacity)`` of every bucket as this replica last saw it in Redis."""

@@ -3,6 +3,11 @@
 Settlements and lease releases are idempotent, so the outbox retries them until they land
 (with a backoff while the store is away) and a completion never waits on the store.  The
 outbox is bounded: past ``max_items`` the oldest entry is dropped and counted.
+
+An entry is a call of its own, or an item of a group (:meth:`Outbox.put_grouped`): the
+items of one group queued when a round starts leave as one call (a bounded number per
+call), e.g. the settlements of jobs whose keys share a Redis slot.  Nothing waits for a
+group to fill: a round takes what is queued.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any
 
 __all__ = ["Outbox"]
@@ -19,15 +24,22 @@ __all__ = ["Outbox"]
 log = logging.getLogger("velvetrope.store")
 
 Send = Callable[[], Awaitable[object]]
+SendMany = Callable[[Any, list[Any]], Awaitable[object]]
+"""Sends the items of one group as one call: ``send_many(group, items)``."""
+_Grouped = tuple[Hashable, Any, SendMany, int]  # group, item, send_many, size
+_Entry = Send | _Grouped
 
 
 class Outbox:
-    """A FIFO of idempotent calls, sent by one background task, in batches, with retries.
+    """A FIFO of idempotent calls, sent by one background task, in rounds, with retries.
 
     ``ready`` says whether to try now (e.g. the breaker is closed); ``on_result`` hears of
-    each batch (``True`` when every call succeeded) so the caller can feed a breaker;
-    ``timeout_s`` is how long a batch may take.  A call is a function returning an
-    awaitable; a future (an auto-pipelined call) costs no task.
+    each round (``True`` when every call succeeded) so the caller can feed a breaker;
+    ``timeout_s`` is how long a round may take.  A call is a function returning an
+    awaitable; a future (an auto-pipelined call) costs no task.  A round is at most
+    ``batch`` calls; a grouped call at most ``group_items`` items whose sizes add up to at
+    most ``group_size`` (one bigger item goes alone).  A call that fails or does not answer
+    in time is sent again with all its entries (in their order, ahead of newer ones).
     """
 
     def __init__(
@@ -37,14 +49,18 @@ class Outbox:
         on_result: Callable[[bool], None],
         max_items: int = 100_000,
         batch: int = 64,
+        group_items: int = 64,
+        group_size: int = 512,
         max_backoff_s: float = 1.0,
         timeout_s: Callable[[], float] = lambda: 1.0,
     ) -> None:
-        self._items: deque[Send] = deque()
+        self._items: deque[_Entry] = deque()
         self._ready = ready
         self._on_result = on_result
         self._max_items = max_items
         self._batch = batch
+        self._group_items = group_items
+        self._group_size = group_size
         self._max_backoff = max_backoff_s
         self._timeout = timeout_s
         self._wake = asyncio.Event()
@@ -59,10 +75,19 @@ class Outbox:
 
     def put(self, send: Send) -> None:
         """Queue ``send`` (a coroutine factory); never blocks."""
+        self._put(send)
+
+    def put_grouped(self, group: Hashable, item: Any, send_many: SendMany, size: int = 1) -> None:
+        """Queue ``item`` of ``group``: it leaves with the other items of ``group`` queued
+        at that time, as ``send_many(group, items)`` (one ``send_many`` per group: whose
+        item comes first sends); ``size`` counts against ``group_size``.  Never blocks."""
+        self._put((group, item, send_many, size))
+
+    def _put(self, entry: _Entry) -> None:
         if len(self._items) >= self._max_items:
             self._items.popleft()
             self.dropped += 1
-        self._items.append(send)
+        self._items.append(entry)
         self._wake.set()
 
     def start(self) -> None:
@@ -99,17 +124,18 @@ class Outbox:
                 await asyncio.sleep(backoff)
                 backoff = min(self._max_backoff, backoff * 2)
                 continue
-            batch = [self._items.popleft() for _ in range(min(self._batch, len(self._items)))]
-            self._in_flight = len(batch)
-            futs = [asyncio.ensure_future(s()) for s in batch]  # futures stay futures
+            entries, call_of, calls = self._round()
+            self._in_flight = len(entries)
+            futs = [_start(c) for c in calls]
             await _settled(futs, self._timeout())
-            failed = []
-            for s, f in zip(batch, futs, strict=True):
+            bad = set()
+            for i, f in enumerate(futs):
                 if not f.done() or f.cancelled() or f.exception() is not None:
                     # not answered in time or failed: sent again (the calls are idempotent)
                     log.debug("velvetrope: outbox call failed: %r", f)
-                    failed.append(s)
-            self.sent += len(batch) - len(failed)
+                    bad.add(i)
+            failed = [e for e, i in zip(entries, call_of, strict=True) if i in bad]
+            self.sent += len(entries) - len(failed)
             self._on_result(not failed)
             self._in_flight = 0
             if failed:
@@ -119,6 +145,67 @@ class Outbox:
                 backoff = min(self._max_backoff, backoff * 2)
             else:
                 backoff = 0.01
+
+    def _round(self) -> tuple[list[_Entry], list[int], list[Send]]:
+        """Take the entries of the next round from the queue: them, the index of the call
+        each goes in, and the calls."""
+        items = self._items
+        entries: list[_Entry] = []
+        call_of: list[int] = []
+        calls: list[Send] = []
+        groups: dict[Hashable, _Group] = {}  # the open call of each group
+        while items:
+            e = items[0]
+            if type(e) is tuple:
+                group, item, send_many, size = e
+                g = groups.get(group)
+                if (
+                    g is None
+                    or len(g.items) >= self._group_items
+                    or g.size + size > self._group_size
+                ):
+                    if len(calls) >= self._batch:
+                        break
+                    g = groups[group] = _Group(group, send_many, len(calls))
+                    calls.append(g.send)
+                g.items.append(item)
+                g.size += size
+                call_of.append(g.index)
+            else:
+                if len(calls) >= self._batch:
+                    break
+                call_of.append(len(calls))
+                calls.append(e)  # type: ignore[arg-type]  # not a tuple: a Send
+            entries.append(items.popleft())
+        return entries, call_of, calls
+
+
+class _Group:
+    """The items of one group going as one call."""
+
+    __slots__ = ("group", "index", "items", "send_many", "size")
+
+    def __init__(self, group: Hashable, send_many: SendMany, index: int) -> None:
+        self.group = group
+        self.send_many = send_many
+        self.index = index  # of its call in the round
+        self.items: list[Any] = []
+        self.size = 0
+
+    def send(self) -> Awaitable[object]:
+        return self.send_many(self.group, self.items)
+
+
+def _start(call: Send) -> asyncio.Future[Any]:
+    """``call``'s awaitable as a future (a future stays itself: no task); what ``call``
+    raises at once comes back as a failed future, so that the call is sent again and the
+    outbox's task lives on."""
+    try:
+        return asyncio.ensure_future(call())
+    except Exception as e:
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        fut.set_exception(e)
+        return fut
 
 
 async def _settled(futs: Sequence[asyncio.Future[Any]], timeout_s: float) -> None:

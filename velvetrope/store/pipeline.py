@@ -6,6 +6,8 @@ and once per tick writes everything queued as EVALSHAs on one pipelined connecti
 (:class:`~velvetrope.store.wire.Wire`); replies resolve each caller's future in order as
 they arrive.  Calls stay independent: one failing script fails only its caller.  A script
 the server does not know (NOSCRIPT, e.g. after a restart) is loaded and that call re-sent.
+A call is packed when it is queued: by :meth:`AutoPipeline.run` from its keys and arguments,
+or already by the caller (:meth:`AutoPipeline.send`; see :mod:`velvetrope.store.resp`).
 
 This is what ioredis calls auto-pipelining; it trades nothing for correctness (each script
 is atomic on its own, and no caller assumed ordering between independent calls).
@@ -29,25 +31,16 @@ __all__ = ["AutoPipeline"]
 class _Call:
     """One queued script call and the future its caller awaits."""
 
-    __slots__ = ("args", "fut", "keys", "pipe", "script", "t0")
+    __slots__ = ("fut", "packed", "pipe", "script", "t0")
 
     def __init__(
-        self,
-        pipe: AutoPipeline,
-        script: AsyncScript,
-        keys: Sequence[Any],
-        args: Sequence[Any],
-        fut: asyncio.Future[Any],
+        self, pipe: AutoPipeline, script: AsyncScript, packed: bytes, fut: asyncio.Future[Any]
     ) -> None:
         self.pipe = pipe
         self.script = script
-        self.keys = keys
-        self.args = args
+        self.packed = packed  # the EVALSHA, as RESP
         self.fut = fut
         self.t0 = 0.0  # set on the last call of a write: when that write left
-
-    def packed(self) -> bytes:
-        return pack(b"EVALSHA", self.script.sha, len(self.keys), *self.keys, *self.args)
 
     def reply(self, r: Any) -> None:
         pipe = self.pipe
@@ -103,9 +96,13 @@ class AutoPipeline:
 
     def run(self, script: AsyncScript, keys: Sequence[Any], args: Sequence[Any]) -> Any:
         """Queue one script call; returns an awaitable of its reply (or its error)."""
+        return self.send(script, pack(b"EVALSHA", script.sha, len(keys), *keys, *args))
+
+    def send(self, script: AsyncScript, packed: bytes) -> Any:
+        """:meth:`run` with the call already packed (``EVALSHA`` of ``script``, as RESP)."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
-        self._queue.append(_Call(self, script, keys, args, fut))
+        self._queue.append(_Call(self, script, packed, fut))
         if not self._scheduled:
             self._scheduled = True
             loop.call_soon(self._flush)
@@ -115,7 +112,7 @@ class AutoPipeline:
         self._scheduled = False
         queue = self._queue
         self._queue = []
-        payload = b"".join([c.packed() for c in queue])
+        payload = b"".join([c.packed for c in queue])
         queue[-1].t0 = time.perf_counter()
         self.wire.send(payload, queue)
 
@@ -123,7 +120,7 @@ class AutoPipeline:
         """Load ``call``'s script (the server lost it) and send the call again, in one
         write (the connection keeps their order)."""
         call.t0 = 0.0
-        payload = pack(b"SCRIPT", b"LOAD", call.script.script) + call.packed()
+        payload = pack(b"SCRIPT", b"LOAD", call.script.script) + call.packed
         self.wire.send(payload, (_Loaded(call), call))
 
     async def close(self) -> None:

@@ -16,14 +16,17 @@ Key layout (``ns`` is the deployment namespace, ``{...}`` the hash tag)::
     ns:{shared}:b:<claim key>          every bucket, when tiers or models have limits too
                                        (a job's claims then span tenants: one slot for all)
     ns:{...}:held:<job id>             a job's reservation awaits settlement (deleted by it)
-    ns:{pool:<pool>}:leases / :lease_tokens   a pool's leases (zset), the tokens of those
-                                              taken under a token cap (hash)
+    ns:{pool:<pool>}:leases / :lease_tokens   a pool's leases (zset: job id -> expiry in
+                                              whole ms), the tokens of those taken under a
+                                              token cap (hash)
     ns:{fleet}:replicas / :queues             heartbeats (zset) and queue depths (hash)
 
 Calls go through an :class:`~velvetrope.store.pipeline.AutoPipeline` (one round trip per
 event-loop tick for everything issued in it); a job admitted at once reserves its buckets
 and its slot lease in the same tick, so one round trip; settlements and releases leave
-through the outbox, batched the same way.
+through the outbox, batched the same way, and those of jobs sharing a slot (one tag and,
+for a finish, one pool) as one call of ``finish_many.lua`` / ``settle_many.lua`` (each job
+settled by the rules of ``settle.lua``, a bucket read and written once per call).
 """
 
 from __future__ import annotations
@@ -32,7 +35,6 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from importlib import resources
-from math import ldexp
 from typing import Any
 
 from redis.commands.core import AsyncScript
@@ -40,10 +42,22 @@ from redis.commands.core import AsyncScript
 from velvetrope.core.bucket import BucketSnapshot, Claim, Denial, Grant, SettleLine
 from velvetrope.store.base import FleetView, LeaseAnswer, Slot
 from velvetrope.store.pipeline import AutoPipeline
+from velvetrope.store.replies import parse_admit, parse_lease, parse_reserve, snapshots
+from velvetrope.store.resp import evalsha, fill, number, template, text
 
-__all__ = ["RedisStore", "load_script", "parse_admit", "parse_lease", "parse_reserve"]
+__all__ = [
+    "RedisStore",
+    "Settlement",
+    "load_script",
+    "parse_admit",
+    "parse_lease",
+    "parse_reserve",
+]
 
 _SLACK_MS = 5_000
+
+Settlement = tuple[str, str, Sequence[Claim], Sequence[SettleLine]]
+"""One job's settlement in a batch: ``(job id, tenant, claims, lines)``."""
 
 
 def load_script(name: str) -> str:
@@ -55,11 +69,14 @@ def load_script(name: str) -> str:
 
 def _shape(c: Claim) -> tuple[float, float, float]:
     """A bucket's capacity, refill rate and floor as script arguments (numbers are packed
-    as ``repr`` writes them, which reads back as the same double)."""
-    return c.capacity, c.rate, -c.capacity if c.floor is None else c.floor
+    as ``repr`` writes them, which reads back as the same double), as floats, a zero floor
+    as 0.0: equal shapes are the same arguments (see :meth:`RedisStore._packed_reserve`)."""
+    cap = float(c.capacity)
+    return cap, float(c.rate), -cap if c.floor is None else float(c.floor) + 0.0
 
 
-_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
+def _same(x: Any) -> Any:
+    return x
 
 
 class RedisStore:
@@ -95,9 +112,13 @@ class RedisStore:
         self._heartbeat: AsyncScript = reg(load_script("heartbeat"))
         self._admit: AsyncScript = reg(load_script("admit"))
         self._finish: AsyncScript = reg(load_script("finish"))
+        self._finish_many: AsyncScript = reg(load_script("finish_many"))
+        self._settle_many: AsyncScript = reg(load_script("settle_many"))
         self._fleet = (f"{namespace}:{{fleet}}:replicas", f"{namespace}:{{fleet}}:queues")
         # a cluster client routes each command by its slot: call scripts one by one there
         self._pipe = None if hasattr(client, "get_nodes") else AutoPipeline(client)
+        # the constant pieces of reservations per (tenant, pool, buckets): see _packed_reserve
+        self._templates: dict[tuple[Any, ...], list[bytes]] = {}
 
     def observe_round_trips(self, observe: Callable[[float], None]) -> None:
         """Hear the duration of every pipelined round trip (write to full reply)."""
@@ -112,12 +133,13 @@ class RedisStore:
 
     # -- keys ----------------------------------------------------------------------
 
-    def _tag(self, tenant: str) -> str:
+    def tag(self, tenant: str) -> str:
+        """The prefix, hash tag included, of ``tenant``'s bucket and hold keys (one slot)."""
         return f"{self.ns}:{{shared}}" if self.shared_tag else f"{self.ns}:{{t:{tenant}}}"
 
     def bucket_key(self, tenant: str, claim_key: str) -> str:
         """The Redis key of bucket ``claim_key`` for a job of ``tenant``."""
-        return f"{self._tag(tenant)}:b:{claim_key}"
+        return f"{self.tag(tenant)}:b:{claim_key}"
 
     def _lease_keys(self, pool: str) -> list[str]:
         base = f"{self.ns}:{{pool:{pool}}}"
@@ -128,7 +150,7 @@ class RedisStore:
     def _reserve_call(
         self, job_id: str, tenant: str, claims: Sequence[Claim]
     ) -> tuple[list[Any], list[Any]]:
-        tag = self._tag(tenant)
+        tag = self.tag(tenant)
         keys: list[Any] = [f"{tag}:b:{c.key}" for c in claims]
         keys.append(f"{tag}:held:{job_id}")
         args: list[Any] = []
@@ -141,13 +163,60 @@ class RedisStore:
     def _settle_call(
         self, job_id: str, tenant: str, claims: Sequence[Claim], lines: Sequence[SettleLine]
     ) -> tuple[list[Any], list[Any]]:
-        tag = self._tag(tenant)
+        tag = self.tag(tenant)
         keys: list[Any] = [f"{tag}:held:{job_id}"]
         args: list[Any] = [_SLACK_MS]
         for c, (key, reserved, actual) in zip(claims, lines, strict=True):
             keys.append(f"{tag}:b:{key}")
             args += [reserved, actual, *_shape(c)]
         return keys, args
+
+    def _settle_many_call(
+        self,
+        jobs: Sequence[Settlement],
+        keys: list[Any],
+        with_ids: bool,
+        enc_s: Callable[[str], Any] = _same,
+        enc_n: Callable[[float], Any] = _same,
+    ) -> tuple[list[Any], list[Any]]:
+        """``keys`` followed by settle_many's (common.lua): each bucket once (a bucket key
+        and shape seen before gets its index again), then the jobs' holds; strings and
+        numbers as ``enc_s`` and ``enc_n`` make them (as they are, or as RESP)."""
+        tag = self.tag(jobs[0][1])
+        index: dict[tuple[str, float, float, float | None], int] = {}
+        head: list[Any] = [enc_n(_SLACK_MS), None]  # None: the number of buckets, known last
+        holds: list[Any] = []
+        tail: list[Any] = []
+        first = jobs[0][1]
+        for job_id, tenant, claims, lines in jobs:
+            if tenant != first and self.tag(tenant) != tag:
+                raise ValueError(f"tenants {first!r} and {tenant!r} do not share a slot")
+            holds.append(enc_s(f"{tag}:held:{job_id}"))
+            if with_ids:
+                tail.append(enc_s(job_id))
+            tail.append(enc_n(len(lines)))
+            for c, (key, reserved, actual) in zip(claims, lines, strict=True):
+                spec = (key, c.capacity, c.rate, c.floor)  # equal specs: equal shapes
+                b = index.get(spec)
+                if b is None:
+                    b = index[spec] = len(index) + 1
+                    keys.append(enc_s(f"{tag}:b:{key}"))
+                    head += map(enc_n, _shape(c))
+                tail += (enc_n(b), enc_n(reserved), enc_n(actual))
+        head[1] = enc_n(len(index))
+        keys += holds
+        return keys, head + tail
+
+    def _send_many(
+        self, script: AsyncScript, jobs: Sequence[Settlement], keys: list[str], with_ids: bool
+    ) -> Any:
+        """A settle_many call (finish_many.lua, settle_many.lua) after ``keys``: packed
+        here when pipelined, in one pass."""
+        if self._pipe is None:
+            return self._run(script, *self._settle_many_call(jobs, keys, with_ids))
+        k = [text(x) for x in keys]
+        k, a = self._settle_many_call(jobs, k, with_ids, text, number)
+        return self._pipe.send(script, evalsha(script.sha, k, a))
 
     def _lease_args(self, job_id: str, slot: Slot) -> list[Any]:
         return [
@@ -166,6 +235,8 @@ class RedisStore:
     def send_reserve(self, job_id: str, tenant: str, claims: Sequence[Claim]) -> Any:
         """:meth:`reserve` (with claims) as an awaitable of the raw reply (see
         :func:`parse_reserve`)."""
+        if self._pipe is not None:
+            return self._pipe.send(self._reserve, self._packed_reserve(job_id, tenant, claims))
         keys, args = self._reserve_call(job_id, tenant, claims)
         return self._run(self._reserve, keys, args)
 
@@ -213,10 +284,57 @@ class RedisStore:
         slot: Slot,
     ) -> Any:
         """:meth:`admit` as an awaitable of the raw reply (see :func:`parse_admit`)."""
+        if self._pipe is not None:
+            return self._pipe.send(self._admit, self._packed_reserve(job_id, tenant, claims, slot))
+        keys, args = self._admit_call(job_id, tenant, claims, slot)
+        return self._run(self._admit, keys, args)
+
+    def _admit_call(
+        self, job_id: str, tenant: str, claims: Sequence[Claim], slot: Slot
+    ) -> tuple[list[Any], list[Any]]:
         keys, args = self._reserve_call(job_id, tenant, claims)
         keys += self._lease_keys(slot.pool)
         args += self._lease_args(job_id, slot)
-        return self._run(self._admit, keys, args)
+        return keys, args
+
+    def _packed_reserve(
+        self, job_id: str, tenant: str, claims: Sequence[Claim], slot: Slot | None = None
+    ) -> bytes:
+        """The RESP of :meth:`send_reserve`'s call (``slot`` ``None``) or :meth:`send_admit`'s:
+        the bytes ``pack`` writes for :meth:`_reserve_call`'s (:meth:`_admit_call`'s)
+        arguments, from a :func:`~velvetrope.store.resp.template` per tenant, pool and
+        claimed buckets, with the hold, the amounts, the job id and its tokens filled in."""
+        ck: tuple[Any, ...] = (tenant,)
+        if slot is not None:
+            ck = (tenant, slot.pool, slot.max_in_flight, slot.max_tokens)
+        ck += tuple([(c.key, c.capacity, c.rate, c.floor) for c in claims])
+        runs = self._templates.get(ck)
+        if runs is None:
+            if len(self._templates) >= 1024:
+                self._templates.clear()
+            runs = self._templates[ck] = self._reserve_template(tenant, claims, slot)
+        values = [text(f"{self.tag(tenant)}:held:{job_id}")]
+        for c in claims:
+            values.append(number(c.amount))
+        if slot is not None:
+            values += (text(job_id), number(int(slot.tokens)))
+        return fill(runs, values)
+
+    def _reserve_template(
+        self, tenant: str, claims: Sequence[Claim], slot: Slot | None
+    ) -> list[bytes]:
+        n = len(claims)
+        if slot is None:
+            keys, args = self._reserve_call("", tenant, claims)
+            script = self._reserve
+        else:
+            keys, args = self._admit_call("", tenant, claims, slot)
+            script = self._admit
+        k = len(keys)
+        varying = [n, *range(k, k + 4 * n, 4)]  # the hold; each claim's amount
+        if slot is not None:
+            varying += (k + 4 * n + 2, k + 4 * n + 3)  # the job id, its tokens
+        return template(script.sha, keys, args, varying)
 
     async def finish(
         self,
@@ -245,15 +363,35 @@ class RedisStore:
         args.append(job_id)
         return self._run(self._finish, keys, args)
 
+    async def finish_many(self, pool: str, jobs: Sequence[Settlement]) -> list[tuple[bool, int]]:
+        """:meth:`finish` of several jobs in one call (requires :attr:`combined`; their
+        tenants share one :meth:`tag`), as if each ran alone at one instant; returns
+        (settled, leases released) per job, in order."""
+        r = await self.send_finish_many(pool, jobs)
+        return [(int(r[i]) == 1, int(r[i + 1])) for i in range(0, len(r), 2)]
+
+    def send_finish_many(self, pool: str, jobs: Sequence[Settlement]) -> Any:
+        """:meth:`finish_many` as an awaitable of the raw reply (a future when pipelined)."""
+        return self._send_many(self._finish_many, jobs, self._lease_keys(pool), True)
+
+    async def settle_many(self, jobs: Sequence[Settlement]) -> list[bool]:
+        """:meth:`settle` of several jobs whose tenants share one :meth:`tag`, in one call,
+        as if each ran alone at one instant; returns whether each was settled, in order."""
+        return [int(x) == 1 for x in await self.send_settle_many(jobs)]
+
+    def send_settle_many(self, jobs: Sequence[Settlement]) -> Any:
+        """:meth:`settle_many` as an awaitable of the raw reply."""
+        return self._send_many(self._settle_many, jobs, [], False)
+
     async def snapshots(self, tenant: str, claims: Sequence[Claim]) -> tuple[BucketSnapshot, ...]:
         if not claims:
             return ()
-        tag = self._tag(tenant)
+        tag = self.tag(tenant)
         args: list[Any] = []
         for c in claims:
             args += [c.capacity, c.rate]
         r = await self._run(self._levels, [f"{tag}:b:{c.key}" for c in claims], args)
-        return _snaps(claims, r, 0)
+        return snapshots(claims, r, 0)
 
     # -- fleet slots ---------------------------------------------------------------------
 
@@ -297,39 +435,3 @@ class RedisStore:
             for sentinel in getattr(manager, "sentinels", ()):
                 await sentinel.aclose()
                 await sentinel.connection_pool.disconnect()
-
-
-def parse_lease(r: Sequence[Any]) -> LeaseAnswer:
-    """A lease script's reply."""
-    return LeaseAnswer(int(r[0]) == 1, int(r[1]), int(r[2]))
-
-
-def parse_admit(
-    claims: Sequence[Claim], r: Sequence[Any]
-) -> tuple[Grant | Denial, LeaseAnswer | None]:
-    """The admit script's reply: the reservation, and the lease if one was asked for."""
-    res = parse_reserve(claims, r[:-3])
-    if isinstance(res, Denial):
-        return res, None
-    return res, parse_lease(r[-3:])
-
-
-def parse_reserve(claims: Sequence[Claim], r: Sequence[Any]) -> Grant | Denial:
-    """The reserve script's reply as a grant or a denial."""
-    if int(r[0]) == 1:
-        return _tuple(Grant, (tuple(claims), _snaps(claims, r, 1)))
-    return Denial(float(r[1]), claims[int(r[2]) - 1].key, _snaps(claims, r, 3))
-
-
-def _snaps(claims: Sequence[Claim], r: Sequence[Any], start: int) -> tuple[BucketSnapshot, ...]:
-    """Snapshots from the levels at ``r[start:]``, each as the integers ``m, e`` of
-    ``m * 2**e`` (one pair per claim); the time to full is derived here, as
-    :meth:`~velvetrope.core.bucket.TokenBucket.time_to_full` does."""
-    out = []
-    for i, c in enumerate(claims):
-        j = start + 2 * i
-        level = ldexp(r[j], r[j + 1])
-        reset = (c.capacity - level) / c.rate
-        reset = reset if reset > 0.0 else 0.0
-        out.append(_tuple(BucketSnapshot, (c.key, c.kind, c.owner, c.capacity, level, reset)))
-    return tuple(out)

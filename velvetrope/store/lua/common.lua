@@ -48,11 +48,12 @@ end
 -- the call as out_exact's pair (the caller derives the time to full from it).
 local function reserve_claims(k0, n, a0, slack, hold_key, hold_ttl, now)
   local again = not redis.call('SET', hold_key, '1', 'EX', hold_ttl, 'NX')
-  local levels = {}
+  local levels, nums = {}, {}  -- nums: each claim's amount, capacity, rate (parsed once)
   local worst, worst_i = 0, 0
   for i = 1, n do
     local b = a0 + 4 * (i - 1)
     local amount, cap, rate = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+    nums[3 * i - 2], nums[3 * i - 1], nums[3 * i] = amount, cap, rate
     local level = bucket_level(KEYS[k0 + i], cap, rate, now)
     levels[i] = level
     local w = 0
@@ -76,12 +77,10 @@ local function reserve_claims(k0, n, a0, slack, hold_key, hold_ttl, now)
     redis.call('DEL', hold_key)
   end
   for i = 1, n do
-    local b = a0 + 4 * (i - 1)
-    local amount, cap, rate = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
     local level = levels[i]
     if granted and not again then
-      level = level - amount
-      bucket_write(KEYS[k0 + i], level, cap, rate, now, slack)
+      level = level - nums[3 * i - 2]
+      bucket_write(KEYS[k0 + i], level, nums[3 * i - 1], nums[3 * i], now, slack)
     end
     out_exact(out, level)
   end
@@ -117,10 +116,73 @@ local function settle_claims(hold_key, k0, n, a0, slack, now)
   return 1
 end
 
--- A pool's leases: zset zkey (job id -> expiry, s) and hash hkey (job id -> tokens,
--- '_total' -> their sum).  Only a lease taken under a token cap has its tokens recorded
--- there; forgetting an id without a record changes nothing, so leases taken with and
--- without a cap share one pool.  Forget the given ids' tokens.
+-- Settle the jobs of one call (finish_many.lua, settle_many.lua), each exactly as
+-- settle_claims would, one after the other, at one instant (now).  The buckets are
+-- KEYS[k0 + 1..k0 + u], u = ARGV[2], each bucket b with its capacity, rate and floor at
+-- ARGV[3b..3b + 2]; job j's hold is KEYS[k0 + u + j].  From ARGV[3u + 3] on, per job: its id
+-- (with_ids), its number of lines n, then n times (bucket b, reserved, actual).  A bucket
+-- is read once and written once: its level moves through the jobs' lines in order here,
+-- and it gets the expiry the last job that lowered it (or found it missing) would have set.
+-- Returns each job's 1 (settled) or 0, and the jobs' ids (with_ids).
+local function settle_many(k0, with_ids, now)
+  local slack, u = tonumber(ARGV[1]), tonumber(ARGV[2])
+  local shape = {}
+  for i = 3, 3 * u + 2 do
+    shape[i] = tonumber(ARGV[i])
+  end
+  local state, touched, settled, ids = {}, {}, {}, {}
+  local a, last, j = 3 * u + 3, #ARGV, 0
+  while a <= last do
+    j = j + 1
+    if with_ids then
+      ids[j] = ARGV[a]
+      a = a + 1
+    end
+    local n = tonumber(ARGV[a])
+    a = a + 1
+    settled[j] = redis.call('DEL', KEYS[k0 + u + j])
+    if settled[j] == 1 then
+      for p = a, a + 3 * n - 1, 3 do
+        local b = tonumber(ARGV[p])
+        local key, cap, rate, floor = KEYS[k0 + b], shape[3 * b], shape[3 * b + 1], shape[3 * b + 2]
+        local st = state[key]  -- {level, found, expiry (ms) to set or false}
+        if st == nil then
+          local level, found = bucket_level(key, cap, rate, now)
+          st = {level, found, false}
+          state[key] = st
+          touched[#touched + 1] = key
+        end
+        local before = st[1]
+        local level = before + tonumber(ARGV[p + 1]) - tonumber(ARGV[p + 2])
+        if level < floor then
+          level = floor
+        elseif level > cap then
+          level = cap
+        end
+        if not (st[2] and level >= before) then
+          st[3] = math.ceil(math.max(0, (cap - level) / rate) * 1000) + slack
+        end
+        st[1], st[2] = level, true
+      end
+    end
+    a = a + 3 * n
+  end
+  for _, key in ipairs(touched) do
+    local st = state[key]
+    redis.call('HSET', key, 'l', st[1], 't', now)
+    if st[3] then
+      redis.call('PEXPIRE', key, st[3])
+    end
+  end
+  return settled, ids
+end
+
+-- A pool's leases: zset zkey (job id -> expiry, in whole ms) and hash hkey (job id ->
+-- tokens, '_total' -> their sum).  Expiries are integers: a small sorted set (a ziplist)
+-- keeps them as integers and compares them as such when it inserts (a fraction is kept as a
+-- string, parsed back at every comparison).  Only a lease taken under a token cap has its
+-- tokens recorded there; forgetting an id without a record changes nothing, so leases taken
+-- with and without a cap share one pool.  Forget the given ids' tokens.
 local function lease_forget(hkey, ids)
   for _, id in ipairs(ids) do
     local tk = tonumber(redis.call('HGET', hkey, id))
@@ -136,10 +198,12 @@ end
 -- tokens are neither checked nor recorded.  Returns {granted, in flight, tokens}, tokens
 -- being the recorded sum (-1 without a cap, which does not read it).
 local function lease_take(zkey, hkey, id, tokens, max_n, max_tok, ttl, now)
-  local dead = redis.call('ZRANGEBYSCORE', zkey, '-inf', now)
+  local now_ms = math.floor(now * 1000)
+  local expiry = now_ms + math.ceil(ttl * 1000)
+  local dead = redis.call('ZRANGEBYSCORE', zkey, '-inf', now_ms)
   if #dead > 0 then
     lease_forget(hkey, dead)
-    redis.call('ZREMRANGEBYSCORE', zkey, '-inf', now)
+    redis.call('ZREMRANGEBYSCORE', zkey, '-inf', now_ms)
   end
   local n = redis.call('ZCARD', zkey)
   local capped = max_tok >= 0
@@ -151,10 +215,10 @@ local function lease_take(zkey, hkey, id, tokens, max_n, max_tok, ttl, now)
     if not redis.call('ZSCORE', zkey, id) then
       return {0, n, total}
     end
-    redis.call('ZADD', zkey, now + ttl, id)
+    redis.call('ZADD', zkey, expiry, id)
     return {1, n, total}
   end
-  if redis.call('ZADD', zkey, now + ttl, id) == 0 then
+  if redis.call('ZADD', zkey, expiry, id) == 0 then
     return {1, n, total}  -- already held: renewed
   end
   redis.call('EXPIRE', zkey, math.ceil(ttl * 2))

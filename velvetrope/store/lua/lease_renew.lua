@@ -1,11 +1,12 @@
 -- velvetrope: extend the leases of jobs still running; ids whose lease already expired
 -- (and were dropped) are not re-created.
 -- KEYS as lease_acquire.lua; ARGV[1]: ttl s, ARGV[2..]: job ids.  Returns how many renewed.
-local now = clock_now()
 local ttl = tonumber(ARGV[1])
+local expiry = math.floor(clock_now() * 1000) + math.ceil(ttl * 1000)  -- ms, as lease_take
 local renewed = 0
 for i = 2, #ARGV do
-  if redis.call('ZADD', KEYS[1], 'XX', 'CH', now + ttl, ARGV[i]) == 1 then
+  if redis.call('ZSCORE', KEYS[1], ARGV[i]) then  -- held (a renewal within the same ms
+    redis.call('ZADD', KEYS[1], 'XX', expiry, ARGV[i])  -- changes no score, yet counts)
     renewed = renewed + 1
   end
 end
