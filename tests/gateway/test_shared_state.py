@@ -271,6 +271,8 @@ def test_redis_outage_mid_load(
         stop.set()
         for t in threads:
             t.join()
+    # the figures the Redis issue's note quotes (pytest -s shows them)
+    print(f"outage {policy}: during={during} total={codes} back_s={back:.2f}")
     assert back <= 2.0
     assert resp.status_code == 200
     assert 500 not in codes
