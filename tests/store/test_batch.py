@@ -373,3 +373,45 @@ def test_on_a_cluster_settlements_go_per_tag_and_releases_per_pool(
             await state.stop()
 
     asyncio.run(main())
+
+
+def test_a_job_redis_refuses_is_dropped_alone_and_the_others_settle_once(
+    fresh_redis: str,
+) -> None:
+    """One tenant's bucket key holds another type (WRONGTYPE: the batch's script fails on
+    reading it, before it changed anything): the round's one call is refused, its jobs are
+    sent again one by one, the other tenant's settle and release exactly once, the refused
+    ones are dropped and counted, and the breaker never opens (Redis answered)."""
+
+    async def main() -> None:
+        s = store(fresh_redis, "poison", shared_tag=True)  # every tenant in one call
+        state = _state(s)
+        state.start()
+        try:
+            jobs = [(f"x{i}", "ab"[i % 2], "p") for i in range(4)]
+            sent = _record_calls(s)
+            await _admit_all(state, jobs)
+            with redis.Redis.from_url(fresh_redis) as sync:
+                bad = s.bucket_key("b", "tenant:b:tok")
+                sync.delete(bad)
+                sync.set(bad, "not a bucket")
+                _finish_all(state, jobs)
+                await _until(lambda: len(state.outbox) == 0 and state.outbox.rejected == 2)
+                assert await state.outbox.flush(5.0)
+                finishes = [keys for name, keys in sent if name == "finish_many"]
+                assert len(finishes) == 1 + 4  # the batch, then each job alone
+                tok = float(sync.hget(s.bucket_key("a", "tenant:a:tok"), "l") or 0)
+                req = float(sync.hget(s.bucket_key("a", "tenant:a:req"), "l") or 0)
+                assert tok == pytest.approx(1000 - 30 * 2)
+                assert req == pytest.approx(50 - 2)
+                assert sorted(sync.zrange(f"{s.ns}:{{pool:p}}:leases", 0, -1)) == [b"x1", b"x3"]
+                assert sorted(sync.scan_iter(f"{s.ns}:*:held:*")) == sorted(
+                    f"{s.tag('b')}:held:{j}".encode() for j, t, _ in jobs if t == "b"
+                )
+            assert (state.outbox.sent, state.outbox.rejected, state.outbox.retried) == (2, 2, 0)
+            assert state.up and state.breaker.state == "closed"
+            assert state.status()["outbox_rejected"] == 2
+        finally:
+            await state.stop()
+
+    asyncio.run(main())

@@ -110,7 +110,6 @@ async def _until(pred: Callable[[], bool], timeout_s: float = 10.0) -> None:
 
 
 @pytest.mark.integration
-@pytest.mark.integration
 def test_hung_redis_then_back_settlements_land_exactly_once(own_redis: RedisServer) -> None:
     """Redis hangs (SIGSTOP) with settlements pending: they wait in the outbox and land
     exactly once after it resumes; the breaker closes again by itself."""
@@ -137,7 +136,6 @@ def test_hung_redis_then_back_settlements_land_exactly_once(own_redis: RedisServ
     asyncio.run(main())
 
 
-@pytest.mark.integration
 @pytest.mark.integration
 def test_leases_are_fleet_wide_and_expire(fresh_redis: str) -> None:
     async def main() -> None:

@@ -130,3 +130,80 @@ def test_a_call_that_raises_at_once_is_sent_again_and_the_outbox_lives_on() -> N
         assert sent == Counter(raises=2, next=1, later=1)
 
     asyncio.run(main())
+
+
+class Refusal(Exception):
+    """What the store answers to a call it will never accept."""
+
+
+def test_a_refused_group_goes_again_item_by_item_and_the_refused_item_is_dropped() -> None:
+    """A grouped call the store refuses is no failure (``on_result`` hears True): its items
+    go again one call each, the one refused alone is dropped and counted, a refused plain
+    call too, and the others land once."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        calls: list[list[int]] = []
+        results: list[bool] = []
+
+        def send_many(group: Any, items: list[int]) -> asyncio.Future[Any]:
+            calls.append(list(items))
+            fut: asyncio.Future[Any] = loop.create_future()
+            if 2 in items:
+                fut.set_exception(Refusal("no"))
+            else:
+                fut.set_result(1)
+            return fut
+
+        def plain() -> asyncio.Future[Any]:
+            fut: asyncio.Future[Any] = loop.create_future()
+            fut.set_exception(Refusal("never"))
+            return fut
+
+        box = Outbox(
+            ready=lambda: True,
+            on_result=results.append,
+            refused=lambda e: isinstance(e, Refusal),
+        )
+        for item in (1, 2, 3):
+            box.put_grouped("g", item, send_many)
+        box.put(plain)
+        box.start()
+        assert await box.flush(5.0)
+        box.put_grouped("g", 4, send_many)
+        assert await box.flush(5.0)
+        await box.stop()
+        assert calls == [[1, 2, 3], [1], [2], [3], [4]]
+        assert (box.sent, box.rejected, box.retried) == (3, 2, 0)
+        assert all(results)
+
+    asyncio.run(main())
+
+
+def test_only_error_replies_that_name_no_passing_state_are_refusals() -> None:
+    from redis.exceptions import (
+        BusyLoadingError,
+        OutOfMemoryError,
+        ReadOnlyError,
+        ResponseError,
+    )
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    from velvetrope.store.replies import refused
+
+    script = "Error running script (call to f_1): @user_script:25: WRONGTYPE Operation"
+    assert refused(ResponseError(script))
+    assert refused(ResponseError("user_script:3: attempt to compare nil with number"))
+    for passing in (
+        ResponseError("BUSY Redis is busy running a script"),
+        ResponseError("Error running script: -OOM command not allowed when used memory"),
+        ResponseError("MASTERDOWN Link with MASTER is down"),
+        OutOfMemoryError("command not allowed"),
+        BusyLoadingError("Redis is loading the dataset in memory"),
+        ReadOnlyError("You can't write against a read only replica."),
+        RedisConnectionError("Connection refused"),
+        RedisTimeoutError("Timeout reading from socket"),
+        TimeoutError(),
+    ):
+        assert not refused(passing), passing

@@ -179,6 +179,12 @@ class _StateCollector(Collector):
         outbox = GaugeMetricFamily(
             "velvetrope_state_outbox", "Settlements and releases waiting to reach shared state."
         )
+        lost = CounterMetricFamily(
+            "velvetrope_state_outbox_lost",
+            "Settlements and releases given up: reason overflow (past the outbox's bound) or"
+            " rejected (refused by shared state, e.g. a key of another type).",
+            labels=["reason"],
+        )
         extra: list[Any] = [store_up]
         if state is not None:
             ss = state.status()
@@ -189,7 +195,9 @@ class _StateCollector(Collector):
                 replicas.add_metric([], ss["replicas"])
                 fleet_depth.add_metric([], ss["fleet_queue_depth"])
                 outbox.add_metric([], ss["outbox"])
-                extra += [fallbacks, replicas, fleet_depth, outbox]
+                lost.add_metric(["overflow"], ss["outbox_dropped"])
+                lost.add_metric(["rejected"], ss["outbox_rejected"])
+                extra += [fallbacks, replicas, fleet_depth, outbox, lost]
         draining = GaugeMetricFamily("velvetrope_draining", "1 while draining.")
         draining.add_metric([], 1.0 if st["draining"] else 0.0)
         bound = GaugeMetricFamily(

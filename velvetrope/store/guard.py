@@ -44,7 +44,7 @@ from velvetrope.store.base import Slot
 from velvetrope.store.breaker import CircuitBreaker
 from velvetrope.store.outbox import Outbox
 from velvetrope.store.redis_store import RedisStore
-from velvetrope.store.replies import parse_admit, parse_lease, parse_reserve
+from velvetrope.store.replies import parse_admit, parse_lease, parse_reserve, refused
 
 __all__ = ["GuardedState", "OnStoreError"]
 
@@ -96,7 +96,10 @@ class GuardedState:
         self._leases: dict[str, dict[str, int]] = {}  # pool -> job id -> tokens, in Redis
         self._local_leases: dict[str, set[str]] = {}  # pool -> job ids, fallback slots
         self.outbox = Outbox(
-            ready=self.breaker.allow, on_result=self._result, timeout_s=lambda: self.budget_s * 4
+            ready=self.breaker.allow,
+            on_result=self._result,
+            timeout_s=lambda: self.budget_s * 4,
+            refused=refused,
         )
         self._tasks: list[asyncio.Task[None]] = []
         self.loop_lag_s = 0.0  # decaying peak of the event loop's lag
@@ -441,6 +444,7 @@ class GuardedState:
             "outbox_sent": self.outbox.sent,
             "outbox_retried": self.outbox.retried,
             "outbox_dropped": self.outbox.dropped,
+            "outbox_rejected": self.outbox.rejected,
             "leases": {p: len(h) for p, h in self._leases.items()},
             "local_leases": {p: len(h) for p, h in self._local_leases.items()},
         }

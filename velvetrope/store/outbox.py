@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Sequence
@@ -40,6 +41,12 @@ class Outbox:
     ``batch`` calls; a grouped call at most ``group_items`` items whose sizes add up to at
     most ``group_size`` (one bigger item goes alone).  A call that fails or does not answer
     in time is sent again with all its entries (in their order, ahead of newer ones).
+
+    A call the store refused for what it carries (``refused(error)`` is true: e.g. a script
+    error, which the same call would meet again) is not a store failure: its entries are
+    sent again one call each (a grouped call's items one by one, so that one bad item does
+    not hold back the others), and an entry refused on its own is dropped, logged and
+    counted in ``rejected``.  ``dropped`` counts the entries lost to ``max_items``.
     """
 
     def __init__(
@@ -53,6 +60,7 @@ class Outbox:
         group_size: int = 512,
         max_backoff_s: float = 1.0,
         timeout_s: Callable[[], float] = lambda: 1.0,
+        refused: Callable[[BaseException], bool] = lambda e: False,
     ) -> None:
         self._items: deque[_Entry] = deque()
         self._ready = ready
@@ -63,11 +71,13 @@ class Outbox:
         self._group_size = group_size
         self._max_backoff = max_backoff_s
         self._timeout = timeout_s
+        self._refused = refused
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.sent = 0
         self.retried = 0
         self.dropped = 0
+        self.rejected = 0
         self._in_flight = 0  # calls of the batch being sent
 
     def __len__(self) -> int:
@@ -128,14 +138,23 @@ class Outbox:
             self._in_flight = len(entries)
             futs = [_start(c) for c in calls]
             await _settled(futs, self._timeout())
-            bad = set()
+            bad: set[int] = set()
+            refused: set[int] = set()
             for i, f in enumerate(futs):
-                if not f.done() or f.cancelled() or f.exception() is not None:
-                    # not answered in time or failed: sent again (the calls are idempotent)
-                    log.debug("velvetrope: outbox call failed: %r", f)
+                if not f.done() or f.cancelled():
+                    bad.add(i)  # not answered in time: sent again (the calls are idempotent)
+                    continue
+                e = f.exception()
+                if e is None:
+                    continue
+                if self._refused(e):
+                    refused.add(i)
+                else:
+                    log.debug("velvetrope: outbox call failed: %r", e)
                     bad.add(i)
             failed = [e for e, i in zip(entries, call_of, strict=True) if i in bad]
-            self.sent += len(entries) - len(failed)
+            unsent = self._refuse(entries, call_of, calls, futs, refused) if refused else 0
+            self.sent += len(entries) - len(failed) - unsent
             self._on_result(not failed)
             self._in_flight = 0
             if failed:
@@ -145,6 +164,35 @@ class Outbox:
                 backoff = min(self._max_backoff, backoff * 2)
             else:
                 backoff = 0.01
+
+    def _refuse(
+        self,
+        entries: list[_Entry],
+        call_of: list[int],
+        calls: list[Send],
+        futs: list[asyncio.Future[Any]],
+        refused: set[int],
+    ) -> int:
+        """The entries of the calls the store refused: those that went with others are
+        queued again one call each (ahead of newer ones); one that went alone is dropped.
+        Returns how many entries the refused calls carried."""
+        count = [0] * len(calls)
+        for i in call_of:
+            count[i] += 1
+        again: list[_Entry] = []
+        for e, i in zip(entries, call_of, strict=True):
+            if i not in refused:
+                continue
+            if count[i] > 1:
+                again.append(_alone(e))
+                continue
+            self.rejected += 1
+            log.error(
+                "velvetrope: shared state refused a settlement or release (dropped): %s",
+                futs[i].exception(),
+            )
+        self._items.extendleft(reversed(again))
+        return sum(count[i] for i in refused)
 
     def _round(self) -> tuple[list[_Entry], list[int], list[Send]]:
         """Take the entries of the next round from the queue: them, the index of the call
@@ -194,6 +242,14 @@ class _Group:
 
     def send(self) -> Awaitable[object]:
         return self.send_many(self.group, self.items)
+
+
+def _alone(entry: _Entry) -> Send:
+    """``entry`` as a call of its own (a grouped item as a group of one)."""
+    if type(entry) is not tuple:
+        return entry  # type: ignore[return-value]  # not a tuple: a Send
+    group, item, send_many, _ = entry
+    return functools.partial(send_many, group, [item])
 
 
 def _start(call: Send) -> asyncio.Future[Any]:

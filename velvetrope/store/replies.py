@@ -1,15 +1,19 @@
-"""The Redis scripts' replies as the store's answers: grants, denials, snapshots, leases."""
+"""The Redis scripts' replies as the store's answers: grants, denials, snapshots, leases,
+and which error replies mean the call itself was refused."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from math import ldexp
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from velvetrope.core.bucket import BucketSnapshot, Claim, Denial, Grant
 from velvetrope.store.base import LeaseAnswer
 
-__all__ = ["parse_admit", "parse_lease", "parse_reserve", "snapshots"]
+__all__ = ["parse_admit", "parse_lease", "parse_reserve", "refused", "snapshots"]
 
 _tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
 
@@ -48,3 +52,15 @@ def snapshots(claims: Sequence[Claim], r: Sequence[Any], start: int) -> tuple[Bu
         reset = reset if reset > 0.0 else 0.0
         out.append(_tuple(BucketSnapshot, (c.key, c.kind, c.owner, c.capacity, level, reset)))
     return tuple(out)
+
+
+_PASSING = re.compile(r"\b(BUSY|OOM|LOADING|READONLY|MASTERDOWN|CLUSTERDOWN|TRYAGAIN|NOSCRIPT)\b")
+
+
+def refused(e: BaseException) -> bool:
+    """Whether ``e`` is Redis refusing the call for what it carries (a script's runtime
+    error, a key of another type), which sending it again would meet again: an error reply
+    that names no passing server state (busy with a script, out of memory, loading, a
+    replica, a cluster or master down; redis-py raises most of those as subclasses).
+    Connection errors and timeouts are not refusals."""
+    return type(e) is ResponseError and _PASSING.search(str(e).upper()) is None

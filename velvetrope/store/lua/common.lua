@@ -123,6 +123,9 @@ end
 -- (with_ids), its number of lines n, then n times (bucket b, reserved, actual).  A bucket
 -- is read once and written once: its level moves through the jobs' lines in order here,
 -- and it gets the expiry the last job that lowered it (or found it missing) would have set.
+-- Every bucket is read before any hold is deleted: a bucket that cannot be read (a key of
+-- another type) fails the call having changed nothing, so the caller can send the jobs
+-- again one by one and all but the offending one settle.
 -- Returns each job's 1 (settled) or 0, and the jobs' ids (with_ids).
 local function settle_many(k0, with_ids, now)
   local slack, u = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -131,6 +134,13 @@ local function settle_many(k0, with_ids, now)
     shape[i] = tonumber(ARGV[i])
   end
   local state, touched, settled, ids = {}, {}, {}, {}
+  for b = 1, u do
+    local key = KEYS[k0 + b]
+    if state[key] == nil then  -- {level, found, expiry (ms) to set or false, written}
+      local level, found = bucket_level(key, shape[3 * b], shape[3 * b + 1], now)
+      state[key] = {level, found, false, false}
+    end
+  end
   local a, last, j = 3 * u + 3, #ARGV, 0
   while a <= last do
     j = j + 1
@@ -145,11 +155,9 @@ local function settle_many(k0, with_ids, now)
       for p = a, a + 3 * n - 1, 3 do
         local b = tonumber(ARGV[p])
         local key, cap, rate, floor = KEYS[k0 + b], shape[3 * b], shape[3 * b + 1], shape[3 * b + 2]
-        local st = state[key]  -- {level, found, expiry (ms) to set or false}
-        if st == nil then
-          local level, found = bucket_level(key, cap, rate, now)
-          st = {level, found, false}
-          state[key] = st
+        local st = state[key]
+        if not st[4] then
+          st[4] = true
           touched[#touched + 1] = key
         end
         local before = st[1]
