@@ -17,7 +17,7 @@ from redis.commands.core import AsyncScript
 
 from tests.support.redis_server import RedisCluster, RedisServer
 from velvetrope.clock import SystemClock
-from velvetrope.core.bucket import Claim, SettleLine, TokenBucket, settle_lines
+from velvetrope.core.bucket import Claim, Grant, SettleLine, TokenBucket, settle_lines
 from velvetrope.store import GuardedState, RedisStore
 from velvetrope.store.base import Slot
 from velvetrope.store.connect import connect
@@ -411,6 +411,36 @@ def test_a_job_redis_refuses_is_dropped_alone_and_the_others_settle_once(
             assert (state.outbox.sent, state.outbox.rejected, state.outbox.retried) == (2, 2, 0)
             assert state.up and state.breaker.state == "closed"
             assert state.status()["outbox_rejected"] == 2
+        finally:
+            await state.stop()
+
+    asyncio.run(main())
+
+
+def test_reservations_redis_refuses_fall_back_without_opening_the_breaker(
+    fresh_redis: str,
+) -> None:
+    """Redis refuses every reservation of one tenant (its bucket key holds another type):
+    each falls back by the policy (here locally, at this replica's share), the breaker
+    stays closed, and the other tenant keeps reserving in Redis."""
+
+    async def main() -> None:
+        s = store(fresh_redis, "refuse")
+        state = _state(s, breaker_failures=3)
+        state.start()
+        try:
+            with redis.Redis.from_url(fresh_redis) as sync:
+                sync.set(s.bucket_key("b", "tenant:b:tok"), "not a bucket")
+                for i in range(10):
+                    res = await state.reserve(f"b{i}", "b", _claims("b"))
+                    assert isinstance(res, Grant)  # from the local share
+                    assert state.breaker.state == "closed"
+                await state.reserve("a0", "a", _claims("a"))
+                assert sync.exists(s.bucket_key("a", "tenant:a:tok"))
+            assert state.status()["refused_calls"] == 10
+            assert state.fallbacks["reserve_local"] == 10
+            # each fallback queued an undo of a reservation that may have happened: refused too
+            await _until(lambda: state.outbox.rejected == 10 and len(state.outbox) == 0)
         finally:
             await state.stop()
 

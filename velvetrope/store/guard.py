@@ -104,6 +104,7 @@ class GuardedState:
         self._tasks: list[asyncio.Task[None]] = []
         self.loop_lag_s = 0.0  # decaying peak of the event loop's lag
         self.late = 0  # calls answered after the budget while Redis was answering
+        self.refusals = 0  # calls Redis refused (error replies naming no passing state)
         self._watch: list[tuple[float, asyncio.Future[Any]]] = []  # (deadline, call)
         self._watchdog: asyncio.Task[None] | None = None
         self.late_cap_s = 1.0
@@ -120,7 +121,8 @@ class GuardedState:
 
     async def _call(self, op: str, call: Any) -> Any:
         """Wait for one Redis call (an awaitable of its raw reply) within the budget;
-        record its latency; feed the breaker.  A call still pending when the budget runs
+        record its latency; feed the breaker (a call Redis refused, see
+        :func:`~velvetrope.store.replies.refused`, counts as Redis answering).  A call still pending when the budget runs
         out while Redis demonstrably answers others is this process's backlog, not Redis's:
         it may wait up to ``late_cap_s`` more (counted in ``late``).  Raises
         :class:`StoreUnavailable` on any failure.
@@ -137,7 +139,11 @@ class GuardedState:
             else:
                 out = await self._wait_alone(call)
         except _FAILURES as e:
-            self.breaker.failure()
+            if refused(e):  # Redis answered: it refused this call, it is not away
+                self.breaker.success()
+                self.refusals += 1
+            else:
+                self.breaker.failure()
             self._observe(op, time.perf_counter() - t0)
             raise StoreUnavailable(f"shared state: {op} failed: {e!r}") from None
         self.breaker.success()
@@ -435,6 +441,7 @@ class GuardedState:
             "breaker": self.breaker.state,
             "budget_ms": round(self.budget_s * 1000, 2),
             "late_calls": self.late,
+            "refused_calls": self.refusals,
             "replica": self.replica,
             "replicas": self.replicas,
             "fleet_queue_depth": self.fleet_queue_depth,
