@@ -122,9 +122,10 @@ class GuardedState:
     async def _call(self, op: str, call: Any) -> Any:
         """Wait for one Redis call (an awaitable of its raw reply) within the budget;
         record its latency; feed the breaker (a call Redis refused, see
-        :func:`~velvetrope.store.replies.refused`, counts as Redis answering).  A call still pending when the budget runs
-        out while Redis demonstrably answers others is this process's backlog, not Redis's:
-        it may wait up to ``late_cap_s`` more (counted in ``late``).  Raises
+        :func:`~velvetrope.store.replies.refused`, counts as Redis answering).  A call still
+        pending when the budget runs out while Redis demonstrably answers others is this
+        process's backlog, not Redis's: it may wait up to ``late_cap_s`` more (counted in
+        ``late``).  Raises
         :class:`StoreUnavailable` on any failure.
 
         A pipelined call is a plain future: the watchdog (one task, every few ms) fails it
