@@ -4,8 +4,11 @@ that did not land, and a late call left to finish rather than cancelled."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter
 from typing import Any
+
+import pytest
 
 from velvetrope.store.outbox import Outbox
 
@@ -207,3 +210,28 @@ def test_only_error_replies_that_name_no_passing_state_are_refusals() -> None:
         TimeoutError(),
     ):
         assert not refused(passing), passing
+
+
+def test_refusals_are_logged_at_once_then_at_most_every_ten_seconds(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+
+        def plain() -> asyncio.Future[Any]:
+            fut: asyncio.Future[Any] = loop.create_future()
+            fut.set_exception(Refusal("bad key"))
+            return fut
+
+        box = Outbox(ready=lambda: True, on_result=lambda ok: None, refused=lambda e: True)
+        box.start()
+        for _ in range(5):
+            box.put(plain)
+        assert await box.flush(5.0)
+        await box.stop()
+        assert box.rejected == 5
+
+    with caplog.at_level(logging.ERROR, logger="velvetrope.store"):
+        asyncio.run(main())
+    (record,) = caplog.records
+    assert "refused 1 settlement(s)" in record.getMessage() and "bad key" in record.getMessage()

@@ -16,6 +16,8 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any
@@ -23,6 +25,8 @@ from typing import Any
 __all__ = ["Outbox"]
 
 log = logging.getLogger("velvetrope.store")
+
+_LOG_EVERY_S = 10.0
 
 Send = Callable[[], Awaitable[object]]
 SendMany = Callable[[Any, list[Any]], Awaitable[object]]
@@ -78,6 +82,8 @@ class Outbox:
         self.retried = 0
         self.dropped = 0
         self.rejected = 0
+        self._logged_at = -math.inf  # when a refusal was last logged
+        self._unlogged = 0  # refusals since
         self._in_flight = 0  # calls of the batch being sent
 
     def __len__(self) -> int:
@@ -187,12 +193,25 @@ class Outbox:
                 again.append(_alone(e))
                 continue
             self.rejected += 1
-            log.error(
-                "velvetrope: shared state refused a settlement or release (dropped): %s",
-                futs[i].exception(),
-            )
+            self._log_refusal(futs[i].exception())
         self._items.extendleft(reversed(again))
         return sum(count[i] for i in refused)
+
+    def _log_refusal(self, error: BaseException | None) -> None:
+        """Log a dropped entry: the first at once, then at most one line per
+        ``_LOG_EVERY_S`` with how many were dropped since (one bad key under load must not
+        flood the log)."""
+        now = time.monotonic()
+        self._unlogged += 1
+        if now - self._logged_at < _LOG_EVERY_S:
+            return
+        log.error(
+            "velvetrope: shared state refused %d settlement(s) or release(s), dropped; "
+            "the last: %s",
+            self._unlogged,
+            error,
+        )
+        self._logged_at, self._unlogged = now, 0
 
     def _round(self) -> tuple[list[_Entry], list[int], list[Send]]:
         """Take the entries of the next round from the queue: them, the index of the call
