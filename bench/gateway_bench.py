@@ -9,7 +9,9 @@ time, after a warm-up) is sent, in turn:
 * through the pure proxy (P),
 * through the admission gateway (B),
 
-non-streaming by default, streaming (SSE, ``"stream": true``) with ``--stream``.
+in that order, in ``--rounds`` rounds (3 by default); each figure reported is its median
+over the rounds (the machine is shared: one slow run moves no figure).  Non-streaming by
+default, streaming (SSE, ``"stream": true``) with ``--stream``.
 
 **CPU per request** is the gateway process's CPU time (user + system, from the kernel's
 accounting in ``/proc/<pid>/stat``, summed over the process and any worker processes it
@@ -36,7 +38,7 @@ under load; ``cpu_ratio``: its CPU per request over the pure proxy's)::
     gateway_stream: passthrough_rps=<P> gateway_rps=<B> ratio=<B/P> p99_over_p50=<t> cpu_ratio=<c>
 
 Run: ``.venv/bin/python bench/gateway_bench.py [--stream] [--seconds 8] [--concurrency 64]
-[--loadgen auto|wrk|python]``.  All traffic goes to 127.0.0.1 and every process started
+[--rounds 3] [--loadgen auto|wrk|python]``.  All traffic goes to 127.0.0.1 and every process started
 here is stopped by its PID.
 """
 
@@ -151,6 +153,31 @@ class Load:
         return self.cpu_s / max(1, self.requests) * 1e6
 
 
+@dataclass(frozen=True)
+class Summary:
+    """One mode's figures over several runs: each the median (the upper one of an even
+    count) of the runs' own; errors summed."""
+
+    rps: float
+    cpu_us: float
+    p50: float
+    p99: float
+    errors: int
+
+    @classmethod
+    def of(cls, runs: list[Load]) -> Summary:
+        def median(xs: list[float]) -> float:
+            return sorted(xs)[len(xs) // 2]
+
+        return cls(
+            median([r.rps for r in runs]),
+            median([r.cpu_us for r in runs]),
+            median([r.p50 for r in runs]),
+            median([r.p99 for r in runs]),
+            sum(r.errors for r in runs),
+        )
+
+
 _WRK_LUA = """wrk.method = "POST"
 wrk.body = {body}
 wrk.headers["Content-Type"] = "application/json"
@@ -256,6 +283,7 @@ def main() -> None:
     ap.add_argument("--stream", action="store_true", help="SSE responses (stream: true)")
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3, help="runs of each mode (medians)")
     ap.add_argument("--latency-samples", type=int, default=2000)
     ap.add_argument("--loadgen", choices=("auto", "wrk", "python"), default="auto")
     args = ap.parse_args()
@@ -267,7 +295,8 @@ def main() -> None:
     print(
         f"  load generator: {gen} "
         + (f"({wrk}, C, 1 thread)" if wrk else "(aiohttp, shares the cores with the servers)")
-        + f"; {args.concurrency} connections, {args.seconds:g} s per run, {mode}"
+        + f"; {args.concurrency} connections, {args.seconds:g} s per run, {args.rounds} "
+        f"round(s), {mode}"
     )
 
     def run(url: str, pid: int) -> Load:
@@ -282,18 +311,26 @@ def main() -> None:
         start_gateway(config(eng.url, False), tmp) as proxy,
         start_gateway(config(eng.url, True), tmp) as gw,
     ):
-        res: dict[str, Load] = {}
-        for name, sp in (("direct", eng), ("passthrough", proxy), ("gateway", gw)):
-            r = res[name] = run(sp.url, sp.pid)
-            print(
-                f"  {name:12s} {r.rps:8.0f} rps ({r.errors} errors)  p50={r.p50 * 1e3:.2f}ms "
-                f"p99={r.p99 * 1e3:.2f}ms  server CPU {r.cpu_us:.0f} us/request"
-            )
+        runs: dict[str, list[Load]] = {"direct": [], "passthrough": [], "gateway": []}
+        for _ in range(max(1, args.rounds)):
+            for name, sp in (("direct", eng), ("passthrough", proxy), ("gateway", gw)):
+                r = run(sp.url, sp.pid)
+                runs[name].append(r)
+                print(
+                    f"  {name:12s} {r.rps:8.0f} rps ({r.errors} errors)  "
+                    f"p50={r.p50 * 1e3:.2f}ms p99={r.p99 * 1e3:.2f}ms  "
+                    f"server CPU {r.cpu_us:.0f} us/request"
+                )
+        res = {name: Summary.of(rs) for name, rs in runs.items()}
         if not args.stream:
             direct = uvloop.run(latencies(eng.url, args.latency_samples))
             plain = uvloop.run(latencies(proxy.url, args.latency_samples))
             via = uvloop.run(latencies(gw.url, args.latency_samples))
     p, g = res["passthrough"], res["gateway"]
+    print(
+        f"  medians: direct {res['direct'].rps:.0f} rps, pure proxy {p.rps:.0f} rps, "
+        f"admission {g.rps:.0f} rps; errors {sum(r.errors for r in res.values())}"
+    )
     print(
         f"  gateway CPU per request: pure proxy {p.cpu_us:.0f} us, admission {g.cpu_us:.0f} us "
         f"(admission adds {g.cpu_us - p.cpu_us:.0f} us)"
