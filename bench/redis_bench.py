@@ -53,7 +53,16 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gateway_bench import KEY, config, cpu_seconds, latencies, python_load, wrk_load
+from gateway_bench import (
+    KEY,
+    Load,
+    Summary,
+    config,
+    cpu_seconds,
+    latencies,
+    python_load,
+    wrk_load,
+)
 
 from tests.support.redis_server import RedisServer
 from velvetrope.serving.launch import free_port, start, start_engine, start_gateway
@@ -92,24 +101,15 @@ def p99_from_histogram(text: str, name: str, op: str, since: str = "") -> float:
     return prev_le
 
 
-def median_run(runs: list[tuple[float, float, int]]) -> tuple[float, float, int]:
-    """Median rps and median CPU per request of several rounds; errors summed."""
-    rps = sorted(r for r, _, _ in runs)[len(runs) // 2]
-    cpu = sorted(c for _, c, _ in runs)[len(runs) // 2]
-    return rps, cpu, sum(e for _, _, e in runs)
-
-
 WRK = shutil.which("wrk")
 
 
-def measure(url: str, pid: int, seconds: float, concurrency: int) -> tuple[float, float, int]:
-    """(rps, gateway CPU µs per request, errors) of one closed-loop run: the gateway
-    benchmark's load (wrk when it is on PATH, else the Python generator)."""
+def measure(url: str, pid: int, seconds: float, concurrency: int) -> Load:
+    """One closed-loop run with the gateway benchmark's load (wrk when it is on PATH, else
+    the Python generator); CPU of ``pid``."""
     if WRK is not None:
-        r = wrk_load(WRK, url, pid, False, concurrency, seconds)
-    else:
-        r = python_load(url, pid, False, concurrency, seconds)
-    return r.rps, r.cpu_us, r.errors
+        return wrk_load(WRK, url, pid, False, concurrency, seconds)
+    return python_load(url, pid, False, concurrency, seconds)
 
 
 async def push_at_twice(urls: list[str], rate: float, burst: float, seconds: float) -> float:
@@ -167,7 +167,7 @@ def main() -> None:
             # A and B alternate, round by round, so that a noisy neighbour hits both alike;
             # each figure is the median of its rounds
             print(f"  load generator: {'wrk' if WRK else 'python (aiohttp)'}")
-            runs: dict[str, list[tuple[float, float, int]]] = {"A": [], "B": []}
+            runs: dict[str, list[Load]] = {"A": [], "B": []}
             assert rds.proc is not None
             redis_cpu = 0.0
             b_requests = 0.0
@@ -177,11 +177,15 @@ def main() -> None:
                 t0 = time.perf_counter()
                 runs["B"].append(measure(gw.url, gw.pid, args.seconds, args.concurrency))
                 redis_cpu += cpu_seconds(rds.proc.pid) - r0
-                b_requests += runs["B"][-1][0] * (time.perf_counter() - t0)
-            a_rps, a_cpu, a_err = median_run(runs["A"])
-            b_rps, b_cpu, b_err = median_run(runs["B"])
+                b_requests += runs["B"][-1].rps * (time.perf_counter() - t0)
+            a, b = Summary.of(runs["A"]), Summary.of(runs["B"])
+            a_rps, a_cpu, a_err = a.rps, a.cpu_us, a.errors
+            b_rps, b_cpu, b_err = b.rps, b.cpu_us, b.errors
             for name, rs in runs.items():
-                print(f"  rounds {name}: " + ", ".join(f"{r:.0f} rps/{c:.0f} µs" for r, c, _ in rs))
+                print(
+                    f"  rounds {name}: "
+                    + ", ".join(f"{r.rps:.0f} rps/{r.cpu_us:.0f} µs" for r in rs)
+                )
             print(f"  memory://  1 worker  {a_rps:8.0f} rps  {a_cpu:6.0f} µs CPU/req ({a_err} err)")
             text = httpx.get(gw.url + "/metrics").text
             state = httpx.get(
@@ -218,7 +222,8 @@ def main() -> None:
             path.write_text(yaml.safe_dump(cfg))
             url = f"http://127.0.0.1:{port}"
             with start(["serve", "--config", str(path), "--workers", "2"], url, "/readyz") as gw:
-                c_rps, c_cpu, c_err = measure(url, gw.pid, args.seconds, args.concurrency)
+                c = measure(url, gw.pid, args.seconds, args.concurrency)
+                c_rps, c_cpu, c_err = c.rps, c.cpu_us, c.errors
             print(f"  redis://   2 workers {c_rps:8.0f} rps  {c_cpu:6.0f} µs CPU/req ({c_err} err)")
             rate, burst = 200.0, 800.0
             lim = shared(config(eng.url, True), rds.url, call_timeout_ms=1000)

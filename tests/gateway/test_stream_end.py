@@ -32,12 +32,13 @@ def _chunk(data: bytes) -> bytes:
 
 
 async def _relay(split_end: bool) -> tuple[list[tuple[str, bytes]], int, int]:
-    """Serve one streamed answer (the terminating chunk written with the body, or 50 ms
-    later); relay it twice through one client.  Returns the client-side messages of the
-    first relay, the connections the server accepted and the tokens counted."""
+    """Serve one streamed answer (the terminating chunk written with the body, or once
+    the relay passed the body on); relay it twice through one client.  Returns the
+    client-side messages of the first relay, the connections the server accepted and the
+    tokens counted."""
     accepted = 0
-
     closed = asyncio.Event()
+    relayed = asyncio.Event()  # the relay sent the body on without the end
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         nonlocal accepted
@@ -54,7 +55,8 @@ async def _relay(split_end: bool) -> tuple[list[tuple[str, bytes]], int, int]:
                 if split_end:
                     writer.write(HEAD + _chunk(EVENTS))
                     await writer.drain()
-                    await asyncio.sleep(0.05)
+                    await relayed.wait()
+                    relayed.clear()
                     writer.write(b"0\r\n\r\n")
                 else:
                     writer.write(HEAD + _chunk(EVENTS) + b"0\r\n\r\n")
@@ -76,6 +78,7 @@ async def _relay(split_end: bool) -> tuple[list[tuple[str, bytes]], int, int]:
 
     async def send(data: bytes) -> None:
         sent.append(("more", data))
+        relayed.set()
 
     async def end(data: bytes) -> None:
         sent.append(("end", data))

@@ -463,7 +463,7 @@ class Gateway:
         client: ClientStream,
         watch: Watch,
         snaps: tuple[BucketSnapshot, ...],
-        slotted: bool = False,
+        slotted: bool,
     ) -> None:
         """Take the job's fleet slot unless ``slotted`` (taken with its reservation), then
         forward it to the least-loaded upstream of its pool, trying the next one when one

@@ -163,7 +163,9 @@ class Response:
 
     @property
     def at_end(self) -> bool:
-        """Whether every piece of the body has been handed out (the response is complete)."""
+        """Whether every piece of the body has been handed out (the response is complete).
+        Once true, the response counts as read to its end, so leaving it (``async with``)
+        returns its connection to the pool even if :meth:`chunks` was not run to its end."""
         c = self._conn
         if c.done and not c.chunks:
             self._finished = True

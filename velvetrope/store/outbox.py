@@ -159,7 +159,7 @@ class Outbox:
                     log.debug("velvetrope: outbox call failed: %r", e)
                     bad.add(i)
             failed = [e for e, i in zip(entries, call_of, strict=True) if i in bad]
-            unsent = self._refuse(entries, call_of, calls, futs, refused) if refused else 0
+            unsent = self._refuse(entries, call_of, futs, refused) if refused else 0
             self.sent += len(entries) - len(failed) - unsent
             self._on_result(not failed)
             self._in_flight = 0
@@ -175,14 +175,13 @@ class Outbox:
         self,
         entries: list[_Entry],
         call_of: list[int],
-        calls: list[Send],
         futs: list[asyncio.Future[Any]],
         refused: set[int],
     ) -> int:
         """The entries of the calls the store refused: those that went with others are
         queued again one call each (ahead of newer ones); one that went alone is dropped.
         Returns how many entries the refused calls carried."""
-        count = [0] * len(calls)
+        count = [0] * len(futs)  # entries per call
         for i in call_of:
             count[i] += 1
         again: list[_Entry] = []

@@ -185,6 +185,11 @@ local function settle_many(k0, with_ids, now)
   return settled, ids
 end
 
+-- The expiry (whole ms) of a lease taken or renewed at now (s) for ttl (s).
+local function lease_expiry(ttl, now)
+  return math.floor(now * 1000) + math.ceil(ttl * 1000)
+end
+
 -- A pool's leases: zset zkey (job id -> expiry, in whole ms) and hash hkey (job id ->
 -- tokens, '_total' -> their sum).  Expiries are integers: a small sorted set (a ziplist)
 -- keeps them as integers and compares them as such when it inserts (a fraction is kept as a
@@ -207,7 +212,7 @@ end
 -- being the recorded sum (-1 without a cap, which does not read it).
 local function lease_take(zkey, hkey, id, tokens, max_n, max_tok, ttl, now)
   local now_ms = math.floor(now * 1000)
-  local expiry = now_ms + math.ceil(ttl * 1000)
+  local expiry = lease_expiry(ttl, now)
   local dead = redis.call('ZRANGEBYSCORE', zkey, '-inf', now_ms)
   if #dead > 0 then
     lease_forget(hkey, dead)

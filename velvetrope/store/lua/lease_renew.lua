@@ -2,7 +2,7 @@
 -- (and were dropped) are not re-created.
 -- KEYS as lease_acquire.lua; ARGV[1]: ttl s, ARGV[2..]: job ids.  Returns how many renewed.
 local ttl = tonumber(ARGV[1])
-local expiry = math.floor(clock_now() * 1000) + math.ceil(ttl * 1000)  -- ms, as lease_take
+local expiry = lease_expiry(ttl, clock_now())
 local renewed = 0
 for i = 2, #ARGV do
   if redis.call('ZSCORE', KEYS[1], ARGV[i]) then  -- held (a renewal within the same ms
