@@ -497,7 +497,7 @@ class Gateway:
             self.fleet.sent(job, up)
             up.in_flight += 1
             up.requests += 1
-            me = asyncio.current_task()
+            me = asyncio.current_task(watch.loop)
             assert me is not None
             watch.target = me
             try:

@@ -32,10 +32,12 @@ class Watch:
     cancel at that moment.
     """
 
-    __slots__ = ("gone", "receive", "target", "task")
+    __slots__ = ("gone", "loop", "receive", "target", "task")
 
     def __init__(self, gone: asyncio.Future[None], receive: Receive) -> None:
         self.gone = gone
+        self.loop = gone.get_loop()
+        """The event loop the request is served on."""
         self.receive = receive
         self.target: asyncio.Task[Any] | None = None
         self.task: asyncio.Task[None] | None = None
@@ -69,7 +71,11 @@ class DisconnectWatches:
     def watch(self, receive: Receive) -> Watch:
         """Watch the client behind ``receive`` (its request body already read) until
         :meth:`done`."""
-        loop = self._loop = asyncio.get_running_loop()
+        loop = self._loop
+        if loop is None or not loop.is_running():
+            # kept between calls: asking for the running loop makes a getpid() system call
+            # on CPython 3.11
+            loop = self._loop = asyncio.get_running_loop()
         w = Watch(loop.create_future(), receive)
         self._young[w] = None
         if self._timer is None:

@@ -42,6 +42,7 @@ class _Conn(asyncio.Protocol):
     def __init__(self, key: tuple[str, int]) -> None:
         self.key = key
         self.transport: asyncio.Transport | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
         self.reused = False
         self._reset()
@@ -62,6 +63,9 @@ class _Conn(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it
         self.transport = cast(asyncio.Transport, transport)
+        # the loop the connection lives on, kept: asking for the running loop makes a
+        # getpid() system call on CPython 3.11, once per wait
+        self.loop = asyncio.get_running_loop()
 
     def data_received(self, data: bytes) -> None:
         self.answered = True
@@ -104,7 +108,7 @@ class _Conn(asyncio.Protocol):
 
     async def wait(self, timeout: float) -> None:
         """Wait for the next parser event or an error, at most ``timeout`` seconds."""
-        loop = asyncio.get_running_loop()
+        loop = self.loop or asyncio.get_running_loop()
         w = self.waiter = loop.create_future()
         timer = loop.call_later(timeout, _expire, w)
         try:

@@ -131,25 +131,22 @@ def relay_events(
     would, for a small fraction of its cost."""
     at = usage_at(data)
     if at < 0:
-        _count(data, relay, on_first_token)
+        _credit(content_keys(data), relay, on_first_token)
         return data
     start = data.rfind(b"\n\n", 0, at) + 2  # 1 when none: the event starts the data
     if start == 1:
         start = 0
     end = data.find(b"\n\n", at) + 2
     event = data[start:end]
-    if start:
-        _count(data[:start], relay, on_first_token)
-    keep = _keep_usage_event(event, relay, client_wants_usage, on_first_token)
-    if end < len(data):
-        _count(data[end:], relay, on_first_token)
-    if keep:
+    # the text around the usage event, counted in one pass over all of ``data`` (no
+    # pattern spans an event boundary); the event's own is credited once it is parsed
+    around = content_keys(data)
+    if around:
+        around -= content_keys(event)
+    _credit(around, relay, on_first_token)
+    if _keep_usage_event(event, relay, client_wants_usage, on_first_token):
         return data
     return data[:start] + data[end:]
-
-
-def _count(data: bytes, relay: Relay, on_first_token: Callable[[], None]) -> None:
-    _credit(content_keys(data), relay, on_first_token)
 
 
 def _credit(n: int, relay: Relay, on_first_token: Callable[[], None]) -> None:

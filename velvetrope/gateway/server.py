@@ -29,6 +29,7 @@ import uvicorn
 from velvetrope.config import GatewayConfig
 from velvetrope.errors import ConfigError
 from velvetrope.gateway.app import Gateway
+from velvetrope.serving.coalesce import HeadHoldingHttpToolsProtocol
 
 __all__ = ["DrainingServer", "serve"]
 
@@ -62,7 +63,7 @@ def _uvicorn_config(config: GatewayConfig, gateway: Gateway, log_level: str) -> 
         host=config.listen.host,
         port=config.listen.port,
         loop="uvloop",
-        http="httptools",
+        http=HeadHoldingHttpToolsProtocol,  # httptools; a response head and body: one write
         lifespan="on",
         log_level=log_level,
         access_log=False,
