@@ -81,6 +81,25 @@ class Admission:
         self.ctl.tick()
         self.pump()
 
+    def arrive(
+        self,
+        job: Job,
+        disconnected: asyncio.Future[None],
+        reservation: Grant | Denial | None = None,
+    ) -> Waited | None:
+        """Arrive (with the bucket store's ``reservation``): what :meth:`admit` returns when
+        it is decided at once, or ``None`` when the job was queued (then :meth:`wait`)."""
+        d = self.ctl.arrive(job, reservation)
+        if isinstance(d, Rejected):
+            return d
+        if isinstance(d, Admitted):
+            if disconnected.done():
+                self._abandon(job)
+                return "disconnected"
+            return d
+        assert isinstance(d, Queued)
+        return None
+
     async def admit(
         self,
         job: Job,
@@ -98,16 +117,20 @@ class Admission:
         upstream (it was cancelled, whether still queued or dispatched in the same tick).
         While queued, ``progress`` (if given) is awaited every ``every_s`` seconds.
         """
-        d = self.ctl.arrive(job, reservation)
-        if isinstance(d, Rejected):
-            return d
-        if isinstance(d, Admitted):
-            if disconnected.done():
-                self._abandon(job)
-                return "disconnected"
-            return d
-        assert isinstance(d, Queued)
-        fut: asyncio.Future[Outcome | None] = asyncio.get_running_loop().create_future()
+        res = self.arrive(job, disconnected, reservation)
+        if res is not None:
+            return res
+        return await self.wait(job, disconnected, progress, every_s)
+
+    async def wait(
+        self,
+        job: Job,
+        disconnected: asyncio.Future[None],
+        progress: Callable[[], Awaitable[None]] | None = None,
+        every_s: float = 2.0,
+    ) -> Waited:
+        """Wait for a job :meth:`arrive` queued: what :meth:`admit` returns."""
+        fut: asyncio.Future[Outcome | None] = disconnected.get_loop().create_future()
         self._waiters[job.id] = fut
         self.pump()
         timeout = every_s if progress is not None else None

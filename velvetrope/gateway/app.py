@@ -34,6 +34,7 @@ from velvetrope.core import (
     AdmissionController,
     Admitted,
     BucketSnapshot,
+    Denial,
     Grant,
     Job,
     Outcome,
@@ -127,6 +128,8 @@ class Gateway:
             queue_depth=lambda: self.ctl.queued,
         )
         self.metrics.attach_state(self.state)
+        # memory://'s store, reserved from without a coroutine (None for shared state)
+        self._local = self.state.store if isinstance(self.state, LocalState) else None
         self.ctl.observers.append(self._on_outcome)
         self.gates: dict[str, FleetGate] = {}
         if self.state.fleet and self.settings.admission:
@@ -330,7 +333,9 @@ class Gateway:
             gate = self.gates.get(job.pool)
             slotted = False  # holds its fleet slot already
             try:
-                if gate is not None and self.ctl.would_start(job):
+                if self._local is not None:  # memory://: no I/O, so no coroutine either
+                    reservation: Grant | Denial = self._local.reserve_now(claims)
+                elif gate is not None and self.ctl.would_start(job):
                     # a job that will start at once takes its fleet slot in the same trip
                     reservation, slotted = await self.state.admit(
                         job.id, tenant, claims, gate.slot(job)
@@ -341,15 +346,17 @@ class Gateway:
                 rej = self.ctl.reject(job, Reason.STATE_UNAVAILABLE, str(e), 1.0)
                 await self._reject(client, rej)
                 return
-            progress = None
-            if parsed.stream and (
-                self.ctl.tenant_policy(tenant).queue_progress
-                or header(scope, PROGRESS_HEADER) == b"1"
-            ):
-                progress = self._progress(job, client)
-            res = await self.admission.admit(
-                job, watch.gone, reservation, progress, self.settings.progress_interval_s
-            )
+            res = self.admission.arrive(job, watch.gone, reservation)
+            if res is None:  # queued
+                progress = None
+                if parsed.stream and (
+                    self.ctl.tenant_policy(tenant).queue_progress
+                    or header(scope, PROGRESS_HEADER) == b"1"
+                ):
+                    progress = self._progress(job, client)
+                res = await self.admission.wait(
+                    job, watch.gone, progress, self.settings.progress_interval_s
+                )
             if isinstance(res, Rejected):
                 await self._reject(client, res)
             elif isinstance(res, Outcome):
