@@ -1,6 +1,7 @@
 """The stream relay counts generated text from the bytes and parses only usage events: it
-must account exactly what parsing every event does, for every server's chunk format and
-wherever the stream is cut into pieces."""
+must account exactly what parsing every event does (what is settled: the engine's usage
+when it sent one, else the text counted), for every server's chunk format and wherever the
+stream is cut into pieces."""
 
 from __future__ import annotations
 
@@ -97,10 +98,16 @@ def _streams() -> list[tuple[str, bytes]]:
         comp += [enc({"choices": [], "usage": USAGE}), DONE]
         out.append((f"completions-{name}", b"".join(comp)))
     out.append(("comments", b": ping\n\n" + _compact(_chat("x")) + b"event: noop\n\n" + DONE))
+    # cut off before the usage (the engine died, the client left): the text counted is settled
+    out += [
+        (f"{name}-no-usage", b"".join(e for e in split_events(s)[0] if usage_at(e) < 0))
+        for name, s in out
+        if usage_at(s) >= 0
+    ]
     return out
 
 
-def _reference(stream: bytes, wants_usage: bool) -> tuple[int, object, bool, bytes]:
+def _reference(stream: bytes, wants_usage: bool) -> tuple[object, object, bool, bytes]:
     """Parse every event (what the relay did before it counted from the bytes)."""
     relay = Relay(0)
     kept = []
@@ -119,10 +126,10 @@ def _reference(stream: bytes, wants_usage: bool) -> tuple[int, object, bool, byt
                 keep = wants_usage or bool(obj.get("choices"))
         if keep:
             kept.append(e)
-    return relay.completion_tokens, relay.usage, relay.first_token, b"".join(kept)
+    return relay.usage_so_far(), relay.usage, relay.first_token, b"".join(kept)
 
 
-def _relayed(pieces: list[bytes], wants_usage: bool) -> tuple[int, object, bool, bytes, int]:
+def _relayed(pieces: list[bytes], wants_usage: bool) -> tuple[object, object, bool, bytes, int]:
     relay = Relay(0)
     firsts = 0
 
@@ -139,7 +146,7 @@ def _relayed(pieces: list[bytes], wants_usage: bool) -> tuple[int, object, bool,
         out.append(relay_events(buf[: cut + 2], relay, wants_usage, first))
         buf = buf[cut + 2 :]
     assert buf == b""
-    return relay.completion_tokens, relay.usage, relay.first_token, b"".join(out), firsts
+    return relay.usage_so_far(), relay.usage, relay.first_token, b"".join(out), firsts
 
 
 @pytest.mark.parametrize(("name", "stream"), _streams(), ids=[n for n, _ in _streams()])
@@ -156,8 +163,8 @@ def test_the_relay_accounts_like_parsing_every_event(
     for cuts in cuts_list:
         bounds = [0, *cuts, len(stream)]
         pieces = [stream[a:b] for a, b in itertools.pairwise(bounds)]
-        tokens, usage, first, sent, firsts = _relayed(pieces, wants_usage)
-        assert (tokens, usage, first, sent) == want, (name, cuts)
+        settled, usage, first, sent, firsts = _relayed(pieces, wants_usage)
+        assert (settled, usage, first, sent) == want, (name, cuts)
         assert firsts == (1 if want[2] else 0)
 
 

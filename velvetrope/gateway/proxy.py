@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -21,7 +22,6 @@ from velvetrope.errors import UpstreamError
 from velvetrope.gateway.httpclient import HttpClient
 from velvetrope.openai.sse import (
     DONE_DATA,
-    content_choices,
     content_keys,
     data_of,
     usage_at,
@@ -126,27 +126,30 @@ def relay_events(
     """Account complete events (``data`` ends with a blank line); what reaches the client.
 
     Only the event with the last ``usage`` object is parsed (a later usage supersedes an
-    earlier one); elsewhere the generated text is counted from the bytes
+    earlier one).  Once the engine's usage is known, nothing more is counted: its count
+    supersedes any taken from the text, and its completion tokens, if any, are the
+    first-token signal.  Elsewhere the generated text is counted from the bytes
     (:func:`~velvetrope.openai.sse.content_keys`), which counts what parsing every chunk
     would, for a small fraction of its cost."""
     at = usage_at(data)
-    if at < 0:
-        _credit(content_keys(data), relay, on_first_token)
-        return data
-    start = data.rfind(b"\n\n", 0, at) + 2  # 1 when none: the event starts the data
-    if start == 1:
-        start = 0
-    end = data.find(b"\n\n", at) + 2
-    event = data[start:end]
-    # the text around the usage event, counted in one pass over all of ``data`` (no
-    # pattern spans an event boundary); the event's own is credited once it is parsed
-    around = content_keys(data)
-    if around:
-        around -= content_keys(event)
-    _credit(around, relay, on_first_token)
-    if _keep_usage_event(event, relay, client_wants_usage, on_first_token):
-        return data
-    return data[:start] + data[end:]
+    if at >= 0:
+        start = data.rfind(b"\n\n", 0, at) + 2  # 1 when none: the event starts the data
+        if start == 1:
+            start = 0
+        end = data.find(b"\n\n", at) + 2
+        obj = _event_object(data[start:end])
+        usage = usage_of(obj)
+        if obj is not None and usage is not None:
+            relay.usage = usage
+            relay.completion_tokens = usage.completion_tokens
+            if usage.completion_tokens and not relay.first_token:
+                relay.first_token = True
+                on_first_token()
+            if client_wants_usage or obj.get("choices"):
+                return data
+            return data[:start] + data[end:]  # the client did not ask for it
+    _credit(content_keys(data), relay, on_first_token)
+    return data
 
 
 def _credit(n: int, relay: Relay, on_first_token: Callable[[], None]) -> None:
@@ -158,23 +161,13 @@ def _credit(n: int, relay: Relay, on_first_token: Callable[[], None]) -> None:
             on_first_token()
 
 
-def _keep_usage_event(
-    event: bytes, relay: Relay, client_wants_usage: bool, on_first_token: Callable[[], None]
-) -> bool:
-    """Account one SSE event that reports usage; False when it must not reach the client."""
+def _event_object(event: bytes) -> dict[str, Any] | None:
+    """The JSON object an SSE ``data:`` event carries, or ``None``."""
     data = data_of(event)
     if data is None or data == DONE_DATA:
-        return True
+        return None
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError:
-        return True
-    if not isinstance(obj, dict):
-        return True
-    _credit(content_choices(obj), relay, on_first_token)
-    usage = usage_of(obj)
-    if usage is not None:
-        relay.usage = usage
-        if not client_wants_usage and not obj.get("choices"):
-            return False
-    return True
+        return None
+    return obj if isinstance(obj, dict) else None
