@@ -56,6 +56,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import median_high
 from typing import Any
 
 import aiohttp
@@ -166,14 +167,11 @@ class Summary:
 
     @classmethod
     def of(cls, runs: list[Load]) -> Summary:
-        def median(xs: list[float]) -> float:
-            return sorted(xs)[len(xs) // 2]
-
         return cls(
-            median([r.rps for r in runs]),
-            median([r.cpu_us for r in runs]),
-            median([r.p50 for r in runs]),
-            median([r.p99 for r in runs]),
+            median_high([r.rps for r in runs]),
+            median_high([r.cpu_us for r in runs]),
+            median_high([r.p50 for r in runs]),
+            median_high([r.p99 for r in runs]),
             sum(r.errors for r in runs),
         )
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -96,19 +97,21 @@ async def _app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 @contextlib.asynccontextmanager
 async def _server() -> AsyncIterator[str]:
-    config = uvicorn.Config(
-        _app, host="127.0.0.1", port=0, http=_CountedProtocol, log_level="warning"
-    )
+    """The app on loopback; the socket listens before the server runs (connections wait in
+    its backlog), so nothing has to wait for the server to start."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(_app, http=_CountedProtocol, log_level="warning")
     server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
+    task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         await task
+        sock.close()
 
 
 @pytest.mark.integration

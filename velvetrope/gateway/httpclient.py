@@ -108,7 +108,8 @@ class _Conn(asyncio.Protocol):
 
     async def wait(self, timeout: float) -> None:
         """Wait for the next parser event or an error, at most ``timeout`` seconds."""
-        loop = self.loop or asyncio.get_running_loop()
+        loop = self.loop
+        assert loop is not None  # set by connection_made, before any wait
         w = self.waiter = loop.create_future()
         timer = loop.call_later(timeout, _expire, w)
         try:

@@ -47,19 +47,14 @@ class HeadHoldingTransport:
         self._flush_handle: asyncio.Handle | None = None
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        held = self._held
+        held = self._take()
         if held is not None:
-            self._held = None
-            if self._flush_handle is not None:
-                self._flush_handle.cancel()
-                self._flush_handle = None
             self._transport.writelines((held, data))  # one writev on uvloop, no copy
-            return
-        if isinstance(data, bytes) and data.startswith(_HEAD):
+        elif isinstance(data, bytes) and data.startswith(_HEAD):
             self._held = data
             self._flush_handle = self._loop.call_soon(self.flush)
-            return
-        self._transport.write(data)
+        else:
+            self._transport.write(data)
 
     def writelines(self, lines: Any) -> None:
         self.flush()
@@ -67,14 +62,8 @@ class HeadHoldingTransport:
 
     def flush(self) -> None:
         """Write a held head now (nothing when none is held or the connection is closing)."""
-        held = self._held
-        if held is None:
-            return
-        self._held = None
-        if self._flush_handle is not None:
-            self._flush_handle.cancel()
-            self._flush_handle = None
-        if not self._transport.is_closing():
+        held = self._take()
+        if held is not None and not self._transport.is_closing():
             self._transport.write(held)
 
     def close(self) -> None:
@@ -82,11 +71,18 @@ class HeadHoldingTransport:
         self._transport.close()
 
     def abort(self) -> None:
-        self._held = None
-        if self._flush_handle is not None:
+        self._take()
+        self._transport.abort()
+
+    def _take(self) -> bytes | None:
+        """The held head, if any, no longer held (its scheduled flush cancelled)."""
+        held = self._held
+        if held is not None:
+            self._held = None
+            assert self._flush_handle is not None  # scheduled with every held head
             self._flush_handle.cancel()
             self._flush_handle = None
-        self._transport.abort()
+        return held
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._transport, name)
