@@ -41,14 +41,15 @@ class Admission:
         self._waiters: dict[str, asyncio.Future[Outcome | None]] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
-        ctl.observers.append(self._on_outcome)
 
     @property
     def waiting(self) -> int:
         return len(self._waiters)
 
-    def _on_outcome(self, o: Outcome) -> None:
-        if o.state is JobState.EXPIRED:
+    def _tick(self) -> None:
+        """Expire what is due and wake the expired jobs' waiters (expiries happen only in
+        the controller's ``dispatchable`` and ``tick``, and ``tick`` returns them all)."""
+        for o in self.ctl.tick():
             fut = self._waiters.pop(o.job.id, None)
             if fut is not None and not fut.done():
                 fut.set_result(o)
@@ -62,7 +63,7 @@ class Admission:
             fut = self._waiters.pop(job.id, None)
             if fut is not None and not fut.done():
                 fut.set_result(None)
-        self.ctl.tick()  # expired outcomes were delivered through the observer
+        self._tick()
         self._arm()
 
     def _arm(self) -> None:
@@ -78,7 +79,7 @@ class Admission:
     def _fire(self) -> None:
         self._timer = None
         self._timer_at = None
-        self.ctl.tick()
+        self._tick()
         self.pump()
 
     def arrive(

@@ -90,6 +90,8 @@ _RATELIMIT_NAMES = {
     kind: tuple(f"x-ratelimit-{what}-{kind}".encode() for what in ("limit", "remaining", "reset"))
     for kind in ("tokens", "requests")
 }
+_LIMIT_TEXT: dict[float, bytes] = {}
+"""A bucket limit's header value, by limit (the configuration's few, so bounded)."""
 
 
 def _ratelimit_headers(snaps: tuple[BucketSnapshot, ...]) -> list[tuple[bytes, bytes]]:
@@ -98,15 +100,25 @@ def _ratelimit_headers(snaps: tuple[BucketSnapshot, ...]) -> list[tuple[bytes, b
     for snap in snaps:
         if snap.owner != "tenant":
             continue
-        kind = "tokens" if snap.kind == "tokens" else "requests"
-        limit, remaining, reset = _RATELIMIT_NAMES[kind]
+        limit_name, remaining_name, reset_name = _RATELIMIT_NAMES[snap.kind]
+        limit = _LIMIT_TEXT.get(snap.limit)
+        if limit is None:
+            limit = b"%d" % snap.limit
+            if len(_LIMIT_TEXT) < 1024:
+                _LIMIT_TEXT[snap.limit] = limit
         left = snap.remaining
+        reset = snap.reset_s
         out += (
-            (limit, b"%d" % snap.limit),
-            (remaining, b"%d" % left if left > 0 else b"0"),
-            (reset, _duration(snap.reset_s)),
+            (limit_name, limit),
+            (remaining_name, b"%d" % left if left > 0 else b"0"),
+            (reset_name, _NO_WAIT if reset < 0.0005 else _duration(reset)),
         )
     return out
+
+
+_NO_WAIT = _duration(0.0)
+_NOT_QUEUED = b"%.1f" % 0.0
+"""``x-velvetrope-queue-ms`` of a job that started at once."""
 
 
 class Gateway:
@@ -357,12 +369,7 @@ class Gateway:
                 res = await self.admission.wait(
                     job, watch.gone, progress, self.settings.progress_interval_s
                 )
-            if isinstance(res, Rejected):
-                await self._reject(client, res)
-            elif isinstance(res, Outcome):
-                msg = "the request waited past its deadline in the queue"
-                await client.error(503, msg, "expired", [(b"retry-after", b"1")])
-            elif isinstance(res, Admitted):
+            if isinstance(res, Admitted):
                 snaps = reservation.snapshots if isinstance(reservation, Grant) else ()
                 await self._proxy(
                     kind,
@@ -375,6 +382,11 @@ class Gateway:
                     snaps,
                     slotted,
                 )
+            elif isinstance(res, Rejected):
+                await self._reject(client, res)
+            elif isinstance(res, Outcome):
+                msg = "the request waited past its deadline in the queue"
+                await client.error(503, msg, "expired", [(b"retry-after", b"1")])
         except Exception:
             # A bug must not leak a stack trace or a job: log it, end the job exactly
             # once, and answer in OpenAI's shape if nothing was sent yet.
@@ -488,11 +500,12 @@ class Gateway:
                 adm.cancel(job.id, Usage(0, 0))
                 return
         relay = Relay(job.prompt_tokens)
-        queue_ms = job.queue_s * 1000.0
-        extra = [(b"x-velvetrope-queue-ms", b"%.1f" % queue_ms), *route_headers(job)]
+        waited = job.queue_s
+        queued = b"%.1f" % (waited * 1000.0) if waited else _NOT_QUEUED
+        extra = [(b"x-velvetrope-queue-ms", queued), *route_headers(job)]
         if snaps:
             extra += _ratelimit_headers(snaps)
-        tried: set[str] = set()
+        tried: tuple[str, ...] = ()  # upstreams that could not be reached
         while True:
             up = self.upstreams.pick(job.pool, exclude=tried)
             if up is None:
@@ -500,7 +513,6 @@ class Gateway:
                 msg = f"no healthy upstream in pool {job.pool!r}"
                 await client.error(503, msg, "no_healthy_upstream", [(b"retry-after", b"1")])
                 return
-            tried.add(up.url)
             self.fleet.sent(job, up)
             up.in_flight += 1
             up.requests += 1
@@ -532,6 +544,7 @@ class Gateway:
                 raise
             except UpstreamUnreachable as e:
                 self.upstreams.mark_failed(up, str(e))
+                tried += (up.url,)
                 continue
             except UpstreamTimeout as e:
                 self.upstreams.failed(up, str(e))

@@ -132,6 +132,8 @@ def usage_at(data: bytes) -> int:
 
     Searched from the end, where a stream's usage chunk is: the scan stops there."""
     i = data.rfind(b'"usage"')
+    if i >= 0 and data[i + 7 : i + 9] == b":{":  # compact JSON, what engines send
+        return i
     while i >= 0:
         j = _skip_space(data, i + 7)
         if data[j : j + 1] == b":":  # a member name (a string value is never followed by ':')

@@ -22,6 +22,8 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from velvetrope.serving.head import one_scan
+
 __all__ = ["HeadHoldingHttpToolsProtocol", "HeadHoldingTransport"]
 
 _HEAD = b"HTTP/1."
@@ -89,8 +91,13 @@ class HeadHoldingTransport:
 
 
 class HeadHoldingHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol writing through a :class:`HeadHoldingTransport`."""
+    """uvicorn's httptools protocol writing through a :class:`HeadHoldingTransport`, its
+    response heads checked in two scans (:mod:`velvetrope.serving.head`)."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         wrapped = HeadHoldingTransport(transport, self.loop)
         super().connection_made(wrapped)  # type: ignore[arg-type]
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        one_scan(self.cycle)
