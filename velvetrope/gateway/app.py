@@ -424,7 +424,7 @@ class Gateway:
                 body,
                 stream=stream,
                 client_wants_usage=True,
-                relay=Relay(0),
+                relay=None,  # nothing to settle: the bytes as they come
                 start=client.start,
                 send=client.chunk,
                 end=client.end,

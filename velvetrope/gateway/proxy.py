@@ -67,7 +67,7 @@ async def forward(
     *,
     stream: bool,
     client_wants_usage: bool,
-    relay: Relay,
+    relay: Relay | None,
     start: Start,
     send: Send,
     end: Send,
@@ -79,9 +79,12 @@ async def forward(
     ``end``, which also ends the client's response (one write, not two).
 
     For a non-streaming request nothing is sent to the client: the caller sends
-    ``UpstreamAnswer.body``.  Raises what :class:`HttpClient` raises:
-    ``UpstreamTimeout`` when the upstream stalls, ``UpstreamUnreachable`` when nothing
-    reached it (another upstream may be tried), ``UpstreamError`` when it broke off.
+    ``UpstreamAnswer.body``.  Without a ``relay`` this is a plain proxy: the answer is
+    neither read for its usage nor split into events, its bytes go on as they arrive.
+
+    Raises what :class:`HttpClient` raises: ``UpstreamTimeout`` when the upstream stalls,
+    ``UpstreamUnreachable`` when nothing reached it (another upstream may be tried),
+    ``UpstreamError`` when it broke off.
     """
     try:
         resp = await client.post(url, body)
@@ -89,8 +92,10 @@ async def forward(
             ctype = resp.header(b"content-type", b"application/json") or b"application/json"
             if not stream or resp.status != 200:
                 data = await resp.read()
+                if relay is None or resp.status != 200:
+                    return UpstreamAnswer(resp.status, None, data, ctype)
                 try:
-                    usage = usage_of(orjson.loads(data)) if resp.status == 200 else None
+                    usage = usage_of(orjson.loads(data))
                 except orjson.JSONDecodeError:
                     usage = None
                 if usage is not None:
@@ -98,6 +103,13 @@ async def forward(
                     relay.completion_tokens = usage.completion_tokens
                 return UpstreamAnswer(resp.status, usage, data, ctype)
             await start(200, [(b"content-type", ctype), *extra_headers])
+            if relay is None:
+                async for piece in resp.chunks():
+                    if resp.at_end:
+                        await end(piece)  # the last bytes and the end: one write
+                        break
+                    await send(piece)
+                return UpstreamAnswer(200, None, None, ctype)
             buf = b""
             async for piece in resp.chunks():
                 buf += piece
