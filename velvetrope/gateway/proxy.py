@@ -21,9 +21,7 @@ from velvetrope.core import Usage
 from velvetrope.errors import UpstreamError
 from velvetrope.gateway.httpclient import HttpClient
 from velvetrope.openai.sse import (
-    DONE_DATA,
     content_keys,
-    data_of,
     usage_at,
     usage_of,
 )
@@ -149,7 +147,7 @@ def relay_events(
         if start == 1:
             start = 0
         end = data.find(b"\n\n", at) + 2
-        obj = _event_object(data[start:end])
+        obj = _event_object(data, start, end)
         usage = usage_of(obj)
         if obj is not None and usage is not None:
             relay.usage = usage
@@ -171,13 +169,12 @@ def _credit(n: int, relay: Relay, on_first_token: Callable[[], None]) -> None:
             on_first_token()
 
 
-def _event_object(event: bytes) -> dict[str, Any] | None:
-    """The JSON object an SSE ``data:`` event carries, or ``None``."""
-    data = data_of(event)
-    if data is None or data == DONE_DATA:
+def _event_object(data: bytes, start: int, end: int) -> dict[str, Any] | None:
+    """The JSON object the SSE ``data:`` event ``data[start:end]`` carries, or ``None``."""
+    if not data.startswith(b"data:", start):
         return None
     try:
-        obj = orjson.loads(data)
-    except orjson.JSONDecodeError:
+        obj = orjson.loads(data[start + 5 : end])  # JSON may have spaces around
+    except orjson.JSONDecodeError:  # also [DONE]
         return None
     return obj if isinstance(obj, dict) else None
