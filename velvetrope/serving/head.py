@@ -46,6 +46,8 @@ def _table(pattern: re.Pattern[bytes]) -> bytes:
     return bytes(0 if pattern.fullmatch(bytes([b])) else 1 for b in range(256))
 
 
+_SPECIAL = frozenset((b"content-length", b"transfer-encoding", b"connection"))
+"""The (lower-case) header names that change how the response is framed."""
 _NAME_TABLE = _table(HEADER_RE)
 _VALUE_TABLE = _table(HEADER_VALUE_RE)
 
@@ -77,9 +79,9 @@ class OneScanCycle(RequestResponseCycle):
             return RequestResponseCycle.send(self, message)
         headers = self.default_headers + list(message.get("headers", []))
         try:
-            names = b"".join([name for name, _ in headers]).translate(_NAME_TABLE)
-            values = b"\t".join([value for _, value in headers]).translate(_VALUE_TABLE)
-            bad = b"\0" in names or b"\0" in values
+            names = b"".join([name for name, _ in headers])
+            values = b"\t".join([value for _, value in headers])
+            bad = b"\0" in names.translate(_NAME_TABLE) or b"\0" in values.translate(_VALUE_TABLE)
         except (TypeError, ValueError):  # not (bytes, bytes) pairs: uvicorn says what
             bad = True
         if bad:
@@ -92,9 +94,13 @@ class OneScanCycle(RequestResponseCycle):
         status_code = message["status"]
         content = [STATUS_LINE[status_code]]
         has_connection_close = False
+        lower = names.islower()  # no upper-case letter in any name: none to lower
         for name, value in headers:
-            name = name.lower()
-            if name == b"content-length" and self.chunked_encoding is None:
+            if not lower:
+                name = name.lower()
+            if name not in _SPECIAL:  # one set lookup for the common case
+                pass
+            elif name == b"content-length" and self.chunked_encoding is None:
                 self.expected_content_length = int(value.decode())
                 self.chunked_encoding = False
             elif name == b"transfer-encoding" and value.lower() == b"chunked":
@@ -105,7 +111,7 @@ class OneScanCycle(RequestResponseCycle):
                 if b"close" in connection:
                     self.keep_alive = False
                     has_connection_close = True
-            content.extend([name, b": ", value, b"\r\n"])
+            content += (name, b": ", value, b"\r\n")
         if not self.keep_alive and not has_connection_close:
             content.append(b"connection: close\r\n")
         if (
