@@ -169,7 +169,8 @@ class Admission:
 
     def complete(self, job_id: str, usage: Usage) -> Outcome:
         out = self.ctl.complete(job_id, usage)
-        self.pump()
+        if self.ctl.queued:  # pump's own first test, without its call
+            self.pump()
         return out
 
     def fail(self, job_id: str, reason: Reason, usage: Usage | None = None) -> Outcome:
