@@ -169,8 +169,7 @@ class Admission:
 
     def complete(self, job_id: str, usage: Usage) -> Outcome:
         out = self.ctl.complete(job_id, usage)
-        if self.ctl.queued:  # pump's own first test, without its call
-            self.pump()
+        self.pump()
         return out
 
     def fail(self, job_id: str, reason: Reason, usage: Usage | None = None) -> Outcome:

@@ -406,8 +406,7 @@ class Gateway:
         rewrite the upstream body of a degraded request."""
         self.ctl.route(job)
         self.metrics.on_route(job)
-        if job.degraded:
-            degrade_body(parsed, job)
+        degrade_body(parsed, job)
 
     async def _passthrough(
         self, kind: Kind, pool: str, stream: bool, body: bytes, send: Send

@@ -17,7 +17,6 @@ saturation rule's room, pending dispatches and holds; and counters of routing de
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Iterator
 from typing import Any
 
@@ -37,9 +36,6 @@ _OutcomeSeries = tuple[
 ]
 _LAT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
 
-
-_REJECTED = JobState.REJECTED
-_COMPLETED = JobState.COMPLETED
 
 _BREAKER = {"closed": 0.0, "half_open": 1.0, "open": 2.0}
 
@@ -350,32 +346,23 @@ class GatewayMetrics:
 
     def on_outcome(self, o: Outcome) -> None:
         """Count a terminal outcome (called by the controller, exactly once per job)."""
-        job, state, reason, settlement, _ = o
-        key = (job.tier, state, reason, job.tenant if self.tenant_label else "")
+        job = o.job
+        state = o.state
+        key = (job.tier, state, o.reason, job.tenant if self.tenant_label else "")
         series = self._outcome_series.get(key)
         if series is None:
-            series = self._outcome_series[key] = self._series(job.tier, state, reason, job)
+            series = self._outcome_series[key] = self._series(job.tier, state, o.reason, job)
         requests, queue_wait, ttft, e2e, reserved_c, settled_c = series
         requests.value += 1.0
-        # HistogramChild.observe, inlined: this runs for every request
-        arrival = job.arrival
-        if state is not _REJECTED:
-            waited = job.queue_s
-            queue_wait.counts[bisect_left(queue_wait.bounds, waited)] += 1
-            queue_wait.sum += waited
+        if state is not JobState.REJECTED:
+            queue_wait.observe(job.queue_s)
         first = job.first_token_at
         if first is not None:
-            first -= arrival
-            ttft.counts[bisect_left(ttft.bounds, first)] += 1
-            ttft.sum += first
-        if state is _COMPLETED:
-            done = job.finished_at
-            if done is not None:
-                done -= arrival
-                e2e.counts[bisect_left(e2e.bounds, done)] += 1
-                e2e.sum += done
+            ttft.observe(first - job.arrival)
+        if state is JobState.COMPLETED and job.finished_at is not None:
+            e2e.observe(job.finished_at - job.arrival)
         # one token line per job (the first token bucket), so tenant + tier do not double
-        for c, (_, reserved, actual) in zip(job.claims, settlement.lines, strict=False):
+        for c, (_, reserved, actual) in zip(job.claims, o.settlement.lines, strict=False):
             if c.kind == "tokens":
                 reserved_c.value += reserved
                 settled_c.value += actual

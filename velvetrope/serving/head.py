@@ -16,9 +16,9 @@ Contract: the bytes written, the cycle's state (``keep_alive``, ``chunked_encodi
 or is not made of ``(bytes, bytes)`` pairs, is handed to uvicorn's ``send``, which raises
 what it always raises; so is every other message, and a head sent while writing is paused,
 after a disconnect or with the access log on.  The head-writing code follows uvicorn
-0.54's; :data:`ENABLED` is true only for the uvicorn versions it was checked against
-(``tests/gateway/test_head.py`` compares both on every kind of head), and on any other
-version :func:`one_scan` leaves uvicorn's cycle as it is.
+0.54's, the minor version ``pyproject.toml`` pins (``tests/gateway/test_head.py`` compares
+both on every kind of head); should another uvicorn be installed anyway, :data:`ENABLED` is
+false and :func:`one_scan` leaves uvicorn's cycle as it is.
 """
 
 from __future__ import annotations
