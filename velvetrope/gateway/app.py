@@ -24,6 +24,7 @@ import logging
 import math
 import os
 from collections.abc import Awaitable, Callable
+from functools import partial
 
 import aiohttp
 import orjson
@@ -141,8 +142,12 @@ class Gateway:
         )
         self.metrics.attach_state(self.state)
         # memory://'s store, reserved from without a coroutine (None for shared state)
-        self._local = self.state.store if isinstance(self.state, LocalState) else None
-        self.ctl.observers.append(self._on_outcome)
+        state = self.state
+        self._local = state.store if isinstance(state, LocalState) else None
+        # memory://: settled in this process, with no fleet slots to give back
+        self.ctl.observers.append(
+            state.settle if isinstance(state, LocalState) else self._on_outcome
+        )
         self.gates: dict[str, FleetGate] = {}
         if self.state.fleet and self.settings.admission:
             for p in config.policy.pools:
@@ -530,7 +535,7 @@ class Gateway:
                     start=client.start,
                     send=client.chunk,
                     end=client.end,
-                    on_first_token=lambda: adm.first_token(job.id),
+                    on_first_token=partial(adm.first_token, job.id),
                     extra_headers=extra,
                 )
             except asyncio.CancelledError:

@@ -37,6 +37,9 @@ _OutcomeSeries = tuple[
 _LAT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
 
 
+_REJECTED = JobState.REJECTED
+_COMPLETED = JobState.COMPLETED
+
 _BREAKER = {"closed": 0.0, "half_open": 1.0, "open": 2.0}
 
 
@@ -346,27 +349,37 @@ class GatewayMetrics:
 
     def on_outcome(self, o: Outcome) -> None:
         """Count a terminal outcome (called by the controller, exactly once per job)."""
-        job = o.job
-        state = o.state
-        key = (job.tier, state, o.reason, job.tenant if self.tenant_label else "")
+        job, state, reason, settlement, end = o  # ``at``: when it ended
+        key = (job.tier, state, reason, job.tenant if self.tenant_label else "")
         series = self._outcome_series.get(key)
         if series is None:
-            series = self._outcome_series[key] = self._series(job.tier, state, o.reason, job)
+            series = self._outcome_series[key] = self._series(job.tier, state, reason, job)
         requests, queue_wait, ttft, e2e, reserved_c, settled_c = series
         requests.value += 1.0
-        if state is not JobState.REJECTED:
-            queue_wait.observe(job.queue_s)
+        arrival = job.arrival
+        if state is not _REJECTED:  # Job.queue_s, inline: the property call costs more
+            start = job.dispatched_at
+            waited = (end if start is None else start) - arrival
+            queue_wait.observe(waited if waited > 0.0 else 0.0)
         first = job.first_token_at
         if first is not None:
-            ttft.observe(first - job.arrival)
-        if state is JobState.COMPLETED and job.finished_at is not None:
-            e2e.observe(job.finished_at - job.arrival)
+            ttft.observe(first - arrival)
+        if state is _COMPLETED:
+            e2e.observe(end - arrival)
         # one token line per job (the first token bucket), so tenant + tier do not double
-        for c, (_, reserved, actual) in zip(job.claims, o.settlement.lines, strict=False):
-            if c.kind == "tokens":
+        claims = job.claims
+        if claims:
+            first_claim = claims[0]
+            if first_claim.kind == "tokens":  # the usual layout: tokens claimed first
+                _, reserved, actual = settlement.lines[0]
                 reserved_c.value += reserved
                 settled_c.value += actual
-                break
+                return
+            for c, (_, reserved, actual) in zip(claims, settlement.lines, strict=False):
+                if c.kind == "tokens":
+                    reserved_c.value += reserved
+                    settled_c.value += actual
+                    break
 
     def _series(self, tier: str, state: JobState, reason: Reason, job: Job) -> _OutcomeSeries:
         values = [tier, state.value, reason.code]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 import orjson
 
@@ -147,15 +146,22 @@ def relay_events(
         if start == 1:
             start = 0
         end = data.find(b"\n\n", at) + 2
-        obj = _event_object(data, start, end)
-        usage = usage_of(obj)
-        if obj is not None and usage is not None:
-            relay.usage = usage
-            relay.completion_tokens = 0  # the engine's count replaces the one from the text
-            _credit(usage.completion_tokens, relay, on_first_token)
-            if client_wants_usage or obj.get("choices"):
-                return data
-            return data[:start] + data[end:]  # the client did not ask for it
+        if data.startswith(b"data:", start):
+            try:
+                obj = orjson.loads(data[start + 5 : end])  # JSON may have spaces around
+            except orjson.JSONDecodeError:
+                obj = None
+            usage = usage_of(obj)  # None unless obj is an object with token counts
+            if usage is not None:
+                relay.usage = usage
+                # the engine's count replaces the one from the text
+                relay.completion_tokens = n = usage.completion_tokens
+                if n and not relay.first_token:
+                    relay.first_token = True
+                    on_first_token()
+                if client_wants_usage or obj.get("choices"):
+                    return data
+                return data[:start] + data[end:]  # the client did not ask for it
     _credit(content_keys(data), relay, on_first_token)
     return data
 
@@ -167,14 +173,3 @@ def _credit(n: int, relay: Relay, on_first_token: Callable[[], None]) -> None:
         if not relay.first_token:
             relay.first_token = True
             on_first_token()
-
-
-def _event_object(data: bytes, start: int, end: int) -> dict[str, Any] | None:
-    """The JSON object the SSE ``data:`` event ``data[start:end]`` carries, or ``None``."""
-    if not data.startswith(b"data:", start):
-        return None
-    try:
-        obj = orjson.loads(data[start + 5 : end])  # JSON may have spaces around
-    except orjson.JSONDecodeError:  # also [DONE]
-        return None
-    return obj if isinstance(obj, dict) else None
