@@ -61,7 +61,6 @@ from velvetrope.gateway.metrics import GatewayMetrics
 from velvetrope.gateway.parse import (
     EXPECTED_TOKENS_HEADER,
     Kind,
-    ParsedRequest,
     expected_tokens,
     parse_request,
 )
@@ -342,7 +341,9 @@ class Gateway:
             pool, _ = self.ctl.router.match(job)  # rules on model and tier; no prediction
             await self._passthrough(kind, pool, parsed.stream, parsed.raw, send)
             return
-        self._route(job, parsed)
+        self.ctl.route(job)  # the pool, and a degradation: the body is rewritten for it
+        self.metrics.on_route(job)
+        degrade_body(parsed, job)
         watch = self.watches.watch(receive)
         client = ClientStream(send)
         try:
@@ -405,13 +406,6 @@ class Gateway:
                 await client.error(500, "internal error in the gateway", "internal_error")
         finally:
             self.watches.done(watch)
-
-    def _route(self, job: Job, parsed: ParsedRequest) -> None:
-        """Route ``job`` through the core (pool, degradation), count the decision and
-        rewrite the upstream body of a degraded request."""
-        self.ctl.route(job)
-        self.metrics.on_route(job)
-        degrade_body(parsed, job)
 
     async def _passthrough(
         self, kind: Kind, pool: str, stream: bool, body: bytes, send: Send
