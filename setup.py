@@ -1,5 +1,5 @@
-"""Build hook: the admission core's hot modules (and the simulator's decode-time arithmetic,
-``velvetrope/engine/decode_times.py``), compiled to C with mypyc.
+"""Build hook: the admission core's hot modules (and the simulator's decode-stretch arithmetic,
+``velvetrope/engine/decode_math.py``), compiled to C with mypyc.
 
 They are typed under ``mypy --strict``; mypyc turns them into C extensions that the gateway
 and the simulator import in place of the ``.py`` files (see the README for what it gains).
@@ -28,7 +28,7 @@ COMPILED = [
     "velvetrope/core/routing.py",
     "velvetrope/core/saturation.py",
     "velvetrope/core/scheduler.py",
-    "velvetrope/engine/decode_times.py",
+    "velvetrope/engine/decode_math.py",
 ]
 
 

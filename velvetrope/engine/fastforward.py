@@ -8,7 +8,7 @@ is ``profile.step_time(0, n, context)`` with ``context`` growing by ``n`` per st
 module plans a whole stretch of those steps at once (:func:`plan_decode_run`) and applies
 any prefix of it in closed form (:meth:`DecodeRun.apply`): O(running sequences + blocks
 allocated) plus a few C float operations per step for its times (the sum of step
-durations is replayed on demand by the compiled :mod:`velvetrope.engine.decode_times`, never
+durations is replayed on demand by the compiled :mod:`velvetrope.engine.decode_math`, never
 stored), instead of one :meth:`~velvetrope.engine.Batcher.step` call per step.
 
 Exactness contract: after ``run = plan_decode_run(b, now)`` and ``events = run.apply(j)``
@@ -59,7 +59,13 @@ from itertools import accumulate
 from operator import add
 
 from velvetrope.engine.batcher import Batcher
-from velvetrope.engine.decode_times import step_end, steps_started
+from velvetrope.engine.decode_math import (
+    blocks_taken,
+    deal_blocks,
+    longest_fit,
+    step_end,
+    steps_started,
+)
 from velvetrope.engine.events import EngineEvent, Finished
 from velvetrope.engine.profile import EngineProfile
 from velvetrope.engine.queues import GONE, RUNNING
@@ -110,7 +116,7 @@ class DecodeRun:
         self.finishes = finishes
         self.applied = 0
         # Step j lasts step_time(0, n, first + n * (j - 1)): in closed form (replayed by
-        # velvetrope.engine.decode_times), or summed into a list when the closed form does
+        # velvetrope.engine.decode_math), or summed into a list when the closed form does
         # not reproduce the profile's step_time (exact, only slower).
         p = batcher._profile
         first = context + n
@@ -162,7 +168,7 @@ class DecodeRun:
         b = self._batcher
         kv = b._kv
         c = [s.computed for s in self._running]
-        taken = _boundaries(c, steps - self.applied, b._profile.block_size)
+        taken = blocks_taken(c, steps - self.applied, b._profile.block_size)
         return (kv.num_blocks - (kv.num_free - taken)) / kv.num_blocks  # as BlockPool.usage
 
     def apply(self, steps: int) -> list[EngineEvent]:
@@ -195,19 +201,14 @@ class DecodeRun:
         kv = b._kv
         bs = b._profile.block_size
         c = [s.computed for s in running]
-        taken = _boundaries(c, delta, bs)
+        taken = blocks_taken(c, delta, bs)
         if taken:
             got: list[int] = []
             kv.allocate(taken, got)  # == `taken` single allocations, in order
-            # Every bs steps each sequence takes one block, at the step given by its
-            # computed tokens mod bs: ordered by (first boundary, running index), the
-            # sequences take the blocks in turns, the last turn cut short.
             if n == 1:
                 running[0].blocks.extend(got)
             else:
-                first = sorted(range(n), key=[(-x) % bs for x in c].__getitem__)  # stable
-                for r, i in enumerate(first):
-                    running[i].blocks.extend(got[r::n])
+                deal_blocks(c, got, bs, [s.blocks for s in running])
         stamp = self._base = b._steps = b._steps + delta
         self.applied = steps
         for s in running:
@@ -233,16 +234,6 @@ class DecodeRun:
                 del live[s.seq_id]
         b._running = [s for s in running if s.state == RUNNING]
         return events
-
-
-def _boundaries(c0: list[int], steps: int, bs: int) -> int:
-    """Blocks taken by ``steps`` decode steps of sequences with ``c0`` computed tokens."""
-    total = 0
-    for c in c0:
-        first = 1 + (-c) % bs
-        if first <= steps:
-            total += (steps - first) // bs + 1
-    return total
 
 
 def plan_decode_run(batcher: Batcher, now: float, min_steps: int = 2) -> DecodeRun | None:
@@ -287,16 +278,9 @@ def plan_decode_run(batcher: Batcher, now: float, min_steps: int = 2) -> DecodeR
         c0.append(c)
         context += c
     finishes = True
-    if _boundaries(c0, steps, bs) > free:
+    if blocks_taken(c0, steps, bs) > free:
         finishes = False
-        lo, hi = 0, steps - 1  # the longest prefix whose blocks are all free
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if _boundaries(c0, mid, bs) <= free:
-                lo = mid
-            else:
-                hi = mid - 1
-        steps = lo
+        steps = longest_fit(c0, steps - 1, bs, free)  # the longest prefix whose blocks are free
         if steps < min_steps:
             return None
     if admit and not first_fit and admit <= free - sum(1 for c in c0 if c % bs == 0):
