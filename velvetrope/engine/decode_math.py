@@ -31,9 +31,11 @@ def step_end(now: float, head: float, ctx: float, tail: float, first: int, n: in
     t = now
     x = float(first)  # integers below 2**53: exact, as Python converts them in ``ctx * x``
     step = float(n)
-    for _ in range(j):
+    i = 0
+    while i < j:  # (not ``for _ in range``: compiled, that boxes the counter)
         t += head + ctx * x + tail
         x += step
+        i += 1
     return t
 
 
@@ -95,7 +97,12 @@ def deal_blocks(
     computed tokens mod ``block_size``: ordered by (first boundary, running index), the
     sequences take the blocks in turns, the last turn cut short."""
     n = len(computed)
-    keys = [(-c) % block_size for c in computed]
-    order = sorted(range(n), key=keys.__getitem__)  # stable
+    total = len(got)
+    turns = [(-c) % block_size * n + i for i, c in enumerate(computed)]
+    turns.sort()  # by first boundary, then running index
     for r in range(n):
-        tables[order[r]].extend(got[r::n])
+        table = tables[turns[r] % n]
+        i = r
+        while i < total:
+            table.append(got[i])
+            i += n
