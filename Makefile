@@ -6,8 +6,8 @@ STAMP := $(VENV)/.installed
 
 .PHONY: test demo install lint typecheck pytest bench clean
 
-# the core's modules that setup.py compiles with mypyc: edited, they are built again
-COMPILED := $(shell sed -n 's/^ *"\(velvetrope\/core\/[a-z_]*\.py\)",$$/\1/p' setup.py)
+# the modules that setup.py compiles with mypyc: edited, they are built again
+COMPILED := $(shell sed -n 's/^ *"\(velvetrope\/[a-z_]*\/[a-z_]*\.py\)",$$/\1/p' setup.py)
 
 $(STAMP): pyproject.toml setup.py $(COMPILED)
 	$(PY) -m venv $(VENV)

@@ -1,11 +1,12 @@
-"""Build hook: the admission core's hot modules, compiled to C with mypyc.
+"""Build hook: the admission core's hot modules (and the simulator's decode-stretch arithmetic,
+``velvetrope/engine/decode_math.py``), compiled to C with mypyc.
 
 They are typed under ``mypy --strict``; mypyc turns them into C extensions that the gateway
 and the simulator import in place of the ``.py`` files (see the README for what it gains).
 ``VELVETROPE_PURE=1`` at install time builds nothing and the package runs as plain Python.
 ``pip install -e .`` builds them in place, next to their sources; after editing one of them,
-run ``make install`` again (the core refuses to import a module compiled from an older
-source; see ``velvetrope/core/__init__.py``).
+run ``make install`` again (the core and the engine refuse to import a module compiled from an
+older source; see ``velvetrope/core/fresh.py``).
 """
 
 import os
@@ -27,6 +28,7 @@ COMPILED = [
     "velvetrope/core/routing.py",
     "velvetrope/core/saturation.py",
     "velvetrope/core/scheduler.py",
+    "velvetrope/engine/decode_math.py",
 ]
 
 

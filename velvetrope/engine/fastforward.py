@@ -7,8 +7,9 @@ batcher was built with ``token_events=False`` (the simulator's setting), and its
 is ``profile.step_time(0, n, context)`` with ``context`` growing by ``n`` per step.  This
 module plans a whole stretch of those steps at once (:func:`plan_decode_run`) and applies
 any prefix of it in closed form (:meth:`DecodeRun.apply`): O(running sequences + blocks
-allocated) plus one float addition per step, instead of one
-:meth:`~velvetrope.engine.Batcher.step` call per step.
+allocated) plus a few C float operations per step for its times (the sum of step
+durations is replayed on demand by the compiled :mod:`velvetrope.engine.decode_math`, never
+stored), instead of one :meth:`~velvetrope.engine.Batcher.step` call per step.
 
 Exactness contract: after ``run = plan_decode_run(b, now)`` and ``events = run.apply(j)``
 the batcher is in exactly the state ``j`` calls of ``b.step`` would have left it in,
@@ -57,21 +58,19 @@ import bisect
 from itertools import accumulate
 from operator import add
 
-import numpy as np
-import numpy.typing as npt
-
 from velvetrope.engine.batcher import Batcher
+from velvetrope.engine.decode_math import (
+    blocks_taken,
+    deal_blocks,
+    longest_fit,
+    step_end,
+    steps_started,
+)
 from velvetrope.engine.events import EngineEvent, Finished
 from velvetrope.engine.profile import EngineProfile
 from velvetrope.engine.queues import GONE, RUNNING
 
 __all__ = ["DecodeRun", "plan_decode_run"]
-
-_Times = list[float] | npt.NDArray[np.float64]
-"""A run's step boundaries: a list, or a numpy array for long runs."""
-
-_NUMPY_FROM = 24
-"""Runs of at least this many steps accumulate their end times with numpy."""
 
 
 class DecodeRun:
@@ -86,34 +85,64 @@ class DecodeRun:
     __slots__ = (
         "_base",
         "_batcher",
+        "_ctx",
+        "_first",
+        "_head",
         "_n_waiting",
+        "_now",
         "_order",
         "_running",
         "_size",
         "_t",
+        "_tail",
         "applied",
         "end",
         "finishes",
         "steps",
     )
 
-    def __init__(self, batcher: Batcher, starts: _Times, finishes: bool) -> None:
+    def __init__(
+        self, batcher: Batcher, now: float, context: int, steps: int, finishes: bool
+    ) -> None:
+        running = batcher._running
+        n = len(running)
         self._batcher = batcher
-        self._running = batcher._running
-        self._size = len(batcher._running)
+        self._running = running
+        self._size = n
         self._base = batcher._steps
         self._order = batcher._order
         self._n_waiting = batcher._n_waiting
-        self._t = starts
-        self.steps = len(starts) - 1
-        self.end = float(starts[-1])
-        """When the last step of the stretch ends (``start(steps)``)."""
+        self.steps = steps
         self.finishes = finishes
         self.applied = 0
+        # Step j lasts step_time(0, n, first + n * (j - 1)): in closed form (replayed by
+        # velvetrope.engine.decode_math), or summed into a list when the closed form does
+        # not reproduce the profile's step_time (exact, only slower).
+        p = batcher._profile
+        first = context + n
+        self._now, self._first = now, first
+        lin = _linear(p, n)
+        if lin is None:
+            step_time = p.step_time
+            rng = range(first, first + n * steps, n)
+            self._t: list[float] | None = list(
+                accumulate([step_time(0, n, x) for x in rng], add, initial=now)
+            )
+            self._head = self._ctx = self._tail = 0.0
+        else:
+            self._t = None
+            self._head, self._ctx, self._tail = lin
+        self.end = self.start(steps)
+        """When the last step of the stretch ends (``start(steps)``)."""
 
     def start(self, j: int) -> float:
         """When step ``j + 1`` starts (step ``j`` ends), ``0 <= j <= steps``."""
-        return float(self._t[j])
+        t = self._t
+        if t is None:
+            return step_end(
+                self._now, self._head, self._ctx, self._tail, self._first, self._size, j
+            )
+        return t[j]
 
     def started(self, t: float, *, inclusive: bool) -> int:
         """How many steps of the stretch have started by ``t``.
@@ -122,6 +151,11 @@ class DecodeRun:
         ``t`` after the batcher's own step boundary at ``t``), not otherwise.
         """
         starts = self._t
+        if starts is None:
+            return steps_started(
+                self._now, self._head, self._ctx, self._tail, self._first, self._size,
+                self.steps, t, inclusive,
+            )  # fmt: skip
         if inclusive:
             return bisect.bisect_right(starts, t, 0, self.steps)
         return bisect.bisect_left(starts, t, 0, self.steps)
@@ -134,7 +168,7 @@ class DecodeRun:
         b = self._batcher
         kv = b._kv
         c = [s.computed for s in self._running]
-        taken = _boundaries(c, steps - self.applied, b._profile.block_size)
+        taken = blocks_taken(c, steps - self.applied, b._profile.block_size)
         return (kv.num_blocks - (kv.num_free - taken)) / kv.num_blocks  # as BlockPool.usage
 
     def apply(self, steps: int) -> list[EngineEvent]:
@@ -167,19 +201,14 @@ class DecodeRun:
         kv = b._kv
         bs = b._profile.block_size
         c = [s.computed for s in running]
-        taken = _boundaries(c, delta, bs)
+        taken = blocks_taken(c, delta, bs)
         if taken:
             got: list[int] = []
             kv.allocate(taken, got)  # == `taken` single allocations, in order
-            # Every bs steps each sequence takes one block, at the step given by its
-            # computed tokens mod bs: ordered by (first boundary, running index), the
-            # sequences take the blocks in turns, the last turn cut short.
             if n == 1:
                 running[0].blocks.extend(got)
             else:
-                first = sorted(range(n), key=[(-x) % bs for x in c].__getitem__)  # stable
-                for r, i in enumerate(first):
-                    running[i].blocks.extend(got[r::n])
+                deal_blocks(c, got, bs, [s.blocks for s in running])
         stamp = self._base = b._steps = b._steps + delta
         self.applied = steps
         for s in running:
@@ -205,16 +234,6 @@ class DecodeRun:
                 del live[s.seq_id]
         b._running = [s for s in running if s.state == RUNNING]
         return events
-
-
-def _boundaries(c0: list[int], steps: int, bs: int) -> int:
-    """Blocks taken by ``steps`` decode steps of sequences with ``c0`` computed tokens."""
-    total = 0
-    for c in c0:
-        first = 1 + (-c) % bs
-        if first <= steps:
-            total += (steps - first) // bs + 1
-    return total
 
 
 def plan_decode_run(batcher: Batcher, now: float, min_steps: int = 2) -> DecodeRun | None:
@@ -259,21 +278,14 @@ def plan_decode_run(batcher: Batcher, now: float, min_steps: int = 2) -> DecodeR
         c0.append(c)
         context += c
     finishes = True
-    if _boundaries(c0, steps, bs) > free:
+    if blocks_taken(c0, steps, bs) > free:
         finishes = False
-        lo, hi = 0, steps - 1  # the longest prefix whose blocks are all free
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if _boundaries(c0, mid, bs) <= free:
-                lo = mid
-            else:
-                hi = mid - 1
-        steps = lo
+        steps = longest_fit(c0, steps - 1, bs, free)  # the longest prefix whose blocks are free
         if steps < min_steps:
             return None
     if admit and not first_fit and admit <= free - sum(1 for c in c0 if c % bs == 0):
         return None
-    return DecodeRun(b, _starts(b, n, context, steps, now), finishes)
+    return DecodeRun(b, now, context, steps, finishes)
 
 
 _LINEAR: dict[tuple[int, int], tuple[EngineProfile, float, float, float] | None] = {}
@@ -296,36 +308,3 @@ def _linear(p: EngineProfile, n: int) -> tuple[float, float, float] | None:
         if hit is None:
             return None
     return hit[1], hit[2], hit[3]
-
-
-def _starts(b: Batcher, n: int, context: int, steps: int, now: float) -> _Times:
-    """``[now, e1, ..., e_steps]``: the ends of ``steps`` decode steps of ``n`` sequences
-    whose first step attends to ``context + n`` tokens, bit for bit those of step-by-step.
-
-    Step ``j`` lasts ``profile.step_time(0, n, context + n * j)`` and ends at
-    ``e_{j-1} + duration`` (``e_0 = now``).  The closed form (:func:`_linear`) evaluates
-    step_time's sum in its order, with the constant part computed once, and accumulates left
-    to right (numpy's ``add.accumulate`` is a sequential scan, not a pairwise sum, so it
-    rounds exactly like the loop; numpy only for long runs, where it is faster).  A profile
-    whose step time the closed form does not reproduce gets per-step ``step_time`` calls:
-    exact, only slower.
-    """
-    p = b._profile
-    first, last = context + n, context + n * steps
-    rng = range(first, last + 1, n)
-    lin = _linear(p, n)
-    if lin is None:
-        step_time = p.step_time
-        return list(accumulate([step_time(0, n, x) for x in rng], add, initial=now))
-    head, ctx, tail = lin
-    if steps < _NUMPY_FROM:
-        durations = [head + ctx * x + tail for x in rng] if tail else [head + ctx * x for x in rng]
-        return list(accumulate(durations, add, initial=now))
-    a = np.arange(first - n, last + 1, n, dtype=np.float64)  # integers: exact
-    a *= ctx
-    a += head
-    if tail:
-        a += tail
-    a[0] = now
-    np.add.accumulate(a, out=a)
-    return a  # (no tolist(): boxing every end costs more than the few reads of it)
