@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 from collections import deque
 from collections.abc import Callable
-from typing import Protocol
 
 from velvetrope.core.jobheap import JobHeap
 from velvetrope.core.policy import QueuePolicy
@@ -35,19 +34,39 @@ __all__ = ["FAIRNESS", "BandQueue", "NoFairness", "RoundRobin", "VirtualTokenCou
 WeightFn = Callable[[str], float]
 
 
-class BandQueue(Protocol):
-    """The queue of one band.  ``pop`` removes the job the last ``peek`` returned."""
+class BandQueue:
+    """The queue of one band.  ``pop`` removes the job the last ``peek`` returned.
 
-    def push(self, job: Job, key: float) -> None: ...
-    def peek(self) -> Job | None: ...
-    def pop(self) -> Job: ...
-    def discard(self, job: Job) -> None: ...
-    def on_start_direct(self, job: Job) -> None: ...
-    def on_complete(self, job: Job, output_tokens: int) -> None: ...
-    def __len__(self) -> int: ...
+    A compiled base class, not a Protocol: the scheduler calls each policy's methods
+    directly through it (a Protocol-typed call goes through Python's generic call)."""
+
+    def push(self, job: Job, key: float) -> None:
+        """Queue ``job`` (QUEUED, ``seq`` above every seq pushed before) under ``key``."""
+        raise NotImplementedError
+
+    def peek(self) -> Job | None:
+        """The job this band would dispatch next, or ``None`` if it holds none."""
+        raise NotImplementedError
+
+    def pop(self) -> Job:
+        """Dequeue the job the last :meth:`peek` returned."""
+        raise NotImplementedError
+
+    def discard(self, job: Job) -> None:
+        """Account that queued ``job`` (already moved out of QUEUED) left the band."""
+        raise NotImplementedError
+
+    def on_start_direct(self, job: Job) -> None:
+        """A job of this band started without queueing (fairness may count it)."""
+
+    def on_complete(self, job: Job, output_tokens: int) -> None:
+        """A job of this band, dispatched earlier, completed with ``output_tokens``."""
+
+    def __len__(self) -> int:
+        raise NotImplementedError
 
 
-class NoFairness:
+class NoFairness(BandQueue):
     """One heap for the whole band."""
 
     __slots__ = ("_heap",)
@@ -67,17 +86,11 @@ class NoFairness:
     def discard(self, job: Job) -> None:
         self._heap.discard(job)
 
-    def on_start_direct(self, job: Job) -> None:
-        return None
-
-    def on_complete(self, job: Job, output_tokens: int) -> None:
-        return None
-
     def __len__(self) -> int:
         return self._heap.live
 
 
-class RoundRobin:
+class RoundRobin(BandQueue):
     """Backlogged tenants take turns; each turn dispatches the head of that tenant's heap."""
 
     __slots__ = ("_heaps", "_live", "_turns")
@@ -122,17 +135,11 @@ class RoundRobin:
             with contextlib.suppress(ValueError):
                 self._turns.remove(job.tenant)
 
-    def on_start_direct(self, job: Job) -> None:
-        return None
-
-    def on_complete(self, job: Job, output_tokens: int) -> None:
-        return None
-
     def __len__(self) -> int:
         return self._live
 
 
-class VirtualTokenCounter:
+class VirtualTokenCounter(BandQueue):
     """VTC fair queueing (see the module docstring)."""
 
     __slots__ = (
