@@ -222,7 +222,7 @@ class Scheduler:
             for b in self._others[band]:
                 if b.count:
                     share = scale * b.weight
-                    tokens = b.tokens
+                    tokens = float(b.tokens)  # a float: the sum stays unboxed, compiled
                     work += tokens if tokens < share else share
             return own.count, work
         return self.queued, self.tokens
