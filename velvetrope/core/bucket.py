@@ -159,12 +159,17 @@ def settle_lines(claims: Sequence[Claim], actual_tokens: int) -> tuple[SettleLin
     was done and is refunded in full when none was (a job shed before it started).
     """
     actual = float(actual_tokens)
+    if len(claims) == 1:  # the common case: no list to build
+        return (_settle_line(claims[0], actual),)
     out: list[SettleLine] = []  # a loop, not a comprehension: cheaper for one or two claims
     for c in claims:
-        out.append(
-            (c.key, c.amount, actual if c.kind == TOKENS else (c.amount if actual_tokens else 0.0))
-        )
+        out.append(_settle_line(c, actual))
     return tuple(out)
+
+
+def _settle_line(c: Claim, actual: float) -> SettleLine:
+    """The settle line of claim ``c`` for a job that used ``actual`` tokens."""
+    return (c.key, c.amount, actual if c.kind == TOKENS else (c.amount if actual else 0.0))
 
 
 class MemoryBuckets:
