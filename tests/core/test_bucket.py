@@ -119,3 +119,26 @@ def test_a_grant_with_snapshots_shows_the_buckets_after_the_reservation() -> Non
         assert got.claims == ref.claims
         assert got.snapshots == plain.snapshots(claims, t)  # what a separate read says
     assert got.snapshots[0].remaining == got.snapshots[2].remaining  # one bucket, one level
+
+
+def test_take_reserves_like_reserve_without_a_grant() -> None:
+    """``take`` (the controller's path) moves the buckets exactly as ``reserve`` does and
+    denies with the same Denial, reserving nothing."""
+    taken, reserved = MemoryBuckets(), MemoryBuckets()
+    for t, amounts in ((0.0, (60, 30)), (1.0, (30, 30)), (1.5, (5, 60)), (2.0, (1, 1))):
+        claims = (tok("a", amounts[0], 100, 10), tok("b", amounts[1], 50, 1))
+        denial = taken.take(claims, t)
+        res = reserved.reserve(list(claims), t)
+        if denial is None:
+            assert isinstance(res, Grant)
+            assert res.claims == claims
+        else:
+            assert res == denial
+        assert taken.levels(t) == reserved.levels(t)
+
+
+def test_settle_lines_of_one_claim() -> None:
+    assert settle_lines((tok("t", 150, 1000, 1),), 120) == (("t", 150, 120),)
+    req = Claim("r", "requests", "tenant", 1, 10, 1)
+    assert settle_lines([req], 7) == (("r", 1, 1),)
+    assert settle_lines([req], 0) == (("r", 1, 0),)

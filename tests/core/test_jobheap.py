@@ -87,3 +87,25 @@ def test_long_runs_split_and_dead_entries_are_rebuilt_away() -> None:
             ops.append(("pop", 0))
     q = check(ops)
     assert q.is_heap
+
+
+def test_runs_read_to_their_end_are_cut_off_in_bulk() -> None:
+    """Seeded, deep: thousands of runs, most read to their end by pops while out-of-order
+    keys keep landing in the first runs held, so the dropped runs are cut off the lists many
+    times (and the queue emptied and refilled) and the order still matches the heap's."""
+    import random
+
+    rng = random.Random(7)
+    ops: list[tuple[str, int]] = [("tail", rng.randrange(3)) for _ in range(60 * RUN)]
+    for _ in range(4):
+        for _ in range(80 * RUN):
+            r = rng.random()
+            if r < 0.3:
+                ops.append(("push", rng.randrange(10**6)))
+            elif r < 0.35:
+                ops.append(("discard", rng.randrange(10**6)))
+            else:
+                ops.append(("pop", 0))
+        ops += [("tail", rng.randrange(3)) for _ in range(20 * RUN)]
+    q = check(ops)
+    assert q.is_heap

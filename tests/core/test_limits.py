@@ -77,3 +77,29 @@ def test_config_check_prints_the_buckets() -> None:
     assert res.exit_code == 0, res.output
     assert "bucket tenant 'acme': 3,000,000 tokens/min, capacity 3,000,000" in res.stdout
     assert "60 s of refill" in res.stdout and "4 s = 200,000 tokens" in res.stdout
+
+
+def test_held_claims_are_the_claims_as_a_tuple() -> None:
+    """ClaimSpecs.held (the controller's path, fields passed in) builds the same claims as
+    ClaimSpecs.claims, for one bucket and for several (tenant, tier and model limits)."""
+    from velvetrope.core.claims import ClaimSpecs
+
+    config = PolicyConfig.model_validate(
+        {
+            "tiers": [{"name": "gold", "limits": {"requests_per_minute": 60}}, {"name": "free"}],
+            "tenants": [
+                {"name": "a", "tier": "free", "limits": {"tokens_per_minute": 6000}},
+                {"name": "b", "tier": "gold", "limits": {"tokens_per_minute": 600}},
+            ],
+            "models": {"m": {"tokens_per_minute": 1e6}},
+        }
+    )
+    limits = {t.name: t.limits for t in config.tenants}
+    specs = ClaimSpecs(config, lambda t: limits.get(t))
+    cases = (("a", "free", None, 1), ("b", "gold", "m", 3), ("c", "free", None, 0))
+    for tenant, tier, model, n in cases:
+        job = make_job(tenant, tier, prompt=40, model=model)
+        job.cost = 140
+        held = specs.held(job, tenant, tier, model, 140)
+        assert held == tuple(specs.claims(job))
+        assert len(held) == n

@@ -367,3 +367,48 @@ def test_hybrid_boosts_completions_under_200_tokens_3x(short_at: float, short_fi
     arrivals = [(0.0, blocker), (0.0, edge), (short_at, short)]
     order = run_fleet(ctl, clock, arrivals, service)
     assert order[1:] == ([short, edge] if short_first else [edge, short])
+
+
+@pytest.mark.parametrize("ordering", ["fcfs", "sjf", "sjf_aging", "edf"])
+def test_each_ordering_keys_jobs_as_its_definition_says(ordering: str) -> None:
+    """The compiled Ordering classes against the module's definitions (job_cost, arrival,
+    deadline), for every ordering, with the prompt weight and the short boost on."""
+    import random
+
+    from velvetrope.core.ordering import job_cost, make_key, make_ordering
+    from velvetrope.core.policy import QueuePolicy
+
+    q = QueuePolicy(
+        ordering=ordering,
+        aging_s=15.0,
+        aging_ref_tokens=500,
+        short_output_tokens=200,
+        short_boost=3.0,
+        sjf_prompt_weight=0.25,
+    )
+    budgets = {"gold": 2.0}
+    order, key = make_ordering(q, budgets), make_key(q, budgets)
+    rng = random.Random(3)
+    for _ in range(200):
+        predicted = rng.choice([None, rng.randrange(1, 1000)])
+        own = rng.choice([None, rng.random() * 10])
+        job = make_job(
+            "t",
+            rng.choice(["gold", "bronze"]),
+            prompt=rng.randrange(0, 4000),
+            max_tokens=rng.randrange(1, 1000),
+            predicted=predicted,
+            deadline=own,
+            arrival=rng.random() * 10,
+        )
+        if ordering == "fcfs":
+            expected = job.arrival
+        elif ordering == "sjf":
+            expected = job_cost(job, q)
+        elif ordering == "sjf_aging":
+            expected = job.arrival + min(15.0, job_cost(job, q) * 15.0 / 500)
+        else:
+            d = job.arrival + 2.0 if job.tier == "gold" else float("inf")
+            expected = min(d, own) if own is not None else d
+        assert order.key(job) == pytest.approx(expected, rel=1e-12)
+        assert key(job) == order.key(job)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from typing import Literal, NamedTuple
+from typing import Final, Literal, NamedTuple
 
 from velvetrope.errors import PolicyError
 
@@ -43,10 +43,10 @@ __all__ = [
 
 BucketKind = Literal["tokens", "requests"]
 BucketOwner = Literal["tenant", "tier", "model"]
-TOKENS: BucketKind = "tokens"
-REQUESTS: BucketKind = "requests"
+TOKENS: Final[BucketKind] = "tokens"
+REQUESTS: Final[BucketKind] = "requests"
 
-_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot paths)
+_tuple: Final = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot paths)
 
 SettleLine = tuple[str, float, float]
 """``(key, reserved, actual)``: refund ``reserved - actual`` (or charge the overrun)."""
@@ -159,12 +159,17 @@ def settle_lines(claims: Sequence[Claim], actual_tokens: int) -> tuple[SettleLin
     was done and is refunded in full when none was (a job shed before it started).
     """
     actual = float(actual_tokens)
+    if len(claims) == 1:  # the common case: no list to build
+        return (_settle_line(claims[0], actual),)
     out: list[SettleLine] = []  # a loop, not a comprehension: cheaper for one or two claims
     for c in claims:
-        out.append(
-            (c.key, c.amount, actual if c.kind == TOKENS else (c.amount if actual_tokens else 0.0))
-        )
+        out.append(_settle_line(c, actual))
     return tuple(out)
+
+
+def _settle_line(c: Claim, actual: float) -> SettleLine:
+    """The settle line of claim ``c`` for a job that used ``actual`` tokens."""
+    return (c.key, c.amount, actual if c.kind == TOKENS else (c.amount if actual else 0.0))
 
 
 class MemoryBuckets:
@@ -199,6 +204,27 @@ class MemoryBuckets:
         """Reserve every claim, or none.  A denial names the bucket with the longest wait
         (the first such claim on ties) and carries snapshots of every claimed bucket; a
         grant carries them (after the reservation) when ``with_snapshots``."""
+        held = tuple(claims)
+        denial = self.take(held, now)
+        if denial is not None:
+            return denial
+        if not with_snapshots:
+            return _tuple(Grant, (held, ()))
+        buckets = self._buckets
+        snaps = []
+        for c in held:  # each bucket was refilled to now by wait_for
+            b = buckets[c.key]
+            reset = (b.capacity - b.level) / b.rate
+            snaps.append(
+                _tuple(
+                    BucketSnapshot, (c.key, c.kind, c.owner, b.capacity, b.level, max(0.0, reset))
+                )
+            )
+        return _tuple(Grant, (held, tuple(snaps)))
+
+    def take(self, claims: tuple[Claim, ...], now: float) -> Denial | None:
+        """:meth:`reserve` without the :class:`Grant` (the controller's hot path): ``None``
+        when every claim was reserved, else the same :class:`Denial`, nothing reserved."""
         buckets = self._buckets
         worst = 0.0
         worst_key = ""
@@ -213,18 +239,7 @@ class MemoryBuckets:
             return Denial(worst, worst_key, self.snapshots(claims, now))
         for c in claims:
             buckets[c.key].level -= c.amount
-        if not with_snapshots:
-            return _tuple(Grant, (tuple(claims), ()))
-        snaps = []
-        for c in claims:  # each bucket was refilled to now by wait_for
-            b = buckets[c.key]
-            reset = (b.capacity - b.level) / b.rate
-            snaps.append(
-                _tuple(
-                    BucketSnapshot, (c.key, c.kind, c.owner, b.capacity, b.level, max(0.0, reset))
-                )
-            )
-        return _tuple(Grant, (tuple(claims), tuple(snaps)))
+        return None
 
     def settle(self, lines: Iterable[SettleLine], now: float, job_id: str | None = None) -> bool:
         """Apply ``lines``; with ``job_id``, only the first time that id is settled.

@@ -13,6 +13,7 @@ policy does not.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Final
 
 from velvetrope.core.bucket import REQUESTS, TOKENS, BucketKind, BucketOwner, Claim
 from velvetrope.core.policy import BucketLimits, PolicyConfig
@@ -23,7 +24,7 @@ __all__ = ["ClaimSpecs", "Spec"]
 Spec = tuple[str, BucketKind, BucketOwner, float, float, float | None]
 """A static bucket spec: ``(key, kind, owner, capacity, rate, floor)``."""
 
-_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
+_tuple: Final = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
 
 
 def _limit_specs(owner: BucketOwner, name: str, lim: BucketLimits | None) -> list[Spec]:
@@ -74,13 +75,30 @@ class ClaimSpecs:
     def claims(self, job: Job) -> list[Claim]:
         """The claims of a sized ``job`` (its ``cost`` set): its cost from each token
         bucket, 1 from each request bucket."""
-        specs = self._cache.get((job.tenant, job.tier, job.model))
+        return list(self.held(job, job.tenant, job.tier, job.model, job.cost))
+
+    def held(
+        self, job: Job, tenant: str, tier: str, model: str | None, cost: int
+    ) -> tuple[Claim, ...]:
+        """:meth:`claims` as a tuple, given ``job``'s ``tenant``, ``tier``, ``model`` and
+        ``cost`` already read (the controller's hot path: each read of a Job field costs a
+        generic attribute lookup)."""
+        specs = self._cache.get((tenant, tier, model))
         if specs is None:
             specs = self.of(job)
-        cost = float(job.cost)
+        amount = float(cost)
+        if len(specs) == 1:  # the common case: one bucket, no list to build
+            key, kind, owner, cap, rate, floor = specs[0]
+            return (
+                _tuple(
+                    Claim, (key, kind, owner, amount if kind is TOKENS else 1.0, cap, rate, floor)
+                ),
+            )
         out: list[Claim] = []  # a loop, not a comprehension: cheaper for one or two specs
         for key, kind, owner, cap, rate, floor in specs:
             out.append(
-                _tuple(Claim, (key, kind, owner, cost if kind is TOKENS else 1.0, cap, rate, floor))
+                _tuple(
+                    Claim, (key, kind, owner, amount if kind is TOKENS else 1.0, cap, rate, floor)
+                )
             )
-        return out
+        return tuple(out)

@@ -37,7 +37,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from velvetrope.clock import Clock
 from velvetrope.core.bucket import (
@@ -53,7 +53,7 @@ from velvetrope.core.claims import ClaimSpecs
 from velvetrope.core.estimate import DrainMeter, OutputEstimator
 from velvetrope.core.limit import AdaptiveLimit
 from velvetrope.core.policy import PolicyConfig, TenantPolicy
-from velvetrope.core.predictor import make_estimator
+from velvetrope.core.predictor import LengthPredictor, make_estimator
 from velvetrope.core.presets import apply_preset
 from velvetrope.core.request import Job, JobState, Outcome, Reason, Settlement, Usage
 from velvetrope.core.routing import Routed, Router
@@ -63,14 +63,15 @@ from velvetrope.errors import LifecycleError, PolicyError, UnknownJobError
 
 __all__ = ["AdmissionController", "Admitted", "Decision", "Queued", "Rejected", "make_estimator"]
 
-_QUEUED = JobState.QUEUED
-_DISPATCHED = JobState.DISPATCHED
-_COMPLETED = JobState.COMPLETED
-_DONE = Reason.COMPLETED
-_DEFAULT_RETRY_S = 1.0
-_NO_SETTLEMENT = Settlement(())
-_MISSING: Any = object()
-_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot paths)
+_ARRIVED: Final = JobState.ARRIVED
+_QUEUED: Final = JobState.QUEUED
+_DISPATCHED: Final = JobState.DISPATCHED
+_COMPLETED: Final = JobState.COMPLETED
+_DONE: Final = Reason.COMPLETED
+_DEFAULT_RETRY_S: Final = 1.0
+_NO_SETTLEMENT: Final = Settlement(())
+_MISSING: Final[Any] = object()
+_tuple: Final = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot paths)
 
 
 class Admitted(NamedTuple):
@@ -232,22 +233,28 @@ class AdmissionController:
             self._size(job)
         return self._specs.claims(job)
 
-    def _size(self, job: Job) -> None:
-        """Fill ``predicted_output``, ``reserved_output`` and ``cost``; callers check that
-        ``cost`` is not set yet (a sized job keeps its size)."""
-        if job.max_tokens < 1 or job.prompt_tokens < 0:
+    def _size(self, job: Job) -> int:
+        """Fill ``predicted_output``, ``reserved_output`` and ``cost``, and return the cost;
+        callers check that ``cost`` is not set yet (a sized job keeps its size)."""
+        max_tokens = job.max_tokens
+        prompt = job.prompt_tokens
+        if max_tokens < 1 or prompt < 0:
             raise PolicyError(
                 f"job {job.id!r}: max_tokens must be >= 1 and prompt_tokens >= 0 "
-                f"(got {job.max_tokens}, {job.prompt_tokens})"
+                f"(got {max_tokens}, {prompt})"
             )
-        if job.predicted_output is None:
+        predicted = job.predicted_output
+        if predicted is None:
             said = job.expected_output
             if said is not None and self.tenant_policy(job.tenant).trust_expected_output:
-                job.predicted_output = max(1, min(job.max_tokens, said))
+                predicted = max(1, min(max_tokens, said))
             else:
-                job.predicted_output = self.estimator.predict(job)
-        job.reserved_output = job.max_tokens if self._reserve_max else job.predicted_output
-        job.cost = job.prompt_tokens + job.reserved_output
+                predicted = self.estimator.predict(job)
+            job.predicted_output = predicted
+        reserved = max_tokens if self._reserve_max else predicted
+        job.reserved_output = reserved
+        cost = job.cost = prompt + reserved
+        return cost
 
     def route(self, job: Job) -> Routed:
         """Choose ``job``'s pool by the policy's rules and degrade it if its tier says so
@@ -297,64 +304,69 @@ class AdmissionController:
         lifecycle as an in-memory denial; with a :class:`~velvetrope.core.bucket.Grant` a
         job rejected later in admission settles its claims with nothing used."""
         now = self.clock.now()
-        if job.state is not JobState.ARRIVED:
+        # each Job field is read once into a local: a read is a generic attribute lookup
+        if job.state is not _ARRIVED:
             raise LifecycleError(f"job {job.id!r} already {job.state.value}")
-        if job.id in self._jobs:
-            raise LifecycleError(f"job id {job.id!r} is already live")
-        if math.isnan(job.arrival):
-            job.arrival = now
-        tier = self._tier_index.get(job.tier)
+        job_id = job.id
+        live = self._jobs
+        if job_id in live:
+            raise LifecycleError(f"job id {job_id!r} is already live")
+        arrival = job.arrival
+        if math.isnan(arrival):
+            job.arrival = arrival = now
+        tier_name = job.tier
+        tier = self._tier_index.get(tier_name)
         if tier is None:
-            raise PolicyError(f"job {job.id!r}: unknown tier {job.tier!r}")
+            raise PolicyError(f"job {job_id!r}: unknown tier {tier_name!r}")
         pool = self._pools.get(job.pool)
         if pool is None:
-            raise PolicyError(f"job {job.id!r}: unknown pool {job.pool!r}")
-        self._seq += 1
-        job.seq = self._seq
+            raise PolicyError(f"job {job_id!r}: unknown pool {job.pool!r}")
+        seq = self._seq = self._seq + 1
+        job.seq = seq
         if self.draining:
             return self._reject(job, Reason.DRAINING, None, "the gateway is draining", now)
         # 1. edge buckets
+        tenant = job.tenant
+        cost = job.cost
+        if not cost:
+            cost = self._size(job)
         buckets = self.buckets
         if buckets is None:
-            if not job.cost:
-                self._size(job)
             if reservation is None:
                 if self._specs.of(job):
-                    raise PolicyError(f"job {job.id!r}: external buckets need a reservation")
+                    raise PolicyError(f"job {job_id!r}: external buckets need a reservation")
             elif isinstance(reservation, Denial):
                 return self._deny(job, reservation, now)
             else:
                 job.claims = reservation.claims
         else:
-            if not job.cost:
-                self._size(job)
-            claims = self._specs.claims(job)
+            claims = self._specs.held(job, tenant, tier_name, job.model, cost)
             if claims:
-                res = buckets.reserve(claims, now)
-                if isinstance(res, Denial):
-                    return self._deny(job, res, now)
-                job.claims = res.claims
+                denial = buckets.take(claims, now)
+                if denial is not None:
+                    return self._deny(job, denial, now)
+                job.claims = claims
         # 2. start at once when nothing is waiting and capacity allows
         sched = pool.sched
         cap = pool.capacity
         band = sched.band_of(tier)
         job.band = band
         if sched.queued == 0 and cap.fits(job, now):
-            self._jobs[job.id] = job
+            live[job_id] = job
             self._start(job, pool, now)
             sched.on_start_direct(job)
             return _tuple(Admitted, (job,))
         # 3. queue bounds: the tenant's own (429), then the band's and the global one (503)
-        tq = self._tenant_queued.get(job.tenant, 0)
-        tbound = self._bounds.get(job.tenant, _MISSING)
+        tq = self._tenant_queued.get(tenant, 0)
+        tbound = self._bounds.get(tenant, _MISSING)
         if tbound is _MISSING:
-            tbound = self._tenant_bound(job.tenant)
+            tbound = self._tenant_bound(tenant)
         if tbound is not None and tq >= tbound:
             return self._reject(
                 job,
                 Reason.TENANT_QUEUE_FULL,
                 self._drain_s(pool, sched.tokens),
-                f"tenant {job.tenant!r} already has {tq} requests queued (limit {tbound})",
+                f"tenant {tenant!r} already has {tq} requests queued (limit {tbound})",
                 now,
             )
         if sched.band_full(band):
@@ -378,21 +390,22 @@ class AdmissionController:
                 job,
                 Reason.WAIT_EXCEEDS_SLO,
                 max(_DEFAULT_RETRY_S, eta - max_wait),
-                f"predicted wait {eta:.2f}s exceeds the {job.tier!r} tier's max_wait {max_wait:g}s",
+                f"predicted wait {eta:.2f}s exceeds the {tier_name!r} tier's max_wait "
+                f"{max_wait:g}s",
                 now,
             )
         # 5. queue (ARRIVED -> QUEUED, checked on entry)
         job.state = _QUEUED
-        self._jobs[job.id] = job
-        sched.push(job)
+        live[job_id] = job
+        sched.enqueue(job, band, cost)
         self.queued += 1
-        self._tenant_queued[job.tenant] = tq + 1
+        self._tenant_queued[tenant] = tq + 1
         deadline = job.deadline
         if max_wait is not None:
-            limit = job.arrival + max_wait
+            limit = arrival + max_wait
             deadline = limit if deadline is None or limit < deadline else deadline
         if deadline is not None:
-            heapq.heappush(self._deadlines, (deadline, job.seq, job))
+            heapq.heappush(self._deadlines, (deadline, seq, job))
         return _tuple(Queued, (job, ahead_n, eta))
 
     def standing(self, job_id: str) -> tuple[int, float | None] | None:
@@ -470,7 +483,11 @@ class AdmissionController:
             raise UnknownJobError(f"no live job {job_id!r}")
         if job.state is not _DISPATCHED:
             raise LifecycleError(f"job {job_id!r} is {job.state.value}, not dispatched")
-        self.estimator.observe(job, usage.completion_tokens)
+        est = self.estimator
+        if isinstance(est, LengthPredictor):  # narrowed: a direct compiled call
+            est.observe(job, usage.completion_tokens)
+        else:
+            est.observe(job, usage.completion_tokens)
         return self._end_dispatched(job, _COMPLETED, _DONE, usage)
 
     def fail(
@@ -581,7 +598,10 @@ class AdmissionController:
         self.in_flight += 1
         if cap.trackers:
             for t in cap.trackers:
-                t.started(job, now)
+                if isinstance(t, EngineSaturation):  # narrowed: a direct compiled call
+                    t.started(job, now)
+                else:
+                    t.started(job, now)
         if pool.limit is not None:
             pool.limit.started(job, now)
 
@@ -637,21 +657,25 @@ class AdmissionController:
         now = self.clock.now()
         job.state = state  # DISPATCHED -> terminal: callers checked DISPATCHED
         job.usage = usage
+        prompt, output = usage
+        total = prompt + output
         pool = self._pools[job.pool]
         cap = pool.capacity
-        pool.drain.finish(now, cap.in_flight, usage.prompt_tokens + usage.completion_tokens)
+        pool.drain.finish(now, cap.in_flight, total)
         cap.in_flight -= 1
         cap.tokens -= job.cost
         self.in_flight -= 1
         if cap.trackers:
             for t in cap.trackers:
-                t.ended(job, now)
-        pool.sched.on_complete(job, usage.completion_tokens)
+                if isinstance(t, EngineSaturation):  # narrowed: a direct compiled call
+                    t.ended(job, now)
+                else:
+                    t.ended(job, now)
+        pool.sched.on_complete(job, output)
         if pool.limit is not None:
             pool.limit.ended(job, now)
         del self._jobs[job.id]
         claims = job.claims  # (self._settlement, inline on this path)
-        total = usage.prompt_tokens + usage.completion_tokens
         settled = _tuple(Settlement, (settle_lines(claims, total),)) if claims else _NO_SETTLEMENT
         return self._emit(job, state, reason, settled, now)
 

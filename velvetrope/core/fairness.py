@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 from collections import deque
 from collections.abc import Callable
-from typing import Protocol
 
 from velvetrope.core.jobheap import JobHeap
 from velvetrope.core.policy import QueuePolicy
@@ -35,19 +34,39 @@ __all__ = ["FAIRNESS", "BandQueue", "NoFairness", "RoundRobin", "VirtualTokenCou
 WeightFn = Callable[[str], float]
 
 
-class BandQueue(Protocol):
-    """The queue of one band.  ``pop`` removes the job the last ``peek`` returned."""
+class BandQueue:
+    """The queue of one band.  ``pop`` removes the job the last ``peek`` returned.
 
-    def push(self, job: Job, key: float) -> None: ...
-    def peek(self) -> Job | None: ...
-    def pop(self) -> Job: ...
-    def discard(self, job: Job) -> None: ...
-    def on_start_direct(self, job: Job) -> None: ...
-    def on_complete(self, job: Job, output_tokens: int) -> None: ...
-    def __len__(self) -> int: ...
+    A compiled base class, not a Protocol: the scheduler calls each policy's methods
+    directly through it (a Protocol-typed call goes through Python's generic call)."""
+
+    def push(self, job: Job, key: float) -> None:
+        """Queue ``job`` (QUEUED, ``seq`` above every seq pushed before) under ``key``."""
+        raise NotImplementedError
+
+    def peek(self) -> Job | None:
+        """The job this band would dispatch next, or ``None`` if it holds none."""
+        raise NotImplementedError
+
+    def pop(self) -> Job:
+        """Dequeue the job the last :meth:`peek` returned."""
+        raise NotImplementedError
+
+    def discard(self, job: Job) -> None:
+        """Account that queued ``job`` (already moved out of QUEUED) left the band."""
+        raise NotImplementedError
+
+    def on_start_direct(self, job: Job) -> None:
+        """A job of this band started without queueing (fairness may count it)."""
+
+    def on_complete(self, job: Job, output_tokens: int) -> None:
+        """A job of this band, dispatched earlier, completed with ``output_tokens``."""
+
+    def __len__(self) -> int:
+        raise NotImplementedError
 
 
-class NoFairness:
+class NoFairness(BandQueue):
     """One heap for the whole band."""
 
     __slots__ = ("_heap",)
@@ -67,17 +86,11 @@ class NoFairness:
     def discard(self, job: Job) -> None:
         self._heap.discard(job)
 
-    def on_start_direct(self, job: Job) -> None:
-        return None
-
-    def on_complete(self, job: Job, output_tokens: int) -> None:
-        return None
-
     def __len__(self) -> int:
         return self._heap.live
 
 
-class RoundRobin:
+class RoundRobin(BandQueue):
     """Backlogged tenants take turns; each turn dispatches the head of that tenant's heap."""
 
     __slots__ = ("_heaps", "_live", "_turns")
@@ -122,131 +135,130 @@ class RoundRobin:
             with contextlib.suppress(ValueError):
                 self._turns.remove(job.tenant)
 
-    def on_start_direct(self, job: Job) -> None:
-        return None
-
-    def on_complete(self, job: Job, output_tokens: int) -> None:
-        return None
-
     def __len__(self) -> int:
         return self._live
 
 
-class VirtualTokenCounter:
-    """VTC fair queueing (see the module docstring)."""
+class _Tenant:
+    """One tenant of a VTC band: its heap, its virtual counter and its weight (read once;
+    a tenant's weight is fixed by the policy)."""
+
+    __slots__ = ("counter", "heap", "name", "weight")
+
+    def __init__(self, name: str, weight: float) -> None:
+        self.name = name
+        self.heap = JobHeap()
+        self.counter = 0.0
+        self.weight = weight
+
+
+class VirtualTokenCounter(BandQueue):
+    """VTC fair queueing (see the module docstring).
+
+    Each tenant's heap, counter and weight sit in one :class:`_Tenant` record, so a
+    selection, a dispatch or a completion reads them with no dict lookup per tenant."""
 
     __slots__ = (
         "_backlogged",
         "_chosen",
-        "_heaps",
         "_last",
         "_live",
+        "_tenants",
         "_w_in",
         "_w_out",
         "_weight",
-        "_weights",
-        "counters",
     )
 
     def __init__(self, policy: QueuePolicy, weight: WeightFn) -> None:
         self._w_in = policy.vtc_input_weight
         self._w_out = policy.vtc_output_weight
         self._weight = weight
-        self._weights: dict[str, float] = {}
-        self.counters: dict[str, float] = {}
-        self._heaps: dict[str, JobHeap] = {}
-        self._backlogged: dict[str, JobHeap] = {}
-        self._chosen: str | None = None
+        self._tenants: dict[str, _Tenant] = {}
+        self._backlogged: dict[str, _Tenant] = {}  # in the order they became backlogged
+        self._chosen: _Tenant | None = None
         self._last = 0.0
         self._live = 0
 
+    @property
+    def counters(self) -> dict[str, float]:
+        """Each tenant's counter (of the tenants seen so far), as a new dict."""
+        return {t: q.counter for t, q in self._tenants.items()}
+
+    def _tenant(self, t: str) -> _Tenant:
+        q = self._tenants.get(t)
+        if q is None:
+            q = self._tenants[t] = _Tenant(t, self._weight(t))
+        return q
+
     def push(self, job: Job, key: float) -> None:
         t = job.tenant
-        h = self._backlogged.get(t)
-        if h is None:
-            h = self._heaps.get(t)
-            if h is None:
-                h = self._heaps[t] = JobHeap()
-            c = self.counters.get(t, 0.0)
-            if self._backlogged:
-                floor = min(self.counters[u] for u in self._backlogged)
-            else:
-                floor = self._last
-            self.counters[t] = c if c > floor else floor
-            self._backlogged[t] = h
-        h.push(key, job)
+        backlogged = self._backlogged
+        q = backlogged.get(t)
+        if q is None:
+            q = self._tenant(t)
+            c = q.counter
+            floor = min(u.counter for u in backlogged.values()) if backlogged else self._last
+            q.counter = c if c > floor else floor
+            backlogged[t] = q
+        q.heap.push(key, job)
         self._live += 1
 
     def peek(self) -> Job | None:
         backlogged = self._backlogged
-        counters = self.counters
         while backlogged:
-            it = iter(backlogged)  # the first smallest counter (a loop beats min(key=) here)
-            best = next(it)
-            low = counters[best]
-            for t in it:
-                c = counters[t]
-                if c < low:
-                    best, low = t, c
-            job = backlogged[best].peek()
+            best: _Tenant | None = None  # the first smallest counter (a loop beats min(key=))
+            for q in backlogged.values():
+                if best is None or q.counter < best.counter:
+                    best = q
+            assert best is not None
+            job = best.heap.peek()
             if job is not None:
                 self._chosen = best
                 return job
-            del backlogged[best]
+            del backlogged[best.name]
         return None
 
     def pop(self) -> Job:
-        t = self._chosen
-        assert t is not None, "pop() without a successful peek()"
-        h = self._backlogged[t]
-        job = h.pop()
+        q = self._chosen
+        assert q is not None, "pop() without a successful peek()"
+        job = q.heap.pop()
         self._live -= 1
-        c = self._last = self.counters[t]
-        self.counters[t] = c + self._charge(t, job)
-        if h.live == 0:
-            del self._backlogged[t]
+        c = self._last = q.counter
+        q.counter = c + self._charge(q, job)
+        if q.heap.live == 0:
+            del self._backlogged[q.name]
         self._chosen = None
         return job
 
-    def _charge(self, t: str, job: Job) -> float:
-        """What dispatching ``job`` adds to its tenant ``t``'s counter: its prompt and
+    def _charge(self, q: _Tenant, job: Job) -> float:
+        """What dispatching ``job`` adds to its tenant ``q``'s counter: its prompt and
         predicted output, weighted, over the tenant's weight."""
         out = job.predicted_output
         if out is None:
             out = job.max_tokens
-        w = self._weights.get(t)
-        return (self._w_in * job.prompt_tokens + self._w_out * out) / (
-            w if w is not None else self._w(t)
-        )
-
-    def _w(self, tenant: str) -> float:
-        w = self._weights[tenant] = self._weight(tenant)
-        return w
+        return (self._w_in * job.prompt_tokens + self._w_out * out) / q.weight
 
     def discard(self, job: Job) -> None:
-        h = self._heaps[job.tenant]
-        h.discard(job)
+        q = self._tenants[job.tenant]
+        q.heap.discard(job)
         self._live -= 1
-        if h.live == 0:
-            self._backlogged.pop(job.tenant, None)
+        if q.heap.live == 0:
+            self._backlogged.pop(q.name, None)
 
     def on_start_direct(self, job: Job) -> None:
         """A job of this band started without queueing: it is service all the same (its
         tenant is lifted to the last served counter, then charged as :meth:`pop` does)."""
-        t = job.tenant
-        c = self.counters.get(t, 0.0)
+        q = self._tenant(job.tenant)
+        c = q.counter
         c = self._last = c if c > self._last else self._last
-        self.counters[t] = c + self._charge(t, job)
+        q.counter = c + self._charge(q, job)
 
     def on_complete(self, job: Job, output_tokens: int) -> None:
         predicted = job.predicted_output
         if predicted is None:
             predicted = job.max_tokens
-        t = job.tenant
-        w = self._weights.get(t)
-        self.counters[t] = self.counters.get(t, 0.0) + self._w_out * (output_tokens - predicted) / (
-            w if w is not None else self._w(t)
-        )
+        q = self._tenant(job.tenant)
+        q.counter = q.counter + self._w_out * (output_tokens - predicted) / q.weight
 
     def __len__(self) -> int:
         return self._live

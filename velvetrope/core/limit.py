@@ -80,6 +80,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import Final
 
 from velvetrope.core.capacity import PoolCapacity
 from velvetrope.core.policy import AdaptiveLimitPolicy
@@ -87,7 +88,7 @@ from velvetrope.core.request import Job, JobState
 
 __all__ = ["AdaptiveLimit", "LimitPoint"]
 
-_COMPLETED = JobState.COMPLETED
+_COMPLETED: Final = JobState.COMPLETED
 
 
 @dataclass(frozen=True, slots=True)

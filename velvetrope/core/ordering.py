@@ -23,18 +23,29 @@ Registered policies (:data:`ORDERINGS`):
     tiers with different budgets share a queue (``bands: single``, or a tenant allowed
     several tiers) and for jobs given their own deadline.
 
-Keys never change after a job is queued, so every queue operation stays O(log n).
+Keys never change after a job is queued, so every queue operation stays O(log n).  Each
+policy is an :class:`Ordering`, a compiled class whose :meth:`Ordering.key` the scheduler
+calls directly (a plain callable would go through Python's generic call on every push).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Final
 
 from velvetrope.core.policy import PolicyConfig, QueuePolicy
 from velvetrope.core.request import Job
 from velvetrope.errors import PolicyError
 
-__all__ = ["ORDERINGS", "KeyFn", "deadline_budgets", "job_cost", "make_key"]
+__all__ = [
+    "ORDERINGS",
+    "KeyFn",
+    "Ordering",
+    "deadline_budgets",
+    "job_cost",
+    "make_key",
+    "make_ordering",
+]
 
 KeyFn = Callable[[Job], float]
 
@@ -52,41 +63,56 @@ def job_cost(job: Job, policy: QueuePolicy) -> float:
 Budgets = Mapping[str, float]
 
 
-def _fcfs(policy: QueuePolicy, budgets: Budgets) -> KeyFn:
-    def key(job: Job) -> float:
+class Ordering:
+    """One ordering policy: a job's fixed sort key (smaller goes first)."""
+
+    def key(self, job: Job) -> float:
+        """The sort key of ``job``; it must not change while the job is queued."""
+        raise NotImplementedError
+
+
+class _Fcfs(Ordering):
+    def __init__(self, policy: QueuePolicy, budgets: Budgets) -> None:
+        pass
+
+    def key(self, job: Job) -> float:
         return job.arrival
 
-    return key
 
-
-def _cost_fn(policy: QueuePolicy) -> KeyFn:
+class _Sjf(Ordering):
     """:func:`job_cost` with the policy's parameters bound (the hot path)."""
-    w = policy.sjf_prompt_weight
-    short = policy.short_output_tokens if policy.short_output_tokens is not None else 0
-    boost = policy.short_boost
 
-    def cost(job: Job) -> float:
-        out = job.predicted_output if job.predicted_output is not None else job.max_tokens
+    __slots__ = ("_boost", "_short", "_w")
+
+    def __init__(self, policy: QueuePolicy, budgets: Budgets) -> None:
+        self._w = policy.sjf_prompt_weight
+        self._short = policy.short_output_tokens if policy.short_output_tokens is not None else 0
+        self._boost = policy.short_boost
+
+    def cost(self, job: Job) -> float:
+        out = job.predicted_output
+        if out is None:
+            out = job.max_tokens
+        w = self._w
         c = out + w * job.prompt_tokens if w else float(out)
-        return c / boost if out < short else c
+        return c / self._boost if out < self._short else c
 
-    return cost
-
-
-def _sjf(policy: QueuePolicy, budgets: Budgets) -> KeyFn:
-    return _cost_fn(policy)
+    def key(self, job: Job) -> float:
+        return self.cost(job)
 
 
-def _sjf_aging(policy: QueuePolicy, budgets: Budgets) -> KeyFn:
-    aging = policy.aging_s
-    scale = aging / policy.aging_ref_tokens
-    cost = _cost_fn(policy)
+class _SjfAging(_Sjf):
+    __slots__ = ("_aging", "_scale")
 
-    def key(job: Job) -> float:
-        c = cost(job) * scale
+    def __init__(self, policy: QueuePolicy, budgets: Budgets) -> None:
+        super().__init__(policy, budgets)
+        self._aging = policy.aging_s
+        self._scale = policy.aging_s / policy.aging_ref_tokens
+
+    def key(self, job: Job) -> float:
+        c = self.cost(job) * self._scale
+        aging = self._aging
         return job.arrival + (c if c < aging else aging)
-
-    return key
 
 
 def deadline_budgets(config: PolicyConfig) -> dict[str, float]:
@@ -103,28 +129,32 @@ def deadline_budgets(config: PolicyConfig) -> dict[str, float]:
     return out
 
 
-def _edf(policy: QueuePolicy, budgets: Budgets) -> KeyFn:
-    inf = float("inf")
+_INF: Final = float("inf")
 
-    def key(job: Job) -> float:
-        b = budgets.get(job.tier)
-        d = job.arrival + b if b is not None else inf
+
+class _Edf(Ordering):
+    __slots__ = ("_budgets",)
+
+    def __init__(self, policy: QueuePolicy, budgets: Budgets) -> None:
+        self._budgets = dict(budgets)
+
+    def key(self, job: Job) -> float:
+        b = self._budgets.get(job.tier)
+        d = job.arrival + b if b is not None else _INF
         own = job.deadline
         return own if own is not None and own < d else d
 
-    return key
 
-
-ORDERINGS: dict[str, Callable[[QueuePolicy, Budgets], KeyFn]] = {
-    "fcfs": _fcfs,
-    "sjf": _sjf,
-    "sjf_aging": _sjf_aging,
-    "edf": _edf,
+ORDERINGS: dict[str, Callable[[QueuePolicy, Budgets], Ordering]] = {
+    "fcfs": _Fcfs,
+    "sjf": _Sjf,
+    "sjf_aging": _SjfAging,
+    "edf": _Edf,
 }
 
 
-def make_key(policy: QueuePolicy, budgets: Mapping[str, float] | None = None) -> KeyFn:
-    """The key function of ``policy.ordering``; :class:`PolicyError` if unknown.
+def make_ordering(policy: QueuePolicy, budgets: Mapping[str, float] | None = None) -> Ordering:
+    """The :class:`Ordering` of ``policy.ordering``; :class:`PolicyError` if unknown.
 
     ``budgets`` (tier name → seconds, :func:`deadline_budgets`) gives ``edf`` the deadlines
     of jobs that carry none; the other orderings ignore it.
@@ -136,3 +166,8 @@ def make_key(policy: QueuePolicy, budgets: Mapping[str, float] | None = None) ->
             f"unknown ordering {policy.ordering!r}; known: {', '.join(sorted(ORDERINGS))}"
         ) from None
     return factory(policy, budgets if budgets is not None else {})
+
+
+def make_key(policy: QueuePolicy, budgets: Mapping[str, float] | None = None) -> KeyFn:
+    """The key function of ``policy.ordering``: :func:`make_ordering`'s ``key``."""
+    return make_ordering(policy, budgets).key

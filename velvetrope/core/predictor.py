@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from typing import Final
 
 from velvetrope.core.estimate import OutputEstimator, QuantileEstimator, WindowQuantile
 from velvetrope.core.policy import EstimatorPolicy
@@ -225,7 +226,7 @@ class LengthPredictor:
         return "default"
 
 
-_CHAIN_MAX = 7
+_CHAIN_MAX: Final = 7
 """Groups per request at most (the levels of the module docstring)."""
 
 

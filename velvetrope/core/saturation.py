@@ -52,15 +52,15 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from velvetrope.core.policy import SaturationPolicy
 from velvetrope.core.request import Job
 
 __all__ = ["EngineReading", "EngineSaturation"]
 
-_INF = math.inf
-_ABSENT: Any = object()
+_INF: Final = math.inf
+_ABSENT: Final[Any] = object()
 
 
 @dataclass(frozen=True, slots=True)

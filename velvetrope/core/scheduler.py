@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from velvetrope.core.fairness import BandQueue, make_band
-from velvetrope.core.ordering import deadline_budgets, make_key
+from velvetrope.core.ordering import deadline_budgets, make_ordering
 from velvetrope.core.policy import PolicyConfig
 from velvetrope.core.request import Job
 
@@ -74,8 +74,8 @@ class Scheduler:
 
     __slots__ = (
         "_chosen",
-        "_key",
         "_mode",
+        "_ordering",
         "_others",
         "_shared",
         "_strict",
@@ -90,7 +90,7 @@ class Scheduler:
     def __init__(self, policy: PolicyConfig, weight: Callable[[str], float]) -> None:
         q = policy.queue
         self._mode = q.bands
-        self._key = make_key(q, deadline_budgets(policy))
+        self._ordering = make_ordering(q, deadline_budgets(policy))
         if self._mode == "single":
             bound = q.max_queued
             self.bands = [Band(0, "all", make_band(q, weight), 1.0, 0.0, bound)]
@@ -120,14 +120,17 @@ class Scheduler:
 
     def push(self, job: Job) -> None:
         """Queue ``job`` (already QUEUED, with ``band``, ``seq`` and ``cost`` set)."""
-        b = self.bands[job.band]
+        self.enqueue(job, job.band, job.cost)
+
+    def enqueue(self, job: Job, band: int, cost: int) -> None:
+        """:meth:`push` given ``job``'s ``band`` and ``cost`` (the controller read them)."""
+        b = self.bands[band]
         if self._weighted and b.count == 0:
             live = [x.vpass for x in self.bands if x.count]
             floor = min(live) if live else self._vtime
             if b.vpass < floor:
                 b.vpass = floor
-        b.queue.push(job, self._key(job))
-        cost = job.cost
+        b.queue.push(job, self._ordering.key(job))
         b.count += 1
         b.tokens += cost
         self.queued += 1
@@ -219,7 +222,7 @@ class Scheduler:
             for b in self._others[band]:
                 if b.count:
                     share = scale * b.weight
-                    tokens = b.tokens
+                    tokens = float(b.tokens)  # a float: the sum stays unboxed, compiled
                     work += tokens if tokens < share else share
             return own.count, work
         return self.queued, self.tokens
