@@ -211,12 +211,12 @@ class DecodeRun:
         bs = b._profile.block_size
         c = self._computed
         taken = blocks_taken(c, done, delta, bs)
-        if taken:
-            got: list[int] = []
-            kv.allocate(taken, got)  # == `taken` single allocations, in order
+        if taken:  # one allocation == `taken` single ones, in order
             if n == 1:
-                running[0].blocks.extend(got)
+                kv.allocate(taken, running[0].blocks)
             else:
+                got: list[int] = []
+                kv.allocate(taken, got)
                 deal_blocks(c, done, got, bs, [s.blocks for s in running])
         stamp = self._base = b._steps = b._steps + delta
         self.applied = steps

@@ -300,16 +300,20 @@ def drive(
         if run is not None:
             runs[k] = run
             pend[k] = None
-            step_at(k, run.end)
+            at = run.end
         elif b.has_work:
             res = b.step(t)
             pend[k] = res.events
-            step_at(k, t + res.duration)
+            at = t + res.duration
         else:
             pend[k] = None
             fleet.stop_busy(k, t)
             if k in draining:
                 leave(k, t)
+            return
+        v = ver[k] + 1  # step_at(k, at), inline
+        ver[k] = v
+        heappush(heap, (at, step_prio[k], next(order), on_step, (v << _KBITS) | k))
 
     # The queue deadline, the next client timeout and the next scrape are read again after
     # every event that is not a step end, as the loop before the environment did at each
