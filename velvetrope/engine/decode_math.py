@@ -64,23 +64,24 @@ def steps_started(
     return j
 
 
-def blocks_taken(computed: list[int], steps: int, block_size: int) -> int:
-    """Blocks taken by ``steps`` decode steps of sequences with ``computed`` tokens."""
+def blocks_taken(computed: list[int], done: int, steps: int, block_size: int) -> int:
+    """Blocks taken by ``steps`` decode steps of sequences with ``computed[i] + done`` tokens
+    (``done``: the steps of the stretch already taken)."""
     total = 0
     for c in computed:
-        first = 1 + (-c) % block_size
+        first = 1 + (-(c + done)) % block_size
         if first <= steps:
             total += (steps - first) // block_size + 1
     return total
 
 
 def longest_fit(computed: list[int], most: int, block_size: int, free: int) -> int:
-    """The largest ``steps`` in ``[0, most]`` whose :func:`blocks_taken` is at most ``free``
-    (the count grows with ``steps``: a binary search)."""
+    """The largest ``steps`` in ``[0, most]`` whose :func:`blocks_taken` (from ``computed``)
+    is at most ``free`` (the count grows with ``steps``: a binary search)."""
     lo, hi = 0, most
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if blocks_taken(computed, mid, block_size) <= free:
+        if blocks_taken(computed, 0, mid, block_size) <= free:
             lo = mid
         else:
             hi = mid - 1
@@ -88,17 +89,18 @@ def longest_fit(computed: list[int], most: int, block_size: int, free: int) -> i
 
 
 def deal_blocks(
-    computed: list[int], got: list[int], block_size: int, tables: list[list[int]]
+    computed: list[int], done: int, got: list[int], block_size: int, tables: list[list[int]]
 ) -> None:
     """Append ``got`` (the blocks of a stretch, in allocation order) to the block tables of
-    its sequences (``tables[i]`` for the one with ``computed[i]`` tokens, in running order).
+    its sequences (``tables[i]`` for the one with ``computed[i] + done`` tokens, in running
+    order).
 
     Every ``block_size`` steps each sequence takes one block, at the step given by its
     computed tokens mod ``block_size``: ordered by (first boundary, running index), the
     sequences take the blocks in turns, the last turn cut short."""
     n = len(computed)
     total = len(got)
-    turns = [(-c) % block_size * n + i for i, c in enumerate(computed)]
+    turns = [(-(c + done)) % block_size * n + i for i, c in enumerate(computed)]
     turns.sort()  # by first boundary, then running index
     for r in range(n):
         table = tables[turns[r] % n]

@@ -68,7 +68,7 @@ from velvetrope.engine.decode_math import (
 )
 from velvetrope.engine.events import EngineEvent, Finished
 from velvetrope.engine.profile import EngineProfile
-from velvetrope.engine.queues import GONE, RUNNING
+from velvetrope.engine.queues import GONE, SeqRecord
 
 __all__ = ["DecodeRun", "plan_decode_run"]
 
@@ -85,6 +85,7 @@ class DecodeRun:
     __slots__ = (
         "_base",
         "_batcher",
+        "_computed",
         "_ctx",
         "_first",
         "_head",
@@ -102,12 +103,19 @@ class DecodeRun:
     )
 
     def __init__(
-        self, batcher: Batcher, now: float, context: int, steps: int, finishes: bool
+        self,
+        batcher: Batcher,
+        now: float,
+        computed: list[int],
+        context: int,
+        steps: int,
+        finishes: bool,
     ) -> None:
         running = batcher._running
         n = len(running)
         self._batcher = batcher
         self._running = running
+        self._computed = computed  # each running sequence's computed tokens at the plan
         self._size = n
         self._base = batcher._steps
         self._order = batcher._order
@@ -121,19 +129,20 @@ class DecodeRun:
         p = batcher._profile
         first = context + n
         self._now, self._first = now, first
-        lin = _linear(p, n)
-        if lin is None:
+        lin = _LINEAR.get((id(p), n))
+        if lin is None or lin[0] is not p:
+            lin = _linear(p, n)
+        self._t: list[float] | None = None
+        if lin[1]:
+            head, ctx, tail = self._head, self._ctx, self._tail = lin[2], lin[3], lin[4]
+            self.end = step_end(now, head, ctx, tail, first, n, steps)
+        else:
             step_time = p.step_time
             rng = range(first, first + n * steps, n)
-            self._t: list[float] | None = list(
-                accumulate([step_time(0, n, x) for x in rng], add, initial=now)
-            )
+            t = list(accumulate([step_time(0, n, x) for x in rng], add, initial=now))
+            self._t = t
             self._head = self._ctx = self._tail = 0.0
-        else:
-            self._t = None
-            self._head, self._ctx, self._tail = lin
-        self.end = self.start(steps)
-        """When the last step of the stretch ends (``start(steps)``)."""
+            self.end = t[steps]
 
     def start(self, j: int) -> float:
         """When step ``j + 1`` starts (step ``j`` ends), ``0 <= j <= steps``."""
@@ -167,8 +176,8 @@ class DecodeRun:
         before the last step)."""
         b = self._batcher
         kv = b._kv
-        c = [s.computed for s in self._running]
-        taken = blocks_taken(c, steps - self.applied, b._profile.block_size)
+        done = self.applied
+        taken = blocks_taken(self._computed, done, steps - done, b._profile.block_size)
         return (kv.num_blocks - (kv.num_free - taken)) / kv.num_blocks  # as BlockPool.usage
 
     def apply(self, steps: int) -> list[EngineEvent]:
@@ -200,39 +209,39 @@ class DecodeRun:
         n = self._size
         kv = b._kv
         bs = b._profile.block_size
-        c = [s.computed for s in running]
-        taken = blocks_taken(c, delta, bs)
-        if taken:
-            got: list[int] = []
-            kv.allocate(taken, got)  # == `taken` single allocations, in order
+        c = self._computed
+        taken = blocks_taken(c, done, delta, bs)
+        if taken:  # one allocation == `taken` single ones, in order
             if n == 1:
-                running[0].blocks.extend(got)
+                kv.allocate(taken, running[0].blocks)
             else:
-                deal_blocks(c, got, bs, [s.blocks for s in running])
+                got: list[int] = []
+                kv.allocate(taken, got)
+                deal_blocks(c, done, got, bs, [s.blocks for s in running])
         stamp = self._base = b._steps = b._steps + delta
         self.applied = steps
+        finish = steps == self.steps and self.finishes  # sequences finish in this step
+        t = self.end
+        events: list[EngineEvent] = []
+        left: list[SeqRecord] = []
         for s in running:
             s.computed += delta
-            s.generated += delta
+            g = s.generated = s.generated + delta
             s.known += delta
             if not s.decoding:  # (a decoding sequence has new == 1 and spec == 0 already)
                 s.new = 1
                 s.decoding = True
                 s.spec = 0
             s.scheduled_at = stamp
-        if steps < self.steps or not self.finishes:
-            return []
-        t = self.end
-        events: list[EngineEvent] = []
-        live = b._seqs
-        for s in running:
-            g = s.generated
-            if g == s.output:
+            if finish and g == s.output:  # it goes: its event, its blocks freed
                 events.append(Finished(s.seq_id, t, s.prompt, g))
                 kv.free(s.blocks)
                 s.state = GONE
-                del live[s.seq_id]
-        b._running = [s for s in running if s.state == RUNNING]
+                del b._seqs[s.seq_id]
+            else:
+                left.append(s)
+        if finish:
+            b._running = left
         return events
 
 
@@ -278,33 +287,30 @@ def plan_decode_run(batcher: Batcher, now: float, min_steps: int = 2) -> DecodeR
         c0.append(c)
         context += c
     finishes = True
-    if blocks_taken(c0, steps, bs) > free:
+    if blocks_taken(c0, 0, steps, bs) > free:
         finishes = False
         steps = longest_fit(c0, steps - 1, bs, free)  # the longest prefix whose blocks are free
         if steps < min_steps:
             return None
     if admit and not first_fit and admit <= free - sum(1 for c in c0 if c % bs == 0):
         return None
-    return DecodeRun(b, now, context, steps, finishes)
+    return DecodeRun(b, now, c0, context, steps, finishes)
 
 
-_LINEAR: dict[tuple[int, int], tuple[EngineProfile, float, float, float] | None] = {}
-"""Per (profile id, batch size): step_time's constant part, context coefficient and tail,
-or ``None`` when the closed form does not reproduce ``step_time`` (the profile is kept in
-the value, so its id stays its own)."""
+_LINEAR: dict[tuple[int, int], tuple[EngineProfile, bool, float, float, float]] = {}
+"""Per (profile id, batch size) the profile (so that its id stays its own), whether the closed
+form reproduces ``step_time`` and, if so, its constant part, context coefficient and tail
+(:func:`_linear`)."""
 
 
-def _linear(p: EngineProfile, n: int) -> tuple[float, float, float] | None:
-    """``(head, ctx, tail)`` with ``step_time(0, n, c) == head + ctx * c + tail`` bit for bit
-    (the order step_time sums in), checked once per profile and ``n`` at two contexts."""
-    hit = _LINEAR.get((id(p), n))
-    if hit is None or hit[0] is not p:
-        head = p.step_base_s + p.tp_allreduce_s + p.per_prefill_token_s * 0 + p.per_decode_seq_s * n
-        ctx, tail = p.per_context_token_s, p.tp_per_token_s * n
-        exact = all(head + ctx * c + tail == p.step_time(0, n, c) for c in (n, 10**6 + n))
-        if len(_LINEAR) > 4096:
-            _LINEAR.clear()
-        hit = _LINEAR[id(p), n] = (p, head, ctx, tail) if exact else None
-        if hit is None:
-            return None
-    return hit[1], hit[2], hit[3]
+def _linear(p: EngineProfile, n: int) -> tuple[EngineProfile, bool, float, float, float]:
+    """``(p, exact, head, ctx, tail)`` with ``step_time(0, n, c) == head + ctx * c + tail``
+    bit for bit (the order step_time sums in) when ``exact``, checked at two contexts and
+    kept in :data:`_LINEAR` (looked up there first by the caller)."""
+    head = p.step_base_s + p.tp_allreduce_s + p.per_prefill_token_s * 0 + p.per_decode_seq_s * n
+    ctx, tail = p.per_context_token_s, p.tp_per_token_s * n
+    exact = all(head + ctx * c + tail == p.step_time(0, n, c) for c in (n, 10**6 + n))
+    if len(_LINEAR) > 4096:
+        _LINEAR.clear()
+    hit = _LINEAR[id(p), n] = (p, exact, head, ctx, tail)
+    return hit

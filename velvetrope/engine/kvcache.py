@@ -89,6 +89,9 @@ class BlockAllocator(BlockPool):
         :attr:`num_free`: the pool is never over-committed.
         """
         free = self._free
+        if n == 1 and free:  # the common case: a sequence crossing a block boundary
+            table.append(free.pop())
+            return
         if n < 0 or n > len(free):
             raise ValueError(f"cannot allocate {n} KV blocks: {len(free)} free")
         if n:

@@ -62,6 +62,7 @@ import gc
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from heapq import heappush
 from typing import Protocol
 
 from velvetrope.clock import ManualClock
@@ -173,6 +174,7 @@ def drive(
     scrapes go on at least ``until``."""
     env = Environment()
     schedule = env.schedule
+    heap, order = env.heap, env.order  # step ends and arrivals are never before now: pushed
     n = len(inp.times)
     times, prompts, outputs = inp.times, inp.prompts, inp.outputs
     templates, prefix_tokens = inp.templates, inp.prefix_tokens
@@ -191,6 +193,7 @@ def drive(
     ver = [0] * len(fleet)
     step_prio = [priority(STEP, k) for k in range(len(fleet))]
     arrival_prio = priority(ARRIVAL, 0)  # + i: priority(ARRIVAL, i) (checked below)
+    deadline_prio, timeout_prio = priority(DEADLINE), priority(TIMEOUT)
     plan = plan_decode_run if fast_forward else None
     set_clock = clock.set
     dispatchable = ctl.dispatchable
@@ -209,8 +212,9 @@ def drive(
 
     def step_at(k: int, t: float) -> None:
         """Replica ``k``'s next step end (or start) is at ``t``; an earlier event is stale."""
-        ver[k] += 1
-        schedule(t, step_prio[k], on_step, (ver[k] << _KBITS) | k)
+        v = ver[k] + 1
+        ver[k] = v
+        heappush(heap, (t, step_prio[k], next(order), on_step, (v << _KBITS) | k))
 
     def settle(k: int, now: float, by: int) -> None:
         """Apply replica ``k``'s pending decode run up to its step in progress at ``now``
@@ -296,16 +300,20 @@ def drive(
         if run is not None:
             runs[k] = run
             pend[k] = None
-            step_at(k, run.end)
+            at = run.end
         elif b.has_work:
             res = b.step(t)
             pend[k] = res.events
-            step_at(k, t + res.duration)
+            at = t + res.duration
         else:
             pend[k] = None
             fleet.stop_busy(k, t)
             if k in draining:
                 leave(k, t)
+            return
+        v = ver[k] + 1  # step_at(k, at), inline
+        ver[k] = v
+        heappush(heap, (at, step_prio[k], next(order), on_step, (v << _KBITS) | k))
 
     # The queue deadline, the next client timeout and the next scrape are read again after
     # every event that is not a step end, as the loop before the environment did at each
@@ -318,10 +326,10 @@ def drive(
         d = ctl.next_deadline()
         hver[0] += 1
         if d is not None:
-            schedule(max(d, now), priority(DEADLINE), on_deadline, hver[0])
+            schedule(max(d, now), deadline_prio, on_deadline, hver[0])
         hver[1] += 1
         if timeout is not None and tp[0] < arrived[0]:
-            schedule(max(times[tp[0]] + timeout, now), priority(TIMEOUT), on_timeout, hver[1])
+            schedule(max(times[tp[0]] + timeout, now), timeout_prio, on_timeout, hver[1])
 
     def bring_up(now: float) -> None:
         """Apply every pending decode run up to the step in progress at ``now`` (a scrape
@@ -423,8 +431,8 @@ def drive(
         samples_q.append(ctl.queued)
         samples_f.append(ctl.in_flight)
         arrived[0] = i + 1
-        if i + 1 < n:
-            schedule(times[i + 1], arrival_prio + i + 1, on_arrival, i + 1)
+        if i + 1 < n:  # (the workload is sorted: never before now)
+            heappush(heap, (times[i + 1], arrival_prio + i + 1, next(order), on_arrival, i + 1))
         horizon(h)
 
     # -- the autoscaled pool ---------------------------------------------------------------
