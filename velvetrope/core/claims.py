@@ -47,7 +47,7 @@ class ClaimSpecs:
     """The bucket specs of one policy, per (tenant, tier, model); ``tenant_limits(name)``
     is a tenant's ``limits`` (its own, its default policy's or none)."""
 
-    __slots__ = ("_cache", "_models", "_tenant_limits", "_tier_index", "_tiers")
+    __slots__ = ("_cache", "_entries", "_models", "_tenant_limits", "_tier_index", "_tiers")
 
     def __init__(
         self, config: PolicyConfig, tenant_limits: Callable[[str], BucketLimits | None]
@@ -57,6 +57,9 @@ class ClaimSpecs:
         self._tiers = [_limit_specs("tier", t.name, t.limits) for t in config.tiers]
         self._models = {m: _limit_specs("model", m, lim) for m, lim in config.models.items()}
         self._cache: dict[tuple[str, str, str | None], list[Spec]] = {}
+        # per (tenant, tier, model): each spec with its claim when that does not depend on
+        # the job (a request bucket's: 1), built once
+        self._entries: dict[tuple[str, str, str | None], list[tuple[Spec, Claim | None]]] = {}
 
     def of(self, job: Job) -> list[Spec]:
         """The specs of ``job``'s (tenant, tier, model), cached."""
@@ -70,6 +73,10 @@ class ClaimSpecs:
             if job.model is not None and job.model in self._models:
                 specs = specs + self._models[job.model]
             self._cache[k] = specs
+            self._entries[k] = [
+                (spec, None if spec[1] is TOKENS else _tuple(Claim, (*spec[:3], 1.0, *spec[3:])))
+                for spec in specs
+            ]
         return specs
 
     def claims(self, job: Job) -> list[Claim]:
@@ -83,22 +90,15 @@ class ClaimSpecs:
         """:meth:`claims` as a tuple, given ``job``'s ``tenant``, ``tier``, ``model`` and
         ``cost`` already read (the controller's hot path: each read of a Job field costs a
         generic attribute lookup)."""
-        specs = self._cache.get((tenant, tier, model))
-        if specs is None:
-            specs = self.of(job)
+        entries = self._entries.get((tenant, tier, model))
+        if entries is None:
+            self.of(job)
+            entries = self._entries[tenant, tier, model]
         amount = float(cost)
-        if len(specs) == 1:  # the common case: one bucket, no list to build
-            key, kind, owner, cap, rate, floor = specs[0]
-            return (
-                _tuple(
-                    Claim, (key, kind, owner, amount if kind is TOKENS else 1.0, cap, rate, floor)
-                ),
-            )
         out: list[Claim] = []  # a loop, not a comprehension: cheaper for one or two specs
-        for key, kind, owner, cap, rate, floor in specs:
-            out.append(
-                _tuple(
-                    Claim, (key, kind, owner, amount if kind is TOKENS else 1.0, cap, rate, floor)
-                )
-            )
+        for spec, ready in entries:
+            if ready is None:  # a token bucket: the job's cost
+                key, kind, owner, cap, rate, floor = spec
+                ready = _tuple(Claim, (key, kind, owner, amount, cap, rate, floor))
+            out.append(ready)
         return tuple(out)
