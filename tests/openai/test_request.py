@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 import pytest
 
+from velvetrope.core import Usage
 from velvetrope.errors import RequestError
 from velvetrope.gateway.parse import expected_tokens, parse_request
 from velvetrope.openai.errors import error_json, error_type_for
@@ -162,6 +163,30 @@ def test_sse_reading() -> None:
     assert content_choices(chunk) == 2
     assert usage_of({"usage": {"prompt_tokens": 3, "completion_tokens": 4}}) == (3, 4)
     assert usage_of({"usage": None}) is None
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        None,
+        "usage",
+        ["usage"],
+        {},
+        {"usage": []},
+        {"usage": "prompt_tokens"},
+        {"usage": {"prompt_tokens": 3}},
+        {"usage": {"prompt_tokens": 3, "completion_tokens": "4"}},
+        {"usage": {"prompt_tokens": 3.0, "completion_tokens": 4}},
+        {"usage": {"prompt_tokens": None, "completion_tokens": 4}},
+    ],
+)
+def test_usage_of_anything_without_two_integer_counts_is_none(obj: object) -> None:
+    assert usage_of(obj) is None
+
+
+def test_usage_of_is_a_usage() -> None:
+    u = usage_of({"usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}})
+    assert type(u) is Usage and u == Usage(3, 4) and u.total == 7
 
 
 def test_a_template_fingerprint_is_the_system_prompt_or_the_first_prefix() -> None:

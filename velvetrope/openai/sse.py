@@ -86,15 +86,18 @@ def data_of(line: bytes) -> bytes | None:
 
 def usage_of(obj: object) -> Usage | None:
     """The ``usage`` a response body or a chunk reports, if it has token counts."""
-    if not isinstance(obj, dict):
+    try:
+        u = obj["usage"]  # type: ignore[index]
+        p, c = u["prompt_tokens"], u["completion_tokens"]
+    except (TypeError, KeyError, IndexError):  # not an object, or not one with both counts
         return None
-    u = obj.get("usage")
-    if not isinstance(u, dict):
-        return None
-    p, c = u.get("prompt_tokens"), u.get("completion_tokens")
-    if isinstance(p, int) and isinstance(c, int):
-        return Usage(p, c)
+    if isinstance(obj, dict) and isinstance(p, int) and isinstance(c, int):
+        return _USAGE(Usage, (p, c))
     return None
+
+
+_USAGE = tuple.__new__
+"""Builds a :class:`~velvetrope.core.Usage` without its Python-level ``__new__``."""
 
 
 _TEXT_KEYS = re.compile(rb'"(?:content|text)"\s*:\s*"(?!")')
