@@ -47,7 +47,7 @@ class ClaimSpecs:
     """The bucket specs of one policy, per (tenant, tier, model); ``tenant_limits(name)``
     is a tenant's ``limits`` (its own, its default policy's or none)."""
 
-    __slots__ = ("_cache", "_entries", "_models", "_tenant_limits", "_tier_index", "_tiers")
+    __slots__ = ("_entries", "_models", "_tenant_limits", "_tier_index", "_tiers")
 
     def __init__(
         self, config: PolicyConfig, tenant_limits: Callable[[str], BucketLimits | None]
@@ -56,28 +56,31 @@ class ClaimSpecs:
         self._tier_index = {t.name: i for i, t in enumerate(config.tiers)}
         self._tiers = [_limit_specs("tier", t.name, t.limits) for t in config.tiers]
         self._models = {m: _limit_specs("model", m, lim) for m, lim in config.models.items()}
-        self._cache: dict[tuple[str, str, str | None], list[Spec]] = {}
         # per (tenant, tier, model): each spec with its claim when that does not depend on
         # the job (a request bucket's: 1), built once
         self._entries: dict[tuple[str, str, str | None], list[tuple[Spec, Claim | None]]] = {}
 
     def of(self, job: Job) -> list[Spec]:
-        """The specs of ``job``'s (tenant, tier, model), cached."""
+        """The specs of ``job``'s (tenant, tier, model)."""
+        return [spec for spec, _ in self._entries_of(job)]
+
+    def _entries_of(self, job: Job) -> list[tuple[Spec, Claim | None]]:
+        """The specs of ``job``'s (tenant, tier, model), each with its claim when that does
+        not depend on the job; cached."""
         k = (job.tenant, job.tier, job.model)
-        specs = self._cache.get(k)
-        if specs is None:
+        entries = self._entries.get(k)
+        if entries is None:
             specs = _limit_specs("tenant", job.tenant, self._tenant_limits(job.tenant))
             tier = self._tier_index.get(job.tier)
             if tier is not None:
                 specs = specs + self._tiers[tier]
             if job.model is not None and job.model in self._models:
                 specs = specs + self._models[job.model]
-            self._cache[k] = specs
-            self._entries[k] = [
+            entries = self._entries[k] = [
                 (spec, None if spec[1] is TOKENS else _tuple(Claim, (*spec[:3], 1.0, *spec[3:])))
                 for spec in specs
             ]
-        return specs
+        return entries
 
     def claims(self, job: Job) -> list[Claim]:
         """The claims of a sized ``job`` (its ``cost`` set): its cost from each token
@@ -92,8 +95,7 @@ class ClaimSpecs:
         generic attribute lookup)."""
         entries = self._entries.get((tenant, tier, model))
         if entries is None:
-            self.of(job)
-            entries = self._entries[tenant, tier, model]
+            entries = self._entries_of(job)
         amount = float(cost)
         out: list[Claim] = []  # a loop, not a comprehension: cheaper for one or two specs
         for spec, ready in entries:

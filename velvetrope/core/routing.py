@@ -162,8 +162,6 @@ def least_loaded(
     replicas that may not take work (unhealthy, breaker open).
     """
     n = len(loads)
-    if not start and eligible is None:  # the same scan, in C: min keeps the first smallest
-        return min(range(n), key=loads.__getitem__) if n else -1
     best = -1
     best_load = 0
     for j in range(n):

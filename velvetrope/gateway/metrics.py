@@ -37,6 +37,8 @@ _OutcomeSeries = tuple[
 _LAT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
 
 
+_NO_LINE = ("", 0.0, 0.0)
+"""The token line of a job that claimed no token bucket: adds nothing."""
 _REJECTED = JobState.REJECTED
 _COMPLETED = JobState.COMPLETED
 
@@ -368,18 +370,16 @@ class GatewayMetrics:
             e2e.observe(end - arrival)
         # one token line per job (the first token bucket), so tenant + tier do not double
         claims = job.claims
-        if claims:
-            first_claim = claims[0]
-            if first_claim.kind == "tokens":  # the usual layout: tokens claimed first
-                _, reserved, actual = settlement.lines[0]
-                reserved_c.value += reserved
-                settled_c.value += actual
-                return
-            for c, (_, reserved, actual) in zip(claims, settlement.lines, strict=False):
-                if c.kind == "tokens":
-                    reserved_c.value += reserved
-                    settled_c.value += actual
-                    break
+        if not claims:
+            return
+        lines = settlement.lines
+        if claims[0].kind == "tokens":  # the usual layout: tokens claimed first
+            line = lines[0]
+        else:
+            found = (ln for c, ln in zip(claims, lines, strict=False) if c.kind == "tokens")
+            line = next(found, _NO_LINE)
+        reserved_c.value += line[1]
+        settled_c.value += line[2]
 
     def _series(self, tier: str, state: JobState, reason: Reason, job: Job) -> _OutcomeSeries:
         values = [tier, state.value, reason.code]

@@ -154,11 +154,8 @@ def relay_events(
             usage = usage_of(obj)  # None unless obj is an object with token counts
             if usage is not None:
                 relay.usage = usage
-                # the engine's count replaces the one from the text
-                relay.completion_tokens = n = usage.completion_tokens
-                if n and not relay.first_token:
-                    relay.first_token = True
-                    on_first_token()
+                relay.completion_tokens = 0  # the engine's count replaces the one from the text
+                _credit(usage.completion_tokens, relay, on_first_token)
                 if client_wants_usage or obj.get("choices"):
                     return data
                 return data[:start] + data[end:]  # the client did not ask for it

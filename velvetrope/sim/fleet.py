@@ -10,9 +10,7 @@ pool's replicas are a contiguous range.  Routers (:data:`ROUTERS`):
     the replica of the pool with the fewest outstanding jobs (dispatched to it and not yet
     finished, aborted or failed); ties go to the lowest-numbered replica.  This is the
     gateway's rule, :func:`velvetrope.core.routing.least_loaded`, with ties from the first
-    replica (the gateway rotates where ties start); :meth:`Fleet.route` takes it as
-    ``min(members, key=load)`` over the pool's members in number order (the first smallest,
-    as ``least_loaded`` with ``start=0``), without building a list of loads per dispatch.
+    replica (the gateway rotates where ties start).
 
 The fleet also keeps the busy-time accounting the report needs: a replica is *busy* from the
 moment work is added to an idle replica until its batcher runs out of work.  The event loop
@@ -30,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from velvetrope.core.routing import least_loaded
 from velvetrope.engine import Batcher, EngineProfile
 from velvetrope.errors import PolicyError
 
@@ -161,7 +160,8 @@ class Fleet:
             i = self._next[pool] % len(m)
             self._next[pool] = i + 1
             return m[i]
-        return min(m, key=self.load.__getitem__)  # least_loaded's rule (module docstring)
+        load = self.load
+        return m[least_loaded([load[k] for k in m])]
 
     def busy_until(self, k: int, now: float) -> float:
         """Replica ``k``'s busy seconds up to ``now``."""

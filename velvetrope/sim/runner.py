@@ -311,9 +311,7 @@ def drive(
             if k in draining:
                 leave(k, t)
             return
-        v = ver[k] + 1  # step_at(k, at), inline
-        ver[k] = v
-        heappush(heap, (at, step_prio[k], next(order), on_step, (v << _KBITS) | k))
+        step_at(k, at)
 
     # The queue deadline, the next client timeout and the next scrape are read again after
     # every event that is not a step end, as the loop before the environment did at each
