@@ -3,7 +3,8 @@
 ``prometheus_client``'s metrics take a lock on every ``inc`` and ``observe`` (they may be
 shared by threads); a request through the gateway updates about a dozen of them, which
 was a tenth of the admission path's CPU.  The gateway updates its metrics from one thread
-(the event loop, which also renders ``/metrics``), so plain numbers suffice.
+(the event loop, which also renders ``/metrics``), so plain numbers suffice
+(:mod:`velvetrope.gateway.series`, compiled).
 :class:`LoopCounter` and :class:`LoopHistogram` keep them and turn them into the same
 exposition as ``prometheus_client``'s ``Counter``/``Histogram`` (names, labels, ``_total``,
 ``_bucket``/``_sum``/``_count``) at scrape time.  Not for use from several threads.
@@ -11,25 +12,14 @@ exposition as ``prometheus_client``'s ``Counter``/``Histogram`` (names, labels, 
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from velvetrope.gateway.series import CounterChild, HistogramChild
+
 __all__ = ["CounterChild", "HistogramChild", "LoopCounter", "LoopHistogram"]
-
-
-class CounterChild:
-    """One labelled series of a counter (``value`` may be added to directly)."""
-
-    __slots__ = ("value",)
-
-    def __init__(self) -> None:
-        self.value = 0.0
-
-    def inc(self, amount: float = 1.0) -> None:
-        self.value += amount
 
 
 class LoopCounter(Collector):
@@ -54,21 +44,6 @@ class LoopCounter(Collector):
         for values, child in self._children.items():
             fam.add_metric(list(values), child.value)
         yield fam
-
-
-class HistogramChild:
-    """One labelled series of a histogram."""
-
-    __slots__ = ("bounds", "counts", "sum")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)  # the last one: above every bound (+Inf)
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1
-        self.sum += value
 
 
 class LoopHistogram(Collector):

@@ -17,7 +17,7 @@ saturation rule's room, pending dispatches and holds; and counters of routing de
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -26,21 +26,13 @@ from prometheus_client.registry import Collector
 
 from velvetrope.core import AdmissionController, Job, Outcome, Reason
 from velvetrope.core.request import JobState
-from velvetrope.gateway.counters import CounterChild, HistogramChild, LoopCounter, LoopHistogram
+from velvetrope.gateway.counters import LoopCounter, LoopHistogram
+from velvetrope.gateway.series import CounterChild, OutcomeSeries, RequestCounting
 
 __all__ = ["GatewayMetrics"]
 
-# per outcome: requests; queue wait, TTFT and e2e histograms; reserved and settled tokens
-_OutcomeSeries = tuple[
-    CounterChild, HistogramChild, HistogramChild, HistogramChild, CounterChild, CounterChild
-]
 _LAT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
 
-
-_NO_LINE = ("", 0.0, 0.0)
-"""The token line of a job that claimed no token bucket: adds nothing."""
-_REJECTED = JobState.REJECTED
-_COMPLETED = JobState.COMPLETED
 
 _BREAKER = {"closed": 0.0, "half_open": 1.0, "open": 2.0}
 
@@ -306,26 +298,18 @@ class GatewayMetrics:
             ["tier", "action"],
         )
         self._store_children: dict[str, Any] = {}
-        # every series one outcome updates, found with one lookup
-        self._outcome_series: dict[tuple[str, JobState, Reason, str], _OutcomeSeries] = {}
-        self._routed_series: dict[tuple[str, str | None], CounterChild] = {}
         self._state_collector = _StateCollector(ctl)
         self.registry.register(self._state_collector)
-        ctl.observers.append(self.on_outcome)
+        counting = RequestCounting(self._series, self._routed, self._degraded, tenant_label)
+        self.on_route: Callable[[Job], None] = counting.on_route
+        """Count a routing decision and its degradation actions (after ``ctl.route``)."""
+        self.on_outcome: Callable[[Outcome], None] = counting.on_outcome
+        """Count a terminal outcome (the controller's observer, exactly once per job)."""
+        ctl.observers.append(counting.on_outcome)
 
     def attach_fleet(self, fleet: Any) -> None:
         """Report the fleet (a :class:`~velvetrope.gateway.fleet.GatewayFleet`)."""
         self._state_collector.fleet = fleet
-
-    def on_route(self, job: Job) -> None:
-        """Count a routing decision and its degradation actions (after ``ctl.route``)."""
-        key = (job.pool, job.route)
-        routed = self._routed_series.get(key)
-        if routed is None:
-            routed = self._routed_series[key] = self.routed.labels(job.pool, job.route or "")
-        routed.value += 1.0
-        for action in job.degraded:
-            self.degraded.labels(job.tier, action).inc()
 
     def _counter(self, name: str, doc: str, labels: list[str]) -> LoopCounter:
         c = LoopCounter(name, doc, labels)
@@ -349,42 +333,10 @@ class GatewayMetrics:
             child = self._store_children[op] = self.store_calls.labels(op)
         child.observe(seconds)
 
-    def on_outcome(self, o: Outcome) -> None:
-        """Count a terminal outcome (called by the controller, exactly once per job)."""
-        job, state, reason, settlement, end = o  # ``at``: when it ended
-        key = (job.tier, state, reason, job.tenant if self.tenant_label else "")
-        series = self._outcome_series.get(key)
-        if series is None:
-            series = self._outcome_series[key] = self._series(job.tier, state, reason, job)
-        requests, queue_wait, ttft, e2e, reserved_c, settled_c = series
-        requests.value += 1.0
-        arrival = job.arrival
-        if state is not _REJECTED:  # Job.queue_s, inline: the property call costs more
-            start = job.dispatched_at
-            waited = (end if start is None else start) - arrival
-            queue_wait.observe(waited if waited > 0.0 else 0.0)
-        first = job.first_token_at
-        if first is not None:
-            ttft.observe(first - arrival)
-        if state is _COMPLETED:
-            e2e.observe(end - arrival)
-        # one token line per job (the first token bucket), so tenant + tier do not double
-        claims = job.claims
-        if not claims:
-            return
-        lines = settlement.lines
-        if claims[0].kind == "tokens":  # the usual layout: tokens claimed first
-            line = lines[0]
-        else:
-            found = (ln for c, ln in zip(claims, lines, strict=False) if c.kind == "tokens")
-            line = next(found, _NO_LINE)
-        reserved_c.value += line[1]
-        settled_c.value += line[2]
-
-    def _series(self, tier: str, state: JobState, reason: Reason, job: Job) -> _OutcomeSeries:
+    def _series(self, tier: str, state: JobState, reason: Reason, tenant: str) -> OutcomeSeries:
         values = [tier, state.value, reason.code]
         if self.tenant_label:
-            values.append(job.tenant)
+            values.append(tenant)
         return (
             self.requests.labels(*values),
             self.queue_wait.labels(tier),
@@ -393,6 +345,12 @@ class GatewayMetrics:
             self.reserved.labels(tier),
             self.settled.labels(tier),
         )
+
+    def _routed(self, pool: str, rule: str) -> CounterChild:
+        return self.routed.labels(pool, rule)
+
+    def _degraded(self, tier: str, action: str) -> CounterChild:
+        return self.degraded.labels(tier, action)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
