@@ -29,6 +29,7 @@ COMPILED = [
     "velvetrope/core/saturation.py",
     "velvetrope/core/scheduler.py",
     "velvetrope/engine/decode_math.py",
+    "velvetrope/gateway/admission_headers.py",
     "velvetrope/gateway/series.py",
 ]
 

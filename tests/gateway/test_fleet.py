@@ -16,8 +16,9 @@ from velvetrope.clock import ManualClock
 from velvetrope.config import parse_config
 from velvetrope.core import Job
 from velvetrope.errors import ConfigError
+from velvetrope.gateway.admission_headers import route_headers
 from velvetrope.gateway.app import Gateway
-from velvetrope.gateway.fleet import degrade_body, route_headers
+from velvetrope.gateway.fleet import degrade_body
 from velvetrope.gateway.parse import parse_request
 from velvetrope.gateway.state import FleetGate
 from velvetrope.gateway.upstreams import UpstreamPools, resolve_host

@@ -53,9 +53,10 @@ from velvetrope.errors import (
     UpstreamUnreachable,
 )
 from velvetrope.gateway.admission import Admission
+from velvetrope.gateway.admission_headers import admitted_headers, ratelimit_headers
 from velvetrope.gateway.client_stream import PROGRESS_HEADER, ClientStream
 from velvetrope.gateway.disconnects import DisconnectWatches, Watch
-from velvetrope.gateway.fleet import GatewayFleet, degrade_body, route_headers
+from velvetrope.gateway.fleet import GatewayFleet, degrade_body
 from velvetrope.gateway.httpclient import HttpClient
 from velvetrope.gateway.metrics import GatewayMetrics
 from velvetrope.gateway.parse import (
@@ -76,49 +77,6 @@ __all__ = ["Gateway"]
 log = logging.getLogger("velvetrope.gateway")
 
 _UPSTREAM_PATH = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
-
-
-def _duration(seconds: float) -> bytes:
-    """OpenAI's reset format: ``250ms``, ``1.5s``, ``6m0s``."""
-    if seconds < 1:
-        return b"%dms" % (round(seconds * 1000) if seconds > 0 else 0)
-    m, s = divmod(seconds, 60)
-    return (f"{int(m)}m{s:.0f}s" if m >= 1 else f"{s:.3g}s").encode()
-
-
-_RATELIMIT_NAMES = {
-    kind: tuple(f"x-ratelimit-{what}-{kind}".encode() for what in ("limit", "remaining", "reset"))
-    for kind in ("tokens", "requests")
-}
-_LIMIT_TEXT: dict[float, bytes] = {}
-"""A bucket limit's header value, by limit (the configuration's few, so bounded)."""
-
-
-def _ratelimit_headers(snaps: tuple[BucketSnapshot, ...]) -> list[tuple[bytes, bytes]]:
-    """OpenAI's ``x-ratelimit-*`` headers from the tenant's own buckets."""
-    out: list[tuple[bytes, bytes]] = []
-    for snap in snaps:
-        if snap.owner != "tenant":
-            continue
-        limit_name, remaining_name, reset_name = _RATELIMIT_NAMES[snap.kind]
-        limit = _LIMIT_TEXT.get(snap.limit)
-        if limit is None:
-            limit = b"%d" % snap.limit
-            if len(_LIMIT_TEXT) < 1024:
-                _LIMIT_TEXT[snap.limit] = limit
-        left = snap.remaining
-        reset = snap.reset_s
-        out += (
-            (limit_name, limit),
-            (remaining_name, b"%d" % left if left > 0 else b"0"),
-            (reset_name, _NO_WAIT if reset < 0.0005 else _duration(reset)),
-        )
-    return out
-
-
-_NO_WAIT = _duration(0.0)
-_NOT_QUEUED = b"%.1f" % 0.0
-"""``x-velvetrope-queue-ms`` of a job that started at once."""
 
 
 class Gateway:
@@ -466,7 +424,7 @@ class Gateway:
         return tell
 
     async def _reject(self, client: ClientStream, r: Rejected) -> None:
-        headers = _ratelimit_headers(r.snapshots)
+        headers = ratelimit_headers(r.snapshots)
         if r.retry_after_s is not None and math.isfinite(r.retry_after_s):
             headers.append((b"retry-after", str(max(1, math.ceil(r.retry_after_s))).encode()))
         await client.error(r.status, r.message, r.reason.code, headers)
@@ -499,11 +457,7 @@ class Gateway:
                 adm.cancel(job.id, Usage(0, 0))
                 return
         relay = Relay(job.prompt_tokens)
-        waited = job.queue_s
-        queued = b"%.1f" % (waited * 1000.0) if waited else _NOT_QUEUED
-        extra = [(b"x-velvetrope-queue-ms", queued), *route_headers(job)]
-        if snaps:
-            extra += _ratelimit_headers(snaps)
+        extra = admitted_headers(job, snaps)
         tried: tuple[str, ...] = ()  # upstreams that could not be reached
         while True:
             up = self.upstreams.pick(job.pool, exclude=tried)

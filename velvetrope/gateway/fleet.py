@@ -7,9 +7,10 @@ becomes per engine × live engines (plus one slot per engine whose breaker is ha
 its probe), the fleet gate's limits follow it (fleet-wide slots on Redis, when configured),
 and the saturation rule judges exactly those engines; then whatever now fits is dispatched.
 
-It also carries the gateway's side of routing and degradation: the response headers that
-say where a request went and what was given up, and the rewrite of the upstream body of a
-degraded request (its capped ``max_tokens``, the fallback ``model``).
+It also carries the gateway's side of degradation: the rewrite of the upstream body of a
+degraded request (its capped ``max_tokens``, the fallback ``model``); the response headers
+that say where a request went and what was given up are
+:mod:`velvetrope.gateway.admission_headers`.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from velvetrope.gateway.parse import ParsedRequest
 from velvetrope.gateway.saturation import Scraper
 from velvetrope.gateway.upstreams import Resolver, UpstreamPools, UpstreamState
 
-__all__ = ["GatewayFleet", "degrade_body", "route_headers"]
+__all__ = ["GatewayFleet", "degrade_body"]
 
 
 class _Limits:
@@ -115,34 +116,6 @@ class GatewayFleet:
     def held(self) -> int:
         """Dispatches held by saturation, over all pools (cumulative)."""
         return sum(r.held for r in self.rules.values())
-
-
-_ROUTE_HEADERS: dict[tuple[str, str | None], tuple[tuple[bytes, bytes], ...]] = {}
-
-
-def route_headers(job: Job) -> list[tuple[bytes, bytes]]:
-    """``x-velvetrope-pool`` and ``x-velvetrope-route`` (the rule), and for a degraded job
-    ``x-velvetrope-degraded``: what was done, e.g. ``max_tokens=50, pool=spare``."""
-    key = (job.pool, job.route)
-    fixed = _ROUTE_HEADERS.get(key)
-    if fixed is None:
-        fixed = ((b"x-velvetrope-pool", job.pool.encode()),)
-        if job.route is not None:
-            fixed += ((b"x-velvetrope-route", job.route.encode()),)
-        if len(_ROUTE_HEADERS) < 4096:  # pools x rules: bounded by the configuration
-            _ROUTE_HEADERS[key] = fixed
-    out = list(fixed)
-    if job.degraded:
-        parts = []
-        for action in job.degraded:
-            if action == MAX_TOKENS:
-                parts.append(f"max_tokens={job.max_tokens // max(1, job.n)}")
-            elif action == FALLBACK_POOL:
-                parts.append(f"pool={job.pool}")
-                if job.model is not None:
-                    parts.append(f"model={job.model}")
-        out.append((b"x-velvetrope-degraded", ", ".join(parts).encode()))
-    return out
 
 
 def degrade_body(parsed: ParsedRequest, job: Job) -> None:
