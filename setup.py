@@ -30,7 +30,9 @@ COMPILED = [
     "velvetrope/core/scheduler.py",
     "velvetrope/engine/decode_math.py",
     "velvetrope/gateway/admission_headers.py",
+    "velvetrope/gateway/relay.py",
     "velvetrope/gateway/series.py",
+    "velvetrope/openai/sse.py",
 ]
 
 

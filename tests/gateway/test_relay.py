@@ -12,7 +12,7 @@ import random
 import orjson
 import pytest
 
-from velvetrope.gateway.proxy import Relay, relay_events
+from velvetrope.gateway.relay import Relay, relay_events
 from velvetrope.openai.sse import (
     DONE,
     content_choices,

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from velvetrope.gateway.httpclient import HttpClient
-from velvetrope.gateway.proxy import Relay, forward
+from velvetrope.gateway.proxy import forward
+from velvetrope.gateway.relay import Relay
 from velvetrope.openai.sse import DONE
 
 pytestmark = pytest.mark.integration

@@ -65,7 +65,8 @@ from velvetrope.gateway.parse import (
     expected_tokens,
     parse_request,
 )
-from velvetrope.gateway.proxy import Relay, UpstreamAnswer, forward
+from velvetrope.gateway.proxy import UpstreamAnswer, forward
+from velvetrope.gateway.relay import Relay
 from velvetrope.gateway.state import FleetGate, LocalState, build_state
 from velvetrope.gateway.upstreams import Resolver, UpstreamState
 from velvetrope.openai.errors import error_body

@@ -3,9 +3,9 @@
 Non-streaming responses pass through byte for byte; the usage is read from the body.
 Streaming responses are forwarded event by event as they arrive (no buffering of the
 whole response).  The upstream is always asked for ``include_usage``; when the client did
-not ask for it, the extra usage-only chunk is read and dropped.  :class:`Relay` counts the
-completion tokens seen so far so that a client disconnect mid-stream settles what was
-really generated.
+not ask for it, the extra usage-only chunk is read and dropped.  A
+:class:`~velvetrope.gateway.relay.Relay` counts the completion tokens seen so far so that a
+client disconnect mid-stream settles what was really generated.
 """
 
 from __future__ import annotations
@@ -19,13 +19,10 @@ import orjson
 from velvetrope.core import Usage
 from velvetrope.errors import UpstreamError
 from velvetrope.gateway.httpclient import HttpClient
-from velvetrope.openai.sse import (
-    content_keys,
-    usage_at,
-    usage_of,
-)
+from velvetrope.gateway.relay import Relay, relay_events
+from velvetrope.openai.sse import usage_of
 
-__all__ = ["Relay", "UpstreamAnswer", "forward", "relay_events"]
+__all__ = ["UpstreamAnswer", "forward"]
 
 Send = Callable[[bytes], Awaitable[None]]
 Start = Callable[[int, list[tuple[bytes, bytes]]], Awaitable[None]]
@@ -39,22 +36,6 @@ class UpstreamAnswer:
     usage: Usage | None
     body: bytes | None = None
     content_type: bytes = b"application/json"
-
-
-@dataclass(slots=True)
-class Relay:
-    """Progress of one proxied request."""
-
-    prompt_tokens: int
-    completion_tokens: int = 0
-    first_token: bool = False
-    usage: Usage | None = None
-
-    def usage_so_far(self) -> Usage:
-        """The real usage if the upstream sent it, else what was seen streaming."""
-        if self.usage is not None:
-            return self.usage
-        return Usage(self.prompt_tokens, self.completion_tokens)
 
 
 async def forward(
@@ -127,46 +108,3 @@ async def forward(
         raise
     except OSError as e:
         raise UpstreamError(f"upstream {url} failed: {type(e).__name__}: {e}") from e
-
-
-def relay_events(
-    data: bytes, relay: Relay, client_wants_usage: bool, on_first_token: Callable[[], None]
-) -> bytes:
-    """Account complete events (``data`` ends with a blank line); what reaches the client.
-
-    Only the event with the last ``usage`` object is parsed (a later usage supersedes an
-    earlier one).  Once the engine's usage is known, nothing more is counted: its count
-    supersedes any taken from the text, and its completion tokens, if any, are the
-    first-token signal.  Elsewhere the generated text is counted from the bytes
-    (:func:`~velvetrope.openai.sse.content_keys`), which counts what parsing every chunk
-    would, for a small fraction of its cost."""
-    at = usage_at(data)
-    if at >= 0:
-        start = data.rfind(b"\n\n", 0, at) + 2  # 1 when none: the event starts the data
-        if start == 1:
-            start = 0
-        end = data.find(b"\n\n", at) + 2
-        if data.startswith(b"data:", start):
-            try:
-                obj = orjson.loads(data[start + 5 : end])  # JSON may have spaces around
-            except orjson.JSONDecodeError:
-                obj = None
-            usage = usage_of(obj)  # None unless obj is an object with token counts
-            if usage is not None:
-                relay.usage = usage
-                relay.completion_tokens = 0  # the engine's count replaces the one from the text
-                _credit(usage.completion_tokens, relay, on_first_token)
-                if client_wants_usage or obj.get("choices"):
-                    return data
-                return data[:start] + data[end:]  # the client did not ask for it
-    _credit(content_keys(data), relay, on_first_token)
-    return data
-
-
-def _credit(n: int, relay: Relay, on_first_token: Callable[[], None]) -> None:
-    """``n`` more generated tokens (the first of them: the first-token signal)."""
-    if n:
-        relay.completion_tokens += n
-        if not relay.first_token:
-            relay.first_token = True
-            on_first_token()
