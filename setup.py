@@ -1,12 +1,14 @@
-"""Build hook: the admission core's hot modules (and the simulator's decode-stretch arithmetic,
-``velvetrope/engine/decode_math.py``), compiled to C with mypyc.
+"""Build hook: the admission core's hot modules, the gateway's per-request modules that need
+nothing but the core (the admission bridge, the response headers, the metric updates, the
+stream relay and its SSE reader, the in-memory bucket store) and the simulator's
+decode-stretch arithmetic (``velvetrope/engine/decode_math.py``), compiled to C with mypyc.
 
 They are typed under ``mypy --strict``; mypyc turns them into C extensions that the gateway
 and the simulator import in place of the ``.py`` files (see the README for what it gains).
 ``VELVETROPE_PURE=1`` at install time builds nothing and the package runs as plain Python.
 ``pip install -e .`` builds them in place, next to their sources; after editing one of them,
-run ``make install`` again (the core and the engine refuse to import a module compiled from an
-older source; see ``velvetrope/core/fresh.py``).
+run ``make install`` again (velvetrope refuses to import a module compiled from an older
+source; see ``velvetrope/fresh.py``).
 """
 
 import os
@@ -29,10 +31,12 @@ COMPILED = [
     "velvetrope/core/saturation.py",
     "velvetrope/core/scheduler.py",
     "velvetrope/engine/decode_math.py",
+    "velvetrope/gateway/admission.py",
     "velvetrope/gateway/admission_headers.py",
     "velvetrope/gateway/relay.py",
     "velvetrope/gateway/series.py",
     "velvetrope/openai/sse.py",
+    "velvetrope/store/memory.py",
 ]
 
 

@@ -4,7 +4,6 @@ Dependencies: this package imports nothing of velvetrope but :mod:`velvetrope.cl
 :mod:`velvetrope.errors`.  See :class:`~velvetrope.core.controller.AdmissionController`.
 """
 
-import velvetrope.core.fresh  # noqa: F401 (first: refuses stale compiled modules)
 from velvetrope.core.bucket import (
     BucketSnapshot,
     Claim,

@@ -15,7 +15,6 @@ server and calibration's client (:mod:`velvetrope.engine.calibrate.client`) are 
 side, imported by name.
 """
 
-import velvetrope.engine.fresh  # noqa: F401 (first: refuses stale compiled modules)
 from velvetrope.engine.batcher import (
     Batcher,
     EngineEvent,

@@ -11,7 +11,6 @@ Sans-IO: nothing here opens a socket or awaits.  Depends on :mod:`velvetrope.cor
 (``Usage``) and :mod:`velvetrope.errors` only.
 """
 
-import velvetrope.openai.fresh  # noqa: F401 (first: refuses stale compiled modules)
 from velvetrope.openai.errors import error_body, error_json, error_type_for
 from velvetrope.openai.request import (
     CHAT_KEYS,

@@ -1,12 +1,15 @@
-"""Imported first by :mod:`velvetrope.core`: in a source checkout, refuses to run a module
-compiled (by mypyc, see ``setup.py``) from an older version of its source.  After an edit,
-the extension next to the ``.py`` would otherwise run the old code, silently; ``make
+"""Imported first by :mod:`velvetrope`: in a source checkout, refuses to run a module
+compiled (by mypyc, see ``setup.py``'s list) from an older version of its source.  After an
+edit, the extension next to the ``.py`` would otherwise run the old code, silently; ``make
 install`` builds it again.
 """
 
 from pathlib import Path
 
-__all__ = ["refuse_stale_builds", "stale_builds"]
+__all__ = ["COMPILED_PACKAGES", "refuse_stale_builds", "stale_builds"]
+
+COMPILED_PACKAGES = ("core", "engine", "gateway", "openai", "store")
+"""The packages that hold modules ``setup.py`` compiles."""
 
 
 def stale_builds(directory: Path) -> list[tuple[Path, Path]]:
@@ -34,4 +37,5 @@ def refuse_stale_builds(directory: Path) -> None:
         )
 
 
-refuse_stale_builds(Path(__file__).parent)
+for _package in COMPILED_PACKAGES:
+    refuse_stale_builds(Path(__file__).parent / _package)
