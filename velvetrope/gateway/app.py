@@ -104,7 +104,7 @@ class Gateway:
         self._local = state.store if isinstance(state, LocalState) else None
         # memory://: settled in this process, with no fleet slots to give back
         self.ctl.observers.append(
-            state.settle if isinstance(state, LocalState) else self._on_outcome
+            state.store.settle_ended if isinstance(state, LocalState) else self._on_outcome
         )
         self.gates: dict[str, FleetGate] = {}
         if self.state.fleet and self.settings.admission:

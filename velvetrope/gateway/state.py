@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from velvetrope.clock import Clock
 from velvetrope.config import GatewayConfig
-from velvetrope.core import Job, Outcome
+from velvetrope.core import Job
 from velvetrope.core.bucket import Claim, Denial, Grant, SettleLine
 from velvetrope.store.base import Slot
 from velvetrope.store.connect import connect
@@ -108,13 +108,6 @@ class LocalState:
     ) -> None:
         if lines:  # the controller ends each job once: no per-job deduplication here
             self.store.buckets.settle(lines, self.store.clock.now())
-
-    def settle(self, o: Outcome) -> None:
-        """The controller's observer: settle an ended job's claims at the time it ended (what
-        :meth:`finish` does, without a fleet slot to give back)."""
-        lines = o.settlement.lines
-        if lines:
-            self.store.buckets.settle(lines, o.at)
 
     async def acquire(self, job_id: str, slot: Slot) -> bool:
         return True

@@ -13,6 +13,7 @@ from velvetrope.core.bucket import (
     MemoryBuckets,
     SettleLine,
 )
+from velvetrope.core.request import Outcome
 
 __all__ = ["MemoryStore"]
 
@@ -40,6 +41,14 @@ class MemoryStore:
 
     async def snapshots(self, tenant: str, claims: Sequence[Claim]) -> tuple[BucketSnapshot, ...]:
         return self.buckets.snapshots(claims, self.clock.now())
+
+    def settle_ended(self, o: Outcome) -> None:
+        """The controller's observer when this store is the gateway's only one: settle an
+        ended job's claims at the time it ended (no per-job deduplication: the controller
+        ends each job once)."""
+        lines = o.settlement.lines
+        if lines:
+            self.buckets.settle(lines, o.at)
 
     def levels(self) -> dict[str, tuple[float, float]]:
         """Every bucket's ``(level, capacity)`` now."""
