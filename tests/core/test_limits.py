@@ -79,9 +79,9 @@ def test_config_check_prints_the_buckets() -> None:
     assert "60 s of refill" in res.stdout and "4 s = 200,000 tokens" in res.stdout
 
 
-def test_held_claims_are_the_claims_as_a_tuple() -> None:
-    """ClaimSpecs.held (the controller's path, fields passed in) builds the same claims as
-    ClaimSpecs.claims, for one bucket and for several (tenant, tier and model limits)."""
+def test_held_claims_take_the_jobs_cost_from_token_buckets_and_1_from_request_buckets() -> None:
+    """ClaimSpecs.held: a claim per bucket of the job's tenant, tier and model, its cost from
+    each token bucket and 1 from each request bucket; none for a tenant without limits."""
     from velvetrope.core.claims import ClaimSpecs
 
     config = PolicyConfig.model_validate(
@@ -96,10 +96,19 @@ def test_held_claims_are_the_claims_as_a_tuple() -> None:
     )
     limits = {t.name: t.limits for t in config.tenants}
     specs = ClaimSpecs(config, lambda t: limits.get(t))
-    cases = (("a", "free", None, 1), ("b", "gold", "m", 3), ("c", "free", None, 0))
-    for tenant, tier, model, n in cases:
+    cases: list[tuple[str, str, str | None, list[tuple[str, float]]]] = [
+        ("a", "free", None, [("tenant:a:tok", 140.0)]),
+        (
+            "b",
+            "gold",
+            "m",
+            [("tenant:b:tok", 140.0), ("tier:gold:req", 1.0), ("model:m:tok", 140.0)],
+        ),
+        ("c", "free", None, []),
+    ]
+    for tenant, tier, model, want in cases:
         job = make_job(tenant, tier, prompt=40, model=model)
-        job.cost = 140
-        held = specs.held(job, tenant, tier, model, 140)
-        assert held == tuple(specs.claims(job))
-        assert len(held) == n
+        for _ in range(2):  # built, then from the cache
+            held = specs.held(job, tenant, tier, model, 140)
+            assert isinstance(held, tuple)
+            assert [(c.key, c.amount) for c in held] == want

@@ -82,17 +82,12 @@ class ClaimSpecs:
             ]
         return entries
 
-    def claims(self, job: Job) -> list[Claim]:
-        """The claims of a sized ``job`` (its ``cost`` set): its cost from each token
-        bucket, 1 from each request bucket."""
-        return list(self.held(job, job.tenant, job.tier, job.model, job.cost))
-
     def held(
         self, job: Job, tenant: str, tier: str, model: str | None, cost: int
     ) -> tuple[Claim, ...]:
-        """:meth:`claims` as a tuple, given ``job``'s ``tenant``, ``tier``, ``model`` and
-        ``cost`` already read (the controller's hot path: each read of a Job field costs a
-        generic attribute lookup)."""
+        """The claims of ``job``, given its ``tenant``, ``tier``, ``model`` and ``cost``
+        already read (each read of a Job field from compiled code is a generic attribute
+        lookup): its cost from each token bucket, 1 from each request bucket."""
         entries = self._entries.get((tenant, tier, model))
         if entries is None:
             entries = self._entries_of(job)

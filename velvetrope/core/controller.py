@@ -222,16 +222,17 @@ class AdmissionController:
         d = self.config.default_tenant
         return d.weight if d is not None else 1.0
 
-    def claims(self, job: Job) -> list[Claim]:
+    def claims(self, job: Job) -> tuple[Claim, ...]:
         """The bucket claims ``job`` must reserve (tenant, tier, model), sized by its cost:
         its tokens from each token bucket, 1 from each request bucket
         (:mod:`velvetrope.core.claims`).
 
         Fills ``predicted_output``, ``reserved_output`` and ``cost`` if not done yet.
         """
-        if not job.cost:
-            self._size(job)
-        return self._specs.claims(job)
+        cost = job.cost
+        if not cost:
+            cost = self._size(job)
+        return self._specs.held(job, job.tenant, job.tier, job.model, cost)
 
     def _size(self, job: Job) -> int:
         """Fill ``predicted_output``, ``reserved_output`` and ``cost``, and return the cost;
