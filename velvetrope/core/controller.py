@@ -250,7 +250,11 @@ class AdmissionController:
             if said is not None and self.tenant_policy(job.tenant).trust_expected_output:
                 predicted = max(1, min(max_tokens, said))
             else:
-                predicted = self.estimator.predict(job)
+                est = self.estimator
+                if isinstance(est, LengthPredictor):  # narrowed: a direct compiled call
+                    predicted = est.predict(job)
+                else:
+                    predicted = est.predict(job)
             job.predicted_output = predicted
         reserved = max_tokens if self._reserve_max else predicted
         job.reserved_output = reserved
@@ -274,7 +278,8 @@ class AdmissionController:
         tier = self._tier_index.get(job.tier)
         if tier is None:
             raise PolicyError(f"job {job.id!r}: unknown tier {job.tier!r}")
-        d = self.router.degrade(job, tier, lambda p: self._wait_in(p, tier))
+        router = self.router
+        d = router.degrade(job, tier, self._wait_in) if router.degrades(tier) else None
         if d is not None:
             if d.max_tokens is not None:
                 job.max_tokens = d.max_tokens

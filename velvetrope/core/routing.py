@@ -117,20 +117,26 @@ class Router:
                 return rule.pool, name
         return self._default, DEFAULT_ROUTE
 
+    def degrades(self, tier: int) -> bool:
+        """Whether tier number ``tier`` has a degradation policy (else :meth:`degrade` is
+        always ``None``)."""
+        return self._degrade[tier] is not None
+
     def degrade(
-        self, job: Job, tier: int, wait_in: Callable[[str], float | None]
+        self, job: Job, tier: int, wait_in: Callable[[str, int], float | None]
     ) -> Degradation | None:
         """What ``job`` (routed, sized, in tier number ``tier``) gives up, or ``None``.
 
-        ``wait_in(pool)`` is the predicted wait of a job of this tier in ``pool`` (``None``
-        while the pool has no drain rate).  Pure: the caller applies the result.
+        ``wait_in(pool, tier)`` is the predicted wait of a job of tier number ``tier`` in
+        ``pool`` (``None`` while the pool has no drain rate).  Pure: the caller applies the
+        result.
         """
         d = self._degrade[tier]
         if d is None:
             return None
         max_wait = self._max_wait[tier]
         threshold = d.wait_s if d.wait_s is not None else max_wait
-        wait = wait_in(job.pool)
+        wait = wait_in(job.pool, tier)
         if threshold is None or wait is None or wait <= threshold:
             return None
         actions: list[str] = []
@@ -141,7 +147,7 @@ class Router:
         pool = model = None
         limit = max_wait if max_wait is not None else threshold
         if d.pool is not None and d.pool != job.pool and wait > limit:
-            there = wait_in(d.pool)
+            there = wait_in(d.pool, tier)
             if there is None or there <= limit:
                 pool, model = d.pool, d.model
                 actions.append(FALLBACK_POOL)
