@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import bisect
 from itertools import accumulate
-from operator import add
+from operator import add, attrgetter
 
 from velvetrope.engine.batcher import Batcher
 from velvetrope.engine.decode_math import (
@@ -71,6 +71,8 @@ from velvetrope.engine.profile import EngineProfile
 from velvetrope.engine.queues import GONE, SeqRecord
 
 __all__ = ["DecodeRun", "plan_decode_run"]
+
+_blocks_of = attrgetter("blocks")  # (a C call: cheaper than a comprehension's frame)
 
 
 class DecodeRun:
@@ -129,7 +131,7 @@ class DecodeRun:
         p = batcher._profile
         first = context + n
         self._now, self._first = now, first
-        lin = _LINEAR.get((id(p), n))
+        lin = _LINEAR.get(n)
         if lin is None or lin[0] is not p:
             lin = _linear(p, n)
         self._t: list[float] | None = None
@@ -217,7 +219,7 @@ class DecodeRun:
             else:
                 got: list[int] = []
                 kv.allocate(taken, got)
-                deal_blocks(c, done, got, bs, [s.blocks for s in running])
+                deal_blocks(c, done, got, bs, list(map(_blocks_of, running)))
         stamp = self._base = b._steps = b._steps + delta
         self.applied = steps
         finish = steps == self.steps and self.finishes  # sequences finish in this step
@@ -297,20 +299,19 @@ def plan_decode_run(batcher: Batcher, now: float, min_steps: int = 2) -> DecodeR
     return DecodeRun(b, now, c0, context, steps, finishes)
 
 
-_LINEAR: dict[tuple[int, int], tuple[EngineProfile, bool, float, float, float]] = {}
-"""Per (profile id, batch size) the profile (so that its id stays its own), whether the closed
-form reproduces ``step_time`` and, if so, its constant part, context coefficient and tail
-(:func:`_linear`)."""
+_LINEAR: dict[int, tuple[EngineProfile, bool, float, float, float]] = {}
+"""Per batch size, the profile last seen with it, whether the closed form reproduces its
+``step_time`` and, if so, its constant part, context coefficient and tail (:func:`_linear`).
+Keyed by the batch size alone, which is cheaper than a tuple key: the caller takes an entry
+only if its profile is the batcher's, and replaces it otherwise."""
 
 
 def _linear(p: EngineProfile, n: int) -> tuple[EngineProfile, bool, float, float, float]:
     """``(p, exact, head, ctx, tail)`` with ``step_time(0, n, c) == head + ctx * c + tail``
     bit for bit (the order step_time sums in) when ``exact``, checked at two contexts and
-    kept in :data:`_LINEAR` (looked up there first by the caller)."""
+    kept in :data:`_LINEAR` under ``n`` (looked up there first by the caller)."""
     head = p.step_base_s + p.tp_allreduce_s + p.per_prefill_token_s * 0 + p.per_decode_seq_s * n
     ctx, tail = p.per_context_token_s, p.tp_per_token_s * n
     exact = all(head + ctx * c + tail == p.step_time(0, n, c) for c in (n, 10**6 + n))
-    if len(_LINEAR) > 4096:
-        _LINEAR.clear()
-    hit = _LINEAR[id(p), n] = (p, exact, head, ctx, tail)
+    hit = _LINEAR[n] = (p, exact, head, ctx, tail)
     return hit
