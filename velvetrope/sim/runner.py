@@ -180,6 +180,7 @@ def drive(
     n = len(inp.times)
     times, prompts, outputs = inp.times, inp.prompts, inp.outputs
     templates, prefix_tokens = inp.templates, inp.prefix_tokens
+    tenants, tiers, caps, preds, models = inp.tenants, inp.tiers, inp.caps, inp.preds, inp.models
     max_len = inp.max_len
     pool_index = inp.pool_index
     jobs: list[Job | None] = [None] * n
@@ -194,7 +195,6 @@ def drive(
     runs: list[DecodeRun | None] = [None] * len(fleet)
     arrival_prio = priority(ARRIVAL, 0)  # + i: priority(ARRIVAL, i) (checked below)
     deadline_prio, timeout_prio = priority(DEADLINE), priority(TIMEOUT)
-    plan = plan_decode_run if fast_forward else None
     set_clock = clock.set
     dispatchable = ctl.dispatchable
     route_job = ctl.route
@@ -285,23 +285,25 @@ def drive(
             if freed and ctl.queued:
                 dispatch(t, k)
         b = batchers[k]
+        # A job added since the step began is most likely admitted now, when a plan would
+        # find no run: step at once (stepping is as exact as a run, only slower).
+        if fast_forward and not fresh[k]:
+            run = plan_decode_run(b, t)
+            if run is not None:
+                runs[k] = run
+                pend[k] = None
+                step_end[k] = run.end
+                return
         fresh[k] = 0
-        run = plan(b, t) if plan is not None else None
-        if run is not None:
-            runs[k] = run
-            pend[k] = None
-            at = run.end
-        elif b.has_work:
+        if b.has_work:
             res = b.step(t)
             pend[k] = res.events
-            at = t + res.duration
+            step_end[k] = t + res.duration
         else:
             pend[k] = None
             fleet.stop_busy(k, t)
             if k in draining:
                 leave(k, t)
-            return
-        step_end[k] = at
 
     # The queue deadline, the next client timeout and the next scrape are read again after
     # every event that is not a step end, as the loop before the environment did at each
@@ -393,13 +395,13 @@ def drive(
         set_clock(h)
         job = Job(
             str(i),
-            inp.tenants[i],
-            inp.tiers[i],
+            tenants[i],
+            tiers[i],
             prompts[i],
-            inp.caps[i],
-            model=inp.models[i],
-            predicted_output=inp.preds[i],
-            template=inp.templates[i],  # a shared system prompt: the template
+            caps[i],
+            model=models[i],
+            predicted_output=preds[i],
+            template=templates[i],  # a shared system prompt: the template
         )
         jobs[i] = job
         route_job(job)
