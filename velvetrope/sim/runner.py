@@ -79,7 +79,7 @@ from velvetrope.core import (
     Usage,
 )
 from velvetrope.engine import EngineEvent, Finished, FirstToken
-from velvetrope.engine.fastforward import DecodeRun, plan_decode_run
+from velvetrope.engine.fastforward import DecodeRun
 from velvetrope.sim.env import Environment, priority
 from velvetrope.sim.fleet import Fleet
 from velvetrope.sim.replicas import Replica, ReplicaPool
@@ -192,7 +192,8 @@ def drive(
     route = fleet.route
     members = fleet.members
     pend: list[list[EngineEvent] | None] = [None] * len(fleet)
-    runs: list[DecodeRun | None] = [None] * len(fleet)
+    runs: list[DecodeRun | None] = [None] * len(fleet)  # each replica's run in progress
+    plans = [DecodeRun(b) for b in batchers]  # each replica's, planned again and again
     arrival_prio = priority(ARRIVAL, 0)  # + i: priority(ARRIVAL, i) (checked below)
     deadline_prio, timeout_prio = priority(DEADLINE), priority(TIMEOUT)
     set_clock = clock.set
@@ -288,8 +289,8 @@ def drive(
         # A job added since the step began is most likely admitted now, when a plan would
         # find no run: step at once (stepping is as exact as a run, only slower).
         if fast_forward and not fresh[k]:
-            run = plan_decode_run(b, t)
-            if run is not None:
+            run = plans[k]
+            if run.plan(t):
                 runs[k] = run
                 pend[k] = None
                 step_end[k] = run.end
@@ -467,6 +468,7 @@ def drive(
                     scrapes.add(len(pend))
                     pend.append(None)
                     runs.append(None)
+                    plans.append(DecodeRun(batchers[len(plans)]))
                     step_end.append(math.inf)
                 schedule(r.ready_at, priority(READY, k), on_ready, r)
             for r in drained:
