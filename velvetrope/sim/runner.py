@@ -410,7 +410,7 @@ def drive(
         if job.max_tokens < outputs[i]:  # degraded: the engine stops at the cap
             outputs[i] = job.max_tokens
         d = ctl.arrive(job)
-        kind = d.__class__
+        kind = type(d)
         if record:
             decisions.append((h, "arrive", job.id, _detail(d)))
         if kind is Admitted:
