@@ -59,7 +59,7 @@ def _unset(k: int) -> None:
 
 
 class Environment:
-    """One ``now`` and one event heap (see the module docstring)."""
+    """One ``now``, one event heap and the timers (see the module docstring)."""
 
     __slots__ = ("heap", "now", "on_timer", "order", "timers")
 
