@@ -58,6 +58,7 @@ def check_state(b: Batcher, ledger: Ledger) -> None:
     profile = b.profile
     assert 0 <= b.used_blocks <= b.total_blocks
     assert b.used_blocks + b.free_blocks == b.total_blocks
+    assert b.free_blocks == len(b._kv.free_ids())  # the counter follows the free list
     assert b.kv_usage == b.used_blocks / b.total_blocks
     assert set(b.seq_ids()) == ledger.live
     assert b.num_running + b.num_waiting == len(ledger.live)

@@ -82,6 +82,8 @@ class Pair:
 
     def check(self) -> None:
         assert snapshot(self.ff) == snapshot(self.ref)
+        for b in (self.ref, self.ff):  # the free-block counter follows the free list
+            assert b._kv.num_free == len(b._kv.free_ids())
 
     def add(self, sid: str, prompt: int, output: int, prio: int, prefix: int) -> None:
         p = self.ref.profile

@@ -350,21 +350,26 @@ class Batcher:
         kv = self._kv
         bs = self._profile.block_size
         pc = self._pc
+        if pc is None:  # no prefix caching: no hits, the whole first chunk is allocated
+            new = min(s.known, budget)
+            need = -(-new // bs)
+            if need > kv.num_free:
+                return 0
+            kv.allocate(need, s.blocks)
+            s.computed = s.cached = s.registered = 0
+            return new
         hits: list[int] = []
-        if pc is not None and s.hashes:
+        if s.hashes:
             hits = pc.lookup(s.hashes[: min(len(s.hashes), (s.known - 1) // bs)])
         hit_tokens = len(hits) * bs
         new = min(s.known - hit_tokens, budget)
         need = -(-(hit_tokens + new) // bs) - len(hits)
-        if pc is not None:
-            if need + pc.reclaimable(hits) > pc.num_free:
-                return 0
-            pc.acquire(hits, s.blocks)
-            self.prefix_cache_queries += s.known
-            self.prefix_cache_hits += hit_tokens
-        elif need > kv.num_free:
+        if need + pc.reclaimable(hits) > pc.num_free:
             return 0
-        kv.allocate(need, s.blocks)
+        pc.acquire(hits, s.blocks)
+        self.prefix_cache_queries += s.known
+        self.prefix_cache_hits += hit_tokens
+        pc.allocate(need, s.blocks)
         s.computed = s.cached = hit_tokens
         s.registered = len(hits)
         return new

@@ -5,14 +5,15 @@ batcher mostly repeats one kind of iteration: every running sequence computes it
 sampled token and samples the next one.  Such a *pure-decode* step emits no event when the
 batcher was built with ``token_events=False`` (the simulator's setting), and its duration
 is ``profile.step_time(0, n, context)`` with ``context`` growing by ``n`` per step.  This
-module plans a whole stretch of those steps at once (:func:`plan_decode_run`) and applies
+module plans a whole stretch of those steps at once (:meth:`DecodeRun.plan`) and applies
 any prefix of it in closed form (:meth:`DecodeRun.apply`): O(running sequences + blocks
 allocated) plus a few C float operations per step for its times (the sum of step
 durations is replayed on demand by the compiled :mod:`velvetrope.engine.decode_math`, never
 stored), instead of one :meth:`~velvetrope.engine.Batcher.step` call per step.
 
-Exactness contract: after ``run = plan_decode_run(b, now)`` and ``events = run.apply(j)``
-the batcher is in exactly the state ``j`` calls of ``b.step`` would have left it in,
+Exactness contract: after a run of batcher ``b`` is planned at ``now`` (``run.plan(now)``
+returned ``True``, or ``run = plan_decode_run(b, now)``) and ``events = run.apply(j)``, the
+batcher is in exactly the state ``j`` calls of ``b.step`` would have left it in,
 starting at ``now`` and each starting when the previous one ended (every sequence's
 counters, block tables in the same order with the same block ids, the allocator's free
 list and, with prefix caching, its evictions, the step count); ``events`` are the events
@@ -56,7 +57,7 @@ from __future__ import annotations
 
 import bisect
 from itertools import accumulate
-from operator import add
+from operator import add, attrgetter
 
 from velvetrope.engine.batcher import Batcher
 from velvetrope.engine.decode_math import (
@@ -72,14 +73,20 @@ from velvetrope.engine.queues import GONE, SeqRecord
 
 __all__ = ["DecodeRun", "plan_decode_run"]
 
+_blocks_of = attrgetter("blocks")  # (a C call: cheaper than a comprehension's frame)
+
 
 class DecodeRun:
-    """A planned stretch of ``steps`` pure-decode steps of one batcher, applied on demand.
+    """A stretch of ``steps`` pure-decode steps of one batcher, planned by :meth:`plan` and
+    applied on demand.
 
     ``start(j)`` (``0 <= j <= steps``) is the start of step ``j + 1``, i.e. the end of step
     ``j``; ``start(0)`` is the plan's ``now`` and :attr:`end` the end of the last step.
     ``finishes`` says whether sequences finish in the last step; ``applied`` how many steps
-    the batcher has been brought through so far (:meth:`apply`).
+    the batcher has been brought through so far (:meth:`apply`).  One object serves one
+    batcher: each :meth:`plan` replaces the previous plan, so a caller that plans stretch
+    after stretch keeps one object per batcher instead of building one per stretch
+    (:func:`plan_decode_run` builds one).
     """
 
     __slots__ = (
@@ -102,38 +109,86 @@ class DecodeRun:
         "steps",
     )
 
-    def __init__(
-        self,
-        batcher: Batcher,
-        now: float,
-        computed: list[int],
-        context: int,
-        steps: int,
-        finishes: bool,
-    ) -> None:
-        running = batcher._running
-        n = len(running)
+    def __init__(self, batcher: Batcher) -> None:
+        """No plan yet (nothing to apply): :meth:`plan` makes one."""
         self._batcher = batcher
+        self._running: list[SeqRecord] = batcher._running
+        self._computed: list[int] = []  # each running sequence's computed tokens at the plan
+        self._size = self._base = self._order = self._n_waiting = self._first = 0
+        self._now = self._head = self._ctx = self._tail = self.end = 0.0
+        self._t: list[float] | None = None
+        self.steps = self.applied = 0
+        self.finishes = False
+
+    def plan(self, now: float, min_steps: int = 2) -> bool:
+        """Plan the longest pure-decode stretch of the batcher starting at ``now``.
+
+        Returns ``False`` when fewer than ``min_steps`` (>= 1) steps qualify (see the module
+        docstring): the caller then calls ``batcher.step(now)`` as usual, and there is
+        nothing to apply.  Costs O(running sequences + steps); changes nothing (the waiting
+        queue may drop entries of aborted sequences, as ``step`` would).
+        """
+        self.applied = self.steps  # nothing to apply unless this plan succeeds
+        b = self._batcher
+        p = b._profile
+        running = b._running
+        n = len(running)
+        if not n or p.spec_tokens or b._token_events:
+            return False
+        bs = p.block_size
+        free = b._kv.num_free
+        admit = 0  # blocks the waiting head's first chunk needs, if each step tries to admit it
+        first_fit = b._prefill_first  # admission is tried before the running sequences' blocks
+        budget = p.max_num_batched_tokens - (0 if first_fit else n)
+        if b._n_waiting and budget > 0 and n < p.max_num_seqs:
+            queued = b._waiting.peek()
+            if queued is not None:
+                if b._pc is not None:
+                    return False
+                admit = -(-min(queued.known, budget) // bs)
+                if admit <= free - (0 if first_fit else n):
+                    return False  # it fits whatever the first step allocates
+        steps = p.max_model_len
+        c0: list[int] = []
+        context = 0
+        for s in running:
+            c = s.computed
+            if s.known - c != 1 or not s.generated:
+                return False  # (decoding, its prefix blocks are all computed and registered)
+            left = s.output - s.generated
+            if left < steps:
+                if left < min_steps:
+                    return False
+                steps = left
+            c0.append(c)
+            context += c
+        finishes = True
+        if blocks_taken(c0, 0, steps, bs) > free:
+            finishes = False
+            steps = longest_fit(c0, steps - 1, bs, free)  # the longest prefix whose blocks are free
+            if steps < min_steps:
+                return False
+        if admit and not first_fit and admit <= free - sum(1 for c in c0 if c % bs == 0):
+            return False
         self._running = running
-        self._computed = computed  # each running sequence's computed tokens at the plan
+        self._computed = c0
         self._size = n
-        self._base = batcher._steps
-        self._order = batcher._order
-        self._n_waiting = batcher._n_waiting
+        self._base = b._steps
+        self._order = b._order
+        self._n_waiting = b._n_waiting
         self.steps = steps
         self.finishes = finishes
         self.applied = 0
         # Step j lasts step_time(0, n, first + n * (j - 1)): in closed form (replayed by
         # velvetrope.engine.decode_math), or summed into a list when the closed form does
         # not reproduce the profile's step_time (exact, only slower).
-        p = batcher._profile
         first = context + n
         self._now, self._first = now, first
-        lin = _LINEAR.get((id(p), n))
+        lin = _LINEAR.get(n)
         if lin is None or lin[0] is not p:
             lin = _linear(p, n)
-        self._t: list[float] | None = None
         if lin[1]:
+            self._t = None
             head, ctx, tail = self._head, self._ctx, self._tail = lin[2], lin[3], lin[4]
             self.end = step_end(now, head, ctx, tail, first, n, steps)
         else:
@@ -141,8 +196,8 @@ class DecodeRun:
             rng = range(first, first + n * steps, n)
             t = list(accumulate([step_time(0, n, x) for x in rng], add, initial=now))
             self._t = t
-            self._head = self._ctx = self._tail = 0.0
             self.end = t[steps]
+        return True
 
     def start(self, j: int) -> float:
         """When step ``j + 1`` starts (step ``j`` ends), ``0 <= j <= steps``."""
@@ -206,111 +261,68 @@ class DecodeRun:
         delta = steps - done
         if not delta:
             return []
-        n = self._size
         kv = b._kv
         bs = b._profile.block_size
         c = self._computed
         taken = blocks_taken(c, done, delta, bs)
         if taken:  # one allocation == `taken` single ones, in order
-            if n == 1:
+            if self._size == 1:
                 kv.allocate(taken, running[0].blocks)
             else:
                 got: list[int] = []
                 kv.allocate(taken, got)
-                deal_blocks(c, done, got, bs, [s.blocks for s in running])
+                deal_blocks(c, done, got, bs, list(map(_blocks_of, running)))
         stamp = self._base = b._steps = b._steps + delta
         self.applied = steps
-        finish = steps == self.steps and self.finishes  # sequences finish in this step
-        t = self.end
-        events: list[EngineEvent] = []
-        left: list[SeqRecord] = []
         for s in running:
             s.computed += delta
-            g = s.generated = s.generated + delta
+            s.generated += delta
             s.known += delta
             if not s.decoding:  # (a decoding sequence has new == 1 and spec == 0 already)
                 s.new = 1
                 s.decoding = True
                 s.spec = 0
             s.scheduled_at = stamp
-            if finish and g == s.output:  # it goes: its event, its blocks freed
+        if steps < self.steps or not self.finishes:
+            return []
+        # the last step, in which sequences finish: their events, their blocks freed
+        t = self.end
+        seqs = b._seqs
+        events: list[EngineEvent] = []
+        left: list[SeqRecord] = []
+        for s in running:
+            g = s.generated
+            if g == s.output:
                 events.append(Finished(s.seq_id, t, s.prompt, g))
                 kv.free(s.blocks)
                 s.state = GONE
-                del b._seqs[s.seq_id]
+                del seqs[s.seq_id]
             else:
                 left.append(s)
-        if finish:
-            b._running = left
+        b._running = left
         return events
 
 
 def plan_decode_run(batcher: Batcher, now: float, min_steps: int = 2) -> DecodeRun | None:
-    """Plan the longest pure-decode stretch of ``batcher`` starting at ``now``.
-
-    Returns ``None`` when fewer than ``min_steps`` (>= 1) steps qualify (see the module
-    docstring); the caller then calls ``batcher.step(now)`` as usual.  Costs O(running
-    sequences + steps); changes nothing (the waiting queue may drop entries of aborted
-    sequences, as ``step`` would).
-    """
-    b = batcher
-    p = b._profile
-    running = b._running
-    n = len(running)
-    if not n or p.spec_tokens or b._token_events:
-        return None
-    bs = p.block_size
-    free = b._kv.num_free
-    admit = 0  # blocks the waiting head's first chunk needs, if each step tries to admit it
-    first_fit = b._prefill_first  # admission is tried before the running sequences' blocks
-    budget = p.max_num_batched_tokens - (0 if first_fit else n)
-    if b._n_waiting and budget > 0 and n < p.max_num_seqs:
-        head = b._waiting.peek()
-        if head is not None:
-            if b._pc is not None:
-                return None
-            admit = -(-min(head.known, budget) // bs)
-            if admit <= free - (0 if first_fit else n):
-                return None  # it fits whatever the first step allocates
-    steps = p.max_model_len
-    c0: list[int] = []
-    context = 0
-    for s in running:
-        c = s.computed
-        if s.known - c != 1 or not s.generated:
-            return None  # (decoding, its prefix blocks are all computed and registered)
-        left = s.output - s.generated
-        if left < steps:
-            if left < min_steps:
-                return None
-            steps = left
-        c0.append(c)
-        context += c
-    finishes = True
-    if blocks_taken(c0, 0, steps, bs) > free:
-        finishes = False
-        steps = longest_fit(c0, steps - 1, bs, free)  # the longest prefix whose blocks are free
-        if steps < min_steps:
-            return None
-    if admit and not first_fit and admit <= free - sum(1 for c in c0 if c % bs == 0):
-        return None
-    return DecodeRun(b, now, c0, context, steps, finishes)
+    """A new :class:`DecodeRun` of ``batcher`` planned at ``now`` (:meth:`DecodeRun.plan`),
+    or ``None`` when no stretch of ``min_steps`` steps qualifies."""
+    run = DecodeRun(batcher)
+    return run if run.plan(now, min_steps) else None
 
 
-_LINEAR: dict[tuple[int, int], tuple[EngineProfile, bool, float, float, float]] = {}
-"""Per (profile id, batch size) the profile (so that its id stays its own), whether the closed
-form reproduces ``step_time`` and, if so, its constant part, context coefficient and tail
-(:func:`_linear`)."""
+_LINEAR: dict[int, tuple[EngineProfile, bool, float, float, float]] = {}
+"""Per batch size, the profile last seen with it, whether the closed form reproduces its
+``step_time`` and, if so, its constant part, context coefficient and tail (:func:`_linear`).
+Keyed by the batch size alone, which is cheaper than a tuple key: the caller takes an entry
+only if its profile is the batcher's, and replaces it otherwise."""
 
 
 def _linear(p: EngineProfile, n: int) -> tuple[EngineProfile, bool, float, float, float]:
     """``(p, exact, head, ctx, tail)`` with ``step_time(0, n, c) == head + ctx * c + tail``
     bit for bit (the order step_time sums in) when ``exact``, checked at two contexts and
-    kept in :data:`_LINEAR` (looked up there first by the caller)."""
+    kept in :data:`_LINEAR` under ``n`` (looked up there first by the caller)."""
     head = p.step_base_s + p.tp_allreduce_s + p.per_prefill_token_s * 0 + p.per_decode_seq_s * n
     ctx, tail = p.per_context_token_s, p.tp_per_token_s * n
     exact = all(head + ctx * c + tail == p.step_time(0, n, c) for c in (n, 10**6 + n))
-    if len(_LINEAR) > 4096:
-        _LINEAR.clear()
-    hit = _LINEAR[id(p), n] = (p, exact, head, ctx, tail)
+    hit = _LINEAR[n] = (p, exact, head, ctx, tail)
     return hit

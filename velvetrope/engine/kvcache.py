@@ -10,7 +10,9 @@ Contract:
 * ids are the integers ``0 .. num_blocks - 1``; each is either free or in exactly one
   block table handed to :meth:`BlockAllocator.allocate`;
 * :meth:`~BlockAllocator.allocate` never hands out more blocks than are free: asking for
-  more raises ``ValueError`` and changes nothing (callers check :attr:`num_free` first);
+  more raises ``ValueError`` and changes nothing (callers check :attr:`~BlockPool.num_free`
+  first: a plain attribute, kept up to date by every operation, since the batcher reads it
+  on its hot path);
 * :meth:`~BlockAllocator.free` returns a table's blocks to the pool and empties the table;
   :meth:`~BlockAllocator.release_tail` returns the blocks past a given length.
 
@@ -36,7 +38,7 @@ def blocks_for(tokens: int, block_size: int) -> int:
 class BlockPool(ABC):
     """What every block pool has: its size, and how much of it is free (``num_free``)."""
 
-    __slots__ = ("block_size", "num_blocks")
+    __slots__ = ("block_size", "num_blocks", "num_free")
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks < 1 or block_size < 1:
@@ -46,11 +48,13 @@ class BlockPool(ABC):
             )
         self.num_blocks = num_blocks
         self.block_size = block_size
+        self.num_free = num_blocks
+        """Blocks held by no table (allocatable now); subclasses keep it up to date."""
 
-    @property
     @abstractmethod
-    def num_free(self) -> int:
-        """Blocks held by no table (allocatable now)."""
+    def allocate(self, n: int, table: list[int]) -> None:
+        """Move ``n`` free blocks to the end of ``table`` (``ValueError`` if more than
+        :attr:`num_free`, and nothing changes)."""
 
     @property
     def num_used(self) -> int:
@@ -77,11 +81,6 @@ class BlockAllocator(BlockPool):
         # Reversed so that block 0 is handed out first.
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))
 
-    @property
-    def num_free(self) -> int:
-        """Blocks not held by any table."""
-        return len(self._free)
-
     def allocate(self, n: int, table: list[int]) -> None:
         """Move ``n`` free blocks to the end of ``table``.
 
@@ -91,6 +90,7 @@ class BlockAllocator(BlockPool):
         free = self._free
         if n == 1 and free:  # the common case: a sequence crossing a block boundary
             table.append(free.pop())
+            self.num_free -= 1
             return
         if n < 0 or n > len(free):
             raise ValueError(f"cannot allocate {n} KV blocks: {len(free)} free")
@@ -98,17 +98,20 @@ class BlockAllocator(BlockPool):
             cut = len(free) - n
             table += free[: cut - 1 : -1] if cut else free[::-1]  # free[cut:], reversed
             del free[cut:]
+            self.num_free = cut
 
     def free(self, table: list[int]) -> None:
         """Return every block of ``table`` to the pool and clear ``table``."""
         if table:
             self._free += table[::-1]
+            self.num_free += len(table)
             table.clear()
 
     def release_tail(self, table: list[int], keep: int) -> None:
         """Return ``table[keep:]`` to the pool and truncate ``table`` to ``keep`` blocks."""
         if len(table) > keep:
             self._free.extend(reversed(table[keep:]))
+            self.num_free = len(self._free)
             del table[keep:]
 
     def free_ids(self) -> frozenset[int]:

@@ -90,11 +90,6 @@ class PrefixCachingAllocator(BlockPool):
         """Cached blocks whose hash was dropped to reuse the block (cumulative)."""
 
     @property
-    def num_free(self) -> int:
-        """Blocks held by no table (cached or not): allocatable now."""
-        return len(self._free)
-
-    @property
     def num_cached(self) -> int:
         """Blocks that carry a hash (held or free), i.e. reusable by a lookup."""
         return len(self._by_hash)
@@ -127,6 +122,7 @@ class PrefixCachingAllocator(BlockPool):
                 del free[b]
             ref[b] += 1
             table.append(b)
+        self.num_free = len(free)
 
     def allocate(self, n: int, table: list[int]) -> None:
         """Move ``n`` blocks from the front of the free queue to the end of ``table``.
@@ -147,6 +143,7 @@ class PrefixCachingAllocator(BlockPool):
                 self.evictions += 1
             ref[b] = 1
             table.append(b)
+        self.num_free = len(free)
 
     def free(self, table: list[int]) -> None:
         """Drop ``table``'s references (tail first) and clear it; blocks at 0 become free."""
@@ -157,6 +154,7 @@ class PrefixCachingAllocator(BlockPool):
             if r == 0:
                 free[b] = None
         table.clear()
+        self.num_free = len(free)
 
     def release_tail(self, table: list[int], keep: int) -> None:
         """Drop the references of ``table[keep:]`` and truncate ``table`` to ``keep``."""

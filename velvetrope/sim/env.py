@@ -11,7 +11,13 @@ afford:
   :attr:`now` to the event's time and calls it, until the heap is empty or the next event is
   later than ``until``; a callback may schedule more events, at ``now`` or later;
 * an event is cancelled by whoever scheduled it (it keeps a token and ignores a call whose
-  token is stale): the heap never needs a search.
+  token is stale): the heap never needs a search;
+* :attr:`Environment.timers` are events outside the heap, one per index ``k``, each pending
+  at ``timers[k]`` (``inf``: not pending) and run as ``on_timer(k)``: setting ``timers[k]``
+  (never before :attr:`now`) moves timer ``k``, so a time that keeps changing leaves no
+  stale event behind, and a timer costs no heap operation.  At one time, timers run before
+  every heap event, lower index first; :meth:`~Environment.run` clears a timer before it
+  runs it.
 
 A hot loop that schedules by the ten thousand and knows its times are never before
 :attr:`now` may skip :meth:`~Environment.schedule`'s call and check:
@@ -20,8 +26,9 @@ A hot loop that schedules by the ten thousand and knows its times are never befo
 else).
 
 Priorities are integers, lower first; :func:`priority` packs an event class and a rank
-within the class into one, so that, for example, every replica's step end at a time comes
-before any arrival at that time, and step ends among themselves go by replica number.
+within the class into one, so that, for example, a scrape at a time comes before any arrival
+at that time.  Timers suit a few sources whose next time is moved often (a replica's step
+end): :meth:`~Environment.run` takes the earliest of them by a scan, each event.
 """
 
 from __future__ import annotations
@@ -47,20 +54,30 @@ def priority(event_class: int, rank: int = 0) -> int:
     return (event_class << _RANK_BITS) | rank
 
 
+def _unset(k: int) -> None:
+    raise PolicyError(f"timer {k} is due but the environment has no on_timer")
+
+
 class Environment:
-    """One ``now`` and one event heap (see the module docstring)."""
+    """One ``now``, one event heap and the timers (see the module docstring)."""
 
-    __slots__ = ("heap", "now", "order")
+    __slots__ = ("heap", "now", "on_timer", "order", "timers")
 
-    def __init__(self, start: float = 0.0) -> None:
+    def __init__(
+        self, start: float = 0.0, *, timers: int = 0, on_timer: Callable[[int], None] | None = None
+    ) -> None:
         self.now = float(start)
         self.heap: list[tuple[float, int, int, Callable[[Any], None], Any]] = []
         """The pending events ``(at, prio, sequence, callback, arg)`` (a heapq heap)."""
         self.order = itertools.count(1)
         """The events' sequence numbers, in scheduling order."""
+        self.timers = [math.inf] * timers
+        """When each timer is due (``inf``: not pending); set directly, may be appended to."""
+        self.on_timer = on_timer or _unset
+        """What a due timer runs, with its index."""
 
     def __len__(self) -> int:
-        return len(self.heap)
+        return len(self.heap) + sum(1 for t in self.timers if t < math.inf)
 
     def schedule(
         self, at: float, prio: int, callback: Callable[[Any], None], arg: Any = None
@@ -72,22 +89,30 @@ class Environment:
 
     def peek(self) -> float:
         """The time of the next event (``inf`` when there is none)."""
-        return self.heap[0][0] if self.heap else math.inf
+        return min([self.heap[0][0] if self.heap else math.inf, *self.timers])
 
     def run(self, until: float = math.inf) -> None:
         """Run events in order until none is left or the next is later than ``until``; then
         :attr:`now` is the last event's time (or ``until`` if it is finite and later)."""
         heap = self.heap
+        timers = self.timers
+        on_timer = self.on_timer
         pop = heapq.heappop
-        if until == math.inf:  # (the same loop, without a comparison per event)
-            while heap:
+        inf = math.inf
+        while True:
+            t = min(timers) if timers else inf
+            if heap and heap[0][0] < t:  # (a timer goes first at equal times)
+                if heap[0][0] > until:
+                    break
                 at, _, _, callback, arg = pop(heap)
                 self.now = at
                 callback(arg)
-            return
-        while heap and heap[0][0] <= until:
-            at, _, _, callback, arg = pop(heap)
-            self.now = at
-            callback(arg)
+            elif t <= until and t < inf:
+                k = timers.index(t)
+                timers[k] = inf
+                self.now = t
+                on_timer(k)
+            else:
+                break
         if math.isfinite(until) and until > self.now:
             self.now = until

@@ -160,8 +160,7 @@ class Fleet:
             i = self._next[pool] % len(m)
             self._next[pool] = i + 1
             return m[i]
-        load = self.load
-        return m[least_loaded([load[k] for k in m])]
+        return m[least_loaded(list(map(self.load.__getitem__, m)))]
 
     def busy_until(self, k: int, now: float) -> float:
         """Replica ``k``'s busy seconds up to ``now``."""

@@ -1,13 +1,15 @@
 """The simulator's event loop on the event environment (:mod:`velvetrope.sim.env`).
 
-:func:`drive` runs one prepared workload: every source of events is an event on the one
-heap, at its time, with a priority class, and a tie in time goes by class, then by rank
-within the class, then by scheduling order:
+:func:`drive` runs one prepared workload: every source of events is an event of the one
+environment, at its time.  A replica's step end (or the moment an idle replica was given
+work) is the environment's timer number ``k`` for replica ``k``: at a time, step ends come
+first, by replica number.  Every other event is on the environment's heap with a priority
+class, and a tie in time goes by class, then by rank within the class, then by scheduling
+order:
 
 ==========  =========================================================  ===============
 class       event                                                      rank
 ==========  =========================================================  ===============
-0 STEP      a replica's step ends (or an idle replica was given work)  replica number
 1 SCRAPE    the engines are read for the saturation rule (fleet)
 2 READY     a starting replica's start-up is over                      replica number
 3 PROM      Prometheus scrapes the autoscaler's signal
@@ -36,10 +38,10 @@ moves the clock, as before: the run's span is unchanged.  The
 core (a step end only if it delivers events), so a run's span is the last such moment.
 
 Fast-forward (:mod:`velvetrope.engine.fastforward`): a replica whose next steps are pure
-decode gets one STEP event at the end of the whole stretch.  Anything that touches it
+decode has its step end at the end of the whole stretch.  Anything that touches it
 earlier (a dispatch to it, a client timeout of one of its jobs) first applies the stretch
-up to the step in progress (``settle``) and moves its STEP event to that step's end: the
-old event keeps a stale version and is ignored.  A scrape reads each run as it stands at
+up to the step in progress (``settle``) and moves its step end there (its timer: nothing
+stale is left behind).  A scrape reads each run as it stands at
 the step in progress without applying it (``projected``: only its KV blocks change before
 its last step) and lets it go on; the autoscaler's signal, which reads the batchers
 themselves, applies every run up to the step in progress first (``bring_up``).  A step
@@ -77,7 +79,7 @@ from velvetrope.core import (
     Usage,
 )
 from velvetrope.engine import EngineEvent, Finished, FirstToken
-from velvetrope.engine.fastforward import DecodeRun, plan_decode_run
+from velvetrope.engine.fastforward import DecodeRun
 from velvetrope.sim.env import Environment, priority
 from velvetrope.sim.fleet import Fleet
 from velvetrope.sim.replicas import Replica, ReplicaPool
@@ -88,10 +90,9 @@ LogEntry = tuple[float, str, str, str]
 
 __all__ = ["Autoscaling", "Inputs", "LogEntry", "Scaler", "Trace", "drive"]
 
-STEP, SCRAPE, READY, PROM, SCALE, DEADLINE, TIMEOUT, ARRIVAL = range(8)
+SCRAPE, READY, PROM, SCALE, DEADLINE, TIMEOUT, ARRIVAL = range(1, 8)
 _BY_ALL = 1 << 30
 """The ``by`` of events that are not step ends: after every replica's (fast-forward)."""
-_KBITS = 24
 _tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
 _QUEUED = JobState.QUEUED
 _DISPATCHED = JobState.DISPATCHED
@@ -172,12 +173,14 @@ def drive(
 ) -> Trace:
     """Run every event of the workload (see the module docstring); an autoscaler's polls and
     scrapes go on at least ``until``."""
-    env = Environment()
+    env = Environment(timers=len(fleet))
     schedule = env.schedule
-    heap, order = env.heap, env.order  # step ends and arrivals are never before now: pushed
+    heap, order = env.heap, env.order  # arrivals are never before now: pushed
+    step_end = env.timers  # replica k's next step end (never before now); inf: none
     n = len(inp.times)
     times, prompts, outputs = inp.times, inp.prompts, inp.outputs
     templates, prefix_tokens = inp.templates, inp.prefix_tokens
+    tenants, tiers, caps, preds, models = inp.tenants, inp.tiers, inp.caps, inp.preds, inp.models
     max_len = inp.max_len
     pool_index = inp.pool_index
     jobs: list[Job | None] = [None] * n
@@ -189,12 +192,10 @@ def drive(
     route = fleet.route
     members = fleet.members
     pend: list[list[EngineEvent] | None] = [None] * len(fleet)
-    runs: list[DecodeRun | None] = [None] * len(fleet)
-    ver = [0] * len(fleet)
-    step_prio = [priority(STEP, k) for k in range(len(fleet))]
+    runs: list[DecodeRun | None] = [None] * len(fleet)  # each replica's run in progress
+    plans = [DecodeRun(b) for b in batchers]  # each replica's, planned again and again
     arrival_prio = priority(ARRIVAL, 0)  # + i: priority(ARRIVAL, i) (checked below)
     deadline_prio, timeout_prio = priority(DEADLINE), priority(TIMEOUT)
-    plan = plan_decode_run if fast_forward else None
     set_clock = clock.set
     dispatchable = ctl.dispatchable
     route_job = ctl.route
@@ -208,13 +209,6 @@ def drive(
     samples_f: list[int] = []
     draining: dict[int, Replica] = {}
     auto = autoscaling
-    kmask = (1 << _KBITS) - 1
-
-    def step_at(k: int, t: float) -> None:
-        """Replica ``k``'s next step end (or start) is at ``t``; an earlier event is stale."""
-        v = ver[k] + 1
-        ver[k] = v
-        heappush(heap, (t, step_prio[k], next(order), on_step, (v << _KBITS) | k))
 
     def settle(k: int, now: float, by: int) -> None:
         """Apply replica ``k``'s pending decode run up to its step in progress at ``now``
@@ -228,7 +222,7 @@ def drive(
         j = run.started(now, inclusive=k < by)
         pend[k] = run.apply(j)
         if j < run.steps:
-            step_at(k, run.start(j))
+            step_end[k] = run.start(j)
 
     def launch(batch: Sequence[Job], now: float, by: int) -> bool:
         """Send dispatched jobs to replicas; True if some failed (capacity was released)."""
@@ -260,7 +254,7 @@ def drive(
             if not active[k]:
                 fleet.start_busy(k, now)
                 pend[k] = None
-                step_at(k, now)
+                step_end[k] = now
         return failed
 
     def dispatch(now: float, by: int) -> None:
@@ -269,10 +263,7 @@ def drive(
             if not batch or not launch(batch, now, by):
                 return
 
-    def on_step(arg: int) -> None:
-        k = arg & kmask
-        if arg >> _KBITS != ver[k]:
-            return  # moved by a settled decode run
+    def on_step(k: int) -> None:
         t = env.now
         run = runs[k]
         if run is None:
@@ -295,23 +286,25 @@ def drive(
             if freed and ctl.queued:
                 dispatch(t, k)
         b = batchers[k]
+        # A job added since the step began is most likely admitted now, when a plan would
+        # find no run: step at once (stepping is as exact as a run, only slower).
+        if fast_forward and not fresh[k]:
+            run = plans[k]
+            if run.plan(t):
+                runs[k] = run
+                pend[k] = None
+                step_end[k] = run.end
+                return
         fresh[k] = 0
-        run = plan(b, t) if plan is not None else None
-        if run is not None:
-            runs[k] = run
-            pend[k] = None
-            at = run.end
-        elif b.has_work:
+        if b.has_work:
             res = b.step(t)
             pend[k] = res.events
-            at = t + res.duration
+            step_end[k] = t + res.duration
         else:
             pend[k] = None
             fleet.stop_busy(k, t)
             if k in draining:
                 leave(k, t)
-            return
-        step_at(k, at)
 
     # The queue deadline, the next client timeout and the next scrape are read again after
     # every event that is not a step end, as the loop before the environment did at each
@@ -403,13 +396,13 @@ def drive(
         set_clock(h)
         job = Job(
             str(i),
-            inp.tenants[i],
-            inp.tiers[i],
+            tenants[i],
+            tiers[i],
             prompts[i],
-            inp.caps[i],
-            model=inp.models[i],
-            predicted_output=inp.preds[i],
-            template=inp.templates[i],  # a shared system prompt: the template
+            caps[i],
+            model=models[i],
+            predicted_output=preds[i],
+            template=templates[i],  # a shared system prompt: the template
         )
         jobs[i] = job
         route_job(job)
@@ -417,7 +410,7 @@ def drive(
         if job.max_tokens < outputs[i]:  # degraded: the engine stops at the cap
             outputs[i] = job.max_tokens
         d = ctl.arrive(job)
-        kind = d.__class__
+        kind = type(d)
         if record:
             decisions.append((h, "arrive", job.id, _detail(d)))
         if kind is Admitted:
@@ -472,11 +465,11 @@ def drive(
             for r in started:  # the pool took a new engine slot from the fleet for each
                 k = r.slot
                 while len(pend) <= k:
+                    scrapes.add(len(pend))
                     pend.append(None)
                     runs.append(None)
-                    ver.append(0)
-                    step_prio.append(priority(STEP, len(step_prio)))
-                    scrapes.add(len(step_prio) - 1)
+                    plans.append(DecodeRun(batchers[len(plans)]))
+                    step_end.append(math.inf)
                 schedule(r.ready_at, priority(READY, k), on_ready, r)
             for r in drained:
                 k = r.slot
@@ -510,6 +503,7 @@ def drive(
             or auto.replicas.ready != auto.replicas.asked
         )  # fmt: skip
 
+    env.on_timer = on_step
     if auto is not None:
         set_live(0.0)
         if auto.signal is not None:
