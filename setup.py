@@ -1,6 +1,6 @@
 """Build hook: the admission core's hot modules, the gateway's per-request modules that need
 nothing but the core (the admission bridge, the response headers, the disconnect watches,
-the metric updates, the stream relay and its SSE reader, the in-memory bucket store) and the simulator's
+the metric updates, the stream relay and its SSE reader) and the simulator's
 decode-stretch arithmetic (``velvetrope/engine/decode_math.py``), compiled to C with mypyc.
 
 They are typed under ``mypy --strict``; mypyc turns them into C extensions that the gateway
@@ -37,7 +37,6 @@ COMPILED = [
     "velvetrope/gateway/relay.py",
     "velvetrope/gateway/series.py",
     "velvetrope/openai/sse.py",
-    "velvetrope/store/memory.py",
 ]
 
 
