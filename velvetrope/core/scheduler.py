@@ -118,12 +118,9 @@ class Scheduler:
         b = self.bands[band]
         return b.max_queued is not None and b.count >= b.max_queued
 
-    def push(self, job: Job) -> None:
-        """Queue ``job`` (already QUEUED, with ``band``, ``seq`` and ``cost`` set)."""
-        self.enqueue(job, job.band, job.cost)
-
     def enqueue(self, job: Job, band: int, cost: int) -> None:
-        """:meth:`push` given ``job``'s ``band`` and ``cost`` (the controller read them)."""
+        """Queue ``job`` (already QUEUED, with ``seq`` set) in band number ``band``; ``band``
+        and ``cost`` are the job's, passed in (the controller has read them)."""
         b = self.bands[band]
         if self._weighted and b.count == 0:
             live = [x.vpass for x in self.bands if x.count]

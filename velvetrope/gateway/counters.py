@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 
 from velvetrope.gateway.series import CounterChild, HistogramChild
 
-__all__ = ["CounterChild", "HistogramChild", "LoopCounter", "LoopHistogram"]
+__all__ = ["LoopCounter", "LoopHistogram"]
 
 
 class LoopCounter(Collector):

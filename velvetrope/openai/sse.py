@@ -14,7 +14,7 @@ response body says about tokens.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Final
 
 import orjson
 
@@ -92,12 +92,11 @@ def usage_of(obj: object) -> Usage | None:
     except (TypeError, KeyError, IndexError):  # not an object, or not one with both counts
         return None
     if isinstance(obj, dict) and isinstance(p, int) and isinstance(c, int):
-        return _USAGE(Usage, (p, c))
+        return _tuple(Usage, (p, c))
     return None
 
 
-_USAGE = tuple.__new__
-"""Builds a :class:`~velvetrope.core.Usage` without its Python-level ``__new__``."""
+_tuple: Final = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
 
 
 _TEXT_KEYS = re.compile(rb'"(?:content|text)"\s*:\s*"(?!")')
