@@ -1,7 +1,8 @@
 """Build hook: the admission core's hot modules, the gateway's per-request modules that need
 nothing but the core (the admission bridge, the response headers, the disconnect watches,
-the metric updates, the stream relay and its SSE reader) and the simulator's
-decode-stretch arithmetic (``velvetrope/engine/decode_math.py``), compiled to C with mypyc.
+the metric updates, the stream relay and its SSE reader), the engine model's batcher (its
+queues, KV-block pools, events and decode-stretch fast-forward) and the simulator's event
+loop (``velvetrope/sim/env.py``, ``velvetrope/sim/runner.py``), compiled to C with mypyc.
 
 They are typed under ``mypy --strict``; mypyc turns them into C extensions that the gateway
 and the simulator import in place of the ``.py`` files (see the README for what it gains).
@@ -30,13 +31,21 @@ COMPILED = [
     "velvetrope/core/routing.py",
     "velvetrope/core/saturation.py",
     "velvetrope/core/scheduler.py",
+    "velvetrope/engine/batcher.py",
     "velvetrope/engine/decode_math.py",
+    "velvetrope/engine/events.py",
+    "velvetrope/engine/fastforward.py",
+    "velvetrope/engine/kvcache.py",
+    "velvetrope/engine/prefix_cache.py",
+    "velvetrope/engine/queues.py",
     "velvetrope/gateway/admission.py",
     "velvetrope/gateway/admission_headers.py",
     "velvetrope/gateway/disconnects.py",
     "velvetrope/gateway/relay.py",
     "velvetrope/gateway/series.py",
     "velvetrope/openai/sse.py",
+    "velvetrope/sim/env.py",
+    "velvetrope/sim/runner.py",
 ]
 
 

@@ -8,6 +8,7 @@ batchers side by side; after every operation their whole state is compared."""
 from __future__ import annotations
 
 import random
+import types
 from collections import Counter
 from dataclasses import dataclass, fields
 from typing import Any
@@ -17,8 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from velvetrope.engine import Batcher, EngineProfile, list_profiles, load_profile
-from velvetrope.engine.fastforward import plan_decode_run
+from velvetrope.engine.fastforward import DecodeRun, RunCounts, plan_decode_run
 from velvetrope.engine.prefix_cache import PrefixCachingAllocator
+from velvetrope.engine.queues import SeqRecord
 
 
 def small(profile: EngineProfile, **kw: Any) -> EngineProfile:
@@ -39,11 +41,18 @@ SMALL = [small(p) for p in PROFILES]
 TP = small(PROFILES[0], tensor_parallel_size=4, tp_allreduce_s=0.0016, tp_per_token_s=3e-7)
 
 
+SEQ_FIELDS = sorted(
+    name
+    for name, v in vars(SeqRecord).items()
+    if isinstance(v, types.MemberDescriptorType | types.GetSetDescriptorType) and name != "blocks"
+)
+"""A sequence record's fields but its block table (slots, or a compiled class's attributes)."""
+
+
 def snapshot(b: Batcher) -> dict[str, Any]:
     """Everything a later step could depend on, and everything a caller could read."""
     seqs = {
-        sid: {slot: getattr(s, slot) for slot in type(s).__slots__ if slot != "blocks"}
-        | {"blocks": list(s.blocks)}
+        sid: {slot: getattr(s, slot) for slot in SEQ_FIELDS} | {"blocks": list(s.blocks)}
         for sid, s in b._seqs.items()
     }
     kv = b._kv
@@ -227,6 +236,10 @@ def program(seed: int, n: int) -> list[tuple[Any, ...]]:
     return ops
 
 
+def test_the_snapshot_sees_every_field() -> None:
+    assert len(SEQ_FIELDS) == 18 and "generated" in SEQ_FIELDS and "state" in SEQ_FIELDS
+
+
 @pytest.mark.parametrize("profile", [*SMALL, TP], ids=lambda p: p.name)
 def test_seeded_programs_cover_every_kind_of_run(profile: EngineProfile) -> None:
     """The random programs above are not vacuous: runs happen, are cut at every kind of
@@ -294,6 +307,30 @@ def test_a_stale_run_refuses_to_apply() -> None:
         run.apply(run.steps)  # spent
 
 
+@pytest.mark.parametrize("profile", [PROFILES[0], None], ids=["closed form", "summed"])
+def test_a_run_tallies_its_applications_and_ties(profile: EngineProfile | None) -> None:
+    """``counts`` records each application (whole or cut, and the steps it advanced) and
+    each ``started`` asked at the very start of a step, by its ``inclusive``."""
+    b = Batcher(profile or Odd.of(PROFILES[0]), token_events=False)
+    b.add("a", 10, 50, 0.0)
+    counts = RunCounts()
+    run = DecodeRun(b, counts)
+    assert run.plan(b.step(0.0).end)
+    assert run.steps == 49
+    t3 = run.start(3)
+    assert run.started(t3, inclusive=True) == 4
+    assert run.started(t3, inclusive=False) == 3
+    assert run.started((run.start(3) + run.start(4)) / 2, inclusive=True) == 4  # no tie
+    assert counts == RunCounts(ties_inclusive=1, ties_exclusive=1)
+    assert run.apply(3) == []
+    assert run.apply(3) == []  # nothing new: not counted
+    assert len(run.apply(run.steps)) == 1
+    assert counts == RunCounts(whole=1, cut=1, steps=49, ties_inclusive=1, ties_exclusive=1)
+    assert plan_decode_run(b, 0.0) is None
+    other = DecodeRun(b)
+    assert other.counts == RunCounts() and other.counts is not counts
+
+
 @dataclass(frozen=True, slots=True)
 class Odd(EngineProfile):
     """A profile whose step time is not the linear formula the closed form assumes."""
@@ -303,9 +340,14 @@ class Odd(EngineProfile):
     ) -> float:
         return 0.01 + 1e-9 * context_tokens**2 + 1e-4 * (prefill_tokens + decode_seqs)
 
+    @classmethod
+    def of(cls, profile: EngineProfile) -> Odd:
+        """``profile``'s settings with this step time."""
+        return cls(**{f.name: getattr(profile, f.name) for f in fields(EngineProfile)})
+
 
 def test_a_step_time_the_closed_form_does_not_know_is_still_exact() -> None:
     """The closed form is checked against ``step_time`` and gives way to per-step calls."""
-    odd = Odd(**{f.name: getattr(SMALL[0], f.name) for f in fields(EngineProfile)})
+    odd = Odd.of(SMALL[0])
     pair = play(odd, False, program(2, 200))
     assert pair.seen["run"] > 0

@@ -6,7 +6,6 @@ routers, and when step boundaries tie with arrivals, timeouts and other replicas
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import fields
 from typing import Any
 
@@ -16,7 +15,7 @@ import pytest
 from tests.sim.test_loop import STRESS_POLICY, stress_workload
 from velvetrope.core import PolicyConfig
 from velvetrope.engine import EngineProfile, list_profiles, load_profile
-from velvetrope.engine.fastforward import DecodeRun
+from velvetrope.engine.fastforward import RunCounts
 from velvetrope.sim.loop import run_simulation
 from velvetrope.sim.prefixes import with_system_prompts
 from velvetrope.sim.result import SimResult
@@ -44,73 +43,50 @@ def assert_same(a: SimResult, b: SimResult) -> None:
         assert np.array_equal(x, y)
 
 
-class Spy:
-    """Counts how decode runs were applied: cut short, whole, with ties at cut points."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.seen: Counter[str] = Counter()
-        apply, started = DecodeRun.apply, DecodeRun.started
-
-        def spy_apply(run: DecodeRun, steps: int) -> Any:
-            self.seen["whole" if steps == run.steps else "cut"] += 1
-            return apply(run, steps)
-
-        def spy_started(run: DecodeRun, t: float, *, inclusive: bool) -> int:
-            if any(run.start(i) == t for i in range(run.steps)):
-                self.seen["tie, inclusive" if inclusive else "tie, exclusive"] += 1
-            return started(run, t, inclusive=inclusive)
-
-        monkeypatch.setattr(DecodeRun, "apply", spy_apply)
-        monkeypatch.setattr(DecodeRun, "started", spy_started)
-
-
 def both(*args: Any, **kw: Any) -> tuple[SimResult, SimResult]:
+    """The run fast-forwarded and stepped; the stepped one applied no decode run."""
     ff = run_simulation(*args, **kw, record_decisions=True)
     step = run_simulation(*args, **kw, record_decisions=True, fast_forward=False)
+    assert step.fast_forward == RunCounts()
+    assert ff.fast_forward.steps > 0
     return ff, step
 
 
 @pytest.mark.parametrize("preempt", [False, True], ids=["roomy", "preempting"])
 @pytest.mark.parametrize("name", list_profiles())
-def test_fast_forward_equals_step_by_step(
-    name: str, preempt: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    spy = Spy(monkeypatch)
+def test_fast_forward_equals_step_by_step(name: str, preempt: bool) -> None:
     profile = load_profile(name)
     if preempt:
         profile = preempting(profile)
     work = stress_workload(n=300, rate=20.0, seed=11)
+    seen = RunCounts()
     for router, timeout in (("least_loaded", 4.0), ("round_robin", None)):
         ff, step = both(STRESS_POLICY, work, 2, profile, router=router, client_timeout_s=timeout)
         assert_same(ff, step)
         if preempt:
             assert sum(p.preemptions for p in ff.pools) > 0
-    assert spy.seen["whole"] > 0
-    assert spy.seen["cut"] > 0
+        seen.whole += ff.fast_forward.whole
+        seen.cut += ff.fast_forward.cut
+    assert seen.whole > 0
+    assert seen.cut > 0
 
 
 @pytest.mark.parametrize("preempt", [False, True], ids=["roomy", "preempting"])
-def test_fast_forward_equals_step_by_step_with_prefix_caching(
-    preempt: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_fast_forward_equals_step_by_step_with_prefix_caching(preempt: bool) -> None:
     """Shared system prompts on engines with automatic prefix caching."""
-    spy = Spy(monkeypatch)
     profile = load_profile("llama3-8b-h100").with_overrides(enable_prefix_caching=True)
     if preempt:
         profile = preempting(profile)
     work = with_system_prompts(stress_workload(n=300, rate=20.0, seed=12), 256)
     ff, step = both(STRESS_POLICY, work, 2, profile, client_timeout_s=4.0)
     assert_same(ff, step)
-    assert spy.seen["whole"] > 0
-    assert spy.seen["cut"] > 0
+    assert ff.fast_forward.whole > 0
+    assert ff.fast_forward.cut > 0
 
 
-def test_fast_forward_equals_step_by_step_with_engine_readings(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_fast_forward_equals_step_by_step_with_engine_readings() -> None:
     """The saturation rule and the recorded samples read every engine at each scrape: a
     decode run in progress is applied up to that moment first."""
-    spy = Spy(monkeypatch)
     policy = STRESS_POLICY.model_copy(
         update={
             "saturation": STRESS_POLICY.saturation.model_copy(
@@ -127,7 +103,7 @@ def test_fast_forward_equals_step_by_step_with_engine_readings(
     for f in fields(ff.engines):
         assert np.array_equal(getattr(ff.engines, f.name), getattr(step.engines, f.name))
     assert ff.engines.waiting.sum() > 0  # the readings are not all idle
-    assert spy.seen["cut"] > 0
+    assert ff.fast_forward.cut > 0
 
 
 # Every step lasts exactly 1/4 s and arrivals fall on the same grid, so step boundaries
@@ -172,14 +148,13 @@ def grid_workload(n: int, seed: int) -> list[TraceRequest]:
 @pytest.mark.parametrize("router", ["least_loaded", "round_robin"])
 @pytest.mark.parametrize("replicas", [1, 3])
 def test_fast_forward_is_exact_when_times_tie(
-    profile: EngineProfile, router: str, replicas: int, monkeypatch: pytest.MonkeyPatch
+    profile: EngineProfile, router: str, replicas: int
 ) -> None:
-    spy = Spy(monkeypatch)
     work = grid_workload(250, seed=replicas)
     ff, step = both(GRID_POLICY, work, replicas, profile, router=router, client_timeout_s=5.0)
     assert_same(ff, step)
-    assert spy.seen["tie, inclusive"] > 0
+    assert ff.fast_forward.ties_inclusive > 0
     if replicas > 1 and router == "round_robin":
-        assert spy.seen["tie, exclusive"] > 0
+        assert ff.fast_forward.ties_exclusive > 0
     if profile is GRID:
         assert sum(p.preemptions for p in ff.pools) > 0

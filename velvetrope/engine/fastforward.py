@@ -56,6 +56,7 @@ the plan (stepped, added to, aborted from).
 from __future__ import annotations
 
 import bisect
+from dataclasses import dataclass
 from itertools import accumulate
 from operator import add, attrgetter
 
@@ -71,9 +72,27 @@ from velvetrope.engine.events import EngineEvent, Finished
 from velvetrope.engine.profile import EngineProfile
 from velvetrope.engine.queues import GONE, SeqRecord
 
-__all__ = ["DecodeRun", "plan_decode_run"]
+__all__ = ["DecodeRun", "RunCounts", "plan_decode_run"]
 
 _blocks_of = attrgetter("blocks")  # (a C call: cheaper than a comprehension's frame)
+
+
+@dataclass(slots=True)
+class RunCounts:
+    """How the decode runs that share it went (one object per simulation, or per batcher).
+
+    ``whole``: runs applied through their last step; ``cut``: runs applied up to a step in
+    progress, because something touched the batcher first; ``steps``: the engine steps those
+    applications advanced.  ``ties_inclusive`` and ``ties_exclusive`` count the
+    :meth:`DecodeRun.started` calls at a time when a step of the run starts exactly, by the
+    ``inclusive`` they were asked with (how often the tie rules decided something).
+    """
+
+    whole: int = 0
+    cut: int = 0
+    steps: int = 0
+    ties_inclusive: int = 0
+    ties_exclusive: int = 0
 
 
 class DecodeRun:
@@ -83,9 +102,10 @@ class DecodeRun:
     ``start(j)`` (``0 <= j <= steps``) is the start of step ``j + 1``, i.e. the end of step
     ``j``; ``start(0)`` is the plan's ``now`` and :attr:`end` the end of the last step.
     ``finishes`` says whether sequences finish in the last step; ``applied`` how many steps
-    the batcher has been brought through so far (:meth:`apply`).  One object serves one
-    batcher: each :meth:`plan` replaces the previous plan, so a caller that plans stretch
-    after stretch keeps one object per batcher instead of building one per stretch
+    the batcher has been brought through so far (:meth:`apply`); ``counts`` tallies its
+    applications and ties (:class:`RunCounts`, which several runs may share).  One object
+    serves one batcher: each :meth:`plan` replaces the previous plan, so a caller that plans
+    stretch after stretch keeps one object per batcher instead of building one per stretch
     (:func:`plan_decode_run` builds one).
     """
 
@@ -104,14 +124,17 @@ class DecodeRun:
         "_t",
         "_tail",
         "applied",
+        "counts",
         "end",
         "finishes",
         "steps",
     )
 
-    def __init__(self, batcher: Batcher) -> None:
-        """No plan yet (nothing to apply): :meth:`plan` makes one."""
+    def __init__(self, batcher: Batcher, counts: RunCounts | None = None) -> None:
+        """No plan yet (nothing to apply): :meth:`plan` makes one.  Applications and ties are
+        tallied in ``counts`` (a new :class:`RunCounts` if none is given)."""
         self._batcher = batcher
+        self.counts = RunCounts() if counts is None else counts
         self._running: list[SeqRecord] = batcher._running
         self._computed: list[int] = []  # each running sequence's computed tokens at the plan
         self._size = self._base = self._order = self._n_waiting = self._first = 0
@@ -216,13 +239,20 @@ class DecodeRun:
         """
         starts = self._t
         if starts is None:
-            return steps_started(
+            j = steps_started(
                 self._now, self._head, self._ctx, self._tail, self._first, self._size,
                 self.steps, t, inclusive,
             )  # fmt: skip
+        elif inclusive:
+            j = bisect.bisect_right(starts, t, 0, self.steps)
+        else:
+            j = bisect.bisect_left(starts, t, 0, self.steps)
         if inclusive:
-            return bisect.bisect_right(starts, t, 0, self.steps)
-        return bisect.bisect_left(starts, t, 0, self.steps)
+            if j and self.start(j - 1) == t:
+                self.counts.ties_inclusive += 1
+        elif j < self.steps and self.start(j) == t:
+            self.counts.ties_exclusive += 1
+        return j
 
     def kv_usage(self, steps: int) -> float:
         """The batcher's ``kv_usage`` once brought through the first ``steps`` steps of the
@@ -261,6 +291,12 @@ class DecodeRun:
         delta = steps - done
         if not delta:
             return []
+        counts = self.counts
+        counts.steps += delta
+        if steps == self.steps:
+            counts.whole += 1
+        else:
+            counts.cut += 1
         kv = b._kv
         bs = b._profile.block_size
         c = self._computed

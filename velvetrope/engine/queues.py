@@ -128,7 +128,9 @@ class PriorityQueue:
         """Insert ``seq`` at its ``(priority, arrival, order)`` place."""
         heapq.heappush(self._h, (seq.priority, seq.arrival, seq.order, seq))
 
-    push_front = push
+    def push_front(self, seq: SeqRecord) -> None:
+        """Put back a preempted ``seq``: at its original place, as :meth:`push` does."""
+        heapq.heappush(self._h, (seq.priority, seq.arrival, seq.order, seq))
 
     def peek(self) -> SeqRecord | None:
         """The first waiting sequence in priority order, or ``None``."""

@@ -283,6 +283,7 @@ def run_simulation(
         decisions=tuple(decisions) if record_decisions else None,
         engines=scrapes.samples(),
         autoscale=None if attached is None else attached.finish(span),
+        fast_forward=trace.runs,
     )
 
 

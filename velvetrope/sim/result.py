@@ -18,6 +18,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from velvetrope.core.policy import SloPolicy
+from velvetrope.engine.fastforward import RunCounts
 from velvetrope.sim.capacity import Capacity
 from velvetrope.sim.fleet import PoolStats
 from velvetrope.sim.metrics import JobRecords, TierStats, summarize
@@ -95,7 +96,9 @@ class SimResult:
     depth and jobs in flight seen right after each arrival, as ``(t, queued, in_flight)``;
     ``decisions`` the decision log when it was recorded (see :data:`LogEntry`); ``engines``
     the replicas' running and waiting sequences at each scrape, when recorded;
-    ``autoscale`` the autoscaled pool's replicas, scale events and GPU time, if one was.
+    ``autoscale`` the autoscaled pool's replicas, scale events and GPU time, if one was;
+    ``fast_forward`` how the engines' pure-decode stretches were advanced (all zero when
+    every step was stepped).
     """
 
     info: RunInfo
@@ -108,6 +111,7 @@ class SimResult:
     decisions: tuple[LogEntry, ...] | None = None
     engines: EngineSamples | None = None
     autoscale: AutoscaleTrace | None = None
+    fast_forward: RunCounts = field(default_factory=RunCounts)
     _summary: list[TierStats] = field(default_factory=list, repr=False)
 
     def summary(self) -> list[TierStats]:

@@ -79,7 +79,7 @@ from velvetrope.core import (
     Usage,
 )
 from velvetrope.engine import EngineEvent, Finished, FirstToken
-from velvetrope.engine.fastforward import DecodeRun
+from velvetrope.engine.fastforward import DecodeRun, RunCounts
 from velvetrope.sim.env import Environment, priority
 from velvetrope.sim.fleet import Fleet
 from velvetrope.sim.replicas import Replica, ReplicaPool
@@ -147,7 +147,8 @@ class Inputs:
 
 @dataclass(slots=True)
 class Trace:
-    """What :func:`drive` returns besides the core's own state."""
+    """What :func:`drive` returns besides the core's own state (``runs``: how its decode
+    runs went, all zero without fast-forward)."""
 
     jobs: list[Job | None]
     decisions: list[LogEntry]
@@ -155,6 +156,7 @@ class Trace:
     samples_q: list[int]
     samples_f: list[int]
     span_s: float
+    runs: RunCounts
 
 
 def drive(
@@ -193,7 +195,8 @@ def drive(
     members = fleet.members
     pend: list[list[EngineEvent] | None] = [None] * len(fleet)
     runs: list[DecodeRun | None] = [None] * len(fleet)  # each replica's run in progress
-    plans = [DecodeRun(b) for b in batchers]  # each replica's, planned again and again
+    counts = RunCounts()
+    plans = [DecodeRun(b, counts) for b in batchers]  # each replica's, planned again and again
     arrival_prio = priority(ARRIVAL, 0)  # + i: priority(ARRIVAL, i) (checked below)
     deadline_prio, timeout_prio = priority(DEADLINE), priority(TIMEOUT)
     set_clock = clock.set
@@ -468,7 +471,7 @@ def drive(
                     scrapes.add(len(pend))
                     pend.append(None)
                     runs.append(None)
-                    plans.append(DecodeRun(batchers[len(plans)]))
+                    plans.append(DecodeRun(batchers[len(plans)], counts))
                     step_end.append(math.inf)
                 schedule(r.ready_at, priority(READY, k), on_ready, r)
             for r in drained:
@@ -521,7 +524,7 @@ def drive(
     finally:
         if was_enabled:
             gc.enable()
-    return Trace(jobs, decisions, samples_t, samples_q, samples_f, clock.now())
+    return Trace(jobs, decisions, samples_t, samples_q, samples_f, clock.now(), counts)
 
 
 def _detail(d: Admitted | Queued | Rejected) -> str:
