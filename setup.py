@@ -24,6 +24,7 @@ COMPILED = [
     "velvetrope/core/controller.py",
     "velvetrope/core/estimate.py",
     "velvetrope/core/fairness.py",
+    "velvetrope/core/job.py",
     "velvetrope/core/jobheap.py",
     "velvetrope/core/limit.py",
     "velvetrope/core/ordering.py",

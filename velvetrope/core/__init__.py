@@ -14,6 +14,7 @@ from velvetrope.core.bucket import (
 )
 from velvetrope.core.controller import AdmissionController, Admitted, Decision, Queued, Rejected
 from velvetrope.core.estimate import OutputEstimator, P2Quantile, QuantileEstimator
+from velvetrope.core.job import Job, Outcome
 from velvetrope.core.policy import (
     BucketLimits,
     DegradePolicy,
@@ -27,7 +28,7 @@ from velvetrope.core.policy import (
     TierPolicy,
 )
 from velvetrope.core.presets import PRESETS, apply_preset, preset_names
-from velvetrope.core.request import Job, JobState, Outcome, Reason, Settlement, Usage
+from velvetrope.core.request import JobState, Reason, Settlement, Usage
 from velvetrope.core.routing import DEFAULT_ROUTE, Routed, Router, least_loaded
 from velvetrope.core.saturation import EngineReading, EngineSaturation
 

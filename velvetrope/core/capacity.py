@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from velvetrope.core.request import Job
+from velvetrope.core.job import Job
 
 __all__ = ["DispatchTracker", "PoolCapacity", "SaturationSignal"]
 

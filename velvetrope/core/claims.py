@@ -16,8 +16,8 @@ from collections.abc import Callable
 from typing import Final
 
 from velvetrope.core.bucket import REQUESTS, TOKENS, BucketKind, BucketOwner, Claim
+from velvetrope.core.job import Job
 from velvetrope.core.policy import BucketLimits, PolicyConfig
-from velvetrope.core.request import Job
 
 __all__ = ["ClaimSpecs", "Spec"]
 

@@ -22,7 +22,7 @@ enough → queue bounds (global 503, tenant 429, band 503) → predicted wait ag
 
 Invariant: every job reaches exactly one terminal state, and at that moment, exactly once,
 its slot and token budget are released and its bucket reservation is settled against the
-tokens actually used.  Each terminal :class:`~velvetrope.core.request.Outcome` is handed to
+tokens actually used.  Each terminal :class:`~velvetrope.core.job.Outcome` is handed to
 every observer and returned to the caller.
 
 Buckets elsewhere (memory, Redis): with ``external_buckets=True``, reserve
@@ -51,11 +51,12 @@ from velvetrope.core.bucket import (
 from velvetrope.core.capacity import PoolCapacity
 from velvetrope.core.claims import ClaimSpecs
 from velvetrope.core.estimate import DrainMeter, OutputEstimator
+from velvetrope.core.job import Job, Outcome
 from velvetrope.core.limit import AdaptiveLimit
 from velvetrope.core.policy import PolicyConfig, TenantPolicy
 from velvetrope.core.predictor import LengthPredictor, make_estimator
 from velvetrope.core.presets import apply_preset
-from velvetrope.core.request import Job, JobState, Outcome, Reason, Settlement, Usage
+from velvetrope.core.request import JobState, Reason, Settlement, Usage
 from velvetrope.core.routing import Routed, Router
 from velvetrope.core.saturation import EngineSaturation
 from velvetrope.core.scheduler import Scheduler

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
-from velvetrope.core.request import Job
+from velvetrope.core.job import Job
 
 __all__ = ["DrainMeter", "OutputEstimator", "P2Quantile", "QuantileEstimator", "WindowQuantile"]
 

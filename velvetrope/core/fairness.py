@@ -24,9 +24,9 @@ import contextlib
 from collections import deque
 from collections.abc import Callable
 
+from velvetrope.core.job import Job
 from velvetrope.core.jobheap import JobHeap
 from velvetrope.core.policy import QueuePolicy
-from velvetrope.core.request import Job
 from velvetrope.errors import PolicyError
 
 __all__ = ["FAIRNESS", "BandQueue", "NoFairness", "RoundRobin", "VirtualTokenCounter", "make_band"]

@@ -29,7 +29,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from velvetrope.core.request import Job, JobState
+from velvetrope.core.job import Job
+from velvetrope.core.request import JobState
 
 __all__ = ["RUN", "JobHeap"]
 

@@ -69,7 +69,7 @@ Windows during which the pool never reached its limit (app limited: demand below
 limit) are measured but never a reason to grow.  ``floor`` and ``ceiling`` bound the
 limit at all times; the limit in force (``value``) is an integer and :meth:`admits` lets
 a job start while fewer than that many are in flight.  Responses that are not streamed
-(a :class:`~velvetrope.core.request.Job` says whether it is ``streamed``: the gateway sees
+(a :class:`~velvetrope.core.job.Job` says whether it is ``streamed``: the gateway sees
 their first token only at the end) count in flight but never as waiting.  With no streamed
 response at all the limit sees no queue and grows to its ceiling; the engines' saturation
 signal is then the brake.
@@ -83,8 +83,9 @@ from dataclasses import dataclass
 from typing import Final
 
 from velvetrope.core.capacity import PoolCapacity
+from velvetrope.core.job import Job
 from velvetrope.core.policy import AdaptiveLimitPolicy
-from velvetrope.core.request import Job, JobState
+from velvetrope.core.request import JobState
 
 __all__ = ["AdaptiveLimit", "LimitPoint"]
 

@@ -33,8 +33,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Final
 
+from velvetrope.core.job import Job
 from velvetrope.core.policy import PolicyConfig, QueuePolicy
-from velvetrope.core.request import Job
 from velvetrope.errors import PolicyError
 
 __all__ = [

@@ -42,8 +42,8 @@ from collections import OrderedDict
 from typing import Final
 
 from velvetrope.core.estimate import OutputEstimator, QuantileEstimator, WindowQuantile
+from velvetrope.core.job import Job
 from velvetrope.core.policy import EstimatorPolicy
-from velvetrope.core.request import Job
 
 __all__ = ["LengthPredictor", "RingQuantile", "make_estimator"]
 

@@ -41,8 +41,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+from velvetrope.core.job import Job
 from velvetrope.core.policy import PolicyConfig, RouteRule
-from velvetrope.core.request import Job
 
 __all__ = [
     "DEFAULT_ROUTE",

@@ -54,8 +54,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from velvetrope.core.job import Job
 from velvetrope.core.policy import SaturationPolicy
-from velvetrope.core.request import Job
 
 __all__ = ["EngineReading", "EngineSaturation"]
 

@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from velvetrope.core.fairness import BandQueue, make_band
+from velvetrope.core.job import Job
 from velvetrope.core.ordering import deadline_budgets, make_ordering
 from velvetrope.core.policy import PolicyConfig
-from velvetrope.core.request import Job
 
 __all__ = ["Band", "Scheduler"]
 

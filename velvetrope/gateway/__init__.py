@@ -2,7 +2,7 @@
 
 ``velvetrope serve --config FILE`` runs :func:`velvetrope.gateway.server.serve`.  The ASGI
 app (:mod:`.app`) authenticates, parses and validates each request, builds a
-:class:`~velvetrope.core.request.Job` and hands it to the admission core through
+:class:`~velvetrope.core.job.Job` and hands it to the admission core through
 :class:`~velvetrope.gateway.admission.Admission`; admitted requests are proxied to the
 least-loaded healthy upstream of their pool (:mod:`.proxy`, :mod:`.upstreams`).
 """

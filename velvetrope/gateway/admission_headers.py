@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Final
 
 from velvetrope.core.bucket import BucketSnapshot
-from velvetrope.core.request import Job
+from velvetrope.core.job import Job
 from velvetrope.core.routing import FALLBACK_POOL, MAX_TOKENS
 
 __all__ = ["admitted_headers", "duration", "ratelimit_headers", "route_headers"]

@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Final
 
-from velvetrope.core.request import Job, JobState, Outcome, Reason
+from velvetrope.core.job import Job, Outcome
+from velvetrope.core.request import JobState, Reason
 
 __all__ = ["CounterChild", "HistogramChild", "OutcomeSeries", "RequestCounting"]
 

@@ -6,7 +6,7 @@ of the engine is re-implemented: every admission decision is the
 :class:`~velvetrope.engine.Batcher` step, and the loop only moves time and carries events
 between them, the way the gateway does with real time:
 
-* an arrival at ``t`` becomes a :class:`~velvetrope.core.request.Job`, is routed by
+* an arrival at ``t`` becomes a :class:`~velvetrope.core.job.Job`, is routed by
   ``ctl.route`` (the policy's ``routes``, and its tier's degradation: a capped ``max_tokens``
   caps what the engine generates) and goes to ``ctl.arrive``; a dispatched job goes to the
   least-loaded replica of its pool (:class:`~velvetrope.sim.fleet.Fleet`) and is ``add``-ed

@@ -13,7 +13,7 @@ from velvetrope.core.bucket import (
     MemoryBuckets,
     SettleLine,
 )
-from velvetrope.core.request import Outcome
+from velvetrope.core.job import Outcome
 
 __all__ = ["MemoryStore"]
 

@@ -1,0 +1,112 @@
+"""The admission core's record of one request, and the moves of its lifecycle.
+
+A :class:`Job` is one inference request as the admission core sees it.  Its state moves::
+
+    ARRIVED ─► REJECTED(reason)
+       ├─────► DISPATCHED  (admitted at once)
+       └─────► QUEUED ─► EXPIRED | CANCELLED
+                  └────► DISPATCHED ─► COMPLETED | FAILED | CANCELLED
+
+Any other move raises :class:`~velvetrope.errors.LifecycleError`.  A terminal job's record
+is an :class:`Outcome`.  The states, reasons, usage and settlement are
+:mod:`velvetrope.core.request`'s.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from velvetrope.core.bucket import Claim
+from velvetrope.core.request import JobState, Reason, Settlement, Usage
+from velvetrope.errors import LifecycleError
+
+__all__ = ["Job", "Outcome"]
+
+# keyed by the state's value (a str, whose hash is cached); successors compared by identity
+_ALLOWED: dict[str, tuple[JobState, ...]] = {
+    "arrived": (JobState.REJECTED, JobState.QUEUED, JobState.DISPATCHED),
+    "queued": (JobState.EXPIRED, JobState.CANCELLED, JobState.DISPATCHED),
+    "dispatched": (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED),
+}
+
+
+@dataclass(slots=True, eq=False)
+class Job:
+    """One request as the admission core sees it.
+
+    The caller fills the identity and size fields; the controller fills the rest.
+    ``max_tokens`` is the declared completion limit (defaults already resolved), summed over
+    the ``n`` completions the request asks for.
+    ``predicted_output`` may be given (an oracle, a learned predictor); when ``None`` the
+    controller's estimator fills it: from ``expected_output`` (the length the client says
+    it expects) if the tenant's policy trusts it, else from its estimator.  ``template`` is
+    a fingerprint of the prompt's template (its system prompt or first message's prefix),
+    which the estimator may condition on.  ``streamed`` says whether the first token is
+    seen when it is produced (``False``: a response delivered whole, whose first token is
+    recorded at the end).  ``deadline`` is an absolute time on the controller's clock after
+    which a still-queued job expires.  :meth:`AdmissionController.route
+    <velvetrope.core.controller.AdmissionController.route>` sets ``pool``, ``route`` (the rule
+    that chose it, or ``"default"``) and, when the job was degraded, ``degraded`` (the
+    actions taken: ``"max_tokens"``, ``"pool"``) with the capped ``max_tokens`` and the
+    fallback ``pool`` and ``model``.
+    """
+
+    id: str
+    tenant: str
+    tier: str
+    prompt_tokens: int
+    max_tokens: int
+    pool: str = "default"
+    model: str | None = None
+    predicted_output: int | None = None
+    arrival: float = math.nan
+    deadline: float | None = None
+    n: int = 1
+    template: str | None = None
+    expected_output: int | None = None
+    streamed: bool = True
+    # -- filled by the controller --
+    route: str | None = None
+    degraded: tuple[str, ...] = ()
+    state: JobState = JobState.ARRIVED
+    reason: Reason | None = None
+    reserved_output: int = 0
+    cost: int = 0
+    seq: int = 0
+    band: int = 0
+    claims: tuple[Claim, ...] = ()  # bucket claims reserved for this job
+    dispatched_at: float | None = None
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    usage: Usage | None = field(default=None)
+
+    def move(self, new: JobState) -> None:
+        """Move to ``new``; raise :class:`LifecycleError` if the move is not allowed."""
+        allowed = _ALLOWED.get(self.state._value_)
+        if allowed is None or new not in allowed:
+            raise LifecycleError(
+                f"job {self.id!r}: illegal transition {self.state.value} -> {new.value}"
+            )
+        self.state = new
+
+    @property
+    def terminal(self) -> bool:
+        return self.state._value_ not in _ALLOWED
+
+    @property
+    def queue_s(self) -> float:
+        """Seconds spent waiting before dispatch (or before the end, if never dispatched)."""
+        end = self.dispatched_at if self.dispatched_at is not None else self.finished_at
+        return 0.0 if end is None else max(0.0, end - self.arrival)
+
+
+class Outcome(NamedTuple):
+    """A job's terminal record, produced exactly once per job."""
+
+    job: Job
+    state: JobState
+    reason: Reason
+    settlement: Settlement
+    at: float
