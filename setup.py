@@ -1,6 +1,6 @@
 """Build hook: the admission core's hot modules, the gateway's per-request modules that need
-nothing but the core (the admission bridge, the response headers, the disconnect watches,
-the metric updates, the stream relay and its SSE reader), the engine model's batcher (its
+nothing but the core (the request's reading, the admission bridge, the response headers,
+the disconnect watches, the metric updates, the stream relay and its SSE reader), the engine model's batcher (its
 queues, KV-block pools, events and decode-stretch fast-forward) and the simulator's event
 loop (``velvetrope/sim/env.py``, ``velvetrope/sim/runner.py``), compiled to C with mypyc.
 
@@ -42,6 +42,7 @@ COMPILED = [
     "velvetrope/gateway/admission.py",
     "velvetrope/gateway/admission_headers.py",
     "velvetrope/gateway/disconnects.py",
+    "velvetrope/gateway/parse.py",
     "velvetrope/gateway/relay.py",
     "velvetrope/gateway/series.py",
     "velvetrope/openai/sse.py",

@@ -15,7 +15,7 @@ is an :class:`Outcome`.  The states, reasons, usage and settlement are
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from velvetrope.core.bucket import Claim
@@ -32,7 +32,7 @@ _ALLOWED: dict[str, tuple[JobState, ...]] = {
 }
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, eq=False, init=False)
 class Job:
     """One request as the admission core sees it.
 
@@ -58,29 +58,76 @@ class Job:
     tier: str
     prompt_tokens: int
     max_tokens: int
-    pool: str = "default"
-    model: str | None = None
-    predicted_output: int | None = None
-    arrival: float = math.nan
-    deadline: float | None = None
-    n: int = 1
-    template: str | None = None
-    expected_output: int | None = None
-    streamed: bool = True
+    pool: str
+    model: str | None
+    predicted_output: int | None
+    arrival: float
+    deadline: float | None
+    n: int
+    template: str | None
+    expected_output: int | None
+    streamed: bool
     # -- filled by the controller --
-    route: str | None = None
-    degraded: tuple[str, ...] = ()
-    state: JobState = JobState.ARRIVED
-    reason: Reason | None = None
-    reserved_output: int = 0
-    cost: int = 0
-    seq: int = 0
-    band: int = 0
-    claims: tuple[Claim, ...] = ()  # bucket claims reserved for this job
-    dispatched_at: float | None = None
-    first_token_at: float | None = None
-    finished_at: float | None = None
-    usage: Usage | None = field(default=None)
+    route: str | None
+    degraded: tuple[str, ...]
+    state: JobState
+    reason: Reason | None
+    reserved_output: int
+    cost: int
+    seq: int
+    band: int
+    claims: tuple[Claim, ...]  # bucket claims reserved for this job
+    dispatched_at: float | None
+    first_token_at: float | None
+    finished_at: float | None
+    usage: Usage | None
+
+    def __init__(
+        self,
+        id: str,
+        tenant: str,
+        tier: str,
+        prompt_tokens: int,
+        max_tokens: int,
+        pool: str = "default",
+        model: str | None = None,
+        predicted_output: int | None = None,
+        arrival: float = math.nan,
+        deadline: float | None = None,
+        n: int = 1,
+        template: str | None = None,
+        expected_output: int | None = None,
+        streamed: bool = True,
+    ) -> None:
+        """The caller's fields; the controller's start empty (a new job has ``ARRIVED``).
+        Written out, not generated: a compiled class builds it without Python code."""
+        self.id = id
+        self.tenant = tenant
+        self.tier = tier
+        self.prompt_tokens = prompt_tokens
+        self.max_tokens = max_tokens
+        self.pool = pool
+        self.model = model
+        self.predicted_output = predicted_output
+        self.arrival = arrival
+        self.deadline = deadline
+        self.n = n
+        self.template = template
+        self.expected_output = expected_output
+        self.streamed = streamed
+        self.route = None
+        self.degraded = ()
+        self.state = JobState.ARRIVED
+        self.reason = None
+        self.reserved_output = 0
+        self.cost = 0
+        self.seq = 0
+        self.band = 0
+        self.claims = ()
+        self.dispatched_at = None
+        self.first_token_at = None
+        self.finished_at = None
+        self.usage = None
 
     def move(self, new: JobState) -> None:
         """Move to ``new``; raise :class:`LifecycleError` if the move is not allowed."""

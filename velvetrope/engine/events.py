@@ -8,7 +8,9 @@ All are slotted dataclasses.  :class:`SeqState` is frozen; the per-step values (
 and :class:`StepResult`) are not, because a simulation builds millions of them and a frozen
 dataclass pays a generic ``object.__setattr__`` call per field to construct (about 3.5x the
 time of a plain one).  They are values all the same: nothing mutates them once built, and
-consumers must not either (they compare by value and are unhashable).
+consumers must not either (they compare by value and are unhashable).  The per-step values
+write their ``__init__`` out: this module is compiled (``setup.py``), and a dataclass's
+generated ``__init__`` would stay Python code, run for every event.
 """
 
 from __future__ import annotations
@@ -27,15 +29,19 @@ __all__ = [
 ]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class FirstToken:
     """``seq_id`` produced its first output token at ``t`` (once per sequence, ever)."""
 
     seq_id: str
     t: float
 
+    def __init__(self, seq_id: str, t: float) -> None:
+        self.seq_id = seq_id
+        self.t = t
 
-@dataclass(slots=True)
+
+@dataclass(slots=True, init=False)
 class Tokens:
     """``seq_id`` produced ``n`` new output tokens in the step ending at ``t``.
 
@@ -49,8 +55,13 @@ class Tokens:
     n: int
     t: float
 
+    def __init__(self, seq_id: str, n: int, t: float) -> None:
+        self.seq_id = seq_id
+        self.n = n
+        self.t = t
 
-@dataclass(slots=True)
+
+@dataclass(slots=True, init=False)
 class Finished:
     """``seq_id`` produced its last token at ``t``; its blocks are already free."""
 
@@ -59,19 +70,29 @@ class Finished:
     prompt_tokens: int
     output_tokens: int
 
+    def __init__(self, seq_id: str, t: float, prompt_tokens: int, output_tokens: int) -> None:
+        self.seq_id = seq_id
+        self.t = t
+        self.prompt_tokens = prompt_tokens
+        self.output_tokens = output_tokens
 
-@dataclass(slots=True)
+
+@dataclass(slots=True, init=False)
 class Preempted:
     """``seq_id`` lost its KV cache in the step ending at ``t`` and waits to be recomputed."""
 
     seq_id: str
     t: float
 
+    def __init__(self, seq_id: str, t: float) -> None:
+        self.seq_id = seq_id
+        self.t = t
+
 
 EngineEvent = FirstToken | Tokens | Finished | Preempted
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class StepResult:
     """One iteration: it starts at ``start``, lasts ``duration`` seconds, yields ``events``.
 
@@ -86,7 +107,25 @@ class StepResult:
     prefill_tokens: int
     decode_seqs: int
     context_tokens: int
-    verify_tokens: int = 0
+    verify_tokens: int
+
+    def __init__(
+        self,
+        start: float,
+        duration: float,
+        events: list[EngineEvent],
+        prefill_tokens: int,
+        decode_seqs: int,
+        context_tokens: int,
+        verify_tokens: int = 0,
+    ) -> None:
+        self.start = start
+        self.duration = duration
+        self.events = events
+        self.prefill_tokens = prefill_tokens
+        self.decode_seqs = decode_seqs
+        self.context_tokens = context_tokens
+        self.verify_tokens = verify_tokens
 
     @property
     def end(self) -> float:

@@ -63,6 +63,7 @@ from velvetrope.gateway.parse import (
     EXPECTED_TOKENS_HEADER,
     Kind,
     expected_tokens,
+    job_for,
     parse_request,
 )
 from velvetrope.gateway.proxy import UpstreamAnswer, forward
@@ -283,18 +284,13 @@ class Gateway:
             return
         requested = header(scope, self._priority_header)
         tier = self.ctl.resolve_tier(tenant, requested.decode("latin-1") if requested else None)
-        job = Job(
-            id=f"{self._id_prefix}-{next(self._ids)}",
-            tenant=tenant,
-            tier=tier,
-            prompt_tokens=parsed.prompt_tokens,
-            # n completions of up to max_tokens each: the usage reports their sum
-            max_tokens=(parsed.max_tokens or self.settings.default_max_tokens) * parsed.n,
-            model=parsed.model,
-            n=parsed.n,
-            template=parsed.template,  # length prediction and the adaptive limit:
-            streamed=parsed.stream,
-            expected_output=expected_tokens(header(scope, EXPECTED_TOKENS_HEADER)),
+        job = job_for(
+            parsed,
+            f"{self._id_prefix}-{next(self._ids)}",
+            tenant,
+            tier,
+            self.settings.default_max_tokens,
+            expected_tokens(header(scope, EXPECTED_TOKENS_HEADER)),
         )
         if not self.settings.admission:
             pool, _ = self.ctl.router.match(job)  # rules on model and tier; no prediction

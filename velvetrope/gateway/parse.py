@@ -9,6 +9,10 @@ The upstream sees the body unchanged except where the gateway must change it: a 
 request always asks for ``stream_options.include_usage`` (the gateway strips the extra
 chunk if the client did not ask for it), and a client's own ``priority`` field is removed
 (priority comes only from the tenant's config).
+
+:func:`job_for` makes the admission core's :class:`~velvetrope.core.job.Job` of a parsed
+request.  This module imports nothing outside the OpenAI protocol and the core, so
+``setup.py`` compiles it with mypyc: it runs for every request.
 """
 
 from __future__ import annotations
@@ -19,9 +23,17 @@ from typing import Any
 
 import orjson
 
+from velvetrope.core.job import Job
 from velvetrope.openai.request import Kind, count_prompt_tokens, parse, template_fingerprint
 
-__all__ = ["EXPECTED_TOKENS_HEADER", "Kind", "ParsedRequest", "expected_tokens", "parse_request"]
+__all__ = [
+    "EXPECTED_TOKENS_HEADER",
+    "Kind",
+    "ParsedRequest",
+    "expected_tokens",
+    "job_for",
+    "parse_request",
+]
 
 EXPECTED_TOKENS_HEADER = b"x-velvetrope-expected-tokens"
 """A client's own expected output length; used only for tenants with
@@ -36,10 +48,12 @@ def expected_tokens(value: bytes | None) -> int | None:
     return n if n >= 1 else None
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class ParsedRequest:
     """A validated request.  ``body`` is what goes upstream (see :attr:`upstream_body`);
-    ``n`` is how many completions it asks for (each up to ``max_tokens``)."""
+    ``n`` is how many completions it asks for (each up to ``max_tokens``).  (Its
+    ``__init__`` is written out: a dataclass's generated one would stay Python code in this
+    compiled module.)"""
 
     kind: Kind
     model: str
@@ -50,9 +64,37 @@ class ParsedRequest:
     raw: bytes
     body: dict[str, Any]
     rewritten: bool
-    n: int = 1
-    template: str | None = None  # the prompt template's fingerprint (length prediction)
-    prepend: bytes = b""  # members to add at the start of ``raw`` (``body`` has them)
+    n: int
+    template: str | None  # the prompt template's fingerprint (length prediction)
+    prepend: bytes  # members to add at the start of ``raw`` (``body`` has them)
+
+    def __init__(
+        self,
+        kind: Kind,
+        model: str,
+        stream: bool,
+        client_wants_usage: bool,
+        max_tokens: int | None,
+        prompt_tokens: int,
+        raw: bytes,
+        body: dict[str, Any],
+        rewritten: bool,
+        n: int = 1,
+        template: str | None = None,
+        prepend: bytes = b"",
+    ) -> None:
+        self.kind = kind
+        self.model = model
+        self.stream = stream
+        self.client_wants_usage = client_wants_usage
+        self.max_tokens = max_tokens
+        self.prompt_tokens = prompt_tokens
+        self.raw = raw
+        self.body = body
+        self.rewritten = rewritten
+        self.n = n
+        self.template = template
+        self.prepend = prepend
 
     def upstream_body(self) -> bytes:
         """The bytes to send upstream: the client's own, with :attr:`prepend`'s members
@@ -107,4 +149,29 @@ def parse_request(
         prepend=prepend,
         n=req.n,
         template=template_fingerprint(req),
+    )
+
+
+def job_for(
+    parsed: ParsedRequest,
+    job_id: str,
+    tenant: str,
+    tier: str,
+    default_max_tokens: int,
+    expected_output: int | None,
+) -> Job:
+    """The job of ``parsed`` for ``tenant`` in ``tier``: its prompt tokens, model, template
+    and streaming, and a ``max_tokens`` that sums the ``n`` completions it asks for, each up
+    to its own ``max_tokens`` or else ``default_max_tokens`` (the usage reports their sum)."""
+    return Job(
+        id=job_id,
+        tenant=tenant,
+        tier=tier,
+        prompt_tokens=parsed.prompt_tokens,
+        max_tokens=(parsed.max_tokens or default_max_tokens) * parsed.n,
+        model=parsed.model,
+        n=parsed.n,
+        template=parsed.template,  # length prediction and the adaptive limit
+        streamed=parsed.stream,
+        expected_output=expected_output,
     )
