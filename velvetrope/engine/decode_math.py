@@ -49,19 +49,24 @@ def steps_started(
     steps: int,
     at: float,
     inclusive: bool,
-) -> int:
+) -> tuple[int, bool]:
     """How many of ``e_0 .. e_{steps-1}`` (the starts of the stretch's ``steps`` steps) are
     ``<= at`` (``inclusive``) or ``< at``: ``bisect_right`` / ``bisect_left`` of ``at`` in
-    that non-decreasing sequence, found by replaying it."""
+    that non-decreasing sequence, found by replaying it; and whether a start equals ``at``
+    exactly (the last one counted when ``inclusive``, else the first one not counted)."""
     t = now
+    last = t
     x = float(first)
     step = float(n)
     j = 0
     while j < steps and (t <= at if inclusive else t < at):
+        last = t
         t += head + ctx * x + tail
         x += step
         j += 1
-    return j
+    if inclusive:
+        return j, j > 0 and last == at
+    return j, j < steps and t == at
 
 
 def blocks_taken(computed: list[int], done: int, steps: int, block_size: int) -> int:

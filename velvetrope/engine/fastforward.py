@@ -58,7 +58,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 from itertools import accumulate
-from operator import add, attrgetter
+from operator import add
 
 from velvetrope.engine.batcher import Batcher
 from velvetrope.engine.decode_math import (
@@ -74,16 +74,14 @@ from velvetrope.engine.queues import GONE, SeqRecord
 
 __all__ = ["DecodeRun", "RunCounts", "plan_decode_run"]
 
-_blocks_of = attrgetter("blocks")  # (a C call: cheaper than a comprehension's frame)
-
 
 @dataclass(slots=True)
 class RunCounts:
     """How the decode runs that share it went (one object per simulation, or per batcher).
 
-    ``whole``: runs applied through their last step; ``cut``: runs applied up to a step in
-    progress, because something touched the batcher first; ``steps``: the engine steps those
-    applications advanced.  ``ties_inclusive`` and ``ties_exclusive`` count the
+    ``whole``: applications that reached a run's last step; ``cut``: applications that
+    stopped at a step in progress, because something touched the batcher first; ``steps``:
+    the engine steps all of them advanced.  ``ties_inclusive`` and ``ties_exclusive`` count the
     :meth:`DecodeRun.started` calls at a time when a step of the run starts exactly, by the
     ``inclusive`` they were asked with (how often the tie rules decided something).
     """
@@ -239,19 +237,21 @@ class DecodeRun:
         """
         starts = self._t
         if starts is None:
-            j = steps_started(
+            j, tie = steps_started(
                 self._now, self._head, self._ctx, self._tail, self._first, self._size,
                 self.steps, t, inclusive,
             )  # fmt: skip
         elif inclusive:
             j = bisect.bisect_right(starts, t, 0, self.steps)
+            tie = j > 0 and starts[j - 1] == t
         else:
             j = bisect.bisect_left(starts, t, 0, self.steps)
-        if inclusive:
-            if j and self.start(j - 1) == t:
+            tie = j < self.steps and starts[j] == t
+        if tie:
+            if inclusive:
                 self.counts.ties_inclusive += 1
-        elif j < self.steps and self.start(j) == t:
-            self.counts.ties_exclusive += 1
+            else:
+                self.counts.ties_exclusive += 1
         return j
 
     def kv_usage(self, steps: int) -> float:
@@ -307,7 +307,7 @@ class DecodeRun:
             else:
                 got: list[int] = []
                 kv.allocate(taken, got)
-                deal_blocks(c, done, got, bs, list(map(_blocks_of, running)))
+                deal_blocks(c, done, got, bs, [s.blocks for s in running])
         stamp = self._base = b._steps = b._steps + delta
         self.applied = steps
         for s in running:
