@@ -187,7 +187,7 @@ async def measure(
     """CPU µs per request over ``n`` requests, 64 at a time, after a warm-up; with
     ``toggle``, callgrind counts only this loop."""
     gw = gateway(mode, redis_url)
-    gw.state.start()
+    gw.store.start()
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)  # as the gateway's start-up does
@@ -205,7 +205,7 @@ async def measure(
         if toggle:
             subprocess.run(["callgrind_control", "-i", "off", str(os.getpid())], check=True)
     finally:
-        await gw.state.stop()
+        await gw.store.stop()
     return cpu / (n // conc * conc) * 1e6
 
 

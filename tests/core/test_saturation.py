@@ -1,7 +1,7 @@
 """The engine-saturation rule in the core, on a ManualClock (velvetrope.core.saturation).
 
 The gateway's part (which engine took a job, which engines are live, what a scrape said)
-is played by the tests, exactly as :mod:`velvetrope.gateway.fleet` does it; one test drives
+is played by the tests, exactly as :mod:`velvetrope.gateway.engines` does it; one test drives
 the rule with a real engine model (:class:`~velvetrope.engine.Batcher`) in virtual time.
 """
 

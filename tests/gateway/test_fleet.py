@@ -18,11 +18,11 @@ from velvetrope.core import Job
 from velvetrope.errors import ConfigError
 from velvetrope.gateway.admission_headers import route_headers
 from velvetrope.gateway.app import Gateway
-from velvetrope.gateway.fleet import degrade_body
-from velvetrope.gateway.parse import parse_request
-from velvetrope.gateway.state import FleetGate
+from velvetrope.gateway.parse import degrade_body, parse_request
+from velvetrope.gateway.slots import FleetSlot
 from velvetrope.gateway.upstreams import UpstreamPools, resolve_host
 from velvetrope.openai.tokenizer import ApproxTokenizer
+from velvetrope.store.memory import MemoryStore
 
 from .conftest import gateway_config
 
@@ -76,20 +76,22 @@ def test_a_probe_abandoned_by_its_client_opens_the_breaker_for_another_period() 
     assert a.breaker_state == "closed"
 
 
-def test_capacity_gates_and_saturation_follow_the_live_engines() -> None:
+def test_capacity_fleet_slots_and_saturation_follow_the_live_engines() -> None:
     clock = ManualClock()
     pools = [{"name": "default", "max_in_flight_per_engine": 4,
               "max_tokens_in_flight_per_engine": 1000}]  # fmt: skip
     gw = Gateway(parse_config(fleet_config([A, B, C], pools=pools)), clock)
-    gate = FleetGate("default", 1, None)
-    gw.fleet.gates["default"] = gate
     cap = gw.ctl.pool_capacity("default")
+    fleet = FleetSlot("default", cap, MemoryStore(clock))
+    job = Job("j", "t", "gold", prompt_tokens=10, max_tokens=20)
+    job.cost = 30
     rule = gw.ctl.saturation("default")
     assert rule is not None
     assert (cap.max_in_flight, cap.max_tokens, cap.engines) == (12, 3000, 3)
     a, b, _ = gw.upstreams.pools["default"]
     gw.upstreams.mark_failed(a, "connection refused")  # out at once
-    assert (cap.max_in_flight, gate.max_in_flight, gate.max_tokens) == (8, 8, 2000)
+    slot = fleet.ask(job)  # the slot a job asks for is sized from the pool now
+    assert (cap.max_in_flight, slot.max_in_flight, slot.max_tokens, slot.tokens) == (8, 8, 2000, 30)
     for _ in range(3):
         gw.upstreams.failed(b, "answered 502")
     assert (cap.max_in_flight, cap.engines) == (4, 1)

@@ -18,10 +18,10 @@ from redis.commands.core import AsyncScript
 from tests.support.redis_server import RedisCluster, RedisServer
 from velvetrope.clock import SystemClock
 from velvetrope.core.bucket import Claim, Grant, SettleLine, TokenBucket, settle_lines
-from velvetrope.store import GuardedState, RedisStore
 from velvetrope.store.base import Slot
 from velvetrope.store.connect import connect
-from velvetrope.store.redis_store import Settlement
+from velvetrope.store.guard import GuardedStore
+from velvetrope.store.redis_store import RedisStore, Settlement
 
 pytestmark = pytest.mark.integration
 
@@ -237,8 +237,8 @@ def _record_calls(s: RedisStore) -> list[tuple[str, list[str]]]:
     return calls
 
 
-def _state(s: RedisStore, **kw: Any) -> GuardedState:
-    return GuardedState(s, SystemClock(), call_timeout_s=0.05, breaker_reset_s=0.1, **kw)
+def _state(s: RedisStore, **kw: Any) -> GuardedStore:
+    return GuardedStore(s, SystemClock(), call_timeout_s=0.05, breaker_reset_s=0.1, **kw)
 
 
 def _claims(tenant: str) -> list[Claim]:
@@ -255,14 +255,14 @@ async def _until(pred: Callable[[], bool], timeout_s: float = 10.0) -> None:
         await asyncio.sleep(0.02)
 
 
-async def _admit_all(state: GuardedState, jobs: list[tuple[str, str, str]]) -> None:
+async def _admit_all(state: GuardedStore, jobs: list[tuple[str, str, str]]) -> None:
     """Admit every (job, tenant, pool): 100 tokens and a slot each."""
     for j, t, pool in jobs:
-        _, slot = await state.admit(j, t, _claims(t), Slot(pool, 100, 100, None))
-        assert slot
+        await state.reserve(j, t, _claims(t), Slot(pool, 100, 100, None))
+        assert state.holds_slot(j, pool)
 
 
-def _finish_all(state: GuardedState, jobs: list[tuple[str, str, str]]) -> None:
+def _finish_all(state: GuardedStore, jobs: list[tuple[str, str, str]]) -> None:
     """Finish every (job, tenant, pool) in this tick, each having used 30 tokens."""
     for j, t, pool in jobs:
         state.finish(j, t, _claims(t), settle_lines(_claims(t), 30), pool)
@@ -281,7 +281,7 @@ def _check_settled_once(sync: redis.Redis, s: RedisStore, jobs: list[tuple[str, 
 
 
 async def _one_round(
-    state: GuardedState, jobs: list[tuple[str, str, str]]
+    state: GuardedStore, jobs: list[tuple[str, str, str]]
 ) -> list[tuple[str, list[str]]]:
     """Start ``state``, admit ``jobs``, finish them in one tick, wait for the outbox;
     returns the script calls made from the first admission on."""
@@ -358,7 +358,7 @@ def test_on_a_cluster_settlements_go_per_tag_and_releases_per_pool(
     async def main() -> None:
         s = store(redis_cluster.url, "clb")
         assert not s.combined
-        state = GuardedState(s, SystemClock(), call_timeout_s=0.5)
+        state = GuardedStore(s, SystemClock(), call_timeout_s=0.5)
         try:
             sent = await _one_round(state, JOBS_2x2)
             done = sorted(name for name, _ in sent if name in ("settle_many", "release"))

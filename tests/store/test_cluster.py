@@ -9,9 +9,9 @@ import pytest
 
 from tests.support.redis_server import RedisCluster
 from velvetrope.core.bucket import Claim, Denial, Grant, settle_lines
-from velvetrope.store import RedisStore
 from velvetrope.store.base import Slot
 from velvetrope.store.connect import connect
+from velvetrope.store.redis_store import RedisStore
 
 pytestmark = pytest.mark.integration
 

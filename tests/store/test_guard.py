@@ -15,9 +15,11 @@ from velvetrope.clock import ManualClock, SystemClock
 from velvetrope.core.bucket import Claim, Denial, Grant, settle_lines
 from velvetrope.errors import StoreUnavailable
 from velvetrope.serving.launch import free_port
-from velvetrope.store import CircuitBreaker, GuardedState, RedisStore
 from velvetrope.store.base import Slot
+from velvetrope.store.breaker import CircuitBreaker
 from velvetrope.store.connect import connect
+from velvetrope.store.guard import GuardedStore
+from velvetrope.store.redis_store import RedisStore
 
 
 def test_breaker_opens_after_failures_and_probes_once() -> None:
@@ -44,10 +46,10 @@ def claim(amount: float, capacity: float = 1000.0) -> Claim:
     return Claim("tenant:a:tok", "tokens", "tenant", amount, capacity, 1e-6)
 
 
-def guarded(url: str, on_error: Any = "fail_open", **kw: Any) -> tuple[GuardedState, list[str]]:
+def guarded(url: str, on_error: Any = "fail_open", **kw: Any) -> tuple[GuardedStore, list[str]]:
     calls: list[str] = []
     client = connect(url, password=None, timeout_s=0.25)
-    state = GuardedState(
+    state = GuardedStore(
         RedisStore(client, namespace="guard", lease_ttl_s=30.0),
         SystemClock(),
         on_store_error=on_error,

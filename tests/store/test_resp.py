@@ -10,8 +10,8 @@ import pytest
 import redis
 
 from velvetrope.core.bucket import Claim, settle_lines
-from velvetrope.store import RedisStore
 from velvetrope.store.base import Slot
+from velvetrope.store.redis_store import RedisStore
 from velvetrope.store.resp import evalsha, number, text
 from velvetrope.store.wire import pack
 

@@ -16,9 +16,9 @@ import redis
 from tests.support.redis_server import RedisServer, redis_binary
 from velvetrope.core.bucket import Claim, Grant, settle_lines
 from velvetrope.serving.launch import free_port
-from velvetrope.store import RedisStore
 from velvetrope.store.base import Slot
 from velvetrope.store.connect import connect
+from velvetrope.store.redis_store import RedisStore
 
 pytestmark = pytest.mark.integration
 

@@ -91,13 +91,14 @@ class Queued(NamedTuple):
 
 
 class Rejected(NamedTuple):
-    """The job was turned away.  ``retry_after_s`` is ``None`` when retrying cannot help."""
+    """Turned away (``retry_after_s`` None: do not retry); ``settlement`` refunds a grant."""
 
     job: Job
     reason: Reason
     retry_after_s: float | None
     message: str
     snapshots: tuple[BucketSnapshot, ...] = ()
+    settlement: Settlement = _NO_SETTLEMENT
 
     @property
     def status(self) -> int:
@@ -331,6 +332,8 @@ class AdmissionController:
         seq = self._seq = self._seq + 1
         job.seq = seq
         if self.draining:
+            if type(reservation) is Grant:
+                job.claims = reservation.claims  # granted elsewhere: the rejection refunds it
             return self._reject(job, Reason.DRAINING, None, "the gateway is draining", now)
         # 1. edge buckets
         tenant = job.tenant
@@ -634,9 +637,10 @@ class AdmissionController:
         self, job: Job, reason: Reason, retry: float | None, message: str, now: float
     ) -> Rejected:
         job.move(JobState.REJECTED)
-        self._emit(job, JobState.REJECTED, reason, self._settlement(job, 0), now)
+        settlement = self._settlement(job, 0)
+        self._emit(job, JobState.REJECTED, reason, settlement, now)
         snaps = () if self.buckets is None else self.buckets.snapshots(job.claims, now)
-        return Rejected(job, reason, retry, message, snaps)
+        return Rejected(job, reason, retry, message, snaps, settlement)
 
     def _deny(self, job: Job, denial: Denial, now: float) -> Rejected:
         job.move(JobState.REJECTED)

@@ -1,22 +1,35 @@
-"""The asyncio side of admission: waiting in the queue without blocking anything else.
+"""A request's admission, from arrival to settlement: the one owner of the controller's
+lifecycle in the gateway.
 
-:class:`Admission` owns the :class:`~velvetrope.core.controller.AdmissionController` for the
-gateway.  A queued request awaits a future that is resolved when the controller dispatches
-it (after any event that frees capacity) or when its deadline expires (a single timer
-armed at the controller's next deadline).  A client that disconnects while queued cancels
-its job at once.  Every exit path ends the job in the controller exactly once.
+:meth:`Admission.enter` takes a parsed job and returns a :class:`Ticket` (the job is
+dispatched: proxy it), a :class:`Refusal` (answer it) or ``None`` (the client went away
+first).  In order, with no other caller in between:
+
+1. draining? → refused before anything is reserved;
+2. route and size (:meth:`~velvetrope.core.controller.AdmissionController.route`,
+   :meth:`~velvetrope.core.controller.AdmissionController.claims`);
+3. the store's reservation (:class:`~velvetrope.store.base.Store`): without I/O when the
+   store can answer so (memory; a shared store whose state is away), else one round trip
+   that also takes the job's fleet slot when it will start at once;
+4. arrive in the controller; if queued, wait for dispatch, expiry or the client's
+   disconnect (a single timer armed at the controller's next deadline);
+5. with fleet slots, the dispatched job's slot (:class:`~velvetrope.gateway.slots.FleetSlot`).
+
+The ticket records the first token and ends the job exactly once (:meth:`Ticket.complete`,
+:meth:`Ticket.fail`, :meth:`Ticket.cancel`); every end, whatever ended it (the ticket, a
+rejection after the store granted, an expiry, a disconnect while queued), is settled in the
+store and gives back the job's slot right here, then whatever now fits is dispatched.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Literal
+from typing import Final, NamedTuple
 
 from velvetrope.core import (
     AdmissionController,
-    Admitted,
-    Denial,
+    BucketSnapshot,
     Grant,
     Job,
     Outcome,
@@ -25,38 +38,247 @@ from velvetrope.core import (
     Rejected,
     Usage,
 )
+from velvetrope.core.bucket import SettleLine
 from velvetrope.core.request import JobState
-from velvetrope.errors import LifecycleError
+from velvetrope.errors import LifecycleError, StoreUnavailable
+from velvetrope.gateway.slots import FleetSlot
+from velvetrope.store.base import Store
 
-__all__ = ["Admission", "Waited"]
+__all__ = ["Admission", "Refusal", "Ticket"]
 
-Waited = Admitted | Rejected | Outcome | Literal["disconnected"]
+_QUEUED: Final = JobState.QUEUED
+_DISPATCHED: Final = JobState.DISPATCHED
+_GONE: Final = "gone"
+_EXPIRED_MESSAGE: Final = "the request waited past its deadline in the queue"
+
+
+class Refusal(NamedTuple):
+    """Why a request gets no ticket: the HTTP ``status``, OpenAI's error ``code``, a
+    ``message``, ``retry_after_s`` (``None`` when retrying cannot help) and the claimed
+    buckets' ``snapshots`` (for ``x-ratelimit-*`` headers)."""
+
+    status: int
+    code: str
+    message: str
+    retry_after_s: float | None
+    snapshots: tuple[BucketSnapshot, ...] = ()
+
+
+def _refusal(r: Rejected) -> Refusal:
+    return Refusal(r.reason.status, r.reason.code, r.message, r.retry_after_s, r.snapshots)
+
+
+class Ticket:
+    """A dispatched request.  Record its first token; end it once (later calls do
+    nothing): the end settles its reservation and gives back its slot."""
+
+    __slots__ = ("_admission", "ended", "job", "snapshots")
+
+    def __init__(
+        self, admission: Admission, job: Job, snapshots: tuple[BucketSnapshot, ...]
+    ) -> None:
+        self._admission = admission
+        self.job = job
+        self.snapshots = snapshots
+        """The claimed buckets after the reservation (``x-ratelimit-*`` headers)."""
+        self.ended = False
+
+    def first_token(self) -> None:
+        """The upstream sent the first token (ignored after the first, or once ended)."""
+        if self.ended or self.job.first_token_at is not None:
+            return
+        try:
+            self._admission.ctl.first_token(self.job.id)
+        except LifecycleError:  # not contextlib.suppress: a context manager per call costs
+            return
+
+    def complete(self, usage: Usage) -> None:
+        """The upstream answered: charge ``usage``."""
+        if not self.ended:
+            self.ended = True
+            adm = self._admission
+            adm.ended(adm.ctl.complete(self.job.id, usage))
+
+    def fail(self, reason: Reason, usage: Usage | None = None) -> None:
+        """The upstream failed (``reason``); charge ``usage`` (default: nothing)."""
+        if not self.ended:
+            self.ended = True
+            adm = self._admission
+            adm.ended(adm.ctl.fail(self.job.id, reason, usage))
+
+    def cancel(self, usage: Usage | None = None) -> None:
+        """The client went away; charge ``usage`` (default: the prompt)."""
+        if not self.ended:
+            self.ended = True
+            adm = self._admission
+            adm.ended(adm.ctl.cancel(self.job.id, usage))
 
 
 class Admission:
-    """Bridges the sans-IO controller and the event loop."""
+    """The gateway's admission: the controller, the store and the pools' fleet slots."""
 
-    def __init__(self, ctl: AdmissionController) -> None:
+    def __init__(
+        self,
+        ctl: AdmissionController,
+        store: Store,
+        on_route: Callable[[Job], None] | None = None,
+    ) -> None:
         self.ctl = ctl
+        self.store = store
+        self._on_route = on_route
+        self.slots: dict[str, FleetSlot] = {}
+        """Per pool, its fleet slot (shared stores only)."""
+        if store.shared:
+            for p in ctl.config.pools:
+                self.slots[p.name] = FleetSlot(p.name, ctl.pool_capacity(p.name), store)
         self._waiters: dict[str, asyncio.Future[Outcome | None]] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
 
     @property
     def waiting(self) -> int:
+        """Requests waiting in the queue."""
         return len(self._waiters)
 
-    def _tick(self) -> None:
-        """Expire what is due and wake the expired jobs' waiters (expiries happen only in
-        the controller's ``dispatchable`` and ``tick``, and ``tick`` returns them all)."""
-        for o in self.ctl.tick():
-            fut = self._waiters.pop(o.job.id, None)
-            if fut is not None and not fut.done():
-                fut.set_result(o)
+    # -- the request's way in --------------------------------------------------------
+
+    async def enter(
+        self,
+        job: Job,
+        gone: asyncio.Future[None],
+        progress: Callable[[], Awaitable[None]] | None = None,
+        every_s: float = 2.0,
+    ) -> Ticket | Refusal | None:
+        """Admit ``job`` (state ARRIVED): a :class:`Ticket` once it is dispatched (and holds
+        its fleet slot), a :class:`Refusal`, or ``None`` when ``gone`` (the client's
+        disconnect) completed first.  While queued, ``progress`` (if given) is awaited
+        every ``every_s`` seconds.  Raises what routing raises for a job the policy cannot
+        place (:class:`~velvetrope.errors.PolicyError`)."""
+        ctl = self.ctl
+        if ctl.draining:  # before the store: a refused request reserves nothing
+            return _refusal(ctl.reject(job, Reason.DRAINING, "the gateway is draining"))
+        ctl.route(job)
+        if self._on_route is not None:
+            self._on_route(job)
+        claims = ctl.claims(job)
+        fleet = self.slots.get(job.pool) if self.slots else None
+        slot = fleet.ask(job) if fleet is not None and ctl.would_start(job) else None
+        store = self.store
+        try:
+            res = store.reserve_now(job.id, job.tenant, claims, slot)
+            if res is None:
+                res = await store.reserve(job.id, job.tenant, claims, slot)
+        except StoreUnavailable as e:
+            return _refusal(ctl.reject(job, Reason.STATE_UNAVAILABLE, str(e), 1.0))
+        d = ctl.arrive(job, res)
+        if isinstance(d, Rejected):
+            self._settle(job, d.settlement.lines)
+            return _refusal(d)
+        if isinstance(d, Queued):
+            waited = await self._wait(job, gone, progress, every_s)
+            if waited is not None:
+                if isinstance(waited, Outcome):
+                    return Refusal(503, "expired", _EXPIRED_MESSAGE, 1.0)
+                return None
+        elif gone.done():
+            self.abandon(job)
+            return None
+        snapshots = res.snapshots if isinstance(res, Grant) else ()
+        if fleet is not None and job.id in fleet.brake.lacking:
+            return await self._take_slot(fleet, job, gone, snapshots)
+        return Ticket(self, job, snapshots)
+
+    async def _take_slot(
+        self,
+        fleet: FleetSlot,
+        job: Job,
+        gone: asyncio.Future[None],
+        snapshots: tuple[BucketSnapshot, ...],
+    ) -> Ticket | Refusal | None:
+        """:meth:`enter`'s last step for a dispatched job without its fleet slot: the
+        ticket once the slot is taken; else the job is ended, and refused (the store
+        would not answer) or ``None`` (the client left while it waited)."""
+        try:
+            got = await fleet.take(job, gone)
+        except StoreUnavailable as e:
+            self.ended(self.ctl.fail(job.id, Reason.STATE_UNAVAILABLE, Usage(0, 0)))
+            return Refusal(503, Reason.STATE_UNAVAILABLE.code, str(e), 1.0)
+        except asyncio.CancelledError:
+            self.ended(self.ctl.cancel(job.id, Usage(0, 0)))
+            raise
+        if not got:
+            self.ended(self.ctl.cancel(job.id, Usage(0, 0)))
+            return None
+        self.pump()  # the brake is off: the next job may go
+        return Ticket(self, job, snapshots)
+
+    async def _wait(
+        self,
+        job: Job,
+        gone: asyncio.Future[None],
+        progress: Callable[[], Awaitable[None]] | None,
+        every_s: float,
+    ) -> Outcome | str | None:
+        """Wait for the queued ``job``: ``None`` once dispatched, the expiry's ``Outcome``,
+        or ``"gone"`` (the client left; the job was cancelled, even if dispatched in the
+        same tick)."""
+        fut: asyncio.Future[Outcome | None] = gone.get_loop().create_future()
+        self._waiters[job.id] = fut
+        self.pump()
+        timeout = every_s if progress is not None else None
+        while not fut.done() and not gone.done():
+            try:
+                done, _ = await asyncio.wait(
+                    (fut, gone), timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+                if not done and progress is not None:
+                    await progress()
+            except asyncio.CancelledError:
+                self.abandon(job)
+                raise
+        if fut.done() and not gone.done():
+            return fut.result()
+        self.abandon(job)
+        return _GONE
+
+    def abandon(self, job: Job) -> None:
+        """End ``job`` if it is still live and has no ticket: cancel it while queued
+        (refunded in full), or end it dispatched but never sent upstream (nothing used).
+        For a waiter that went away, and for a driver that failed before its ticket."""
+        self._waiters.pop(job.id, None)
+        if job.state is _QUEUED:
+            self.ended(self.ctl.cancel(job.id))
+        elif job.state is _DISPATCHED:
+            self.ended(self.ctl.cancel(job.id, Usage(0, 0)))
+
+    def standing(self, job_id: str) -> tuple[int, float | None] | None:
+        """Where a queued job stands: ``(ahead, eta_s)``, or ``None`` when not queued."""
+        return self.ctl.standing(job_id)
+
+    # -- ends ---------------------------------------------------------------------
+
+    def ended(self, o: Outcome) -> None:
+        """A job ended: settle it in the store, give back its slot, dispatch what fits."""
+        job = o.job
+        self._settle(job, o.settlement.lines)
+        if self.slots:
+            fleet = self.slots.get(job.pool)
+            if fleet is not None:
+                fleet.released()
+        self.pump()
+
+    def _settle(self, job: Job, lines: tuple[SettleLine, ...]) -> None:
+        self.store.finish(job.id, job.tenant, job.claims, lines, job.pool)
+
+    def start_draining(self) -> None:
+        """Refuse every new request (503 ``draining``); queued and in-flight work goes on."""
+        self.ctl.start_draining()
+
+    # -- dispatch and expiry ----------------------------------------------------------
 
     def pump(self) -> None:
-        """Dispatch whatever the controller allows now, waking the waiters (with nothing
-        queued there is nothing to dispatch or expire)."""
+        """Dispatch whatever the controller allows now, waking the waiters; settle what
+        expired (with nothing queued there is nothing to dispatch or expire)."""
         if not self.ctl.queued:
             return
         for job in self.ctl.dispatchable():
@@ -65,6 +287,15 @@ class Admission:
                 fut.set_result(None)
         self._tick()
         self._arm()
+
+    def _tick(self) -> None:
+        """Settle the expired jobs and wake their waiters (expiries happen only in the
+        controller's ``dispatchable`` and ``tick``, and ``tick`` returns them all)."""
+        for o in self.ctl.tick():
+            self._settle(o.job, o.settlement.lines)
+            fut = self._waiters.pop(o.job.id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(o)
 
     def _arm(self) -> None:
         nd = self.ctl.next_deadline()
@@ -81,106 +312,6 @@ class Admission:
         self._timer_at = None
         self._tick()
         self.pump()
-
-    def arrive(
-        self,
-        job: Job,
-        disconnected: asyncio.Future[None],
-        reservation: Grant | Denial | None = None,
-    ) -> Waited | None:
-        """Arrive (with the bucket store's ``reservation``): what :meth:`admit` returns when
-        it is decided at once, or ``None`` when the job was queued (then :meth:`wait`)."""
-        d = self.ctl.arrive(job, reservation)
-        if isinstance(d, Rejected):
-            return d
-        if isinstance(d, Admitted):
-            if disconnected.done():
-                self._abandon(job)
-                return "disconnected"
-            return d
-        assert isinstance(d, Queued)
-        return None
-
-    async def admit(
-        self,
-        job: Job,
-        disconnected: asyncio.Future[None],
-        reservation: Grant | Denial | None = None,
-        progress: Callable[[], Awaitable[None]] | None = None,
-        every_s: float = 2.0,
-    ) -> Waited:
-        """Arrive (with the bucket store's ``reservation``) and, if queued, wait for
-        dispatch, expiry or the client's disconnect.
-
-        Returns ``Admitted`` (the job is DISPATCHED: start it and later end it with
-        :meth:`complete`, :meth:`fail` or :meth:`cancel`), ``Rejected``, the ``Outcome``
-        of an expiry, or ``"disconnected"``: the client left before the job was started
-        upstream (it was cancelled, whether still queued or dispatched in the same tick).
-        While queued, ``progress`` (if given) is awaited every ``every_s`` seconds.
-        """
-        res = self.arrive(job, disconnected, reservation)
-        if res is not None:
-            return res
-        return await self.wait(job, disconnected, progress, every_s)
-
-    async def wait(
-        self,
-        job: Job,
-        disconnected: asyncio.Future[None],
-        progress: Callable[[], Awaitable[None]] | None = None,
-        every_s: float = 2.0,
-    ) -> Waited:
-        """Wait for a job :meth:`arrive` queued: what :meth:`admit` returns."""
-        fut: asyncio.Future[Outcome | None] = disconnected.get_loop().create_future()
-        self._waiters[job.id] = fut
-        self.pump()
-        timeout = every_s if progress is not None else None
-        while not fut.done() and not disconnected.done():
-            try:
-                done, _ = await asyncio.wait(
-                    (fut, disconnected), timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-                )
-                if not done and progress is not None:
-                    await progress()
-            except asyncio.CancelledError:
-                self._abandon(job)
-                raise
-        if fut.done() and not disconnected.done():
-            res = fut.result()
-            return Admitted(job) if res is None else res
-        self._abandon(job)  # gone, even if dispatched in the same tick: never proxied
-        return "disconnected"
-
-    def _abandon(self, job: Job) -> None:
-        """The waiter went away: cancel a still-queued job (or end a dispatched one)."""
-        self._waiters.pop(job.id, None)
-        if job.state is JobState.QUEUED:
-            self.ctl.cancel(job.id)
-            self.pump()
-        elif job.state is JobState.DISPATCHED:
-            self.cancel(job.id, Usage(0, 0))
-
-    def first_token(self, job_id: str) -> None:
-        """Record the first token (ignored if the job already ended)."""
-        try:
-            self.ctl.first_token(job_id)
-        except LifecycleError:  # not contextlib.suppress: a context manager per call costs
-            return
-
-    def complete(self, job_id: str, usage: Usage) -> Outcome:
-        out = self.ctl.complete(job_id, usage)
-        self.pump()
-        return out
-
-    def fail(self, job_id: str, reason: Reason, usage: Usage | None = None) -> Outcome:
-        out = self.ctl.fail(job_id, reason, usage)
-        self.pump()
-        return out
-
-    def cancel(self, job_id: str, usage: Usage | None = None) -> Outcome:
-        out = self.ctl.cancel(job_id, usage)
-        self.pump()
-        return out
 
     def close(self) -> None:
         if self._timer is not None:

@@ -6,8 +6,8 @@ time from :meth:`AdmissionController.status`, so the request path pays nothing f
 
 ``velvetrope_queue_depth`` is what an autoscaler (KEDA) scales on; see the README.
 
-The fleet (:class:`~velvetrope.gateway.fleet.GatewayFleet`, attached with
-:meth:`GatewayMetrics.attach_fleet`) adds, per upstream: health, breaker state, the
+The engines (:class:`~velvetrope.gateway.engines.Engines`, attached with
+:meth:`GatewayMetrics.attach_engines`) add, per upstream: health, breaker state, the
 gateway's requests in flight to it, the last scraped engine gauges (vLLM's names kept
 verbatim in the ``metric`` label), the reading's age, the learned capacity and the
 corrected load; per pool: live engines, capacity (per engine × live engines), the
@@ -37,7 +37,7 @@ _LAT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40,
 _BREAKER = {"closed": 0.0, "half_open": 1.0, "open": 2.0}
 
 
-def _fleet_families(fleet: Any, now: float) -> list[GaugeMetricFamily | CounterMetricFamily]:
+def _engine_families(engines: Any, now: float) -> list[GaugeMetricFamily | CounterMetricFamily]:
     """Gauges of the upstreams, the engines' readings and the pools' capacity."""
     up_labels = ["pool", "upstream"]
     breaker = GaugeMetricFamily(
@@ -68,11 +68,11 @@ def _fleet_families(fleet: Any, now: float) -> list[GaugeMetricFamily | CounterM
         "Running + waiting at the last reading, corrected by what was sent and came back since.",
         labels=up_labels,
     )
-    for u in fleet.upstreams.status():
+    for u in engines.upstreams.status():
         lv = [str(u["pool"]), str(u["url"])]
         breaker.add_metric(lv, _BREAKER.get(str(u["breaker"]), 2.0))
         up_flight.add_metric(lv, float(u["in_flight"]))
-    for pool, rule in fleet.rules.items():
+    for pool, rule in engines.rules.items():
         for url, e in rule.status(now).items():
             lv = [pool, url]
             if e["running"] is not None:
@@ -83,7 +83,7 @@ def _fleet_families(fleet: Any, now: float) -> list[GaugeMetricFamily | CounterM
                 projected.add_metric(lv, e["projected"])
             if e["capacity"] is not None:
                 learned.add_metric(lv, e["capacity"])
-    engines = GaugeMetricFamily(
+    live = GaugeMetricFamily(
         "velvetrope_pool_engines", "Live engines (healthy, breaker closed).", labels=["pool"]
     )
     room = GaugeMetricFamily(
@@ -99,22 +99,22 @@ def _fleet_families(fleet: Any, now: float) -> list[GaugeMetricFamily | CounterM
     held = CounterMetricFamily(
         "velvetrope_dispatch_held", "Dispatches held by engine saturation.", labels=["pool"]
     )
-    for pool in fleet.upstreams.pools:
-        engines.add_metric([pool], float(len(fleet.upstreams.live(pool))))
-    for pool, rule in fleet.rules.items():
+    for pool in engines.upstreams.pools:
+        live.add_metric([pool], float(len(engines.upstreams.live(pool))))
+    for pool, rule in engines.rules.items():
         r = rule.room(now)
         if r != float("inf"):
             room.add_metric([pool], r)
         pending.add_metric([pool], float(rule.pending))
         held.add_metric([pool], float(rule.held))
-    return [breaker, up_flight, scraped, age, learned, projected, engines, room, pending, held]
+    return [breaker, up_flight, scraped, age, learned, projected, live, room, pending, held]
 
 
 class _StateCollector(Collector):
     def __init__(self, ctl: AdmissionController) -> None:
         self._ctl = ctl
-        self.fleet: Any = None
-        self.state: Any = None
+        self.engines: Any = None
+        self.store: Any = None
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         st = self._ctl.status()
@@ -154,9 +154,9 @@ class _StateCollector(Collector):
         fill = GaugeMetricFamily(
             "velvetrope_bucket_fill_ratio", "Bucket level / capacity.", labels=["bucket"]
         )
-        state = self.state
-        if state is not None and hasattr(state, "levels"):
-            for key, (level, capacity) in state.levels().items():
+        store = self.store
+        if store is not None:
+            for key, (level, capacity) in store.levels().items():
                 fill.add_metric([key], level / capacity)
         store_up = GaugeMetricFamily(
             "velvetrope_state_up", "1 while shared state answers (always 1 for memory://)."
@@ -183,8 +183,8 @@ class _StateCollector(Collector):
             labels=["reason"],
         )
         extra: list[Any] = [store_up]
-        if state is not None:
-            ss = state.status()
+        if store is not None:
+            ss = store.status()
             store_up.add_metric([], 1.0 if ss.get("up") else 0.0)
             if ss.get("backend") == "redis":
                 for decision, n in ss["fallbacks"].items():
@@ -214,11 +214,11 @@ class _StateCollector(Collector):
             "1 if the upstream passes its health check.",
             labels=["pool", "upstream"],
         )
-        fleet = self.fleet
-        if fleet is not None:
-            for u in fleet.upstreams.status():
+        engines = self.engines
+        if engines is not None:
+            for u in engines.upstreams.status():
                 healthy.add_metric([str(u["pool"]), str(u["url"])], 1.0 if u["healthy"] else 0.0)
-            extra += _fleet_families(fleet, self._ctl.clock.now())
+            extra += _engine_families(engines, self._ctl.clock.now())
         yield from (depth, qtok, infl, tinfl, drain, cap, fill, draining, bound, healthy, *extra)
 
 
@@ -307,9 +307,9 @@ class GatewayMetrics:
         """Count a terminal outcome (the controller's observer, exactly once per job)."""
         ctl.observers.append(counting.on_outcome)
 
-    def attach_fleet(self, fleet: Any) -> None:
-        """Report the fleet (a :class:`~velvetrope.gateway.fleet.GatewayFleet`)."""
-        self._state_collector.fleet = fleet
+    def attach_engines(self, engines: Any) -> None:
+        """Report the engines (a :class:`~velvetrope.gateway.engines.Engines`)."""
+        self._state_collector.engines = engines
 
     def _counter(self, name: str, doc: str, labels: list[str]) -> LoopCounter:
         c = LoopCounter(name, doc, labels)
@@ -323,9 +323,10 @@ class GatewayMetrics:
         self.registry.register(h)
         return h
 
-    def attach_state(self, state: Any) -> None:
-        """Report the state backend (``status()``, and ``levels()`` when local)."""
-        self._state_collector.state = state
+    def attach_store(self, store: Any) -> None:
+        """Report the store (a :class:`~velvetrope.store.base.Store`: its ``status()`` and
+        ``levels()``)."""
+        self._state_collector.store = store
 
     def observe_store_call(self, op: str, seconds: float) -> None:
         child = self._store_children.get(op)

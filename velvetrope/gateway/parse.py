@@ -24,12 +24,14 @@ from typing import Any
 import orjson
 
 from velvetrope.core.job import Job
+from velvetrope.core.routing import FALLBACK_POOL, MAX_TOKENS
 from velvetrope.openai.request import Kind, count_prompt_tokens, parse, template_fingerprint
 
 __all__ = [
     "EXPECTED_TOKENS_HEADER",
     "Kind",
     "ParsedRequest",
+    "degrade_body",
     "expected_tokens",
     "job_for",
     "parse_request",
@@ -175,3 +177,21 @@ def job_for(
         streamed=parsed.stream,
         expected_output=expected_output,
     )
+
+
+def degrade_body(parsed: ParsedRequest, job: Job) -> None:
+    """Rewrite ``parsed``'s upstream body for a degraded ``job``: the capped
+    ``max_tokens`` per completion (``max_completion_tokens`` when a chat request used it)
+    and the fallback model.  A job that was not degraded leaves the body alone."""
+    if not job.degraded:
+        return
+    body = parsed.body
+    if MAX_TOKENS in job.degraded:
+        cap = job.max_tokens // max(1, job.n)
+        key = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+        body[key] = cap
+        if key == "max_completion_tokens" and "max_tokens" in body:
+            body["max_tokens"] = cap
+    if FALLBACK_POOL in job.degraded and job.model is not None:
+        body["model"] = job.model
+    parsed.rewritten = True

@@ -1,57 +1,37 @@
-"""The bucket-store seam: where bucket levels and fleet-wide slot leases live.
+"""The store interface: where bucket levels and fleet-wide slot leases live.
 
-The admission core is sans-IO; shared state is I/O.  So admission is split: the gateway
-asks a :class:`BucketStore` to reserve a job's claims (all or nothing, one round trip) and
+The admission core is sans-IO; shared state is I/O.  So admission is split: the gateway's
+ticket asks the :class:`Store` to reserve a job's claims (all or nothing; with Redis one
+round trip, which also takes the job's fleet slot when the job will start at once) and
 hands the answer, a :class:`~velvetrope.core.bucket.Grant` or a
 :class:`~velvetrope.core.bucket.Denial`, to
 :meth:`~velvetrope.core.controller.AdmissionController.arrive`; the core runs the lifecycle
-either way.  When the job ends its settlement goes back to the store, idempotently per job
-id (the gateway sends it through an :class:`~velvetrope.store.outbox.Outbox`, so a
-completion never waits on the store).
+either way.  When the job ends, :meth:`Store.finish` settles its claims against what it
+used and gives back its slot, without waiting on I/O (a shared store sends both through an
+outbox, idempotently per job id).
 
-:class:`FleetSlots` counts a pool's in-flight work over every gateway replica as leases
-that expire unless renewed, so a replica that dies gives its slots back.
+One interface, two implementations chosen by ``state.url``
+(:func:`velvetrope.store.open.open_store`), used the same way by every caller:
 
-Implementations: :class:`~velvetrope.store.memory.MemoryStore` (one process, the default)
-and :class:`~velvetrope.store.redis_store.RedisStore` (a fleet).  Every method may raise
-:class:`~velvetrope.errors.StoreUnavailable` when the store cannot be reached in time.
+* :class:`~velvetrope.store.memory.MemoryStore` (``memory://``): one process; every call
+  answers at once (:meth:`Store.reserve_now` never returns ``None``); pool slots are the
+  controller's own, so :attr:`Store.shared` is false and :meth:`Store.acquire` grants.
+* :class:`~velvetrope.store.guard.GuardedStore` (``redis://``, ``rediss://``,
+  ``redis+sentinel://``, ``redis+cluster://``): a fleet of gateways shares buckets and
+  counts each pool's in-flight work as expiring leases, so a replica that dies gives its
+  slots back; while Redis cannot be reached its failure policy answers without I/O.
+
+Calls that reach Redis may raise :class:`~velvetrope.errors.StoreUnavailable`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
-from velvetrope.core.bucket import BucketSnapshot, Claim, Denial, Grant, SettleLine
+from velvetrope.core.bucket import Claim, Denial, Grant, SettleLine
 
-__all__ = ["BucketStore", "FleetSlots", "FleetView", "LeaseAnswer", "Slot"]
-
-
-class BucketStore(Protocol):
-    """Bucket levels, reserved and settled atomically."""
-
-    async def reserve(self, job_id: str, tenant: str, claims: Sequence[Claim]) -> Grant | Denial:
-        """Reserve every claim or none for ``job_id``.  A grant carries snapshots of the
-        claimed buckets after the reservation (for ``x-ratelimit-*`` headers)."""
-        ...
-
-    async def settle(
-        self, job_id: str, tenant: str, claims: Sequence[Claim], lines: Sequence[SettleLine]
-    ) -> bool:
-        """Apply a job's settle ``lines`` (same order as its ``claims``), only the first
-        time ``job_id`` is settled; return whether they were applied.  Settling a job
-        whose reservation never happened may change nothing (Redis) or apply (memory,
-        where reservations cannot be lost): callers settle only what was granted, except
-        to compensate a reservation whose answer was lost, which only Redis can have."""
-        ...
-
-    async def snapshots(self, tenant: str, claims: Sequence[Claim]) -> tuple[BucketSnapshot, ...]:
-        """The claimed buckets' state now."""
-        ...
-
-    async def close(self) -> None:
-        """Release connections."""
-        ...
+__all__ = ["FleetView", "LeaseAnswer", "Slot", "Store"]
 
 
 class Slot(NamedTuple):
@@ -76,28 +56,80 @@ class LeaseAnswer(NamedTuple):
 
 
 class FleetView(NamedTuple):
-    """What the last heartbeat saw: live replicas and their summed queue depth."""
+    """What the last heartbeat saw: live gateway replicas and their summed queue depth."""
 
     replicas: int
     queue_depth: int
 
 
-class FleetSlots(Protocol):
-    """A pool's slots, counted over the whole fleet of gateways as expiring leases."""
+class Store(Protocol):
+    """Bucket reservations and settlements, and fleet-wide slots, for one gateway process."""
 
-    async def acquire(self, job_id: str, slot: Slot) -> LeaseAnswer:
-        """Take one slot for ``job_id`` if the pool has room (a pool with nothing in
-        flight always grants one).  Acquiring a lease already held renews it."""
+    @property
+    def shared(self) -> bool:
+        """Whether limits are shared with other gateway processes; then a pool's slots are
+        counted fleet-wide (leases), and a dispatched job must :meth:`acquire` one."""
         ...
 
-    async def release(self, pool: str, job_ids: Sequence[str]) -> int:
-        """Give back leases (unknown ids are skipped); return how many were released."""
+    def reserve_now(
+        self, job_id: str, tenant: str, claims: Sequence[Claim], slot: Slot | None = None
+    ) -> Grant | Denial | None:
+        """:meth:`reserve` when it can be answered without I/O, else ``None``.  Memory
+        always answers; a shared store answers while its state is away (its failure
+        policy: a local share, or :class:`~velvetrope.errors.StoreUnavailable`)."""
         ...
 
-    async def renew(self, pool: str, job_ids: Sequence[str]) -> int:
-        """Extend live leases by the TTL; expired ones are not re-created."""
+    async def reserve(
+        self, job_id: str, tenant: str, claims: Sequence[Claim], slot: Slot | None = None
+    ) -> Grant | Denial:
+        """Reserve every claim or none for ``job_id``; a grant carries snapshots of the
+        claimed buckets after it (for ``x-ratelimit-*`` headers).  With ``slot``, a granted
+        job also tries for its fleet slot in the same round trip (:meth:`holds_slot` says
+        whether it got one).  Raises :class:`~velvetrope.errors.StoreUnavailable` when the
+        store cannot answer and the failure policy is to refuse."""
         ...
 
-    async def heartbeat(self, replica: str, queue_depth: int) -> FleetView:
-        """Say this replica is alive; learn how many are."""
+    def holds_slot(self, job_id: str, pool: str) -> bool:
+        """Whether ``job_id`` holds a fleet slot of ``pool`` (always true unless shared)."""
+        ...
+
+    async def acquire(self, job_id: str, slot: Slot) -> bool:
+        """Take a fleet slot for ``job_id`` if the pool has room fleet-wide (true at once if
+        it holds one).  Raises :class:`~velvetrope.errors.StoreUnavailable` when the store
+        cannot answer and the failure policy is to refuse."""
+        ...
+
+    def finish(
+        self,
+        job_id: str,
+        tenant: str,
+        claims: Sequence[Claim],
+        lines: Sequence[SettleLine],
+        pool: str,
+    ) -> None:
+        """A job ended: settle its ``lines`` (same order as its granted ``claims``) and give
+        back its slot in ``pool`` if it holds one, each where it was taken.  Never waits on
+        I/O; called once per job."""
+        ...
+
+    def levels(self) -> dict[str, tuple[float, float]]:
+        """``(level, capacity)`` of every bucket this process knows (for a shared store:
+        as last seen in a reply)."""
+        ...
+
+    def start(self) -> None:
+        """Start background work (heartbeats, lease renewal, the outbox); needs a loop."""
+        ...
+
+    async def flush(self, timeout_s: float) -> bool:
+        """Wait until every settlement and release has reached the store, at most
+        ``timeout_s``; true if nothing is left to send."""
+        ...
+
+    async def stop(self, flush_s: float = 2.0) -> None:
+        """Flush (bounded), stop background work, release connections."""
+        ...
+
+    def status(self) -> dict[str, Any]:
+        """The store's state for ``/admin/status``."""
         ...

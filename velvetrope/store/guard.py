@@ -1,6 +1,7 @@
 """Shared state with a failure policy: per-call time budgets, a circuit breaker, a fallback.
 
-:class:`GuardedState` is what the gateway talks to when ``state.url`` is Redis.  Every call
+:class:`GuardedStore` is the :class:`~velvetrope.store.base.Store` of a ``state.url`` that
+names Redis.  Every call
 to Redis runs within a budget: ``call_timeout_s`` plus a multiple of this process's own
 event-loop lag (measured every 50 ms, a decaying peak), because under load a reply waits
 for the loop as much as for Redis, and a budget that counts our own backlog as Redis's
@@ -46,7 +47,7 @@ from velvetrope.store.outbox import Outbox
 from velvetrope.store.redis_store import RedisStore
 from velvetrope.store.replies import parse_admit, parse_lease, parse_reserve, refused
 
-__all__ = ["GuardedState", "OnStoreError"]
+__all__ = ["GuardedStore", "OnStoreError"]
 
 log = logging.getLogger("velvetrope.store")
 
@@ -60,10 +61,10 @@ def _share(c: Claim, n: int) -> Claim:
     return c._replace(capacity=c.capacity / n, rate=c.rate / n, floor=floor / n)
 
 
-class GuardedState:
+class GuardedStore:
     """Buckets and fleet slots in Redis, guarded by budgets, a breaker and a fallback."""
 
-    fleet = True
+    shared = True
 
     def __init__(
         self,
@@ -203,23 +204,66 @@ class GuardedState:
 
     # -- buckets ---------------------------------------------------------------------
 
-    async def reserve(self, job_id: str, tenant: str, claims: Sequence[Claim]) -> Grant | Denial:
-        """Reserve in Redis; on failure, per ``on_store_error``, locally at 1/N or raise
-        :class:`StoreUnavailable`."""
+    def reserve_now(
+        self, job_id: str, tenant: str, claims: Sequence[Claim], slot: Slot | None = None
+    ) -> Grant | Denial | None:
+        """Answer without I/O while the breaker is open (per ``on_store_error``, a local
+        reservation at 1/N or :class:`StoreUnavailable`; the slot is then left to
+        :meth:`acquire`); ``None`` while Redis is to be asked."""
+        if not claims and slot is None:
+            return Grant(())
+        breaker = self.breaker
+        if breaker.closed or breaker.state == "half_open":
+            return None
+        return self._reserve_locally(job_id, claims)
+
+    async def reserve(
+        self, job_id: str, tenant: str, claims: Sequence[Claim], slot: Slot | None = None
+    ) -> Grant | Denial:
+        """Reserve in Redis and, with ``slot``, take a fleet slot for a granted job in the
+        same round trip where Redis allows (else two calls; a slot that cannot be had is
+        left to :meth:`acquire`).  On failure, per ``on_store_error``, reserve locally at
+        1/N or raise :class:`StoreUnavailable`."""
+        if slot is None or not claims or not self.redis.combined:
+            res = await self._reserve(job_id, tenant, claims)
+            if slot is not None and isinstance(res, Grant):
+                with contextlib.suppress(StoreUnavailable):
+                    await self.acquire(job_id, slot)
+            return res
+        if self.breaker.allow():
+            call = self.redis.send_admit(job_id, tenant, claims, slot)
+            try:
+                res, lease = parse_admit(claims, await self._call("reserve", call))
+            except StoreUnavailable:
+                # the answer was lost, not necessarily the reservation and the lease: undo
+                # both if they happened (settling a job without a hold changes nothing)
+                self._finish_remote(job_id, tenant, claims, settle_lines(claims, 0), slot.pool)
+            else:
+                self._saw(res)
+                if lease is not None and lease.granted:
+                    self._leases.setdefault(slot.pool, {})[job_id] = slot.tokens
+                return res
+        return self._reserve_locally(job_id, claims)
+
+    async def _reserve(self, job_id: str, tenant: str, claims: Sequence[Claim]) -> Grant | Denial:
         if not claims:
             return Grant(())
         if self.breaker.allow():
             call = self.redis.send_reserve(job_id, tenant, claims)
             try:
                 res = parse_reserve(claims, await self._call("reserve", call))
-                for snap in res.snapshots:
-                    self._seen[snap.key] = (snap.remaining, snap.limit)
-                return res
             except StoreUnavailable:
                 # the answer was lost, not necessarily the reservation: undo it if it
                 # happened (settling a job without a hold changes nothing)
                 self._settle_remote(job_id, tenant, claims, settle_lines(claims, 0))
+            else:
+                self._saw(res)
+                return res
         return self._reserve_locally(job_id, claims)
+
+    def _saw(self, res: Grant | Denial) -> None:
+        for snap in res.snapshots:
+            self._seen[snap.key] = (snap.remaining, snap.limit)
 
     def _reserve_locally(self, job_id: str, claims: Sequence[Claim]) -> Grant | Denial:
         if self.on_store_error == "fail_closed":
@@ -233,38 +277,12 @@ class GuardedState:
             return Grant(tuple(claims), self.local.snapshots(res.claims, self.clock.now()))
         return res
 
-    async def admit(
-        self,
-        job_id: str,
-        tenant: str,
-        claims: Sequence[Claim],
-        slot: Slot,
-    ) -> tuple[Grant | Denial, bool]:
-        """Reserve and, if granted, take a fleet slot, in one round trip where Redis allows
-        (else two calls).  Returns the reservation and whether a slot was taken; a failure
-        falls back as :meth:`reserve` does (the slot is then left to :meth:`acquire`)."""
-        if not claims or not self.redis.combined:
-            res = await self.reserve(job_id, tenant, claims)
-            if isinstance(res, Denial):
-                return res, False
-            try:
-                return res, await self.acquire(job_id, slot)
-            except StoreUnavailable:
-                return res, False
-        if self.breaker.allow():
-            call = self.redis.send_admit(job_id, tenant, claims, slot)
-            try:
-                res, lease = parse_admit(claims, await self._call("reserve", call))
-            except StoreUnavailable:
-                self._finish_remote(job_id, tenant, claims, settle_lines(claims, 0), slot.pool)
-            else:
-                for snap in res.snapshots:
-                    self._seen[snap.key] = (snap.remaining, snap.limit)
-                if lease is not None and lease.granted:
-                    self._leases.setdefault(slot.pool, {})[job_id] = slot.tokens
-                    return res, True
-                return res, False
-        return self._reserve_locally(job_id, claims), False
+    def holds_slot(self, job_id: str, pool: str) -> bool:
+        remote = self._leases.get(pool)
+        if remote is not None and job_id in remote:
+            return True
+        local = self._local_leases.get(pool)
+        return local is not None and job_id in local
 
     def finish(
         self,
@@ -272,25 +290,26 @@ class GuardedState:
         tenant: str,
         claims: Sequence[Claim],
         lines: Sequence[SettleLine],
-        pool: str | None,
+        pool: str,
     ) -> None:
-        """A job ended: settle its lines and give back its slot in ``pool`` (if any), each
-        where it was taken; both Redis steps leave as one outbox entry where Redis allows."""
-        held = self._leases.get(pool) if pool is not None else None
-        remote_lease = held is not None and held.pop(job_id, None) is not None
-        if pool is not None and not remote_lease:
+        """A job ended: settle its lines and give back its slot in ``pool`` (if it holds
+        one), each where it was taken; both Redis steps leave as one outbox entry where
+        Redis allows."""
+        leases = self._leases.get(pool)
+        remote_lease = leases is not None and leases.pop(job_id, None) is not None
+        if not remote_lease:
             local = self._local_leases.get(pool)
             if local is not None:
                 local.discard(job_id)
         remote_settle = bool(lines) and job_id not in self._local_jobs
         if not remote_settle and lines:
             self.settle(job_id, tenant, claims, lines)
-        if remote_settle and remote_lease and pool is not None and self.redis.combined:
+        if remote_settle and remote_lease and self.redis.combined:
             self._finish_remote(job_id, tenant, claims, lines, pool)
             return
         if remote_settle:
             self._settle_remote(job_id, tenant, claims, lines)
-        if remote_lease and pool is not None:
+        if remote_lease:
             self._release_remote(pool, job_id)
 
     def _finish_remote(
@@ -384,6 +403,10 @@ class GuardedState:
             loop.create_task(self._watch_lag()),
             self._watchdog,
         ]
+
+    async def flush(self, timeout_s: float) -> bool:
+        """Wait for the outbox to empty, at most ``timeout_s``; true if it did."""
+        return await self.outbox.flush(timeout_s)
 
     async def stop(self, flush_s: float = 2.0) -> None:
         """Flush the outbox (bounded), stop background tasks, close the connection."""

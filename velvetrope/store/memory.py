@@ -1,58 +1,66 @@
-"""The in-memory bucket store: one process, no shared state (``state.url: memory://``)."""
+"""The in-memory store: one process, no shared state (``state.url: memory://``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from velvetrope.clock import Clock
-from velvetrope.core.bucket import (
-    BucketSnapshot,
-    Claim,
-    Denial,
-    Grant,
-    MemoryBuckets,
-    SettleLine,
-)
-from velvetrope.core.job import Outcome
+from velvetrope.core.bucket import Claim, Denial, Grant, MemoryBuckets, SettleLine
+from velvetrope.store.base import Slot
 
 __all__ = ["MemoryStore"]
 
 
 class MemoryStore:
-    """:class:`~velvetrope.store.base.BucketStore` over
-    :class:`~velvetrope.core.bucket.MemoryBuckets`; every call completes without
-    suspending."""
+    """:class:`~velvetrope.store.base.Store` over
+    :class:`~velvetrope.core.bucket.MemoryBuckets`: every call answers at once, and pool
+    slots are the controller's own (nothing is shared, so :meth:`acquire` grants)."""
+
+    shared = False
 
     def __init__(self, clock: Clock, buckets: MemoryBuckets | None = None) -> None:
         self.clock = clock
         self.buckets = buckets if buckets is not None else MemoryBuckets()
 
-    async def reserve(self, job_id: str, tenant: str, claims: Sequence[Claim]) -> Grant | Denial:
-        return self.reserve_now(claims)
-
-    def reserve_now(self, claims: Sequence[Claim]) -> Grant | Denial:
-        """:meth:`reserve`, synchronously (used by the fail-open fallback)."""
+    def reserve_now(
+        self, job_id: str, tenant: str, claims: Sequence[Claim], slot: Slot | None = None
+    ) -> Grant | Denial:
         return self.buckets.reserve(claims, self.clock.now(), with_snapshots=True)
 
-    async def settle(
-        self, job_id: str, tenant: str, claims: Sequence[Claim], lines: Sequence[SettleLine]
-    ) -> bool:
-        return self.buckets.settle(lines, self.clock.now(), job_id)
+    async def reserve(
+        self, job_id: str, tenant: str, claims: Sequence[Claim], slot: Slot | None = None
+    ) -> Grant | Denial:
+        return self.buckets.reserve(claims, self.clock.now(), with_snapshots=True)
 
-    async def snapshots(self, tenant: str, claims: Sequence[Claim]) -> tuple[BucketSnapshot, ...]:
-        return self.buckets.snapshots(claims, self.clock.now())
+    def holds_slot(self, job_id: str, pool: str) -> bool:
+        return True
 
-    def settle_ended(self, o: Outcome) -> None:
-        """The controller's observer when this store is the gateway's only one: settle an
-        ended job's claims at the time it ended (no per-job deduplication: the controller
-        ends each job once)."""
-        lines = o.settlement.lines
-        if lines:
-            self.buckets.settle(lines, o.at)
+    async def acquire(self, job_id: str, slot: Slot) -> bool:
+        return True
+
+    def finish(
+        self,
+        job_id: str,
+        tenant: str,
+        claims: Sequence[Claim],
+        lines: Sequence[SettleLine],
+        pool: str,
+    ) -> None:
+        if lines:  # called once per job: no per-job deduplication here
+            self.buckets.settle(lines, self.clock.now())
 
     def levels(self) -> dict[str, tuple[float, float]]:
-        """Every bucket's ``(level, capacity)`` now."""
         return self.buckets.levels(self.clock.now())
 
-    async def close(self) -> None:
+    def start(self) -> None:
         return None
+
+    async def flush(self, timeout_s: float) -> bool:
+        return True
+
+    async def stop(self, flush_s: float = 2.0) -> None:
+        return None
+
+    def status(self) -> dict[str, Any]:
+        return {"backend": "memory", "up": True}
