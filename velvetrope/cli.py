@@ -1,31 +1,105 @@
 """The ``velvetrope`` command line: ``serve``, ``engine``, ``demo``, ``simulate``, ``plan``.
 
 Each subcommand lives beside the code it drives; this module only wires them together.
+
+Importing this module, or running one command, imports no other command's code: a
+subcommand defined in another package is named in :data:`LAZY_COMMANDS` and imported the
+first time it is looked up (run, shown by ``--help``, completed), and the commands defined
+here import what they drive inside their bodies.  So ``velvetrope serve`` loads the gateway
+and nothing of the simulator, the planner, the engine model, numpy, scipy or matplotlib
+(:data:`SERVE_MUST_NOT_IMPORT`; ``tests/test_lean_serve.py`` checks it, ``bench/serve_rss.py``
+measures the memory).
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, ClassVar
+
 import typer
+import typer.core
+import typer.main
 
-from velvetrope.engine.calibrate.cli import calibrate_command
-from velvetrope.engine.serve.cli import engine_command
-from velvetrope.planner.cli import plan_command
-from velvetrope.sim.cli import simulate_command
+if TYPE_CHECKING:
+    from typer._click import Command, Context
 
-__all__ = ["app", "main"]
+__all__ = ["LAZY_COMMANDS", "SERVE_MUST_NOT_IMPORT", "LazyGroup", "app", "main"]
+
+SERVE_MUST_NOT_IMPORT = (
+    "velvetrope.sim",
+    "velvetrope.planner",
+    "velvetrope.engine",
+    "velvetrope.demo",
+    "numpy",
+    "scipy",
+    "matplotlib",
+    "PIL",
+    "pandas",
+    "dask",
+    "distributed",
+    "rich",
+)
+"""Packages (each with all its submodules) that ``velvetrope serve`` does not import: the
+gateway needs none of them (``rich`` is typer's, for its help and error screens only)."""
+
+LAZY_COMMANDS: dict[str, str] = {
+    "engine": "velvetrope.engine.serve.cli:engine_command",
+    "simulate": "velvetrope.sim.cli:simulate_command",
+    "plan": "velvetrope.planner.cli:plan_command",
+    "calibrate": "velvetrope.engine.calibrate.cli:calibrate_command",
+}
+"""Subcommands defined elsewhere, by name: ``"module:function"`` of a typer command function
+(its parameters declared with ``typer.Option``/``typer.Argument``), imported when first used."""
+
+
+def load_command(name: str, spec: str) -> Command:
+    """The click command ``name`` built by typer from the function that ``spec``
+    (``"module:function"``) names; imports that module."""
+    module, _, function = spec.partition(":")
+    one = typer.Typer(add_completion=False)
+    one.command(name)(getattr(importlib.import_module(module), function))
+    return typer.main.get_command(one)
+
+
+class LazyGroup(typer.core.TyperGroup):
+    """A typer command group that also lists the commands of :attr:`lazy` (name →
+    ``"module:function"``) and imports each only when it is looked up.
+
+    Listed before the commands registered on the app, in :attr:`lazy`'s order.  A name that
+    is no command at all loads every lazy command first, so that the error can suggest the
+    closest of all the names.
+    """
+
+    lazy: ClassVar[dict[str, str]] = LAZY_COMMANDS
+
+    def list_commands(self, ctx: Context) -> list[str]:
+        """Every command's name; imports nothing."""
+        eager = super().list_commands(ctx)
+        return [*(n for n in self.lazy if n not in eager), *eager]
+
+    def get_command(self, ctx: Context, cmd_name: str) -> Command | None:
+        """The command ``cmd_name``, imported and built on its first lookup; None if unknown."""
+        if cmd_name not in self.commands and cmd_name in self.lazy:
+            self.add_command(load_command(cmd_name, self.lazy[cmd_name]), cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+    def resolve_command(
+        self, ctx: Context, args: list[str]
+    ) -> tuple[str | None, Command | None, list[str]]:
+        """As typer's; an unknown name first loads every lazy command (for the suggestion)."""
+        if args and args[0] not in self.commands and args[0] not in self.lazy:
+            for name in self.lazy:
+                self.get_command(ctx, name)
+        return super().resolve_command(ctx, args)
+
 
 app = typer.Typer(
     name="velvetrope",
     help="Admission control for LLM inference.",
     no_args_is_help=True,
     add_completion=False,
+    cls=LazyGroup,
 )
-
-
-app.command("engine")(engine_command)
-app.command("simulate")(simulate_command)
-app.command("plan")(plan_command)
-app.command("calibrate")(calibrate_command)
 
 
 @app.callback()

@@ -1,8 +1,8 @@
 """Starting velvetrope servers as subprocesses on loopback (demo, benchmarks, tests).
 
-:func:`start` runs ``python -m velvetrope ARGS``, waits until a readiness URL answers 200
-(bounded; on failure the error shows the process's stderr) and returns a
-:class:`ServerProcess` that stops it by its own PID.
+:func:`start` runs ``python -m velvetrope ARGS`` (or another program given as ``program``),
+waits until a readiness URL answers 200 (bounded; on failure the error shows the process's
+stderr) and returns a :class:`ServerProcess` that stops it by its own PID.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -66,15 +67,30 @@ class ServerProcess:
         self.stop()
 
 
-def start(args: list[str], url: str, ready_path: str, timeout_s: float = 60.0) -> ServerProcess:
-    """Start ``python -m velvetrope ARGS`` and wait until ``url + ready_path`` answers 200."""
+def start(
+    args: list[str],
+    url: str,
+    ready_path: str,
+    timeout_s: float = 60.0,
+    *,
+    program: Sequence[str] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> ServerProcess:
+    """Start ``PROGRAM ARGS`` and wait until ``url + ready_path`` answers 200.
+
+    ``program`` is ``python -m velvetrope`` (this interpreter) unless given: e.g. the
+    ``velvetrope`` console script, or ``python -c CODE``.  ``env`` is added to this
+    process's environment.  Raises RuntimeError (with the process's stderr) if it exits or
+    is not ready within ``timeout_s``; the process is stopped then.
+    """
     log = tempfile.TemporaryFile()  # noqa: SIM115 (owned by ServerProcess, closed in stop)
+    argv = [*(program or (sys.executable, "-m", "velvetrope")), *args]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "velvetrope", *args],
+        argv,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=log,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     )
     sp = ServerProcess(proc, url, log)
     deadline = time.monotonic() + timeout_s
@@ -82,7 +98,7 @@ def start(args: list[str], url: str, ready_path: str, timeout_s: float = 60.0) -
         if proc.poll() is not None:
             err = sp.stderr_text()
             sp.stop()
-            raise RuntimeError(f"velvetrope {' '.join(args)} exited ({proc.returncode}): {err}")
+            raise RuntimeError(f"{' '.join(argv)} exited ({proc.returncode}): {err}")
         try:
             if httpx.get(url + ready_path, timeout=1.0).status_code == 200:
                 return sp
@@ -91,7 +107,7 @@ def start(args: list[str], url: str, ready_path: str, timeout_s: float = 60.0) -
         time.sleep(0.1)
     err = sp.stderr_text()
     sp.stop()
-    raise RuntimeError(f"velvetrope {' '.join(args)} not ready after {timeout_s}s: {err}")
+    raise RuntimeError(f"{' '.join(argv)} not ready after {timeout_s}s: {err}")
 
 
 def start_engine(*extra: str, port: int | None = None) -> ServerProcess:
