@@ -17,10 +17,11 @@ TYPE_CHECKING:`` or in a ``try``.  Each becomes an edge of a graph between modul
   inside ``velvetrope/core/``) closes a real cycle and is reported.
 
 The graph must have no cycle.  On top of it: no module over :data:`MAX_LINES` lines; the
-admission core depends on none of the packages above it (DESIGN.md's direction); only the
-HTTP homes import an HTTP library, and what is sans-IO (the core, the OpenAI protocol, the
-engine model and calibration's fitting, the simulator, the planner) does not reach one,
-nor asyncio, sockets or Redis, through anything it imports.
+admission core depends on none of the packages above it (the direction of
+``docs/design.md``); only the HTTP homes import an HTTP library, and what is sans-IO (the
+core, the OpenAI protocol, the engine model and calibration's fitting, the simulator, the
+planner) does not reach one, nor asyncio, sockets or Redis, through anything it imports.
+The design the code cites is that file, in the repository.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "velvetrope"
 MAX_LINES = 700
+DESIGN = ROOT.parent / "docs" / "design.md"
+"""The architecture, as the code cites it."""
 
 HTTP_LIBS = frozenset({"aiohttp", "httpx", "uvicorn", "uvloop", "httptools"})
 HTTP_HOMES = (
@@ -268,3 +271,20 @@ def test_sans_io_code_reaches_no_http_library_asyncio_or_redis() -> None:
                 bad[m] = f"{' -> '.join(_path(m, t) if t != m else [m])} imports {sorted(hit)}"
                 break
     assert not bad, bad
+
+
+def test_the_design_the_code_cites_is_in_the_repository() -> None:
+    """Sources cite ``docs/design.md``, which exists, never the upper-case design file that
+    lived outside the repository."""
+    assert DESIGN.is_file(), DESIGN
+    outside = "DESIGN" + ".md"  # spelled apart so this file does not cite it
+    base = ROOT.parent
+    sources = [base / "README.md"]
+    sources += sorted(p for d in ("velvetrope", "tests", "bench") for p in (base / d).rglob("*.py"))
+    cited = [
+        f"{p.relative_to(base)}:{n}"
+        for p in sources
+        for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+        if outside in line
+    ]
+    assert not cited, f"cite docs/design.md instead of {outside}: {cited}"

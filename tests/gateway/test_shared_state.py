@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -68,6 +68,17 @@ def poll(pred: Callable[[], bool], timeout_s: float, what: str) -> float:
             raise AssertionError(f"{what}: not within {timeout_s}s")
         time.sleep(0.02)
     return time.monotonic() - t0
+
+
+def redis_ms(r: redis.Redis) -> int:
+    """Redis's clock (``TIME``) in whole milliseconds: the clock of the leases' expiries."""
+    sec, usec = r.time()
+    return int(sec) * 1000 + int(usec) // 1000
+
+
+def expiries(r: redis.Redis, key: str) -> dict[bytes, float]:
+    """A pool's leases: job id -> expiry (Redis time, whole ms)."""
+    return dict(cast(list[tuple[bytes, float]], r.zrange(key, 0, -1, withscores=True)))
 
 
 def test_two_replicas_share_one_token_limit(tmp_path: Path, engine: str, redis_url: str) -> None:
@@ -208,8 +219,15 @@ def test_a_killed_replica_gives_its_slots_back_after_the_ttl(
         for t in threads:
             t.start()
         poll(lambda: r.zcard(key) == 2, 10, "two leases taken")
-        time.sleep(2.0)  # longer than the TTL: renewal keeps them while the replica lives
-        assert r.zcard(key) == 2
+        # Renewal keeps them while the replica lives: wait (bounded) until Redis's clock,
+        # the one the scripts use, has passed the expiries they had when first seen; by
+        # then each must have been renewed past that instant, or it would be dead.
+        first = expiries(r, key)
+        poll(lambda: redis_ms(r) > max(first.values()), 10, "the first expiries passed")
+        now = redis_ms(r)
+        live = expiries(r, key)
+        assert live.keys() == first.keys()
+        assert all(live[job] > now for job in live), (live, now)  # renewed: still held
         gw.proc.kill()  # SIGKILL: no drain, no release
         gw.proc.wait(5)
         gw.stop()  # closes its log

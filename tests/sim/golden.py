@@ -3,16 +3,34 @@
 Each scenario is a :func:`~velvetrope.sim.loop.run_simulation` call exercising a part of the
 loop: queueing, shedding, bucket limits, engine refusals, preemption, client timeouts (some
 arriving at the same instant), deadlines, load rescaling, noisy predictions, prefix caching.
-:func:`digest` hashes everything a run returns.  ``python -m tests.sim.golden`` prints the
-digests of the code on the path: the pinned values were printed by the simulator's loop
-before the event environment replaced it, so the test proves the two decide alike.
+
+A run is pinned twice.  :func:`digest` hashes everything a run returns; the test's
+``GOLDEN`` digests were printed by the simulator's loop before the event environment
+replaced it, so they prove the two decide alike.  :func:`records` spells the same run out,
+one line per record (each decision, each request's row, each sample, each engine scrape,
+the span and the pools' stats, with the arrays' dtypes), floats by ``repr`` (which
+round-trips exactly); the lines are stored in ``tests/sim/goldens/<scenario>.txt.gz``, so a
+run that differs is reported by its first differing record: its index, the line expected
+and the line got.
+
+Regenerate both after a change that is meant to change decisions::
+
+    .venv/bin/python -m tests.sim.golden --write            # every scenario
+    .venv/bin/python -m tests.sim.golden --write conv-overload
+
+It writes the records files and prints the digests to paste into ``GOLDEN`` in
+``tests/sim/test_loop_golden.py``; commit both.  Without ``--write`` it only prints the
+digests of the code on the path.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import gzip
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -145,10 +163,144 @@ def digest(res: SimResult) -> str:
     return h.hexdigest()[:40]
 
 
-def current() -> dict[str, Any]:
-    return {name: digest(fn()) for name, fn in SCENARIOS.items()}
+GOLDENS = Path(__file__).resolve().parent / "goldens"
+"""Where each scenario's records are stored, one gzipped text file per scenario."""
+
+
+def _fields(obj: Any) -> list[tuple[str, Any]]:
+    return [(f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj)]
+
+
+def _dtypes(what: str, columns: Sequence[tuple[str, Any]]) -> str:
+    """The dtypes (and shapes) of ``columns``: they are part of the digest's bytes."""
+    return f"{what}: " + " ".join(
+        f"{n}=None" if a is None else f"{n}={a.dtype.str}{list(a.shape)}" for n, a in columns
+    )
+
+
+def _rows(what: str, columns: Sequence[tuple[str, Any]]) -> list[str]:
+    """``what i: name=value ...`` for each row of aligned ``columns`` (None ones skipped)."""
+    present = [(n, a.tolist()) for n, a in columns if a is not None]
+    if not present:
+        return []
+    return [
+        f"{what} {i}: " + " ".join(f"{n}={v[i]!r}" for n, v in present)
+        for i in range(len(present[0][1]))
+    ]
+
+
+def records(res: SimResult) -> list[str]:
+    """Everything :func:`digest` hashes, one record per line, in the order: the arrays'
+    dtypes, the decision log, the requests' rows, the samples, the engine scrapes, the span,
+    the pools.  Two runs have equal lines exactly when their values are equal, floats
+    bit for bit (``repr`` round-trips; ``-0.0`` is kept)."""
+    req = _fields(res.records)
+    samples = list(zip(("t", "queued", "in_flight"), res.samples, strict=True))
+    engines = _fields(res.engines) if getattr(res, "engines", None) is not None else []
+    out = [_dtypes("requests", req), _dtypes("samples", samples)]
+    if engines:
+        out.append(_dtypes("engines", engines))
+    if res.decisions is None:
+        out.append("decisions: None")
+    else:
+        out += [f"decision {i}: {d!r}" for i, d in enumerate(res.decisions)]
+    out += _rows("request", req)
+    out += _rows("sample", samples)
+    out += _rows("scrape", engines)
+    out.append(f"span_s: {res.span_s!r}")
+    out += [f"pool {i}: {p!r}" for i, p in enumerate(res.pools)]
+    return out
+
+
+def path(name: str) -> Path:
+    return GOLDENS / f"{name}.txt.gz"
+
+
+def stored(name: str) -> list[str] | None:
+    """The records stored for scenario ``name`` (None: none stored)."""
+    p = path(name)
+    if not p.exists():
+        return None
+    return gzip.decompress(p.read_bytes()).decode("utf-8").splitlines()
+
+
+def store(name: str, lines: list[str]) -> None:
+    """Write the records of scenario ``name`` (byte for byte the same for the same lines)."""
+    GOLDENS.mkdir(exist_ok=True)
+    data = "".join(line + "\n" for line in lines).encode("utf-8")
+    path(name).write_bytes(gzip.compress(data, compresslevel=9, mtime=0))
+
+
+def first_difference(expected: list[str], got: list[str]) -> str | None:
+    """None if the two runs' records are equal, else a report of the first that differs:
+    its index, the line expected and the line got (and how many differ in all)."""
+    n = max(len(expected), len(got))
+    differ = [i for i in range(n) if i >= len(expected) or i >= len(got) or expected[i] != got[i]]
+    if not differ:
+        return None
+    i = differ[0]
+    want = expected[i] if i < len(expected) else "(no such record: the run is longer)"
+    have = got[i] if i < len(got) else "(no such record: the run is shorter)"
+    fields = _changed_fields(want, have)
+    return (
+        f"record {i} differs (the first of {len(differ)} of {n} that do; "
+        f"{len(expected)} expected, {len(got)} got):\n"
+        f"  expected: {want}\n"
+        f"  got:      {have}" + (f"\n  changed:  {fields}" if fields else "")
+    )
+
+
+def _pairs(line: str) -> list[tuple[str, str]] | None:
+    """``name=value`` items of a row line (values are reprs: a space inside quotes or
+    brackets does not split), or None if it is not a row."""
+    _, sep, rest = line.partition(": ")
+    if not sep:
+        return None
+    items, start, depth, quote, escaped = [], 0, 0, "", False
+    for k, ch in enumerate(rest + " "):
+        if escaped:
+            escaped = False
+        elif quote:
+            escaped = ch == "\\"
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == " " and depth == 0:
+            items.append(rest[start:k])
+            start = k + 1
+    pairs = [item.partition("=") for item in items]
+    if not all(eq and name.isidentifier() for name, eq, _ in pairs):
+        return None
+    return [(name, value) for name, _, value in pairs]
+
+
+def _changed_fields(want: str, have: str) -> str:
+    """``name: expected -> got`` for each field two row lines disagree on ('' if they are
+    not rows of the same fields)."""
+    a, b = _pairs(want), _pairs(have)
+    if a is None or b is None or [n for n, _ in a] != [n for n, _ in b]:
+        return ""
+    return ", ".join(f"{n}: {x} -> {y}" for (n, x), (_, y) in zip(a, b, strict=True) if x != y)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m tests.sim.golden", description=__doc__)
+    ap.add_argument("names", nargs="*", help="scenarios (default: all)")
+    ap.add_argument("--write", action="store_true", help="store the runs' records")
+    args = ap.parse_args(argv)
+    unknown = set(args.names) - set(SCENARIOS)
+    if unknown:
+        ap.error(f"unknown scenarios {sorted(unknown)}; known: {sorted(SCENARIOS)}")
+    for name in args.names or SCENARIOS:
+        res = SCENARIOS[name]()
+        if args.write:
+            store(name, records(res))
+        print(f'    "{name}": "{digest(res)}",')
 
 
 if __name__ == "__main__":
-    for name, d in current().items():
-        print(f'    "{name}": "{d}",')
+    main()

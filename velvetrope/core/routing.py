@@ -1,7 +1,7 @@
 """Routing: which pool a job goes to, what it gives up under pressure, which replica runs it.
 
 Three rules, each written once and called by the gateway and by the simulator with the same
-inputs (DESIGN.md, "one rule, one implementation"):
+inputs (docs/design.md, "one rule, one implementation"):
 
 **Pool** (:meth:`Router.match`).  ``PolicyConfig.routes`` is a list of
 :class:`~velvetrope.core.policy.RouteRule`; each may name requested ``models``, ``tiers``
