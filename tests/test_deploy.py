@@ -39,7 +39,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from velvetrope.config import parse_config
-from velvetrope.core.request import JobState, Reason
+from velvetrope.core.lifecycle import JobState, Reason
 from velvetrope.serving import launch
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -38,9 +38,11 @@ SERVE_MUST_NOT_IMPORT = (
     "dask",
     "distributed",
     "rich",
+    "redis",
 )
 """Packages (each with all its submodules) that ``velvetrope serve`` does not import: the
-gateway needs none of them (``rich`` is typer's, for its help and error screens only)."""
+gateway needs none of them (``rich`` is typer's, for its help and error screens only;
+``redis`` only when ``state.url`` names Redis, which the check's config does not)."""
 
 LAZY_COMMANDS: dict[str, str] = {
     "engine": "velvetrope.engine.serve.cli:engine_command",

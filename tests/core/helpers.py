@@ -78,9 +78,9 @@ def run_fleet(
             j = arrivals[i][1]
             i += 1
             d = ctl.arrive(j)
-            from velvetrope.core import Admitted
+            from velvetrope.core import Dispatched
 
-            if isinstance(d, Admitted):
+            if isinstance(d, Dispatched):
                 start([j])
         start(ctl.dispatchable())
     return order

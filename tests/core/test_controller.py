@@ -6,8 +6,8 @@ import pytest
 
 from velvetrope.core import (
     AdmissionController,
-    Admitted,
     Denial,
+    Dispatched,
     Grant,
     JobState,
     PolicyConfig,
@@ -26,7 +26,7 @@ ONE_SLOT = {"pools": [{"name": "default", "max_in_flight": 1}]}
 def test_admits_at_once_when_idle_then_queues() -> None:
     ctl, _ = controller(ONE_SLOT)
     a = make_job()
-    assert isinstance(ctl.arrive(a), Admitted)
+    assert isinstance(ctl.arrive(a), Dispatched)
     assert a.state is JobState.DISPATCHED
     b = make_job()
     d = ctl.arrive(b)
@@ -48,8 +48,8 @@ def test_tenant_over_its_token_limit_gets_429_with_retry_after() -> None:
     # cost = prompt 100 + predicted 200 = 300; 600 tokens/min = 10 tokens/s
     j1 = make_job("acme", predicted=200)
     j2 = make_job("acme", predicted=200)
-    assert isinstance(ctl.arrive(j1), Admitted)
-    assert isinstance(ctl.arrive(j2), Admitted)
+    assert isinstance(ctl.arrive(j1), Dispatched)
+    assert isinstance(ctl.arrive(j2), Dispatched)
     j3 = make_job("acme", predicted=200)
     d = ctl.arrive(j3)
     assert isinstance(d, Rejected)
@@ -60,7 +60,7 @@ def test_tenant_over_its_token_limit_gets_429_with_retry_after() -> None:
     ctl.complete(j1.id, Usage(100, 50))
     assert ctl.status()["buckets"]["tenant:acme:tok"] == pytest.approx(150)
     clock.advance(15)  # 150 + 150 refilled = 300
-    assert isinstance(ctl.arrive(make_job("acme", predicted=200)), Admitted)
+    assert isinstance(ctl.arrive(make_job("acme", predicted=200)), Dispatched)
 
 
 def test_request_larger_than_the_bucket_is_refused_for_good() -> None:
@@ -89,7 +89,7 @@ def test_global_and_band_and_tenant_bounds() -> None:
         "tenants": [{"name": "greedy", "tier": "lo", "max_queued": 1}],
     }
     ctl, _ = controller(cfg)
-    assert isinstance(ctl.arrive(make_job("x", "hi")), Admitted)
+    assert isinstance(ctl.arrive(make_job("x", "hi")), Dispatched)
     assert isinstance(ctl.arrive(make_job("x", "hi")), Queued)
     assert isinstance(ctl.arrive(make_job("x", "hi")), Queued)
     d = ctl.arrive(make_job("x", "hi"))
@@ -242,7 +242,7 @@ def test_external_buckets_take_a_grant_and_return_settlements() -> None:
     assert [(c.kind, c.owner) for c in claims] == [("tokens", "tenant")]
     with pytest.raises(PolicyError, match="reservation"):
         ctl.arrive(make_job("a", predicted=50))
-    assert isinstance(ctl.arrive(j, Grant(tuple(claims))), Admitted)
+    assert isinstance(ctl.arrive(j, Grant(tuple(claims))), Dispatched)
     out = ctl.complete(j.id, Usage(100, 20))
     assert out.settlement.lines == (("tenant:a:tok", 150.0, 120.0),)
 
@@ -287,15 +287,15 @@ def test_token_budget_in_flight() -> None:
     cfg = {"pools": [{"name": "default", "max_in_flight": 10, "max_tokens_in_flight": 500}]}
     ctl, _ = controller(cfg)
     a, b, c = (make_job(prompt=100, predicted=100) for _ in range(3))
-    assert isinstance(ctl.arrive(a), Admitted)
-    assert isinstance(ctl.arrive(b), Admitted)
+    assert isinstance(ctl.arrive(a), Dispatched)
+    assert isinstance(ctl.arrive(b), Dispatched)
     assert isinstance(ctl.arrive(c), Queued)  # 600 > 500
     ctl.complete(a.id, Usage(100, 100))
     assert ctl.dispatchable() == [c]
     big = make_job(prompt=5000, predicted=100)
     ctl.complete(b.id, Usage(100, 100))
     ctl.complete(c.id, Usage(100, 100))
-    assert isinstance(ctl.arrive(big), Admitted)  # a lone job always fits
+    assert isinstance(ctl.arrive(big), Dispatched)  # a lone job always fits
 
 
 def test_status_reports_queue_and_in_flight() -> None:

@@ -10,9 +10,9 @@ from pydantic import ValidationError
 
 from tests.core.helpers import controller, make_job
 from velvetrope.core import Job, Usage
+from velvetrope.core.lifecycle import JobState
 from velvetrope.core.limit import AdaptiveLimit
 from velvetrope.core.policy import AdaptiveLimitPolicy, PolicyConfig, PoolPolicy
-from velvetrope.core.request import JobState
 
 
 class Engine:
@@ -172,7 +172,7 @@ def test_a_pool_without_max_in_flight_gets_the_adaptive_limit() -> None:
     assert lim is not None
     jobs = [make_job() for _ in range(3)]
     decisions = [type(ctl.arrive(j)).__name__ for j in jobs]
-    assert decisions == ["Admitted", "Admitted", "Queued"]  # the limit, not 4096 slots
+    assert decisions == ["Dispatched", "Dispatched", "Queued"]  # the limit, not 4096 slots
     assert ctl.status()["pools"]["default"]["max_in_flight"] == 2
     clock.advance(0.1)
     ctl.first_token(jobs[0].id)

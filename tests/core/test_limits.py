@@ -80,7 +80,7 @@ def test_config_check_prints_the_buckets() -> None:
 
 
 def test_held_claims_take_the_jobs_cost_from_token_buckets_and_1_from_request_buckets() -> None:
-    """ClaimSpecs.held: a claim per bucket of the job's tenant, tier and model, its cost from
+    """ClaimSpecs.claims_for: a claim per bucket of the job's tenant, tier and model, its cost from
     each token bucket and 1 from each request bucket; none for a tenant without limits."""
     from velvetrope.core.claims import ClaimSpecs
 
@@ -109,6 +109,6 @@ def test_held_claims_take_the_jobs_cost_from_token_buckets_and_1_from_request_bu
     for tenant, tier, model, want in cases:
         job = make_job(tenant, tier, prompt=40, model=model)
         for _ in range(2):  # built, then from the cache
-            held = specs.held(job, tenant, tier, model, 140)
+            held = specs.claims_for(job, tenant, tier, model, 140)
             assert isinstance(held, tuple)
             assert [(c.key, c.amount) for c in held] == want

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from velvetrope.clock import ManualClock
 from velvetrope.core import (
     AdmissionController,
-    Admitted,
+    Dispatched,
     Job,
     Outcome,
     PolicyConfig,
@@ -142,7 +142,7 @@ def test_random_interleavings_keep_every_invariant(preset: str, ops: list[tuple]
             d = ctl.arrive(job)
             for c in job.claims:
                 events.append((clock.now(), "reserve", c.key, c.amount, 0.0))
-            if isinstance(d, Admitted):
+            if isinstance(d, Dispatched):
                 m.dispatched.add(job.id)
             elif isinstance(d, Queued):
                 m.queued.add(job.id)

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from velvetrope.core import (
-    Admitted,
+    Dispatched,
     PolicyConfig,
     Queued,
     Reason,
@@ -53,7 +53,7 @@ def test_rules_match_model_tier_and_predicted_output(
     assert (routed.pool, routed.rule) == expected
     assert (job.pool, job.route, job.degraded) == (*expected, ())
     assert job.cost == job.prompt_tokens + job.reserved_output  # sized before matching
-    assert isinstance(ctl.arrive(job), Admitted)
+    assert isinstance(ctl.arrive(job), Dispatched)
 
 
 def test_rules_see_the_estimators_learned_prediction() -> None:
@@ -175,7 +175,7 @@ def test_a_job_that_would_be_rejected_falls_back_to_the_spare_pool() -> None:
     j = make_job(predicted=100, max_tokens=400, model="big")
     assert ctl.route(j) == ("spare", "default", ("max_tokens", "pool"))
     assert (j.pool, j.model, j.max_tokens) == ("spare", "small", 50)
-    assert isinstance(ctl.arrive(j), Admitted)
+    assert isinstance(ctl.arrive(j), Dispatched)
 
 
 def test_rejected_only_when_degrading_is_not_enough() -> None:
@@ -221,7 +221,7 @@ def test_capacity_per_engine_follows_the_live_engines() -> None:
     cap.set_engines(3)
     started = ctl.dispatchable()
     jobs = [make_job() for _ in range(6)]
-    started += [j for j in jobs if isinstance(ctl.arrive(j), Admitted)]
+    started += [j for j in jobs if isinstance(ctl.arrive(j), Dispatched)]
     started += ctl.dispatchable()
     assert len(started) == 6 and ctl.queued == 1  # 3 engines x 2 slots
     cap.set_engines(2)  # one left: nothing more until in flight drops below 4

@@ -16,7 +16,7 @@ import pytest
 from velvetrope.clock import ManualClock
 from velvetrope.core import (
     AdmissionController,
-    Admitted,
+    Dispatched,
     EngineReading,
     EngineSaturation,
     Job,
@@ -83,7 +83,7 @@ class Gateway:
             job = Job(f"j{self.n}", "t", "default", prompt_tokens=5, max_tokens=10)
             self.jobs.append(job)
             d = self.ctl.arrive(job)
-            if isinstance(d, Admitted):
+            if isinstance(d, Dispatched):
                 out.append(job)
                 self._send(job)
             else:
@@ -121,7 +121,7 @@ def test_an_engine_seen_queueing_holds_dispatch_until_it_has_room() -> None:
     gw = Gateway(["e"])
     assert len(gw.arrive(4)) == 4  # never read: the engine may have room
     gw.scrape("e")  # it runs 2 and queues our other 2: capacity 2 learned
-    assert gw.arrive(2) == [] and gw.ctl.queued == 2 and gw.sat.held == 1
+    assert gw.arrive(2) == [] and gw.ctl.queued == 2 and gw.sat.holds == 1
     gw.complete("e", 2)  # by the reading corrected for the two that came back: full
     assert gw.pump() == []
     gw.complete("e", 1)  # room for exactly one
@@ -313,7 +313,7 @@ def test_a_stale_scrape_never_lets_the_engine_queue_grow_past_one_interval() -> 
         else:
             n += 1
             job = Job(f"j{n}", "t", "default", prompt_tokens=100, max_tokens=200)
-            if isinstance(ctl.arrive(job), Admitted):
+            if isinstance(ctl.arrive(job), Dispatched):
                 send([job])
             most_queued = max(most_queued, ctl.queued)
     per_interval = max(sum(k for t, k, _ in sends if s <= t < s + 1) for s in range(40))

@@ -12,7 +12,7 @@ import random
 import orjson
 import pytest
 
-from velvetrope.gateway.relay import Relay, relay_events
+from velvetrope.gateway.relay import UsageTally, relay_events
 from velvetrope.openai.sse import (
     DONE,
     content_choices,
@@ -109,7 +109,7 @@ def _streams() -> list[tuple[str, bytes]]:
 
 def _reference(stream: bytes, wants_usage: bool) -> tuple[object, object, bool, bytes]:
     """Parse every event (what the relay did before it counted from the bytes)."""
-    relay = Relay(0)
+    relay = UsageTally(0)
     kept = []
     for e in split_events(stream)[0]:
         data = data_of(e)
@@ -130,7 +130,7 @@ def _reference(stream: bytes, wants_usage: bool) -> tuple[object, object, bool, 
 
 
 def _relayed(pieces: list[bytes], wants_usage: bool) -> tuple[object, object, bool, bytes, int]:
-    relay = Relay(0)
+    relay = UsageTally(0)
     firsts = 0
 
     def first() -> None:

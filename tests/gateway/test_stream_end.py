@@ -16,7 +16,7 @@ import pytest
 
 from velvetrope.gateway.httpclient import HttpClient
 from velvetrope.gateway.proxy import forward
-from velvetrope.gateway.relay import Relay
+from velvetrope.gateway.relay import UsageTally
 from velvetrope.openai.sse import DONE
 
 pytestmark = pytest.mark.integration
@@ -84,11 +84,11 @@ async def _relay(split_end: bool) -> tuple[list[tuple[str, bytes]], int, int]:
     async def end(data: bytes) -> None:
         sent.append(("end", data))
 
-    relay = Relay(0)
+    relay = UsageTally(0)
     try:
         for _ in range(2):
             sent.clear()
-            relay = Relay(0)
+            relay = UsageTally(0)
             answer = await forward(
                 http,
                 f"http://127.0.0.1:{port}/v1/chat/completions",

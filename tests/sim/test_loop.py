@@ -12,7 +12,7 @@ import pytest
 from velvetrope.clock import ManualClock
 from velvetrope.core import (
     AdmissionController,
-    Admitted,
+    Dispatched,
     Job,
     JobState,
     Outcome,
@@ -199,14 +199,14 @@ def harness(
             )
             jobs.append(job)
             decision = ctl.arrive(job)
-            if isinstance(decision, Admitted):
+            if isinstance(decision, Dispatched):
                 detail = "admitted"
             elif isinstance(decision, Queued):
                 detail = "queued"
             else:
                 detail = f"rejected:{decision.reason.code}"
             log.append((t, "arrive", job.id, detail))
-            if isinstance(decision, Admitted):
+            if isinstance(decision, Dispatched):
                 if send(job, t):
                     dispatch(t)
             elif isinstance(decision, Queued):

@@ -21,7 +21,7 @@ from velvetrope.core.bucket import Claim, Grant, SettleLine, TokenBucket, settle
 from velvetrope.store.base import Slot
 from velvetrope.store.connect import connect
 from velvetrope.store.guard import GuardedStore
-from velvetrope.store.redis_store import RedisStore, Settlement
+from velvetrope.store.redis_store import RedisStore, SettleItem
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +35,7 @@ START_PTTL_MS = 123_456_000
 SLOT = Slot("p", 10, 1000, 100_000)  # a token cap: leases record their tokens
 
 
-def job(job_id: str, *lines: SettleLine) -> Settlement:
+def job(job_id: str, *lines: SettleLine) -> SettleItem:
     return job_id, "a", tuple(SHAPES[k] for k, _, _ in lines), lines
 
 
@@ -74,7 +74,7 @@ def prepare(sync: redis.Redis, s: RedisStore) -> None:
         sync.set(f"{s.tag('a')}:held:{j}", 1, ex=3600)
 
 
-def replay(jobs: list[Settlement]) -> tuple[dict[str, float], dict[str, int]]:
+def replay(jobs: list[SettleItem]) -> tuple[dict[str, float], dict[str, int]]:
     """The Python rules, every job at one instant: each bucket's level, and the PTTL (ms)
     the single-job script leaves it with (set by the last job that lowered it or found it
     missing; none set: the one it had)."""

@@ -12,9 +12,10 @@ from velvetrope.core.bucket import (
     MemoryBuckets,
     TokenBucket,
 )
-from velvetrope.core.controller import AdmissionController, Admitted, Decision, Queued, Rejected
+from velvetrope.core.controller import AdmissionController, Decision, Dispatched, Queued, Rejected
 from velvetrope.core.estimate import OutputEstimator, P2Quantile, QuantileEstimator
 from velvetrope.core.job import Job, Outcome
+from velvetrope.core.lifecycle import JobState, Reason, Settlement, Usage
 from velvetrope.core.policy import (
     BucketLimits,
     DegradePolicy,
@@ -28,7 +29,6 @@ from velvetrope.core.policy import (
     TierPolicy,
 )
 from velvetrope.core.presets import PRESETS, apply_preset, preset_names
-from velvetrope.core.request import JobState, Reason, Settlement, Usage
 from velvetrope.core.routing import DEFAULT_ROUTE, Routed, Router, least_loaded
 from velvetrope.core.saturation import EngineReading, EngineSaturation
 
@@ -36,13 +36,13 @@ __all__ = [
     "DEFAULT_ROUTE",
     "PRESETS",
     "AdmissionController",
-    "Admitted",
     "BucketLimits",
     "BucketSnapshot",
     "Claim",
     "Decision",
     "DegradePolicy",
     "Denial",
+    "Dispatched",
     "EngineReading",
     "EngineSaturation",
     "EstimatorPolicy",

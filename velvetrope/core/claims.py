@@ -82,7 +82,7 @@ class ClaimSpecs:
             ]
         return entries
 
-    def held(
+    def claims_for(
         self, job: Job, tenant: str, tier: str, model: str | None, cost: int
     ) -> tuple[Claim, ...]:
         """The claims of ``job``, given its ``tenant``, ``tier``, ``model`` and ``cost``

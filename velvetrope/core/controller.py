@@ -5,7 +5,7 @@ injected :class:`~velvetrope.clock.Clock`), never awaits and never does I/O::
 
     ctl = AdmissionController(policy, clock)
     ctl.route(job)                   # pool by the policy's rules; degrade under pressure
-    decision = ctl.arrive(job)       # Admitted | Queued(position, eta_s) | Rejected(...)
+    decision = ctl.arrive(job)       # Dispatched | Queued(position, eta_s) | Rejected(...)
     for job in ctl.dispatchable():   # queued jobs that may start now, in policy order
         ...
     ctl.first_token(job.id)
@@ -52,17 +52,17 @@ from velvetrope.core.capacity import PoolCapacity
 from velvetrope.core.claims import ClaimSpecs
 from velvetrope.core.estimate import DrainMeter, OutputEstimator
 from velvetrope.core.job import Job, Outcome
+from velvetrope.core.lifecycle import JobState, Reason, Settlement, Usage
 from velvetrope.core.limit import AdaptiveLimit
 from velvetrope.core.policy import PolicyConfig, TenantPolicy
 from velvetrope.core.predictor import LengthPredictor, make_estimator
 from velvetrope.core.presets import apply_preset
-from velvetrope.core.request import JobState, Reason, Settlement, Usage
 from velvetrope.core.routing import Routed, Router
 from velvetrope.core.saturation import EngineSaturation
 from velvetrope.core.scheduler import Scheduler
 from velvetrope.errors import LifecycleError, PolicyError, UnknownJobError
 
-__all__ = ["AdmissionController", "Admitted", "Decision", "Queued", "Rejected", "make_estimator"]
+__all__ = ["AdmissionController", "Decision", "Dispatched", "Queued", "Rejected", "make_estimator"]
 
 _ARRIVED: Final = JobState.ARRIVED
 _QUEUED: Final = JobState.QUEUED
@@ -75,7 +75,7 @@ _MISSING: Final[Any] = object()
 _tuple: Final = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot paths)
 
 
-class Admitted(NamedTuple):
+class Dispatched(NamedTuple):
     """The job was dispatched at once: start it now."""
 
     job: Job
@@ -105,7 +105,7 @@ class Rejected(NamedTuple):
         return self.reason.status
 
 
-Decision = Admitted | Queued | Rejected
+Decision = Dispatched | Queued | Rejected
 
 
 class _Pool:
@@ -234,7 +234,7 @@ class AdmissionController:
         cost = job.cost
         if not cost:
             cost = self._size(job)
-        return self._specs.held(job, job.tenant, job.tier, job.model, cost)
+        return self._specs.claims_for(job, job.tenant, job.tier, job.model, cost)
 
     def _size(self, job: Job) -> int:
         """Fill ``predicted_output``, ``reserved_output`` and ``cost``, and return the cost;
@@ -350,7 +350,7 @@ class AdmissionController:
             else:
                 job.claims = reservation.claims
         else:
-            claims = self._specs.held(job, tenant, tier_name, job.model, cost)
+            claims = self._specs.claims_for(job, tenant, tier_name, job.model, cost)
             if claims:
                 denial = buckets.take(claims, now)
                 if denial is not None:
@@ -365,7 +365,7 @@ class AdmissionController:
             live[job_id] = job
             self._start(job, pool, now)
             sched.on_start_direct(job)
-            return _tuple(Admitted, (job,))
+            return _tuple(Dispatched, (job,))
         # 3. queue bounds: the tenant's own (429), then the band's and the global one (503)
         tq = self._tenant_queued.get(tenant, 0)
         tbound = self._bounds.get(tenant, _MISSING)

@@ -9,7 +9,7 @@ A :class:`Job` is one inference request as the admission core sees it.  Its stat
 
 Any other move raises :class:`~velvetrope.errors.LifecycleError`.  A terminal job's record
 is an :class:`Outcome`.  The states, reasons, usage and settlement are
-:mod:`velvetrope.core.request`'s.
+:mod:`velvetrope.core.lifecycle`'s.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from velvetrope.core.bucket import Claim
-from velvetrope.core.request import JobState, Reason, Settlement, Usage
+from velvetrope.core.lifecycle import JobState, Reason, Settlement, Usage
 from velvetrope.errors import LifecycleError
 
 __all__ = ["Job", "Outcome"]

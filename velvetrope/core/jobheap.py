@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Final
 
 from velvetrope.core.job import Job
-from velvetrope.core.request import JobState
+from velvetrope.core.lifecycle import JobState
 
 __all__ = ["RUN", "JobHeap"]
 

@@ -84,8 +84,8 @@ from typing import Final
 
 from velvetrope.core.capacity import PoolCapacity
 from velvetrope.core.job import Job
+from velvetrope.core.lifecycle import JobState
 from velvetrope.core.policy import AdaptiveLimitPolicy
-from velvetrope.core.request import JobState
 
 __all__ = ["AdaptiveLimit", "LimitPoint"]
 

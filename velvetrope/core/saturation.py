@@ -98,7 +98,7 @@ class EngineSaturation:
         self.max_waiting = max_waiting
         self.max_kv_usage = max_kv_usage
         self.stale_after_s = stale_after_s
-        self.held = 0
+        self.holds = 0
         """Times a dispatch was held (cumulative)."""
         self._engines: dict[str, _Engine] = {}
         self._live: list[_Engine] = []
@@ -214,10 +214,10 @@ class EngineSaturation:
         return total - self._pending
 
     def admits(self, job: Job, in_flight: int, tokens_in_flight: int, now: float) -> bool:
-        """True unless the pool's live engines are saturated (counts a hold in ``held``)."""
+        """True unless the pool's live engines are saturated (counts it in ``holds``)."""
         if self.room(now) >= 1.0:
             return True
-        self.held += 1
+        self.holds += 1
         return False
 
     # -- introspection -----------------------------------------------------------------

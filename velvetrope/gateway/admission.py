@@ -39,7 +39,7 @@ from velvetrope.core import (
     Usage,
 )
 from velvetrope.core.bucket import SettleLine
-from velvetrope.core.request import JobState
+from velvetrope.core.lifecycle import JobState
 from velvetrope.errors import LifecycleError, StoreUnavailable
 from velvetrope.gateway.slots import FleetSlot
 from velvetrope.store.base import Store

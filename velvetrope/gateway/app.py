@@ -55,7 +55,7 @@ from velvetrope.gateway.parse import (
     parse_request,
 )
 from velvetrope.gateway.proxy import UpstreamAnswer, forward
-from velvetrope.gateway.relay import Relay
+from velvetrope.gateway.relay import UsageTally
 from velvetrope.gateway.upstreams import Resolver, UpstreamState
 from velvetrope.openai.errors import error_body
 from velvetrope.openai.tokenizer import Tokenizer, get_tokenizer
@@ -358,7 +358,7 @@ class Gateway:
         job = ticket.job
         stream = parsed.stream
         body = parsed.upstream_body()
-        relay = Relay(job.prompt_tokens)
+        tally = UsageTally(job.prompt_tokens)
         extra = admitted_headers(job, ticket.snapshots)
         engines = self.engines
         tried: tuple[str, ...] = ()  # upstreams that could not be reached
@@ -380,7 +380,7 @@ class Gateway:
                     body,
                     stream=stream,
                     client_wants_usage=parsed.client_wants_usage,
-                    relay=relay,
+                    relay=tally,
                     start=client.start,
                     send=client.chunk,
                     end=client.end,
@@ -390,8 +390,8 @@ class Gateway:
             except asyncio.CancelledError:
                 # our watcher cancels us when the client hangs up; anything else is a
                 # shutdown.  Either way the upstream request is closed and the job settled.
-                ticket.cancel(relay.usage_so_far())
-                self.upstreams.abandoned(up, relay.first_token)
+                ticket.cancel(tally.usage_so_far())
+                self.upstreams.abandoned(up, tally.first_token)
                 if watch.gone.done():
                     me.uncancel()
                     return
@@ -402,26 +402,26 @@ class Gateway:
                 continue
             except UpstreamTimeout as e:
                 self.upstreams.failed(up, str(e))
-                ticket.fail(Reason.UPSTREAM_TIMEOUT, relay.usage_so_far())
+                ticket.fail(Reason.UPSTREAM_TIMEOUT, tally.usage_so_far())
                 await client.error(504, str(e), "upstream_timeout")
                 return
             except UpstreamError as e:
                 self.upstreams.failed(up, str(e))
-                ticket.fail(Reason.UPSTREAM_ERROR, relay.usage_so_far())
+                ticket.fail(Reason.UPSTREAM_ERROR, tally.usage_so_far())
                 await client.error(502, str(e), "upstream_error")
                 return
             finally:
                 watch.target = None
                 engines.returned(up)
             break
-        await self._finish(ticket, up, answer, relay, client, extra)
+        await self._finish(ticket, up, answer, tally, client, extra)
 
     async def _finish(
         self,
         ticket: Ticket,
         up: UpstreamState,
         answer: UpstreamAnswer,
-        relay: Relay,
+        tally: UsageTally,
         client: ClientStream,
         extra: list[tuple[bytes, bytes]],
     ) -> None:
@@ -433,7 +433,7 @@ class Gateway:
             self.upstreams.failed(up, f"answered {answer.status}")
         if answer.status == 200:
             ticket.first_token()
-            ticket.complete(answer.usage or relay.usage_so_far())
+            ticket.complete(answer.usage or tally.usage_so_far())
             if client.started:
                 await client.end()
             else:

@@ -105,4 +105,4 @@ class Engines:
 
     def saturation_holds(self) -> int:
         """Dispatches held by saturation, over all pools (cumulative)."""
-        return sum(r.held for r in self.rules.values())
+        return sum(r.holds for r in self.rules.values())

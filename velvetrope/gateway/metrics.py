@@ -25,7 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from velvetrope.core import AdmissionController, Job, Outcome, Reason
-from velvetrope.core.request import JobState
+from velvetrope.core.lifecycle import JobState
 from velvetrope.gateway.counters import LoopCounter, LoopHistogram
 from velvetrope.gateway.series import CounterChild, OutcomeSeries, RequestCounting
 
@@ -106,7 +106,7 @@ def _engine_families(engines: Any, now: float) -> list[GaugeMetricFamily | Count
         if r != float("inf"):
             room.add_metric([pool], r)
         pending.add_metric([pool], float(rule.pending))
-        held.add_metric([pool], float(rule.held))
+        held.add_metric([pool], float(rule.holds))
     return [breaker, up_flight, scraped, age, learned, projected, live, room, pending, held]
 
 

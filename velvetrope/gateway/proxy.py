@@ -4,7 +4,7 @@ Non-streaming responses pass through byte for byte; the usage is read from the b
 Streaming responses are forwarded event by event as they arrive (no buffering of the
 whole response).  The upstream is always asked for ``include_usage``; when the client did
 not ask for it, the extra usage-only chunk is read and dropped.  A
-:class:`~velvetrope.gateway.relay.Relay` counts the completion tokens seen so far so that a
+:class:`~velvetrope.gateway.relay.UsageTally` counts the completion tokens seen so far so that a
 client disconnect mid-stream settles what was really generated.
 """
 
@@ -19,7 +19,7 @@ import orjson
 from velvetrope.core import Usage
 from velvetrope.errors import UpstreamError
 from velvetrope.gateway.httpclient import HttpClient
-from velvetrope.gateway.relay import Relay, relay_events
+from velvetrope.gateway.relay import UsageTally, relay_events
 from velvetrope.openai.sse import usage_of
 
 __all__ = ["UpstreamAnswer", "forward"]
@@ -45,7 +45,7 @@ async def forward(
     *,
     stream: bool,
     client_wants_usage: bool,
-    relay: Relay | None,
+    relay: UsageTally | None,
     start: Start,
     send: Send,
     end: Send,

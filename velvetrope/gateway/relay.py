@@ -2,7 +2,7 @@
 first-token signal and the engine's own usage.
 
 :func:`relay_events` reads each batch of complete events on its way to the client and
-keeps a :class:`Relay` up to date, so that whatever ends the request (the engine's usage
+keeps a :class:`UsageTally` up to date, so that whatever ends the request (the engine's usage
 chunk, the end of the stream, a client that hung up) settles what was really generated.
 This module imports nothing outside the core and :mod:`velvetrope.openai.sse`, so
 ``setup.py`` compiles it with mypyc (with the SSE reader): it runs for every piece of
@@ -15,13 +15,13 @@ from collections.abc import Callable
 
 import orjson
 
-from velvetrope.core.request import Usage
+from velvetrope.core.lifecycle import Usage
 from velvetrope.openai.sse import content_keys, usage_at, usage_of
 
-__all__ = ["Relay", "relay_events"]
+__all__ = ["UsageTally", "relay_events"]
 
 
-class Relay:
+class UsageTally:
     """Progress of one proxied request: its ``prompt_tokens``, the ``completion_tokens``
     seen so far, whether the ``first_token`` was seen, and the engine's ``usage`` once it
     sent one."""
@@ -42,7 +42,7 @@ class Relay:
 
 
 def relay_events(
-    data: bytes, relay: Relay, client_wants_usage: bool, on_first_token: Callable[[], None]
+    data: bytes, relay: UsageTally, client_wants_usage: bool, on_first_token: Callable[[], None]
 ) -> bytes:
     """Account complete events (``data`` ends with a blank line); what reaches the client.
 
@@ -75,7 +75,7 @@ def relay_events(
     return data
 
 
-def _credit(n: int, relay: Relay, on_first_token: Callable[[], None]) -> None:
+def _credit(n: int, relay: UsageTally, on_first_token: Callable[[], None]) -> None:
     """``n`` more generated tokens (the first of them: the first-token signal)."""
     if n:
         relay.completion_tokens += n

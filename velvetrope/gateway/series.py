@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Final
 
 from velvetrope.core.job import Job, Outcome
-from velvetrope.core.request import JobState, Reason
+from velvetrope.core.lifecycle import JobState, Reason
 
 __all__ = ["CounterChild", "HistogramChild", "OutcomeSeries", "RequestCounting"]
 

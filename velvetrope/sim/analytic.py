@@ -41,7 +41,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from velvetrope.clock import ManualClock
-from velvetrope.core import AdmissionController, Admitted, Job, PolicyConfig, Usage
+from velvetrope.core import AdmissionController, Dispatched, Job, PolicyConfig, Usage
 from velvetrope.errors import PolicyError
 from velvetrope.sim.lengths import LengthKnowledge, parse_lengths, predicted_outputs
 from velvetrope.sim.workload import Seed, as_generator
@@ -264,7 +264,7 @@ def run_analytic(
                 finish_until(ta)
             set_clock(ta)
             d = arrive(Job(str(idx), "t", "default", 0, cap, predicted_output=preds[idx]))
-            if d.__class__ is Admitted:
+            if d.__class__ is Dispatched:
                 start[idx] = ta
                 heappush(heap, (ta + svc_l[idx], idx))
         finish_until(math.inf)

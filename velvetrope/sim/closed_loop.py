@@ -40,7 +40,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from velvetrope.clock import ManualClock
-from velvetrope.core import AdmissionController, Admitted, Job, PolicyConfig, Usage
+from velvetrope.core import AdmissionController, Dispatched, Job, PolicyConfig, Usage
 from velvetrope.engine import Batcher, EngineEvent, EngineProfile, Finished, FirstToken
 from velvetrope.errors import PolicyError
 
@@ -149,7 +149,7 @@ def run_closed_loop(
         job.predicted_output = outputs[j]
         counter += 1
         d = ctl.arrive(job)
-        if isinstance(d, Admitted):
+        if isinstance(d, Dispatched):
             launch(job, now)
         launch_ready(now)
 

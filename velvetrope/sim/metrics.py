@@ -147,8 +147,8 @@ class JobRecords:
     Times are seconds on the run's clock, ``nan`` where the event did not happen
     (``dispatched`` for a request never dispatched, ``first_token`` for one that produced
     none).  ``end`` is the time of the terminal state.  ``state`` and ``reason`` are the
-    core's :class:`~velvetrope.core.request.JobState` value and
-    :class:`~velvetrope.core.request.Reason` code; ``output`` is the output length the
+    core's :class:`~velvetrope.core.lifecycle.JobState` value and
+    :class:`~velvetrope.core.lifecycle.Reason` code; ``output`` is the output length the
     engine generated (or would have): the true length, or the capped ``max_tokens`` of a
     degraded request; ``predicted`` the prediction the core used; ``pool`` where the core
     routed it, ``route`` the reason code of that choice (the rule's name or ``default``)

@@ -70,7 +70,7 @@ from typing import Protocol
 from velvetrope.clock import ManualClock
 from velvetrope.core import (
     AdmissionController,
-    Admitted,
+    Dispatched,
     Job,
     JobState,
     Queued,
@@ -416,7 +416,7 @@ def drive(
         kind = type(d)
         if record:
             decisions.append((h, "arrive", job.id, _detail(d)))
-        if kind is Admitted:
+        if kind is Dispatched:
             if launch([job], h, _BY_ALL):
                 dispatch(h, _BY_ALL)
         elif kind is Queued:
@@ -527,8 +527,8 @@ def drive(
     return Trace(jobs, decisions, samples_t, samples_q, samples_f, clock.now(), counts)
 
 
-def _detail(d: Admitted | Queued | Rejected) -> str:
-    if isinstance(d, Admitted):
+def _detail(d: Dispatched | Queued | Rejected) -> str:
+    if isinstance(d, Dispatched):
         return "admitted"
     if isinstance(d, Queued):
         return "queued"

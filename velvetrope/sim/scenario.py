@@ -16,7 +16,7 @@ from rich.table import Table
 from velvetrope.clock import ManualClock
 from velvetrope.core import (
     AdmissionController,
-    Admitted,
+    Dispatched,
     Job,
     Outcome,
     PolicyConfig,
@@ -99,7 +99,7 @@ def run_scenario(console: Console | None = None, seed: int = 7, n: int = 30) -> 
             job = arrivals[i][1]
             i += 1
             d = ctl.arrive(job)
-            if isinstance(d, Admitted):
+            if isinstance(d, Dispatched):
                 start(job)
             elif isinstance(d, Queued):
                 eta = "?" if d.eta_s is None else f"{d.eta_s:.2f}s"

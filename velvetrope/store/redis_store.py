@@ -47,7 +47,7 @@ from velvetrope.store.resp import evalsha, fill, number, template, text
 
 __all__ = [
     "RedisStore",
-    "Settlement",
+    "SettleItem",
     "load_script",
     "parse_admit",
     "parse_lease",
@@ -56,7 +56,7 @@ __all__ = [
 
 _SLACK_MS = 5_000
 
-Settlement = tuple[str, str, Sequence[Claim], Sequence[SettleLine]]
+SettleItem = tuple[str, str, Sequence[Claim], Sequence[SettleLine]]
 """One job's settlement in a batch: ``(job id, tenant, claims, lines)``."""
 
 
@@ -173,7 +173,7 @@ class RedisStore:
 
     def _settle_many_call(
         self,
-        jobs: Sequence[Settlement],
+        jobs: Sequence[SettleItem],
         keys: list[Any],
         with_ids: bool,
         enc_s: Callable[[str], Any] = _same,
@@ -208,7 +208,7 @@ class RedisStore:
         return keys, head + tail
 
     def _send_many(
-        self, script: AsyncScript, jobs: Sequence[Settlement], keys: list[str], with_ids: bool
+        self, script: AsyncScript, jobs: Sequence[SettleItem], keys: list[str], with_ids: bool
     ) -> Any:
         """A settle_many call (finish_many.lua, settle_many.lua) after ``keys``: packed
         here when pipelined, in one pass."""
@@ -363,23 +363,23 @@ class RedisStore:
         args.append(job_id)
         return self._run(self._finish, keys, args)
 
-    async def finish_many(self, pool: str, jobs: Sequence[Settlement]) -> list[tuple[bool, int]]:
+    async def finish_many(self, pool: str, jobs: Sequence[SettleItem]) -> list[tuple[bool, int]]:
         """:meth:`finish` of several jobs in one call (requires :attr:`combined`; their
         tenants share one :meth:`tag`), as if each ran alone at one instant; returns
         (settled, leases released) per job, in order."""
         r = await self.send_finish_many(pool, jobs)
         return [(int(r[i]) == 1, int(r[i + 1])) for i in range(0, len(r), 2)]
 
-    def send_finish_many(self, pool: str, jobs: Sequence[Settlement]) -> Any:
+    def send_finish_many(self, pool: str, jobs: Sequence[SettleItem]) -> Any:
         """:meth:`finish_many` as an awaitable of the raw reply (a future when pipelined)."""
         return self._send_many(self._finish_many, jobs, self._lease_keys(pool), True)
 
-    async def settle_many(self, jobs: Sequence[Settlement]) -> list[bool]:
+    async def settle_many(self, jobs: Sequence[SettleItem]) -> list[bool]:
         """:meth:`settle` of several jobs whose tenants share one :meth:`tag`, in one call,
         as if each ran alone at one instant; returns whether each was settled, in order."""
         return [int(x) == 1 for x in await self.send_settle_many(jobs)]
 
-    def send_settle_many(self, jobs: Sequence[Settlement]) -> Any:
+    def send_settle_many(self, jobs: Sequence[SettleItem]) -> Any:
         """:meth:`settle_many` as an awaitable of the raw reply."""
         return self._send_many(self._settle_many, jobs, [], False)
 
