@@ -46,6 +46,28 @@ def claim(amount: float, capacity: float = 1000.0) -> Claim:
     return Claim("tenant:a:tok", "tokens", "tenant", amount, capacity, 1e-6)
 
 
+async def past_on_redis(url: str, ms: float, timeout_s: float = 10.0) -> None:
+    """Wait, polling with a deadline, until Redis's clock (``TIME``, the scripts' only
+    clock) is past ``ms`` (epoch milliseconds)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout_s
+    with redis.Redis.from_url(url) as r:
+        while True:
+            sec, usec = r.time()
+            if sec * 1000 + usec / 1000 > ms:
+                return
+            assert loop.time() < end, "Redis's clock did not pass the mark in time"
+            await asyncio.sleep(0.005)
+
+
+def lease_expiry(url: str, pool: str, *jobs: str) -> float:
+    """The latest expiry (epoch ms) of ``jobs``' leases in ``pool``."""
+    with redis.Redis.from_url(url) as r:
+        scores = [r.zscore(f"velvetrope:{{pool:{pool}}}:leases", j) for j in jobs]
+    assert all(x is not None for x in scores)
+    return max(float(x) for x in scores if x is not None)
+
+
 def guarded(url: str, on_error: Any = "fail_open", **kw: Any) -> tuple[GuardedStore, list[str]]:
     calls: list[str] = []
     client = connect(url, password=None, timeout_s=0.25)
@@ -69,13 +91,15 @@ def test_dead_redis_fails_open_at_this_replicas_share_without_a_timeout_per_requ
             for i in range(3):  # three failures open the breaker
                 assert isinstance(await state.reserve(f"j{i}", "a", [claim(10)]), Grant)
             assert state.breaker.state == "open"
+            # while the breaker is open the store answers without I/O, as memory does
+            assert isinstance(state.reserve_now("n0", "a", [claim(1)]), Grant)
             before = len(calls)
             t0 = time.perf_counter()
             for i in range(50):
                 await state.reserve(f"k{i}", "a", [claim(1)])
             assert len(calls) == before  # not one more call to the dead store
             assert time.perf_counter() - t0 < 5.0  # sanity bound only, not a benchmark
-            # local bucket of 1000/2 = 500: 30 + 50 used, 400 more fits, then no more
+            # local bucket of 1000/2 = 500: 30 + 1 + 50 used, 400 more fits, then no more
             assert isinstance(await state.reserve("x", "a", [claim(400)]), Grant)
             denied = await state.reserve("y", "a", [claim(400)])
             assert isinstance(denied, Denial)
@@ -91,13 +115,16 @@ def test_dead_redis_fails_open_at_this_replicas_share_without_a_timeout_per_requ
 def test_dead_redis_fails_closed() -> None:
     async def main() -> None:
         state, _ = guarded(f"redis://127.0.0.1:{free_port()}/0", "fail_closed")
+        state.breaker.reset_s = 60.0  # no probe during the test: the breaker stays open
         try:
             for i in range(5):
                 with pytest.raises(StoreUnavailable):
                     await state.reserve(f"j{i}", "a", [claim(10)])
             with pytest.raises(StoreUnavailable):
                 await state.acquire("j", Slot("default", 10, 4, None))
-            assert state.fallbacks["reserve_refused"] == 5
+            with pytest.raises(StoreUnavailable):  # refused without I/O once the breaker opened
+                state.reserve_now("k", "a", [claim(10)])
+            assert state.fallbacks["reserve_refused"] == 6
         finally:
             await state.stop(flush_s=0)
 
@@ -154,7 +181,8 @@ def test_leases_are_fleet_wide_and_expire(fresh_redis: str) -> None:
             ans = await b.acquire("j4", Slot("p", 150, 3, 250))
             assert (ans.granted, ans.in_flight, ans.tokens_in_flight) == (True, 2, 250)
             assert await b.renew("p", ["j2"]) == 1
-            await asyncio.sleep(0.45)  # j4 (not renewed since) and j2 expire
+            # j4 (not renewed since) and j2 expire
+            await past_on_redis(fresh_redis, lease_expiry(fresh_redis, "p", "j2", "j4"))
             ans = await a.acquire("j5", Slot("p", 100, 1, 250))  # their tokens were dropped
             assert (ans.granted, ans.in_flight, ans.tokens_in_flight) == (True, 1, 100)
             assert await b.renew("p", ["j2"]) == 0  # an expired lease is not re-created
@@ -201,7 +229,8 @@ def test_leases_with_and_without_a_token_cap_share_a_pool(fresh_redis: str) -> N
             ans = await b.acquire("c3", Slot("p", 250, 4, 250))  # back to zero, not below
             assert (ans.granted, ans.in_flight, ans.tokens_in_flight) == (True, 1, 250)
             assert (await a.acquire("u2", Slot("p", 50, 4, None))).granted
-            await asyncio.sleep(0.45)  # c3 and u2 expire without renewal
+            # c3 and u2 expire without renewal
+            await past_on_redis(fresh_redis, lease_expiry(fresh_redis, "p", "c3", "u2"))
             ans = await b.acquire("c4", Slot("p", 10, 4, 250))
             assert (ans.granted, ans.in_flight, ans.tokens_in_flight) == (True, 1, 10)
             assert await b.release("p", ["c4"]) == 1
@@ -226,12 +255,13 @@ def test_acquiring_a_lease_already_held_renews_it_once(fresh_redis: str) -> None
             with redis.Redis.from_url(fresh_redis) as r:
                 assert tuple(await s.acquire("j1", Slot("p", 100, 2, 1000))) == (True, 1, 100)
                 first = r.zscore(leases, "j1")
-                await asyncio.sleep(0.01)
+                assert first is not None
+                await past_on_redis(fresh_redis, first - 30_000)  # a later ms than j1's
                 assert tuple(await s.acquire("j1", Slot("p", 100, 2, 1000))) == (True, 1, 100)
                 second = r.zscore(leases, "j1")
                 assert first is not None and second is not None and second > first
                 assert tuple(await s.acquire("j2", Slot("p", 100, 2, 1000))) == (True, 2, 200)
-                await asyncio.sleep(0.01)
+                await past_on_redis(fresh_redis, second - 30_000)
                 assert tuple(await s.acquire("j1", Slot("p", 100, 2, 1000))) == (True, 2, 200)
                 third = r.zscore(leases, "j1")
                 assert third is not None and third > second
