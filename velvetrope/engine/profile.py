@@ -66,7 +66,7 @@ from pydantic import (
 from velvetrope.errors import ConfigError, PolicyError
 from velvetrope.yaml_config import describe, load_model, read_text
 
-__all__ = ["EngineProfile", "list_profiles", "load_profile", "profile_to_yaml"]
+__all__ = ["COEFFICIENTS", "EngineProfile", "list_profiles", "load_profile", "profile_to_yaml"]
 
 _PROFILE_DIR = "profiles"
 _SUFFIXES = (".yaml", ".yml")
@@ -132,12 +132,18 @@ class _ProfileModel(BaseModel):
         return value
 
 
-_FIELD_NAMES = tuple(_ProfileModel.model_fields)
-_FLOAT_FIELDS = (
+COEFFICIENTS: tuple[str, ...] = (
     "step_base_s",
     "per_prefill_token_s",
     "per_decode_seq_s",
     "per_context_token_s",
+)
+"""The step time's four linear coefficients (the formula in the module docstring), in the
+order of a coefficient vector: what a fit estimates and a replay's linear forms multiply."""
+
+_FIELD_NAMES = tuple(_ProfileModel.model_fields)
+_FLOAT_FIELDS = (
+    *COEFFICIENTS,
     "tp_allreduce_s",
     "tp_per_token_s",
     "spec_acceptance",
