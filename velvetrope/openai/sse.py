@@ -14,11 +14,12 @@ response body says about tokens.
 from __future__ import annotations
 
 import re
-from typing import Any, Final
+from typing import Any
 
 import orjson
 
 from velvetrope.core import Usage
+from velvetrope.core.tuples import new_tuple
 from velvetrope.openai.errors import error_body
 
 __all__ = [
@@ -92,11 +93,8 @@ def usage_of(obj: object) -> Usage | None:
     except (TypeError, KeyError, IndexError):  # not an object, or not one with both counts
         return None
     if isinstance(obj, dict) and isinstance(p, int) and isinstance(c, int):
-        return _tuple(Usage, (p, c))
+        return new_tuple(Usage, (p, c))
     return None
-
-
-_tuple: Final = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
 
 
 _TEXT_KEYS = re.compile(rb'"(?:content|text)"\s*:\s*"(?!")')
