@@ -25,7 +25,7 @@ from velvetrope.config import GatewayConfig
 from velvetrope.core import AdmissionController, EngineSaturation, Job
 from velvetrope.core.routing import FALLBACK_POOL, MAX_TOKENS
 from velvetrope.gateway.parse import ParsedRequest
-from velvetrope.gateway.saturation import Scraper
+from velvetrope.gateway.scrape import Scraper
 from velvetrope.gateway.upstreams import Resolver, UpstreamPools, UpstreamState
 
 __all__ = ["GatewayFleet", "degrade_body"]
