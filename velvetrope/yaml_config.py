@@ -25,7 +25,7 @@ from pydantic import BaseModel, ValidationError
 
 from velvetrope.errors import ConfigError
 
-__all__ = ["describe", "load_model", "parse_yaml", "read_text", "validate"]
+__all__ = ["describe", "load_model", "parse_yaml", "read_text", "reject_bool", "validate"]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -71,6 +71,14 @@ def load_model(model: type[M], text: str, source: str, what: str) -> M:
     """The YAML document in ``text`` validated as ``model``: :func:`parse_yaml`, then
     :func:`validate`, with their errors."""
     return validate(model, parse_yaml(text, source), source, what)
+
+
+def reject_bool(value: object) -> object:
+    """``value`` unless it is a ``bool``: a ``BeforeValidator`` for a number field, where
+    pydantic's lax mode would read YAML's ``yes``/``true`` as 1 (a ``ValueError`` instead)."""
+    if isinstance(value, bool):
+        raise ValueError("expected a number, got a boolean")
+    return value
 
 
 def describe(exc: ValidationError, model: type[BaseModel] | None = None) -> str:

@@ -64,7 +64,7 @@ from pydantic import (
 )
 
 from velvetrope.errors import ConfigError, PolicyError
-from velvetrope.yaml_config import describe, load_model, read_text
+from velvetrope.yaml_config import describe, load_model, read_text, reject_bool
 
 __all__ = ["COEFFICIENTS", "EngineProfile", "list_profiles", "load_profile", "profile_to_yaml"]
 
@@ -72,16 +72,9 @@ _PROFILE_DIR = "profiles"
 _SUFFIXES = (".yaml", ".yml")
 
 
-def _reject_bool(value: object) -> object:
-    # YAML's `yes`/`true` would otherwise be read as 1.0 by pydantic's lax float parsing.
-    if isinstance(value, bool):
-        raise ValueError("expected a number, got a boolean")
-    return value
-
-
-_Seconds = Annotated[float, BeforeValidator(_reject_bool), Field(ge=0.0, allow_inf_nan=False)]
+_Seconds = Annotated[float, BeforeValidator(reject_bool), Field(ge=0.0, allow_inf_nan=False)]
 _Count = Annotated[StrictInt, Field(ge=1)]
-_Fraction = Annotated[float, BeforeValidator(_reject_bool), Field(ge=0.0, le=1.0)]
+_Fraction = Annotated[float, BeforeValidator(reject_bool), Field(ge=0.0, le=1.0)]
 
 
 class _ProfileModel(BaseModel):

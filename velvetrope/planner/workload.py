@@ -81,7 +81,7 @@ from velvetrope.sim import (
     load_trace,
     trace_stats,
 )
-from velvetrope.yaml_config import load_model, read_text
+from velvetrope.yaml_config import load_model, read_text, reject_bool
 
 __all__ = [
     "MINUTE_S",
@@ -334,14 +334,8 @@ def workload_from_trace(
 # --------------------------------------------------------------------------- YAML
 
 
-def _reject_bool(value: object) -> object:
-    if isinstance(value, bool):
-        raise ValueError("expected a number, got a boolean")
-    return value
-
-
-_Positive = Annotated[float, BeforeValidator(_reject_bool), Field(gt=0.0, allow_inf_nan=False)]
-_NonNeg = Annotated[float, BeforeValidator(_reject_bool), Field(ge=0.0, allow_inf_nan=False)]
+_Positive = Annotated[float, BeforeValidator(reject_bool), Field(gt=0.0, allow_inf_nan=False)]
+_NonNeg = Annotated[float, BeforeValidator(reject_bool), Field(ge=0.0, allow_inf_nan=False)]
 
 
 class _Percentiles(BaseModel):
