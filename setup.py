@@ -33,6 +33,7 @@ COMPILED = [
     "velvetrope/core/routing.py",
     "velvetrope/core/saturation.py",
     "velvetrope/core/scheduler.py",
+    "velvetrope/core/tuples.py",
     "velvetrope/engine/batcher.py",
     "velvetrope/engine/decode_math.py",
     "velvetrope/engine/events.py",

@@ -26,8 +26,11 @@ def test_the_example_config_loads() -> None:
 @pytest.mark.parametrize(
     ("doc", "field", "why"),
     [
-        ({"listen": {"port": "eighty"}}, "listen.port", "valid integer"),
-        ({"bogus": 1}, "bogus", "Extra inputs"),
+        ({"listen": {"port": "eighty"}}, "listen.port", "as an integer (got 'eighty')"),
+        ({"bogus": 1}, None, "unknown field 'bogus' (known fields: listen, "),
+        ({"listen": {"bogus": 1}}, None, "unknown field 'listen.bogus'"),
+        ({"listen": 8080}, "listen", "expected a mapping of fields"),
+        ({"api_keys": [{"sha256": "ab" * 32}]}, None, "field 'api_keys.0.tenant': required"),
         (
             {"policy": {"tiers": [{"name": "a"}], "tenants": [{"name": "t", "tier": "b"}]}},
             "policy",
@@ -35,34 +38,45 @@ def test_the_example_config_loads() -> None:
         ),
         ({"api_keys": [{"tenant": "t"}]}, "api_keys.0", "exactly one of"),
         ({"api_keys": [{"tenant": "t", "sha256": "nothex"}]}, "api_keys.0.sha256", "pattern"),
-        ({"upstreams": {"nope": [{"url": "http://x"}]}}, "(top level)", "not in policy.pools"),
+        (
+            {"upstreams": {"nope": [{"url": "http://x"}]}},
+            None,
+            "config: upstreams names pool 'nope', not in policy.pools",  # the whole file's
+        ),
         ({"upstreams": {"default": [{"url": "ftp://x"}]}}, "upstreams.default.0.url", "pattern"),
         ({"gateway": {"max_body_bytes": 10}}, "gateway.max_body_bytes", "greater than"),
     ],
 )
 def test_a_bad_config_names_the_file_the_field_and_the_reason(
-    tmp_path: Path, doc: dict[str, object], field: str, why: str
+    tmp_path: Path, doc: dict[str, object], field: str | None, why: str
 ) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(doc))
     with pytest.raises(ConfigError) as ei:
         load_config(path, environ={})
     msg = str(ei.value)
-    assert msg.startswith(f"{path}: ")
-    assert f"{field}: " in msg
-    assert why in msg
+    assert msg.startswith(f"{path}: invalid gateway config: "), msg
+    if field is not None:
+        assert f"field {field!r}: " in msg, msg
+    assert why in msg, msg
 
 
 def test_unreadable_or_non_mapping_files(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="cannot read"):
-        load_config(tmp_path / "missing.yaml")
+    missing = tmp_path / "missing.yaml"
+    with pytest.raises(ConfigError, match=f"^{missing}: gateway config file not found$"):
+        load_config(missing)
     p = tmp_path / "list.yaml"
     p.write_text("- 1\n- 2\n")
-    with pytest.raises(ConfigError, match="must be a mapping"):
+    with pytest.raises(ConfigError, match=r"must be a YAML mapping of fields \(listen, .*got list"):
         load_config(p)
     p.write_text("listen: [unclosed\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(p)
+    p.write_bytes(b"listen: {host: \xff}\n")
+    with pytest.raises(ConfigError, match="cannot read gateway config file: 'utf-8' codec"):
+        load_config(p)
+    p.write_text("")
+    assert load_config(p, environ={}) == parse_config({}, environ={})  # empty: all defaults
 
 
 def test_environment_overrides_replace_fields_before_validation() -> None:

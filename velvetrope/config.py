@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from velvetrope.core.policy import PolicyConfig
-from velvetrope.errors import ConfigError
+from velvetrope.yaml_config import parse_yaml, read_text, validate
 
 __all__ = [
     "ApiKey",
@@ -47,6 +47,7 @@ __all__ = [
 ]
 
 ENV_PREFIX = "VELVETROPE__"
+_WHAT = "gateway config"
 
 
 class _Model(BaseModel):
@@ -306,38 +307,20 @@ def _apply_env(data: dict[str, Any], environ: dict[str, str]) -> dict[str, Any]:
     return data
 
 
-def _describe(err: ValidationError, source: str) -> str:
-    lines = []
-    for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        lines.append(f"{source}: {loc}: {e['msg']}")
-    return "\n".join(lines)
-
-
 def parse_config(
     data: Any, source: str = "<config>", environ: dict[str, str] | None = None
 ) -> GatewayConfig:
-    """Validate an already-parsed document (env overrides applied first)."""
+    """Validate an already-parsed document, the environment's overrides applied first (an
+    empty document is an empty mapping); a :class:`ConfigError` names ``source`` and the
+    fields (:func:`velvetrope.yaml_config.validate`)."""
     if data is None:
         data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source}: the top level must be a mapping, got {type(data).__name__}")
-    data = _apply_env(dict(data), dict(os.environ if environ is None else environ))
-    try:
-        return GatewayConfig.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError(_describe(e, source)) from None
+    if isinstance(data, dict):
+        data = _apply_env(dict(data), dict(os.environ if environ is None else environ))
+    return validate(GatewayConfig, data, source, _WHAT)
 
 
 def load_config(path: str | Path, environ: dict[str, str] | None = None) -> GatewayConfig:
     """Read and validate a YAML config file; :class:`ConfigError` names file and field."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as e:
-        raise ConfigError(f"{p}: cannot read: {e.strerror or e}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML: {e}") from None
-    return parse_config(data, str(p), environ)
+    return parse_config(parse_yaml(read_text(p, _WHAT), str(p)), str(p), environ)

@@ -13,7 +13,13 @@ from velvetrope.errors import RequestError
 from velvetrope.gateway.parse import expected_tokens, parse_request
 from velvetrope.openai.errors import error_json, error_type_for
 from velvetrope.openai.request import Kind, count_prompt_tokens, parse, template_fingerprint
-from velvetrope.openai.sse import content_choices, data_of, split_events, usage_of
+from velvetrope.openai.sse import (
+    content_choices,
+    data_of,
+    split_complete,
+    split_events,
+    usage_of,
+)
 
 MSGS = [{"role": "user", "content": "hi"}]
 
@@ -151,6 +157,32 @@ def test_error_types_follow_the_status_unless_named() -> None:
     assert orjson.loads(error_json(exc))["error"]["type"] == "not_found_error"
     named = RequestError("nope", status=400, error_type="custom")
     assert orjson.loads(error_json(named))["error"]["type"] == "custom"
+
+
+@pytest.mark.parametrize(
+    ("buf", "done", "rest"),
+    [
+        (b"", b"", b""),
+        (b"data: 1\n", b"", b"data: 1\n"),
+        (b"data: 1\n\n", b"data: 1\n\n", b""),
+        (b"data: 1\n\ndata: 2\n\ndata: 3", b"data: 1\n\ndata: 2\n\n", b"data: 3"),
+        (b"data: 1\n\n\n", b"data: 1\n\n\n", b""),  # a blank line more: an empty event
+        (b"data: 1\n\n\ndata", b"data: 1\n\n\n", b"data"),
+        (b": ping\n\n\n\ndata: 2\n", b": ping\n\n\n\n", b"data: 2\n"),
+    ],
+)
+def test_sse_complete_events_end_at_the_last_blank_line(
+    buf: bytes, done: bytes, rest: bytes
+) -> None:
+    assert split_complete(buf) == (done, rest)
+    events, after = split_events(buf)
+    assert b"".join(events) == done and after == rest
+    assert all(e.endswith(b"\n\n") for e in events)
+
+
+def test_sse_events_one_by_one() -> None:
+    assert split_events(b"a\n\n\nb\n\n\n") == ([b"a\n\n", b"\nb\n\n\n"], b"")
+    assert split_events(b"a\n\n\n\nb\n\n") == ([b"a\n\n", b"\n\n", b"b\n\n"], b"")
 
 
 def test_sse_reading() -> None:

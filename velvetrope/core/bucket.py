@@ -24,6 +24,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Final, Literal, NamedTuple
 
+from velvetrope.core.tuples import new_tuple
 from velvetrope.errors import PolicyError
 
 __all__ = [
@@ -46,7 +47,6 @@ BucketOwner = Literal["tenant", "tier", "model"]
 TOKENS: Final[BucketKind] = "tokens"
 REQUESTS: Final[BucketKind] = "requests"
 
-_tuple: Final = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot paths)
 
 SettleLine = tuple[str, float, float]
 """``(key, reserved, actual)``: refund ``reserved - actual`` (or charge the overrun)."""
@@ -209,18 +209,18 @@ class MemoryBuckets:
         if denial is not None:
             return denial
         if not with_snapshots:
-            return _tuple(Grant, (held, ()))
+            return new_tuple(Grant, (held, ()))
         buckets = self._buckets
         snaps = []
         for c in held:  # each bucket was refilled to now by wait_for
             b = buckets[c.key]
             reset = (b.capacity - b.level) / b.rate
             snaps.append(
-                _tuple(
+                new_tuple(
                     BucketSnapshot, (c.key, c.kind, c.owner, b.capacity, b.level, max(0.0, reset))
                 )
             )
-        return _tuple(Grant, (held, tuple(snaps)))
+        return new_tuple(Grant, (held, tuple(snaps)))
 
     def take(self, claims: tuple[Claim, ...], now: float) -> Denial | None:
         """:meth:`reserve` without the :class:`Grant` (the controller's hot path): ``None``
@@ -265,7 +265,7 @@ class MemoryBuckets:
                 level = b.refill(now)
                 reset = b.time_to_full(now)
                 out.append(
-                    _tuple(BucketSnapshot, (c.key, c.kind, c.owner, b.capacity, level, reset))
+                    new_tuple(BucketSnapshot, (c.key, c.kind, c.owner, b.capacity, level, reset))
                 )
         return tuple(out)
 

@@ -13,18 +13,16 @@ policy does not.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Final
 
 from velvetrope.core.bucket import REQUESTS, TOKENS, BucketKind, BucketOwner, Claim
 from velvetrope.core.job import Job
 from velvetrope.core.policy import BucketLimits, PolicyConfig
+from velvetrope.core.tuples import new_tuple
 
 __all__ = ["ClaimSpecs", "Spec"]
 
 Spec = tuple[str, BucketKind, BucketOwner, float, float, float | None]
 """A static bucket spec: ``(key, kind, owner, capacity, rate, floor)``."""
-
-_tuple: Final = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
 
 
 def _limit_specs(owner: BucketOwner, name: str, lim: BucketLimits | None) -> list[Spec]:
@@ -77,7 +75,7 @@ class ClaimSpecs:
             if job.model is not None and job.model in self._models:
                 specs = specs + self._models[job.model]
             entries = self._entries[k] = [
-                (spec, None if spec[1] is TOKENS else _tuple(Claim, (*spec[:3], 1.0, *spec[3:])))
+                (spec, None if spec[1] is TOKENS else new_tuple(Claim, (*spec[:3], 1.0, *spec[3:])))
                 for spec in specs
             ]
         return entries
@@ -96,6 +94,6 @@ class ClaimSpecs:
         for spec, ready in entries:
             if ready is None:  # a token bucket: the job's cost
                 key, kind, owner, cap, rate, floor = spec
-                ready = _tuple(Claim, (key, kind, owner, amount, cap, rate, floor))
+                ready = new_tuple(Claim, (key, kind, owner, amount, cap, rate, floor))
             out.append(ready)
         return tuple(out)

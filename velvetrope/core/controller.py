@@ -60,6 +60,7 @@ from velvetrope.core.presets import apply_preset
 from velvetrope.core.routing import Routed, Router
 from velvetrope.core.saturation import EngineSaturation
 from velvetrope.core.scheduler import Scheduler
+from velvetrope.core.tuples import new_tuple
 from velvetrope.errors import LifecycleError, PolicyError, UnknownJobError
 
 __all__ = ["AdmissionController", "Decision", "Dispatched", "Queued", "Rejected", "make_estimator"]
@@ -70,9 +71,8 @@ _DISPATCHED: Final = JobState.DISPATCHED
 _COMPLETED: Final = JobState.COMPLETED
 _DONE: Final = Reason.COMPLETED
 _DEFAULT_RETRY_S: Final = 1.0
-_NO_SETTLEMENT: Final = Settlement(())
+_NONE: Final = Settlement(())  # what a job with no claims owes
 _MISSING: Final[Any] = object()
-_tuple: Final = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot paths)
 
 
 class Dispatched(NamedTuple):
@@ -98,7 +98,7 @@ class Rejected(NamedTuple):
     retry_after_s: float | None
     message: str
     snapshots: tuple[BucketSnapshot, ...] = ()
-    settlement: Settlement = _NO_SETTLEMENT
+    settlement: Settlement = _NONE
 
     @property
     def status(self) -> int:
@@ -294,7 +294,7 @@ class AdmissionController:
                 if d.model is not None:
                     job.model = d.model
             job.degraded = d.actions
-        return _tuple(Routed, (job.pool, rule, job.degraded))
+        return new_tuple(Routed, (job.pool, rule, job.degraded))
 
     def _wait_in(self, pool: str, tier: int) -> float | None:
         """The predicted wait of a new job of tier number ``tier`` in ``pool``."""
@@ -365,7 +365,7 @@ class AdmissionController:
             live[job_id] = job
             self._start(job, pool, now)
             sched.on_start_direct(job)
-            return _tuple(Dispatched, (job,))
+            return new_tuple(Dispatched, (job,))
         # 3. queue bounds: the tenant's own (429), then the band's and the global one (503)
         tq = self._tenant_queued.get(tenant, 0)
         tbound = self._bounds.get(tenant, _MISSING)
@@ -416,7 +416,7 @@ class AdmissionController:
             deadline = limit if deadline is None or limit < deadline else deadline
         if deadline is not None:
             heapq.heappush(self._deadlines, (deadline, seq, job))
-        return _tuple(Queued, (job, ahead_n, eta))
+        return new_tuple(Queued, (job, ahead_n, eta))
 
     def standing(self, job_id: str) -> tuple[int, float | None] | None:
         """Where a queued job stands: ``(ahead, eta_s)``, at most ``ahead`` jobs before it
@@ -618,8 +618,8 @@ class AdmissionController:
     def _settlement(self, job: Job, actual_tokens: int) -> Settlement:
         claims = job.claims
         if not claims:
-            return _NO_SETTLEMENT
-        return _tuple(Settlement, (settle_lines(claims, actual_tokens),))
+            return _NONE
+        return new_tuple(Settlement, (settle_lines(claims, actual_tokens),))
 
     def _emit(
         self, job: Job, state: JobState, reason: Reason, settlement: Settlement, now: float
@@ -628,7 +628,7 @@ class AdmissionController:
         job.finished_at = now
         if settlement.lines and self.buckets is not None:
             self.buckets.settle(settlement.lines, now)
-        out = _tuple(Outcome, (job, state, reason, settlement, now))
+        out = new_tuple(Outcome, (job, state, reason, settlement, now))
         for obs in self.observers:
             obs(out)
         return out
@@ -687,7 +687,7 @@ class AdmissionController:
             pool.limit.ended(job, now)
         del self._jobs[job.id]
         claims = job.claims  # (self._settlement, inline on this path)
-        settled = _tuple(Settlement, (settle_lines(claims, total),)) if claims else _NO_SETTLEMENT
+        settled = new_tuple(Settlement, (settle_lines(claims, total),)) if claims else _NONE
         return self._emit(job, state, reason, settled, now)
 
     def _expire(self, now: float) -> list[Outcome]:

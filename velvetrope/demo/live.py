@@ -2,7 +2,7 @@
 
 :class:`Monitor` polls the gateway's ``/admin/status`` and the engines' ``/metrics``
 (read with the gateway's own vLLM parser,
-:func:`velvetrope.gateway.saturation.parse_vllm_metrics`); :func:`run_phase` replays the
+:func:`velvetrope.gateway.scrape.parse_vllm_metrics`); :func:`run_phase` replays the
 workload open-loop while it samples them and redraws the view.
 """
 
@@ -25,7 +25,7 @@ from rich.text import Text
 from velvetrope.core import EngineReading
 from velvetrope.demo.loadgen import LiveCounters, ReplayConfig, ReplayResult, replay
 from velvetrope.demo.settings import GATEWAY, DemoSettings
-from velvetrope.gateway.saturation import parse_vllm_metrics
+from velvetrope.gateway.scrape import parse_vllm_metrics
 from velvetrope.sim.workload import TraceRequest
 
 __all__ = ["Monitor", "PhaseSample", "RunResult", "run_phase"]

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import orjson
 
+from velvetrope import checks
 from velvetrope.errors import PolicyError
 from velvetrope.sim.workload import TraceRequest
 
@@ -172,9 +173,7 @@ class ReplayConfig:
             raise PolicyError("base_urls must be a non-empty sequence of URLs")
         object.__setattr__(self, "base_urls", tuple(u.rstrip("/") for u in self.base_urls))
         for name in ("deadline_s", "request_timeout_s"):
-            v = getattr(self, name)
-            if not (isinstance(v, int | float) and math.isfinite(v) and v > 0):
-                raise PolicyError(f"{name} must be finite and > 0, got {v!r}")
+            checks.number(name, getattr(self, name))
         if self.max_connections < 1:
             raise PolicyError(f"max_connections must be >= 1, got {self.max_connections}")
 

@@ -6,16 +6,15 @@ raises :class:`~velvetrope.errors.ConfigError`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from velvetrope import checks
 from velvetrope.core.policy import SloPolicy
 from velvetrope.errors import ConfigError, PolicyError
+from velvetrope.yaml_config import parse_yaml, read_text
 
 __all__ = [
     "DEFAULT_CONFIG",
@@ -70,11 +69,7 @@ class DemoSettings:
 
     def __post_init__(self) -> None:
         for name in ("window_s", "drain_s", "speed", "overload", "poll_s"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int | float):
-                raise PolicyError(f"{name} must be a number, got {v!r}")
-            if not (math.isfinite(v) and v > 0):
-                raise PolicyError(f"{name} must be finite and > 0, got {v!r}")
+            checks.number(name, getattr(self, name))
         if self.trace_start_s < 0:
             raise PolicyError(f"trace_start_s must be >= 0, got {self.trace_start_s}")
 
@@ -92,17 +87,16 @@ _QUICK: Mapping[str, Any] = {"window_s": 2.0, "drain_s": 3.0, "live": False, "po
 
 
 def read_config(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
+    """The gateway config at ``path`` as a YAML mapping, not yet validated; a
+    :class:`ConfigError` naming the file when it is missing, unreadable or not a mapping."""
+    if not path.exists():
         raise ConfigError(
             f"{path}: not found; the demo needs the example gateway config "
             "(examples/gateway.yaml of a source checkout) or --config FILE"
-        ) from None
-    except (OSError, yaml.YAMLError) as e:
-        raise ConfigError(f"{path}: cannot read: {e}") from e
+        )
+    data = parse_yaml(read_text(path, "gateway config"), str(path))
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping at the top level")
+        raise ConfigError(f"{path}: the gateway config must be a YAML mapping of fields")
     return data
 
 

@@ -49,9 +49,9 @@ import numpy as np
 from numpy.typing import NDArray
 from scipy.optimize import least_squares
 
-from velvetrope.engine.profile import EngineProfile
+from velvetrope.engine.profile import COEFFICIENTS, EngineProfile
 from velvetrope.engine.published import Metric, PublishedPoint, scenarios
-from velvetrope.engine.replay import COEFFICIENTS, Prediction, replay, theta_of
+from velvetrope.engine.replay import Prediction, replay, theta_of
 from velvetrope.errors import PolicyError
 
 __all__ = [

@@ -16,9 +16,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from velvetrope.engine.fit_published import TableFit, fit_profile, mape, summary_line
-from velvetrope.engine.profile import EngineProfile, load_profile, profile_to_yaml
+from velvetrope.engine.profile import COEFFICIENTS, EngineProfile, load_profile, profile_to_yaml
 from velvetrope.engine.published import PublishedPoint, load_table, read_default_table
-from velvetrope.engine.replay import COEFFICIENTS, Prediction
+from velvetrope.engine.replay import Prediction
 from velvetrope.errors import PolicyError, VelvetropeError
 
 __all__ = [

@@ -64,23 +64,17 @@ from pydantic import (
 )
 
 from velvetrope.errors import ConfigError, PolicyError
+from velvetrope.yaml_config import describe, load_model, read_text, reject_bool
 
-__all__ = ["EngineProfile", "list_profiles", "load_profile", "profile_to_yaml"]
+__all__ = ["COEFFICIENTS", "EngineProfile", "list_profiles", "load_profile", "profile_to_yaml"]
 
 _PROFILE_DIR = "profiles"
 _SUFFIXES = (".yaml", ".yml")
 
 
-def _reject_bool(value: object) -> object:
-    # YAML's `yes`/`true` would otherwise be read as 1.0 by pydantic's lax float parsing.
-    if isinstance(value, bool):
-        raise ValueError("expected a number, got a boolean")
-    return value
-
-
-_Seconds = Annotated[float, BeforeValidator(_reject_bool), Field(ge=0.0, allow_inf_nan=False)]
+_Seconds = Annotated[float, BeforeValidator(reject_bool), Field(ge=0.0, allow_inf_nan=False)]
 _Count = Annotated[StrictInt, Field(ge=1)]
-_Fraction = Annotated[float, BeforeValidator(_reject_bool), Field(ge=0.0, le=1.0)]
+_Fraction = Annotated[float, BeforeValidator(reject_bool), Field(ge=0.0, le=1.0)]
 
 
 class _ProfileModel(BaseModel):
@@ -131,32 +125,23 @@ class _ProfileModel(BaseModel):
         return value
 
 
-_FIELD_NAMES = tuple(_ProfileModel.model_fields)
-_FLOAT_FIELDS = (
+COEFFICIENTS: tuple[str, ...] = (
     "step_base_s",
     "per_prefill_token_s",
     "per_decode_seq_s",
     "per_context_token_s",
+)
+"""The step time's four linear coefficients (the formula in the module docstring), in the
+order of a coefficient vector: what a fit estimates and a replay's linear forms multiply."""
+
+_FIELD_NAMES = tuple(_ProfileModel.model_fields)
+_FLOAT_FIELDS = (
+    *COEFFICIENTS,
     "tp_allreduce_s",
     "tp_per_token_s",
     "spec_acceptance",
     "spec_draft_step_s",
 )
-
-
-def _describe(exc: ValidationError) -> str:
-    """One line per problem, each naming the field: ``field 'x': message (got v)``."""
-    parts = []
-    for err in exc.errors():
-        field = ".".join(str(p) for p in err["loc"]) or "<profile>"
-        if err["type"] == "extra_forbidden":
-            parts.append(f"unknown field {field!r} (known fields: {', '.join(_FIELD_NAMES)})")
-        elif err["type"] == "missing":
-            parts.append(f"field {field!r}: required but missing")
-        else:
-            msg = err["msg"].removeprefix("Value error, ")
-            parts.append(f"field {field!r}: {msg} (got {err['input']!r})")
-    return "; ".join(parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +175,9 @@ class EngineProfile:
         try:
             _ProfileModel.model_validate(self._as_dict())
         except ValidationError as exc:
-            raise PolicyError(f"invalid engine profile {self.name!r}: {_describe(exc)}") from None
+            raise PolicyError(
+                f"invalid engine profile {self.name!r}: {describe(exc, _ProfileModel)}"
+            ) from None
         for field in _FLOAT_FIELDS:
             object.__setattr__(self, field, float(getattr(self, field)))
 
@@ -262,19 +249,7 @@ def list_profiles() -> list[str]:
 
 def _parse(text: str, source: str) -> EngineProfile:
     """Validate YAML ``text``; errors are ConfigErrors that start with ``source``."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"{source}: an engine profile must be a YAML mapping of fields, "
-            f"got {type(data).__name__}"
-        )
-    try:
-        model = _ProfileModel.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(f"{source}: invalid engine profile: {_describe(exc)}") from None
+    model = load_model(_ProfileModel, text, source, "engine profile")
     return EngineProfile(**model.model_dump())
 
 
@@ -294,11 +269,7 @@ def load_profile(name_or_path: str) -> EngineProfile:
                 return _parse(entry.read_text(encoding="utf-8"), f"built-in profile {entry.name}")
     path = Path(name_or_path)
     if path.is_file():
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{path}: cannot read engine profile: {exc}") from None
-        return _parse(text, str(path))
+        return _parse(read_text(path, "engine profile"), str(path))
     if path.suffix in _SUFFIXES or len(path.parts) > 1:
         raise ConfigError(f"{path}: engine profile file not found")
     raise PolicyError(

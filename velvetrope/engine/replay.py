@@ -48,11 +48,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from velvetrope.engine.batcher import Batcher, Finished, FirstToken
-from velvetrope.engine.profile import EngineProfile
+from velvetrope.engine.profile import COEFFICIENTS, EngineProfile
 from velvetrope.engine.published import PublishedPoint, Scenario
 
 __all__ = [
-    "COEFFICIENTS",
     "LinearForm",
     "Prediction",
     "engine_for",
@@ -63,18 +62,11 @@ __all__ = [
 
 FloatArray = NDArray[np.float64]
 
-COEFFICIENTS: tuple[str, ...] = (
-    "step_base_s",
-    "per_prefill_token_s",
-    "per_decode_seq_s",
-    "per_context_token_s",
-)
-"""The profile fields a linear form's ``grad`` multiplies, in order."""
-
 
 @dataclass(frozen=True)
 class LinearForm:
-    """A duration ``const + grad . theta`` (seconds) for coefficients ``theta``."""
+    """A duration ``const + grad . theta`` (seconds) for coefficients ``theta`` (in the order
+    of :data:`~velvetrope.engine.profile.COEFFICIENTS`)."""
 
     const: float
     grad: FloatArray

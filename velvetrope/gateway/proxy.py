@@ -20,7 +20,7 @@ from velvetrope.core import Usage
 from velvetrope.errors import UpstreamError
 from velvetrope.gateway.httpclient import HttpClient
 from velvetrope.gateway.relay import UsageTally, relay_events
-from velvetrope.openai.sse import usage_of
+from velvetrope.openai.sse import split_complete, usage_of
 
 __all__ = ["UpstreamAnswer", "forward"]
 
@@ -90,12 +90,10 @@ async def forward(
                 return UpstreamAnswer(200, None, None, ctype)
             buf = b""
             async for piece in resp.chunks():
-                buf += piece
-                cut = buf.rfind(b"\n\n")
-                if cut < 0:
+                done, buf = split_complete(buf + piece)
+                if not done:
                     continue
-                out = relay_events(buf[: cut + 2], relay, client_wants_usage, on_first_token)
-                buf = buf[cut + 2 :]
+                out = relay_events(done, relay, client_wants_usage, on_first_token)
                 if not buf and resp.at_end:
                     await end(out)  # the last bytes and the end of the response: one write
                     return UpstreamAnswer(200, relay.usage, None, ctype)

@@ -4,21 +4,22 @@ Writing (both servers): an event is ``data: <payload>\\n\\n`` (:func:`event`,
 :func:`json_event`); a stream ends with :data:`DONE`; a stream cut by an error ends with
 an error object in OpenAI's shape (:func:`error_event`) instead.
 
-Reading (the gateway's relay and the clients: load generator, calibration):
-:func:`split_events` cuts a byte buffer into complete events, :func:`data_of` gives the
-payload of a ``data:`` line or event (``None`` for comments and other fields, which
-clients ignore), and :func:`usage_of` / :func:`content_choices` read what a chunk or a
-response body says about tokens.
+Reading (the gateway's proxy and relay, and the clients: load generator, calibration):
+:func:`split_complete` cuts a byte buffer after its complete events (:func:`split_events`
+also cuts them apart), :func:`data_of` gives the payload of a ``data:`` line or event
+(``None`` for comments and other fields, which clients ignore), and :func:`usage_of` /
+:func:`content_choices` read what a chunk or a response body says about tokens.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, Final
+from typing import Any
 
 import orjson
 
 from velvetrope.core import Usage
+from velvetrope.core.tuples import new_tuple
 from velvetrope.openai.errors import error_body
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "error_event",
     "event",
     "json_event",
+    "split_complete",
     "split_events",
     "usage_at",
     "usage_of",
@@ -64,16 +66,28 @@ def error_event(status: int, message: str, code: str | None = None) -> bytes:
     return event(error_body(status, message, code))
 
 
+def split_complete(buf: bytes) -> tuple[bytes, bytes]:
+    """``buf`` cut after its last blank line (``\\n\\n``): the complete events at its start,
+    as one piece (``b""`` when there is none), and the rest (the start of an event)."""
+    cut = buf.rfind(b"\n\n")
+    if cut < 0:
+        return b"", buf
+    end = cut + 2
+    if end == len(buf):  # the usual piece: whole events (compiled, a slice would copy it)
+        return buf, b""
+    return buf[:end], buf[end:]
+
+
 def split_events(buf: bytes) -> tuple[list[bytes], bytes]:
-    """The complete events at the start of ``buf`` (each with its ``\\n\\n``) and the rest."""
-    out: list[bytes] = []
-    start = 0
-    while True:
-        cut = buf.find(b"\n\n", start)
-        if cut < 0:
-            return out, buf[start:]
-        out.append(buf[start : cut + 2])
-        start = cut + 2
+    """:func:`split_complete`, its complete events one by one: each ends with its blank line
+    (the last also with any newlines that follow that), and they join to the first piece."""
+    done, rest = split_complete(buf)
+    if not done:
+        return [], rest
+    parts = done.split(b"\n\n")
+    events = [part + b"\n\n" for part in parts[:-1]]
+    events[-1] += parts[-1]  # b"", or the newline after an odd run of them
+    return events, rest
 
 
 def data_of(line: bytes) -> bytes | None:
@@ -92,11 +106,8 @@ def usage_of(obj: object) -> Usage | None:
     except (TypeError, KeyError, IndexError):  # not an object, or not one with both counts
         return None
     if isinstance(obj, dict) and isinstance(p, int) and isinstance(c, int):
-        return _tuple(Usage, (p, c))
+        return new_tuple(Usage, (p, c))
     return None
-
-
-_tuple: Final = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
 
 
 _TEXT_KEYS = re.compile(rb'"(?:content|text)"\s*:\s*"(?!")')

@@ -57,10 +57,9 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import numpy as np
-import yaml
 from numpy.typing import NDArray
 from pydantic import (
     BaseModel,
@@ -68,11 +67,10 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictStr,
-    ValidationError,
     model_validator,
 )
 
-from velvetrope.errors import ConfigError, PolicyError
+from velvetrope.errors import PolicyError
 from velvetrope.sim import (
     BUILTIN_TRACES,
     Deterministic,
@@ -83,6 +81,7 @@ from velvetrope.sim import (
     load_trace,
     trace_stats,
 )
+from velvetrope.yaml_config import load_model, read_text, reject_bool
 
 __all__ = [
     "MINUTE_S",
@@ -335,14 +334,8 @@ def workload_from_trace(
 # --------------------------------------------------------------------------- YAML
 
 
-def _reject_bool(value: object) -> object:
-    if isinstance(value, bool):
-        raise ValueError("expected a number, got a boolean")
-    return value
-
-
-_Positive = Annotated[float, BeforeValidator(_reject_bool), Field(gt=0.0, allow_inf_nan=False)]
-_NonNeg = Annotated[float, BeforeValidator(_reject_bool), Field(ge=0.0, allow_inf_nan=False)]
+_Positive = Annotated[float, BeforeValidator(reject_bool), Field(gt=0.0, allow_inf_nan=False)]
+_NonNeg = Annotated[float, BeforeValidator(reject_bool), Field(ge=0.0, allow_inf_nan=False)]
 
 
 class _Percentiles(BaseModel):
@@ -394,27 +387,6 @@ class _WorkloadModel(BaseModel):
         return self
 
 
-_FIELDS = tuple(_WorkloadModel.model_fields)
-
-
-def _describe(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        field = ".".join(str(p) for p in err["loc"]) or "<workload>"
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] in ("model_type", "dict_type"):
-            msg = "expected a mapping of fields"
-        if err["type"] == "extra_forbidden":
-            parts.append(f"unknown field {field!r}")
-        elif err["type"] == "missing":
-            parts.append(f"field {field!r}: required but missing")
-        elif field == "<workload>":
-            parts.append(msg)
-        else:
-            parts.append(f"field {field!r}: {msg} (got {err['input']!r})")
-    return "; ".join(parts)
-
-
 def parse_workload(text: str, source: str = "<workload>") -> PlanWorkload:
     """Build a workload from YAML ``text``; errors are ConfigErrors starting with ``source``.
 
@@ -424,19 +396,7 @@ def parse_workload(text: str, source: str = "<workload>") -> PlanWorkload:
     :data:`PATTERN_SIZE` seeded arrivals at 1 req/s, Poisson for a CV of 1, Gamma-renewal
     for another positive CV, evenly spaced for 0.
     """
-    try:
-        data: Any = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"{source}: a workload must be a YAML mapping with fields {', '.join(_FIELDS)}; "
-            f"got {type(data).__name__}"
-        )
-    try:
-        m = _WorkloadModel.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(f"{source}: invalid workload: {_describe(exc)}") from None
+    m = load_model(_WorkloadModel, text, source, "workload")
     rng = np.random.default_rng(_YAML_SEED)
     prompt = LogNormal.from_percentiles(m.prompt_tokens.p50, m.prompt_tokens.p99).sample(
         rng, YAML_SAMPLE_SIZE
@@ -481,10 +441,4 @@ def load_workload(path: str | Path) -> PlanWorkload:
     file is missing, unreadable, not YAML or invalid.
     """
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{p}: workload file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{p}: cannot read workload file: {exc}") from None
-    return parse_workload(text, str(p))
+    return parse_workload(read_text(p, "workload"), str(p))

@@ -28,8 +28,6 @@ Contracts shared by all of them:
 
 from __future__ import annotations
 
-import math
-import operator
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -38,6 +36,7 @@ from typing import Protocol, TypeAlias
 import numpy as np
 from numpy.typing import NDArray
 
+from velvetrope import checks
 from velvetrope.errors import PolicyError
 from velvetrope.sim.workload import Seed, as_generator
 
@@ -74,35 +73,12 @@ class ArrivalProcess(Protocol):
         ...
 
 
-def _rate(name: str, value: float, *, allow_zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise PolicyError(f"{name} must be a number, got {value!r}")
-    v = float(value)
-    if not math.isfinite(v) or v < 0.0 or (v == 0.0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise PolicyError(f"{name} must be finite and {bound}, got {value!r}")
-    return v
-
-
-def _count(value: object) -> int:
-    """``value`` as an ``int >= 0`` (numpy integers accepted, bools and floats not)."""
-    if not isinstance(value, bool):
-        try:
-            n = operator.index(value)  # type: ignore[arg-type]
-        except TypeError:
-            pass
-        else:
-            if n >= 0:
-                return n
-    raise PolicyError(f"count must be an integer >= 0, got {value!r}")
-
-
 def _collect(chunks: _Chunks, duration: float | None, count: int | None) -> FloatArray:
     """Draw chunks until the horizon is covered, then cut to it."""
     if (duration is None) == (count is None):
         raise PolicyError("give exactly one of duration= or count=")
     if duration is not None:
-        dur = _rate("duration", duration, allow_zero=True)
+        dur = checks.number("duration", duration, strict=False)
         if dur == 0.0:
             return np.empty(0, dtype=np.float64)
         parts: list[FloatArray] = []
@@ -112,7 +88,7 @@ def _collect(chunks: _Chunks, duration: float | None, count: int | None) -> Floa
                 break
         out = np.concatenate(parts)
         return out[: int(np.searchsorted(out, dur, side="left"))]
-    n = _count(count)
+    n = checks.count("count", count)
     if n == 0:
         return np.empty(0, dtype=np.float64)
     parts = []
@@ -166,7 +142,7 @@ class _Rate(_Chunked):
     rate: float
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "rate", _rate("rate", self.rate))
+        object.__setattr__(self, "rate", checks.number("rate", self.rate))
 
     @property
     def mean_rate(self) -> float:
@@ -198,8 +174,8 @@ class GammaRenewal(_Chunked):
     cv: float
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "rate", _rate("rate", self.rate))
-        object.__setattr__(self, "cv", _rate("cv", self.cv))
+        object.__setattr__(self, "rate", checks.number("rate", self.rate))
+        object.__setattr__(self, "cv", checks.number("cv", self.cv))
 
     @property
     def mean_rate(self) -> float:
@@ -249,10 +225,10 @@ class OnOff(_Chunked):
     rate_off: float = 0.0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "rate_on", _rate("rate_on", self.rate_on))
-        object.__setattr__(self, "on_s", _rate("on_s", self.on_s))
-        object.__setattr__(self, "off_s", _rate("off_s", self.off_s))
-        object.__setattr__(self, "rate_off", _rate("rate_off", self.rate_off, allow_zero=True))
+        object.__setattr__(self, "rate_on", checks.number("rate_on", self.rate_on))
+        object.__setattr__(self, "on_s", checks.number("on_s", self.on_s))
+        object.__setattr__(self, "off_s", checks.number("off_s", self.off_s))
+        object.__setattr__(self, "rate_off", checks.number("rate_off", self.rate_off, strict=False))
 
     @property
     def mean_rate(self) -> float:
@@ -290,13 +266,16 @@ class MMPP(_Chunked):
             if not isinstance(pair, tuple | list) or len(pair) != 2:
                 raise PolicyError(f"{name} must be a pair of numbers, got {pair!r}")
         rates = (
-            _rate("rates[0]", self.rates[0], allow_zero=True),
-            _rate("rates[1]", self.rates[1], allow_zero=True),
+            checks.number("rates[0]", self.rates[0], strict=False),
+            checks.number("rates[1]", self.rates[1], strict=False),
         )
         if rates == (0.0, 0.0):
             raise PolicyError("MMPP rates cannot both be 0")
         object.__setattr__(self, "rates", rates)
-        sojourns = (_rate("sojourns[0]", self.sojourns[0]), _rate("sojourns[1]", self.sojourns[1]))
+        sojourns = (
+            checks.number("sojourns[0]", self.sojourns[0]),
+            checks.number("sojourns[1]", self.sojourns[1]),
+        )
         object.__setattr__(self, "sojourns", sojourns)
 
     @property

@@ -61,6 +61,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from velvetrope import checks
 from velvetrope.errors import PolicyError
 
 __all__ = [
@@ -86,23 +87,6 @@ def milli(value: float) -> int:
     return math.floor(value * 1000.0 + 0.5)
 
 
-def _num(name: str, value: Any, *, minimum: float = 0.0, strict: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise PolicyError(f"{name} must be a number, got {value!r}")
-    v = float(value)
-    if not math.isfinite(v) or v < minimum or (strict and v == minimum):
-        raise PolicyError(f"{name} must be finite and {'>' if strict else '>='} {minimum:g}")
-    return v
-
-
-def _int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise PolicyError(f"{name} must be an integer, got {value!r}")
-    if value < minimum:
-        raise PolicyError(f"{name} must be >= {minimum}, got {value}")
-    return value
-
-
 @dataclass(frozen=True, slots=True)
 class ScalingPolicy:
     """One ``HPAScalingPolicy``: ``kind`` ``Pods`` or ``Percent``, ``value > 0``, over the
@@ -115,8 +99,8 @@ class ScalingPolicy:
     def __post_init__(self) -> None:
         if self.kind not in ("Pods", "Percent"):
             raise PolicyError(f"scaling policy type must be Pods or Percent, got {self.kind!r}")
-        _int("policy value", self.value, 1)
-        p = _int("periodSeconds", self.period_s, 1)
+        checks.count("policy value", self.value, 1)
+        p = checks.count("periodSeconds", self.period_s, 1)
         if p > 1800:
             raise PolicyError(f"periodSeconds must be <= 1800, got {p}")
 
@@ -131,7 +115,7 @@ class ScalingRules:
     select: Literal["Max", "Min", "Disabled"] = "Max"
 
     def __post_init__(self) -> None:
-        w = _int("stabilizationWindowSeconds", self.stabilization_window_s, 0)
+        w = checks.count("stabilizationWindowSeconds", self.stabilization_window_s, 0)
         if w > 3600:
             raise PolicyError(f"stabilizationWindowSeconds must be <= 3600, got {w}")
         if self.select not in _SELECTS:
@@ -218,17 +202,17 @@ class HpaSpec:
     downscale_stabilization_s: float = 300.0
 
     def __post_init__(self) -> None:
-        lo = _int("min_replicas", self.min_replicas, 1)
-        hi = _int("max_replicas", self.max_replicas, 1)
+        lo = checks.count("min_replicas", self.min_replicas, 1)
+        hi = checks.count("max_replicas", self.max_replicas, 1)
         if hi < lo:
             raise PolicyError(f"max_replicas ({hi}) must be >= min_replicas ({lo})")
-        if milli(_num("target", self.target, strict=True)) < 1:
+        if milli(checks.number("target", self.target)) < 1:
             raise PolicyError(f"target must be at least 0.001, got {self.target!r}")
         if self.metric_type not in ("AverageValue", "Value"):
             raise PolicyError(f"metric type must be AverageValue or Value: {self.metric_type!r}")
-        _num("tolerance", self.tolerance)
-        _num("sync_period_s", self.sync_period_s, strict=True)
-        _num("downscale_stabilization_s", self.downscale_stabilization_s)
+        checks.number("tolerance", self.tolerance, strict=False)
+        checks.number("sync_period_s", self.sync_period_s)
+        checks.number("downscale_stabilization_s", self.downscale_stabilization_s, strict=False)
 
 
 @dataclass(frozen=True, slots=True)

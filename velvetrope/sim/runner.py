@@ -78,6 +78,7 @@ from velvetrope.core import (
     Rejected,
     Usage,
 )
+from velvetrope.core.tuples import new_tuple
 from velvetrope.engine import EngineEvent, Finished, FirstToken
 from velvetrope.engine.fastforward import DecodeRun, RunCounts
 from velvetrope.sim.env import Environment, priority
@@ -93,7 +94,6 @@ __all__ = ["Autoscaling", "Inputs", "LogEntry", "Scaler", "Trace", "drive"]
 SCRAPE, READY, PROM, SCALE, DEADLINE, TIMEOUT, ARRIVAL = range(1, 8)
 _BY_ALL = 1 << 30
 """The ``by`` of events that are not step ends: after every replica's (fast-forward)."""
-_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
 _QUEUED = JobState.QUEUED
 _DISPATCHED = JobState.DISPATCHED
 
@@ -283,7 +283,7 @@ def drive(
                 if type(e) is FirstToken:
                     first_token(e.seq_id)
                 elif type(e) is Finished:
-                    complete(e.seq_id, _tuple(Usage, (e.prompt_tokens, e.output_tokens)))
+                    complete(e.seq_id, new_tuple(Usage, (e.prompt_tokens, e.output_tokens)))
                     load_[k] -= 1
                     freed = True
             if freed and ctl.queued:

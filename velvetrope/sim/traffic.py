@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from velvetrope import checks
 from velvetrope.errors import PolicyError
 from velvetrope.sim.arrivals import (
     MMPP,
@@ -61,15 +62,6 @@ ARRIVAL_FORMS = (
 _CHUNK = 8192
 
 
-def _positive(name: str, value: float, *, allow_zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise PolicyError(f"{name} must be a number, got {value!r}")
-    v = float(value)
-    if not math.isfinite(v) or v < 0 or (v == 0 and not allow_zero):
-        raise PolicyError(f"{name} must be finite and {'>=' if allow_zero else '>'} 0: {value!r}")
-    return v
-
-
 @dataclass(frozen=True, slots=True)
 class Spike:
     """The rate is multiplied by ``factor`` (> 0) during ``[start_s, start_s + duration_s)``."""
@@ -79,9 +71,11 @@ class Spike:
     factor: float
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "start_s", _positive("spike start", self.start_s, allow_zero=True))
-        object.__setattr__(self, "duration_s", _positive("spike duration", self.duration_s))
-        object.__setattr__(self, "factor", _positive("spike factor", self.factor))
+        object.__setattr__(
+            self, "start_s", checks.number("spike start", self.start_s, strict=False)
+        )
+        object.__setattr__(self, "duration_s", checks.number("spike duration", self.duration_s))
+        object.__setattr__(self, "factor", checks.number("spike factor", self.factor))
 
     @property
     def end_s(self) -> float:
@@ -104,16 +98,16 @@ class DayCycle(_Chunked):
     spikes: tuple[Spike, ...] = ()
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "mean_rps", _positive("mean_rps", self.mean_rps))
-        r = _positive("peak_to_trough", self.peak_to_trough)
+        object.__setattr__(self, "mean_rps", checks.number("mean_rps", self.mean_rps))
+        r = checks.number("peak_to_trough", self.peak_to_trough)
         if r < 1:
             raise PolicyError(f"peak_to_trough must be >= 1, got {r}")
         object.__setattr__(self, "peak_to_trough", r)
-        h = _positive("peak_hour", self.peak_hour, allow_zero=True)
+        h = checks.number("peak_hour", self.peak_hour, strict=False)
         if h >= 24:
             raise PolicyError(f"peak_hour must be in [0, 24), got {h}")
         object.__setattr__(self, "peak_hour", h)
-        object.__setattr__(self, "period_s", _positive("period_s", self.period_s))
+        object.__setattr__(self, "period_s", checks.number("period_s", self.period_s))
         object.__setattr__(self, "spikes", tuple(self.spikes))
 
     @property

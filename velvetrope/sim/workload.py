@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import operator
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -31,6 +30,7 @@ from typing import Protocol, TypeAlias
 import numpy as np
 from numpy.typing import NDArray
 
+from velvetrope import checks
 from velvetrope.errors import PolicyError
 
 __all__ = [
@@ -85,19 +85,6 @@ def as_generator(seed: Seed) -> np.random.Generator:
 # --------------------------------------------------------------------------- the record
 
 
-def _count(name: str, value: object, minimum: int) -> int:
-    """``value`` as an ``int >= minimum`` (numpy integers accepted, bools and floats not)."""
-    if isinstance(value, bool):
-        raise PolicyError(f"{name} must be an integer, got {value!r}")
-    try:
-        n = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise PolicyError(f"{name} must be an integer, got {value!r}") from None
-    if n < minimum:
-        raise PolicyError(f"{name} must be >= {minimum}, got {n}")
-    return int(n)
-
-
 @dataclass(frozen=True, slots=True)
 class TraceRequest:
     """One request of a workload: when it arrives, how big it is, whose it is.
@@ -140,8 +127,10 @@ class TraceRequest:
         if not (math.isfinite(t) and t >= 0.0):
             raise PolicyError(f"t must be finite and >= 0, got {self.t!r}")
         object.__setattr__(self, "t", t)
-        object.__setattr__(self, "prompt_tokens", _count("prompt_tokens", self.prompt_tokens, 1))
-        output = _count("output_tokens", self.output_tokens, 0)
+        object.__setattr__(
+            self, "prompt_tokens", checks.count("prompt_tokens", self.prompt_tokens, 1)
+        )
+        output = checks.count("output_tokens", self.output_tokens, 0)
         object.__setattr__(self, "output_tokens", output)
         if not isinstance(self.tenant, str) or not self.tenant:
             raise PolicyError(f"tenant must be a non-empty string, got {self.tenant!r}")
@@ -150,11 +139,11 @@ class TraceRequest:
         if self.model is not None and (not isinstance(self.model, str) or not self.model):
             raise PolicyError(f"model must be a non-empty string or None, got {self.model!r}")
         if self.max_tokens is not None:
-            cap = _count("max_tokens", self.max_tokens, 1)
+            cap = checks.count("max_tokens", self.max_tokens, 1)
             if output > cap:
                 raise PolicyError(f"output_tokens ({output}) exceeds max_tokens ({cap})")
             object.__setattr__(self, "max_tokens", cap)
-        shared = _count("prefix_tokens", self.prefix_tokens, 0)
+        shared = checks.count("prefix_tokens", self.prefix_tokens, 0)
         if shared > self.prompt_tokens or (shared and not self.prefix_id):
             raise PolicyError(
                 f"prefix_tokens ({shared}) must be <= prompt_tokens ({self.prompt_tokens}) "
@@ -192,21 +181,12 @@ class LengthDist(Protocol):
 
 
 def _bounds(lo: int, hi: int | None) -> tuple[int, int | None]:
-    lo = _count("lo", lo, 1)
+    lo = checks.count("lo", lo, 1)
     if hi is not None:
-        hi = _count("hi", hi, 1)
+        hi = checks.count("hi", hi, 1)
         if hi < lo:
             raise PolicyError(f"hi ({hi}) must be >= lo ({lo})")
     return lo, hi
-
-
-def _positive(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise PolicyError(f"{name} must be a number, got {value!r}")
-    v = float(value)
-    if not (math.isfinite(v) and v > 0.0):
-        raise PolicyError(f"{name} must be finite and > 0, got {value!r}")
-    return v
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,10 +196,10 @@ class Fixed:
     n: int
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "n", _count("n", self.n, 1))
+        object.__setattr__(self, "n", checks.count("n", self.n, 1))
 
     def sample(self, rng: np.random.Generator, n: int) -> IntArray:
-        return np.full(_count("n", n, 0), self.n, dtype=np.int64)
+        return np.full(checks.count("n", n, 0), self.n, dtype=np.int64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,7 +215,7 @@ class Exponential:
     hi: int | None = None
 
     def __post_init__(self) -> None:
-        mean = _positive("mean", self.mean)
+        mean = checks.number("mean", self.mean)
         if mean < 1.0:
             raise PolicyError(f"mean must be >= 1 token, got {self.mean!r}")
         object.__setattr__(self, "mean", mean)
@@ -244,7 +224,7 @@ class Exponential:
         object.__setattr__(self, "hi", hi)
 
     def sample(self, rng: np.random.Generator, n: int) -> IntArray:
-        x = rng.geometric(1.0 / self.mean, size=_count("n", n, 0)).astype(np.int64)
+        x = rng.geometric(1.0 / self.mean, size=checks.count("n", n, 0)).astype(np.int64)
         return np.clip(x, self.lo, self.hi)
 
 
@@ -281,8 +261,8 @@ class LogNormal:
 
         ``mu = ln p50`` and ``sigma = (ln p99 - ln p50) / z_0.99`` with ``z_0.99 ≈ 2.326``.
         """
-        p50 = _positive("p50", p50)
-        p99 = _positive("p99", p99)
+        p50 = checks.number("p50", p50)
+        p99 = checks.number("p99", p99)
         if p99 < p50:
             raise PolicyError(f"p99 ({p99}) must be >= p50 ({p50})")
         return cls(math.log(p50), (math.log(p99) - math.log(p50)) / _Z99, lo=lo, hi=hi)
@@ -298,7 +278,7 @@ class LogNormal:
         return math.exp(self.mu + _Z99 * self.sigma)
 
     def sample(self, rng: np.random.Generator, n: int) -> IntArray:
-        x = np.rint(rng.lognormal(self.mu, self.sigma, size=_count("n", n, 0)))
+        x = np.rint(rng.lognormal(self.mu, self.sigma, size=checks.count("n", n, 0)))
         # Clip in float first: a far tail can exceed int64.
         upper = float(self.hi) if self.hi is not None else 2.0**62
         return np.clip(x, float(self.lo), upper).astype(np.int64)
@@ -316,7 +296,7 @@ class Empirical:
     _array: IntArray = field(repr=False, compare=False)
 
     def __init__(self, values: Iterable[int]) -> None:
-        vals = tuple(_count("value", v, 1) for v in values)
+        vals = tuple(checks.count("value", v, 1) for v in values)
         if not vals:
             raise PolicyError("Empirical needs at least one value")
         object.__setattr__(self, "values", vals)
@@ -333,7 +313,7 @@ class Empirical:
         return cls(r.output_tokens for r in requests if r.output_tokens > 0)
 
     def sample(self, rng: np.random.Generator, n: int) -> IntArray:
-        idx = rng.integers(0, len(self._array), size=_count("n", n, 0))
+        idx = rng.integers(0, len(self._array), size=checks.count("n", n, 0))
         return self._array[idx]
 
 
@@ -378,7 +358,7 @@ class TraceLengths:
         return len(self._prompts)
 
     def sample(self, rng: np.random.Generator, n: int) -> tuple[IntArray, IntArray]:
-        idx = rng.integers(0, len(self._prompts), size=_count("n", n, 0))
+        idx = rng.integers(0, len(self._prompts), size=checks.count("n", n, 0))
         return self._prompts[idx], self._outputs[idx]
 
 
@@ -416,7 +396,7 @@ class TenantMix:
             if tenant in seen:
                 raise PolicyError(f"tenant {tenant!r} appears twice in the mix")
             seen.add(tenant)
-            w = _positive(f"weight of {tenant!r}", weight)
+            w = checks.number(f"weight of {tenant!r}", weight)
             total += w
             norm.append((tenant, tier, w))
         shares = tuple((tn, tr, w / total) for tn, tr, w in norm)
@@ -472,7 +452,7 @@ class TenantMix:
 
     def draw(self, rng: np.random.Generator, n: int) -> IntArray:
         """Indices into :attr:`entries` for ``n`` requests, each drawn by weight."""
-        u = rng.random(_count("n", n, 0))
+        u = rng.random(checks.count("n", n, 0))
         return np.searchsorted(self._cum, u, side="right").astype(np.int64)
 
     def assign(self, requests: Sequence[TraceRequest], seed: Seed) -> list[TraceRequest]:
@@ -513,7 +493,7 @@ def synthesize(
         raise PolicyError("times must be a one-dimensional sequence")
     if ts.size and not (np.all(np.isfinite(ts)) and ts[0] >= 0.0 and np.all(np.diff(ts) >= 0)):
         raise PolicyError("times must be finite, >= 0 and non-decreasing")
-    cap = None if max_tokens is None else _count("max_tokens", max_tokens, 1)
+    cap = None if max_tokens is None else checks.count("max_tokens", max_tokens, 1)
     rng = as_generator(seed)
     n = int(ts.size)
     prompts, outputs = lengths.sample(rng, n)
@@ -542,20 +522,20 @@ def rescale_time(requests: Sequence[TraceRequest], factor: float) -> list[TraceR
     ``factor`` multiplies the arrival rate: 2 doubles it.  Order, token counts and every
     other field are kept.
     """
-    f = _positive("factor", factor)
+    f = checks.number("factor", factor)
     return [replace(r, t=r.t / f) for r in requests]
 
 
 def scale_to_rate(requests: Sequence[TraceRequest], target_rps: float) -> list[TraceRequest]:
     """Rescale time so that the mean arrival rate (as :func:`trace_stats` measures it) is
     ``target_rps`` requests per second."""
-    target = _positive("target_rps", target_rps)
+    target = checks.number("target_rps", target_rps)
     return rescale_time(requests, target / trace_stats(requests).mean_rps)
 
 
 def head(requests: Sequence[TraceRequest], n: int) -> list[TraceRequest]:
     """The first ``n`` requests (all of them if there are fewer)."""
-    return list(requests[: _count("n", n, 0)])
+    return list(requests[: checks.count("n", n, 0)])
 
 
 def time_window(
@@ -657,7 +637,7 @@ def index_of_dispersion(requests: Sequence[TraceRequest], window_s: float) -> fl
     Windows tile ``[0, k * window_s)`` for the largest ``k`` that fits in the workload's span
     (a partial last window is dropped).  About 1 for Poisson arrivals, above 1 for bursty ones.
     """
-    w = _positive("window_s", window_s)
+    w = checks.number("window_s", window_s)
     if not requests:
         raise PolicyError("index_of_dispersion needs at least one request")
     t = np.fromiter((r.t for r in requests), dtype=np.float64, count=len(requests))

@@ -89,7 +89,6 @@ and :class:`~velvetrope.errors.PolicyError` for bad settings.
 """
 
 from velvetrope.engine.calibrate.fit import (
-    COEFFICIENTS,
     Fit,
     build_profile,
     fit_observations,
@@ -113,6 +112,7 @@ from velvetrope.engine.calibrate.plan import (
     single_features,
 )
 from velvetrope.engine.calibrate.report import CalibrationResult, calibrated_yaml, render_report
+from velvetrope.engine.profile import COEFFICIENTS
 
 __all__ = [
     "COEFFICIENTS",

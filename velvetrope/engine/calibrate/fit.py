@@ -19,26 +19,16 @@ from numpy.typing import NDArray
 from velvetrope.engine.batcher import Batcher, Tokens
 from velvetrope.engine.calibrate.observe import Observation, ProbeRun, RequestTrace
 from velvetrope.engine.calibrate.plan import Probe
-from velvetrope.engine.profile import EngineProfile
+from velvetrope.engine.profile import COEFFICIENTS, EngineProfile
 from velvetrope.errors import PolicyError
 
 __all__ = [
-    "COEFFICIENTS",
     "Fit",
     "build_profile",
     "fit_observations",
     "relative_errors",
     "simulate_runs",
 ]
-
-COEFFICIENTS: tuple[str, ...] = (
-    "step_base_s",
-    "per_prefill_token_s",
-    "per_decode_seq_s",
-    "per_context_token_s",
-)
-"""The profile fields the fit estimates, in design-matrix column order."""
-
 
 # -- the fit ---------------------------------------------------------------------------------------
 

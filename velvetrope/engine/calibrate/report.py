@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.table import Table
 
-from velvetrope.engine.calibrate.fit import COEFFICIENTS, Fit, relative_errors
+from velvetrope.engine.calibrate.fit import Fit, relative_errors
 from velvetrope.engine.calibrate.observe import Observation, ProbeRun
 from velvetrope.engine.calibrate.plan import Probe
-from velvetrope.engine.profile import EngineProfile, profile_to_yaml
+from velvetrope.engine.profile import COEFFICIENTS, EngineProfile, profile_to_yaml
 
 __all__ = ["CalibrationResult", "calibrated_yaml", "render_report"]
 

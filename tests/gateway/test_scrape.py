@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from velvetrope.core import EngineReading
-from velvetrope.gateway.saturation import parse_vllm_metrics
+from velvetrope.gateway.scrape import parse_vllm_metrics
 
 from .conftest import gateway_config, start_engine, start_gateway, status_until, wait_idle
 
@@ -38,6 +38,59 @@ def test_parse_vllm_metrics_sums_label_sets() -> None:
     assert parse_vllm_metrics(text) == EngineReading(running=7.0, waiting=5.0, kv_usage=0.5)
     assert parse_vllm_metrics("process_cpu_seconds_total 1.5\n") is None  # not an engine's
     assert parse_vllm_metrics("vllm:num_requests_waiting oops\n") is None
+
+
+def test_a_sample_timestamp_is_not_its_value() -> None:
+    text = "\n".join(
+        [
+            "vllm:num_requests_waiting 3 1700000000000",
+            'vllm:num_requests_running{model_name="a"} 7 1700000000000',
+            "vllm:kv_cache_usage_perc 0.5 1700000000000",
+        ]
+    )
+    assert parse_vllm_metrics(text) == EngineReading(running=7.0, waiting=3.0, kv_usage=0.5)
+
+
+def test_escaped_label_values_are_read_whole() -> None:
+    # a quote, a backslash, a newline, a brace and a space-and-number inside label values
+    text = "\n".join(
+        [
+            'vllm:num_requests_waiting{model_name="say \\"hi\\" 9"} 2',
+            'vllm:num_requests_waiting{model_name="C:\\\\models\\n} 8"} 4',
+            'vllm:num_requests_running{model_name="a,b=\\"c\\""} 1',
+            "vllm:kv_cache_usage_perc 0.25",
+        ]
+    )
+    assert parse_vllm_metrics(text) == EngineReading(running=1.0, waiting=6.0, kv_usage=0.25)
+
+
+def test_nan_and_infinite_samples_are_skipped() -> None:
+    text = "\n".join(
+        [
+            'vllm:num_requests_waiting{model_name="a"} NaN',
+            'vllm:num_requests_waiting{model_name="b"} 2',
+            'vllm:num_requests_running{model_name="a"} +Inf',
+            'vllm:num_requests_running{model_name="b"} 5',
+            'vllm:kv_cache_usage_perc{model_name="a"} 0.5',
+            'vllm:kv_cache_usage_perc{model_name="b"} NaN',
+        ]
+    )
+    assert parse_vllm_metrics(text) == EngineReading(running=5.0, waiting=2.0, kv_usage=0.5)
+    assert (
+        parse_vllm_metrics("vllm:num_requests_waiting NaN\nvllm:kv_cache_usage_perc -Inf\n") is None
+    )
+
+
+def test_only_the_gauges_lines_are_read() -> None:
+    good = "vllm:num_requests_waiting 3\n  vllm:num_requests_running\t1\n"  # blanks allowed
+    reading = EngineReading(running=1.0, waiting=3.0, kv_usage=0.0)
+    assert parse_vllm_metrics(good) == reading
+    # another exporter's line that is not the format does not blind the gateway ...
+    assert parse_vllm_metrics(good + 'other_metric{label="unclosed} 1\n') == reading
+    # ... a longer name that starts like a gauge's is another metric ...
+    assert parse_vllm_metrics(good + "vllm:num_requests_waiting_by_reason 40\n") == reading
+    # ... and a gauge's line that is not the format makes the text unreadable
+    assert parse_vllm_metrics(good + 'vllm:kv_cache_usage_perc{model_name="a} 0.5\n') is None
 
 
 @pytest.mark.integration
