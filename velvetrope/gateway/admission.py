@@ -38,7 +38,7 @@ from velvetrope.core import (
     Rejected,
     Usage,
 )
-from velvetrope.core.bucket import SettleLine
+from velvetrope.core.bucket import Claim, SettleLine, settle_lines
 from velvetrope.core.lifecycle import JobState
 from velvetrope.errors import LifecycleError, StoreUnavailable
 from velvetrope.gateway.slots import FleetSlot
@@ -49,6 +49,7 @@ __all__ = ["Admission", "Refusal", "Ticket"]
 _QUEUED: Final = JobState.QUEUED
 _DISPATCHED: Final = JobState.DISPATCHED
 _GONE: Final = "gone"
+_EXPIRED: Final = Reason.EXPIRED
 _EXPIRED_MESSAGE: Final = "the request waited past its deadline in the queue"
 
 
@@ -170,6 +171,9 @@ class Admission:
                 res = await store.reserve(job.id, job.tenant, claims, slot)
         except StoreUnavailable as e:
             return _refusal(ctl.reject(job, Reason.STATE_UNAVAILABLE, str(e), 1.0))
+        except asyncio.CancelledError:  # shut down mid-trip: undo what may have been taken
+            self._settle(job, settle_lines(claims, 0), claimed=claims)
+            raise
         d = ctl.arrive(job, res)
         if isinstance(d, Rejected):
             self._settle(job, d.settlement.lines)
@@ -178,7 +182,7 @@ class Admission:
             waited = await self._wait(job, gone, progress, every_s)
             if waited is not None:
                 if isinstance(waited, Outcome):
-                    return Refusal(503, "expired", _EXPIRED_MESSAGE, 1.0)
+                    return Refusal(_EXPIRED.status, _EXPIRED.code, _EXPIRED_MESSAGE, 1.0)
                 return None
         elif gone.done():
             self.abandon(job)
@@ -267,8 +271,13 @@ class Admission:
                 fleet.released()
         self.pump()
 
-    def _settle(self, job: Job, lines: tuple[SettleLine, ...]) -> None:
-        self.store.finish(job.id, job.tenant, job.claims, lines, job.pool)
+    def _settle(
+        self, job: Job, lines: tuple[SettleLine, ...], claimed: tuple[Claim, ...] | None = None
+    ) -> None:
+        """Settle ``job``'s granted claims (or ``claimed``, the claims it asked for when the
+        store's answer never came) with ``lines``, and give back its slot."""
+        claims = job.claims if claimed is None else claimed
+        self.store.finish(job.id, job.tenant, claims, lines, job.pool)
 
     def start_draining(self) -> None:
         """Refuse every new request (503 ``draining``); queued and in-flight work goes on."""
