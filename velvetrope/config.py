@@ -188,6 +188,13 @@ class GatewaySettings(_Model):
     upstream_connect_timeout_s: float = Field(5.0, gt=0)
     upstream_read_timeout_s: float = Field(600.0, gt=0, description="between bytes")
     drain_grace_s: float = Field(30.0, ge=0, description="SIGTERM: finish in-flight work this long")
+    drain_notice_s: float = Field(
+        2.0,
+        ge=0,
+        description="SIGTERM: keep answering (503 draining, /readyz 503) at least this long,"
+        " even when nothing is in flight, so a load balancer polling /readyz stops sending"
+        " before the listener closes (SIGINT skips it)",
+    )
     metrics_tenant_label: bool = Field(False, description="label metrics by tenant (cardinality!)")
     admission: bool = Field(True, description="false: a pure proxy (for benchmarks)")
     fleet: FleetSettings = Field(default_factory=FleetSettings)

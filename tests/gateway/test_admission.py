@@ -291,3 +291,40 @@ def test_drain_finishes_streams_and_refuses_new_work(tmp_path: Path) -> None:
     finally:
         gw.stop()
         eng.stop()
+
+
+def test_an_idle_gateway_keeps_answering_draining_for_its_notice_after_sigterm(
+    tmp_path: Path,
+) -> None:
+    """Nothing in flight: the drain is over at once, yet the gateway answers /readyz 503
+    (and requests 503 draining) for ``drain_notice_s`` before the listener closes, so a
+    load balancer polling /readyz sees it first."""
+    eng = start_engine(1.0)
+    cfg = gateway_config([eng.url])
+    cfg["gateway"]["drain_notice_s"] = 1.0
+    gw = start_gateway(tmp_path, cfg)
+    try:
+        with httpx.Client(timeout=5) as c:
+            assert c.get(gw.url + "/readyz").status_code == 200
+            t0 = time.monotonic()
+            gw.proc.send_signal(signal.SIGTERM)
+            statuses: list[int] = []
+            refused_at = None
+            deadline = t0 + 15
+            while refused_at is None and time.monotonic() < deadline:
+                try:
+                    statuses.append(c.get(gw.url + "/readyz").status_code)
+                except httpx.TransportError:
+                    refused_at = time.monotonic()
+                time.sleep(0.05)  # a load balancer's polling pace
+            assert refused_at is not None  # the gateway did close in the end
+            # answered all along until at least the notice's end (a lower bound: a busy
+            # machine only makes it later)
+            assert refused_at - t0 >= 1.0
+            assert 503 in statuses
+            first = statuses.index(503)  # before the signal is handled: 200
+            assert set(statuses[:first]) <= {200} and set(statuses[first:]) == {503}
+        gw.proc.wait(15)
+    finally:
+        gw.stop()
+        eng.stop()

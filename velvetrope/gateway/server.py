@@ -2,7 +2,10 @@
 
 On the first SIGTERM or SIGINT the gateway stops admitting (new requests get 503
 ``draining``, ``/readyz`` fails), lets queued and in-flight work finish for up to
-``gateway.drain_grace_s`` seconds, then exits.  A second signal exits at once.
+``gateway.drain_grace_s`` seconds, then exits; after SIGTERM (an orchestrator's stop) it
+keeps answering for at least ``gateway.drain_notice_s`` even when nothing is left, so a
+load balancer polling ``/readyz`` sees the 503 before the listener closes.  SIGINT (a
+terminal's Ctrl-C) skips the notice.  A second signal exits at once.
 
 ``workers > 1`` runs that many gateway processes on one listening socket (the kernel
 spreads connections).  They share limits and slots only through shared state, so more than
@@ -48,11 +51,19 @@ class DrainingServer(uvicorn.Server):
             return
         self.gateway.start_draining()
         print("velvetrope: draining (new requests get 503)", file=sys.stderr, flush=True)
-        self._drain_task = asyncio.get_event_loop().create_task(self._drain())
+        notice = self.gateway.settings.drain_notice_s if sig == signal.SIGTERM else 0.0
+        self._drain_task = asyncio.get_event_loop().create_task(self._drain(notice))
 
-    async def _drain(self) -> None:
+    async def _drain(self, notice_s: float) -> None:
+        """Wait for the drain (at most ``drain_grace_s``), and at least ``notice_s`` since
+        the signal, answering all along; then exit."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + notice_s
         ok = await self.gateway.drained(self.gateway.settings.drain_grace_s)
         note = "drained" if ok else "grace period over with work still in flight"
+        if loop.time() < until:
+            print(f"velvetrope: {note}; answering until the notice ends", file=sys.stderr)
+            await asyncio.sleep(until - loop.time())
         print(f"velvetrope: {note}; exiting", file=sys.stderr, flush=True)
         self.should_exit = True
 
