@@ -174,6 +174,15 @@ class GatewaySettings(_Model):
 
     max_body_bytes: int = Field(1 << 20, ge=1024, description="larger bodies get 413")
     max_tokens_limit: int = Field(32_768, ge=1, description="larger max_tokens get 400")
+    unknown_parameters: Literal["pass", "refuse"] = Field(
+        "pass",
+        description="request fields the gateway does not read (other than model, messages/"
+        "prompt, n, best_of, max_tokens/max_completion_tokens, stream, stream_options, "
+        "logprobs/top_logprobs, ...): pass = sent to the engine untouched (the OpenAI SDK's "
+        "newer create() fields, engine extras sent through extra_body: the engine uses or "
+        "refuses them); refuse = 400 unknown_parameter for any top-level field outside "
+        "OpenAI's and vLLM's known ones",
+    )
     default_max_tokens: int = Field(1024, ge=1, description="when the request names none")
     tokenizer: str = Field(
         "approx", description="prompt token counting: approx, cl100k_base, o200k_base, hf:PATH"

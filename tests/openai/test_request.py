@@ -94,11 +94,16 @@ def test_a_mistake_gets_the_same_answer_from_both_servers(
                    "param": param}  # fmt: skip
 
 
-def test_the_gateway_adds_unknown_keys_and_its_max_tokens_limit() -> None:
+def test_unknown_keys_pass_unless_strict_and_the_gateway_adds_its_max_tokens_limit() -> None:
     bogus = _raw({"model": "m", "prompt": "x", "bogus": 1})
     assert parse(bogus, "completions").model == "m"  # the engine ignores what it does not use
+    # the gateway passes it on untouched, byte for byte, unless in strict mode
+    passed = parse_request(bogus, "completions", max_tokens_limit=100, count_text=words)
+    assert passed.upstream_body() == bogus
     with pytest.raises(RequestError) as ei:
-        parse_request(bogus, "completions", max_tokens_limit=100, count_text=words)
+        parse_request(
+            bogus, "completions", max_tokens_limit=100, count_text=words, known_keys_only=True
+        )
     assert (ei.value.code, ei.value.param) == ("unknown_parameter", "bogus")
     big = _raw({"model": "m", "prompt": "x", "max_tokens": 101})
     assert parse(big, "completions").max_tokens == 101

@@ -1,8 +1,10 @@
 """The gateway's ASGI application.
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``,
-``GET /metrics``, ``GET /healthz``, ``GET /readyz`` and the authenticated
-``GET /admin/status``.
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models`` (the
+models of every pool: one live upstream of each is asked, the lists merged, each id once),
+``GET /v1/models/{id}`` (that model's object, or 404 ``model_not_found``), ``GET /metrics``,
+``GET /healthz``, ``GET /readyz`` and the authenticated ``GET /admin/status``.  An error
+that retrying cannot help carries ``x-should-retry: false``.
 
 A completion request goes: authenticate (401) → read the body within the size limit (413)
 → parse and validate (400) → count prompt tokens → build the job → route it (the policy's
@@ -23,7 +25,7 @@ import itertools
 import logging
 import math
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import aiohttp
 import orjson
@@ -57,7 +59,7 @@ from velvetrope.gateway.parse import (
 from velvetrope.gateway.proxy import UpstreamAnswer, forward
 from velvetrope.gateway.relay import UsageTally
 from velvetrope.gateway.upstreams import Resolver, UpstreamState
-from velvetrope.openai.errors import error_body
+from velvetrope.openai.errors import error_body, error_payload, retry_headers
 from velvetrope.openai.tokenizer import Tokenizer, get_tokenizer
 from velvetrope.serving.asgi import Receive, Scope, Send, header, read_body, respond, serve_lifespan
 from velvetrope.store.open import open_store
@@ -97,6 +99,7 @@ class Gateway:
         self.admin_token = config.resolved_admin_token()
         self.tokenizer: Tokenizer = get_tokenizer(self.settings.tokenizer)
         self._priority_header = self.settings.priority_header.lower().encode()
+        self._strict = self.settings.unknown_parameters == "refuse"
         self._timeout = aiohttp.ClientTimeout(
             total=None,
             sock_connect=self.settings.upstream_connect_timeout_s,
@@ -170,12 +173,12 @@ class Gateway:
         method = scope["method"]
         if path == "/v1/chat/completions" or path == "/v1/completions":
             if method != "POST":
-                await respond(send, 405, error_body(405, f"{method} not allowed on {path}"))
+                await _error(send, 405, f"{method} not allowed on {path}")
                 return
             k: Kind = "chat" if path == "/v1/chat/completions" else "completions"
             await self._completion(scope, receive, send, k)
         elif method != "GET":
-            await respond(send, 405, error_body(405, f"{method} not allowed on {path}"))
+            await _error(send, 405, f"{method} not allowed on {path}")
         elif path == "/metrics":
             await respond(
                 send, 200, self.metrics.render(), [(b"content-type", b"text/plain; version=0.0.4")]
@@ -190,11 +193,13 @@ class Gateway:
             else:
                 await respond(send, 200, b'{"status":"ready"}')
         elif path == "/v1/models":
-            await self._models(scope, send)
+            await self._models(scope, send, None)
+        elif path.startswith("/v1/models/") and len(path) > 11:
+            await self._models(scope, send, path[11:])
         elif path == "/admin/status":
             await self._admin(scope, send)
         else:
-            await respond(send, 404, error_body(404, f"no route {path}", "not_found"))
+            await _error(send, 404, f"no route {path}", "not_found")
 
     def _tenant(self, scope: Scope) -> str | None:
         auth = header(scope, b"authorization")
@@ -202,20 +207,63 @@ class Gateway:
             return None
         return self.keys.get(hash_key(auth[7:].decode("latin-1").strip()))
 
-    async def _models(self, scope: Scope, send: Send) -> None:
+    async def _models(self, scope: Scope, send: Send, model_id: str | None) -> None:
+        """``GET /v1/models`` (``model_id`` None) or ``GET /v1/models/{model_id}``.
+
+        One live upstream of each pool is asked at once; their lists are merged in the
+        order of ``policy.pools``, each id once (the first pool's object).  With some pools
+        unanswered the list has what the others said; with none, 503 (no live upstream) or
+        502.  A model found: 200 with its object; not found while every pool answered: 404
+        ``model_not_found`` in OpenAI's shape; else the failure's status."""
         if self._tenant(scope) is None:
             await _unauthorized(send)
             return
-        pool = self.config.policy.pools[0].name
-        up = self.upstreams.pick(pool)
-        if up is None or self.session is None:
-            await respond(send, 503, error_body(503, "no healthy upstream", "no_healthy_upstream"))
-            return
+        order = [p.name for p in self.config.policy.pools if self.upstreams.pools.get(p.name)]
+        answers = await asyncio.gather(*(self._pool_models(p) for p in order))
+        models: dict[str, dict[str, object]] = {}
+        failure: tuple[int, str, str] | None = None
+        for answer in answers:
+            if isinstance(answer, tuple):
+                failure = failure or answer
+                continue
+            for m in answer:
+                models.setdefault(str(m["id"]), m)
+        if model_id is None:
+            if failure is not None and not models:
+                await _error(send, *failure)
+                return
+            listing = {"object": "list", "data": list(models.values())}
+            await respond(send, 200, orjson.dumps(listing))
+        elif model_id in models:
+            await respond(send, 200, orjson.dumps(models[model_id]))
+        elif failure is not None:
+            await _error(send, *failure)
+        else:
+            msg = f"The model '{model_id}' does not exist or you do not have access to it."
+            body = error_payload(404, msg, "model_not_found", None, "invalid_request_error")
+            await respond(send, 404, orjson.dumps(body), retry_headers(404))
+
+    async def _pool_models(self, pool: str) -> list[dict[str, object]] | tuple[int, str, str]:
+        """The model objects one live upstream of ``pool`` lists (those with a string
+        ``id``), or the error to answer when none could say: ``(status, message, code)``."""
+        live = self.upstreams.live(pool)
+        if not live or self.session is None:
+            return 503, f"no healthy upstream in pool {pool!r}", "no_healthy_upstream"
+        up = min(live, key=lambda u: u.in_flight)
         try:
             async with self.session.get(up.url + "/v1/models", timeout=self._timeout) as r:
-                await respond(send, r.status, await r.read())
+                raw = await r.read()
+                if r.status != 200:
+                    detail = raw[:200].decode("utf-8", "replace")
+                    return 502, f"upstream {up.url} answered {r.status}: {detail}", "upstream_error"
+            data = orjson.loads(raw)["data"]
+            if not isinstance(data, list):
+                raise TypeError("data is not a list")
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
-            await respond(send, 502, error_body(502, f"upstream failed: {e}", "upstream_error"))
+            return 502, f"upstream {up.url} failed: {e}", "upstream_error"
+        except (orjson.JSONDecodeError, KeyError, TypeError) as e:
+            return 502, f"upstream {up.url} listed no models: {e}", "upstream_error"
+        return [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
 
     async def _admin(self, scope: Scope, send: Send) -> None:
         auth = header(scope, b"authorization")
@@ -245,9 +293,10 @@ class Gateway:
                 max_tokens_limit=self.settings.max_tokens_limit,
                 count_text=tok.count,
                 count_chat=tok.count_chat,
+                known_keys_only=self._strict,
             )
         except RequestError as e:
-            await respond(send, e.status, error_body(e.status, e.message, e.code, e.param))
+            await _error(send, e.status, e.message, e.code, e.param)
             return
         except ClientDisconnected:
             return
@@ -303,7 +352,7 @@ class Gateway:
         """Admission switched off: forward as a plain proxy (the benchmark's baseline)."""
         up = self.upstreams.pick(pool)
         if up is None:
-            await respond(send, 503, error_body(503, "no healthy upstream", "no_healthy_upstream"))
+            await _error(send, 503, "no healthy upstream", "no_healthy_upstream")
             return
         client = ClientStream(send)
         try:
@@ -322,7 +371,7 @@ class Gateway:
             )
         except UpstreamError as e:
             status = 504 if isinstance(e, UpstreamTimeout) else 502
-            await respond(send, status, error_body(status, str(e), "upstream_error"))
+            await _error(send, status, str(e), "upstream_error")
             return
         if stream:
             await client.end()
@@ -453,10 +502,19 @@ class Gateway:
         await client.error(502, msg, "upstream_error")
 
 
+async def _error(
+    send: Send,
+    status: int,
+    message: str,
+    code: str | None = None,
+    param: str | None = None,
+    headers: Sequence[tuple[bytes, bytes]] = (),
+) -> None:
+    """Answer an error in OpenAI's shape, with ``x-should-retry: false`` when retrying
+    cannot help (:func:`~velvetrope.openai.errors.retry_headers`)."""
+    body = error_body(status, message, code, param)
+    await respond(send, status, body, [*headers, *retry_headers(status, code)])
+
+
 async def _unauthorized(send: Send, message: str = "missing or invalid API key") -> None:
-    await respond(
-        send,
-        401,
-        error_body(401, message, "invalid_api_key"),
-        [(b"www-authenticate", b"Bearer")],
-    )
+    await _error(send, 401, message, "invalid_api_key", None, [(b"www-authenticate", b"Bearer")])

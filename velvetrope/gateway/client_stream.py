@@ -3,7 +3,9 @@
 :class:`ClientStream` is how the gateway answers once a request was admitted (or is
 waiting): it starts the response at most once, relays an upstream's stream chunk by chunk,
 and answers an error in OpenAI's shape either as a plain response (nothing sent yet) or,
-once a stream has begun, as an SSE error event with the same code, then the end.
+once a stream has begun, as an SSE error event with the same code, then the end.  An error
+answer that retrying cannot help carries ``x-should-retry: false``
+(:func:`~velvetrope.openai.errors.retry_headers`), so OpenAI's SDKs do not send it again.
 
 While a streaming request waits in the queue with progress on (per tenant
 ``queue_progress``, or the request header ``x-velvetrope-progress: 1``),
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from velvetrope.openai.errors import error_body
+from velvetrope.openai.errors import error_body, retry_headers
 from velvetrope.openai.sse import SSE_HEADERS, error_event
 from velvetrope.serving.asgi import Send, respond
 
@@ -74,13 +76,19 @@ class ClientStream:
             await self.chunk(error_event(status, message, code))
             await self.end()
         else:
-            await respond(self.send, status, error_body(status, message, code), list(headers))
+            await respond(
+                self.send,
+                status,
+                error_body(status, message, code),
+                [*headers, *retry_headers(status, code)],
+            )
 
     async def passthrough(self, status: int, body: bytes, content_type: bytes) -> None:
         """An upstream's error answer as it came, or as an error event once streaming
         (the upstream's message kept when it is in OpenAI's shape)."""
         if not self.started:
-            await respond(self.send, status, body, [(b"content-type", content_type)])
+            headers = [(b"content-type", content_type), *retry_headers(status)]
+            await respond(self.send, status, body, headers)
             return
         await self.chunk(b"data: " + body.replace(b"\n\n", b"\n") + b"\n\n")
         await self.end()

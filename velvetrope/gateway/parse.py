@@ -1,9 +1,12 @@
 """The gateway's reading of a request: OpenAI's validation, then what admission needs.
 
 Validation is :mod:`velvetrope.openai.request`'s (the same checks, codes and messages as
-``velvetrope engine``), with the gateway's two additions: unknown top-level keys are
-refused (``unknown_parameter``) and ``max_tokens`` is capped by the configured limit.
-Every defect is a 400 :class:`~velvetrope.errors.RequestError` naming its ``param``.
+``velvetrope engine``), with the gateway's additions: ``max_tokens`` is capped by the
+configured limit, and in strict mode (``gateway.unknown_parameters: refuse``) unknown
+top-level keys are refused (``unknown_parameter``).  By default a key the gateway does not
+read (the OpenAI SDK's newer fields, an engine's extras) goes to the engine untouched.
+Every defect of a field the gateway reads is a 400 :class:`~velvetrope.errors.RequestError`
+naming its ``param``.
 
 The upstream sees the body unchanged except where the gateway must change it: a streaming
 request always asks for ``stream_options.include_usage`` (the gateway strips the extra
@@ -120,10 +123,12 @@ def parse_request(
     max_tokens_limit: int,
     count_text: Callable[[str], int],
     count_chat: Callable[[Sequence[Mapping[str, Any]]], int] | None = None,
+    known_keys_only: bool = False,
 ) -> ParsedRequest:
     """Validate ``raw`` as a ``kind`` request and count its prompt tokens
-    (:func:`~velvetrope.openai.request.count_prompt_tokens`)."""
-    req = parse(raw, kind, known_keys_only=True, max_tokens_limit=max_tokens_limit)
+    (:func:`~velvetrope.openai.request.count_prompt_tokens`); ``known_keys_only`` (strict
+    mode) refuses top-level keys outside OpenAI's and vLLM's (else they pass unread)."""
+    req = parse(raw, kind, known_keys_only=known_keys_only, max_tokens_limit=max_tokens_limit)
     body = req.body
     rewritten = False
     if "priority" in body:

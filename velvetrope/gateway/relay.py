@@ -16,7 +16,7 @@ from collections.abc import Callable
 import orjson
 
 from velvetrope.core.lifecycle import Usage
-from velvetrope.openai.sse import content_keys, usage_at, usage_of
+from velvetrope.openai.sse import content_keys, event_data, usage_at, usage_of
 
 __all__ = ["UsageTally", "relay_events"]
 
@@ -44,7 +44,8 @@ class UsageTally:
 def relay_events(
     data: bytes, relay: UsageTally, client_wants_usage: bool, on_first_token: Callable[[], None]
 ) -> bytes:
-    """Account complete events (``data`` ends with a blank line); what reaches the client.
+    """Account complete events (``data`` ends with a blank line, lines end with ``\\n``: what
+    :func:`~velvetrope.openai.sse.split_complete` gives); what reaches the client.
 
     Only the event with the last ``usage`` object is parsed (a later usage supersedes an
     earlier one).  Once the engine's usage is known, nothing more is counted: its count
@@ -57,10 +58,17 @@ def relay_events(
         start = data.rfind(b"\n\n", 0, at) + 2  # 1 when none: the event starts the data
         if start == 1:
             start = 0
+            while data[start : start + 1] == b"\n":  # blank lines before it
+                start += 1
         end = data.find(b"\n\n", at) + 2
-        if data.startswith(b"data:", start):
+        line_end = data.find(b"\n", start)
+        if line_end == end - 2 and data.startswith(b"data:", start):  # one data line: usual
+            payload: bytes | None = data[start + 5 : line_end]  # JSON may have spaces around
+        else:  # more lines: several data lines, a comment, other fields
+            payload = event_data(data[start:end])
+        if payload is not None:
             try:
-                obj = orjson.loads(data[start + 5 : end])  # JSON may have spaces around
+                obj = orjson.loads(payload)
             except orjson.JSONDecodeError:
                 obj = None
             usage = usage_of(obj)  # None unless obj is an object with token counts

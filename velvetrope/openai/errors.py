@@ -6,6 +6,8 @@ so the same mistake gets the same status, ``code``, ``param`` and message from e
 * :func:`error_body` / :func:`error_json`: the JSON bytes of an error response, with
   ``type`` derived from the HTTP status (:func:`error_type_for`) unless a
   :class:`~velvetrope.errors.RequestError` names its own;
+* :func:`retry_headers`: ``x-should-retry: false`` on an error that the same request sent
+  again cannot escape (the OpenAI SDKs read it before their own retry rules);
 * the request-defect constructors (:func:`invalid_json`, :func:`not_an_object`,
   :func:`missing`, :func:`invalid_type`, :func:`invalid_value`, :func:`below_minimum`,
   :func:`above_maximum`, :func:`unknown_parameter`): a 400
@@ -21,6 +23,7 @@ import orjson
 from velvetrope.errors import RequestError
 
 __all__ = [
+    "NO_RETRY",
     "above_maximum",
     "below_minimum",
     "error_body",
@@ -32,6 +35,7 @@ __all__ = [
     "invalid_value",
     "missing",
     "not_an_object",
+    "retry_headers",
     "unknown_parameter",
 ]
 
@@ -73,6 +77,28 @@ def error_payload(
             "param": param,
         }
     }
+
+
+_FINAL_STATUSES = frozenset({400, 401, 403, 404, 405, 413, 422})
+"""Statuses whose answer the same request always gets again (the request's own defect, its
+key, its path)."""
+
+_FINAL_CODES = frozenset({"request_too_large"})
+"""Codes that no wait changes although their status (429) says "later": a request larger
+than its bucket can ever hold."""
+
+NO_RETRY: tuple[bytes, bytes] = (b"x-should-retry", b"false")
+"""The header that tells OpenAI's SDKs not to retry (they otherwise retry 408, 409, 429 and
+every 5xx, and a connection broken before the answer)."""
+
+
+def retry_headers(status: int, code: str | None = None) -> list[tuple[bytes, bytes]]:
+    """``[x-should-retry: false]`` for an error answer that retrying cannot help: a status
+    in 400, 401, 403, 404, 405, 413, 422, or a ``code`` such as ``request_too_large``;
+    ``[]`` otherwise (the SDK's own rules then decide: 429, 503 and 5xx may pass later)."""
+    if status in _FINAL_STATUSES or code in _FINAL_CODES:
+        return [NO_RETRY]
+    return []
 
 
 def error_body(

@@ -6,9 +6,11 @@ gateway and ``velvetrope engine`` answer the same mistake with the same ``code``
 and message.  Checks, in this order:
 
 * the body is JSON (``invalid_json``) and an object (``invalid_type``);
-* with ``known_keys_only`` (the gateway), every top-level key is one OpenAI or vLLM
-  accepts for the endpoint (:data:`CHAT_KEYS`, :data:`COMPLETION_KEYS`;
-  ``unknown_parameter``);
+* with ``known_keys_only`` (the gateway's strict mode, ``gateway.unknown_parameters:
+  refuse``), every top-level key is one OpenAI or vLLM accepts for the endpoint
+  (:data:`CHAT_KEYS`, :data:`COMPLETION_KEYS`; ``unknown_parameter``).  Without it (the
+  default of both servers) any other key is left alone: it is the engine's to use or refuse
+  (the OpenAI SDK's newer ``create()`` fields, engine extras sent through ``extra_body``);
 * ``model`` is present and a non-empty string;
 * ``stream`` and ``ignore_eos`` are booleans, ``priority`` an integer (each may be null);
 * ``stream_options`` is an object, sent only with ``stream: true``, and its
@@ -16,7 +18,9 @@ and message.  Checks, in this order:
 * ``max_tokens`` and (chat) ``max_completion_tokens`` are integers of at least 1 and, when
   ``max_tokens_limit`` is given, at most that; for a chat ``max_completion_tokens`` wins
   over ``max_tokens`` (as in OpenAI's API and vLLM);
-* ``n`` is an integer from 1 to :data:`MAX_N`;
+* ``n`` is an integer from 1 to :data:`MAX_N`; ``best_of`` an integer of at least 1;
+* ``logprobs`` is a boolean (chat) or an integer of at least 0 (completions), and
+  (chat) ``top_logprobs`` an integer of at least 0;
 * chat: ``messages`` is a non-empty array of objects, each with a known ``role`` and a
   ``content`` that is a string or an array of typed parts (only an assistant message may
   omit it); completions: ``prompt`` is a string, an array of token ids, or an array of
@@ -208,6 +212,12 @@ def _bounded(d: Mapping[str, Any], key: str, maximum: int | None) -> int | None:
     return v
 
 
+def _at_least_zero(d: Mapping[str, Any], key: str) -> None:
+    v = _opt_int(d, key)
+    if v is not None and v < 0:
+        raise below_minimum(key, v, 0)
+
+
 def _messages(value: object) -> tuple[Mapping[str, Any], ...]:
     if value is None:
         raise missing("messages")
@@ -275,7 +285,8 @@ def validate(
     """Check ``body`` as a ``kind`` request (see the module docstring for every check).
 
     ``known_keys_only`` rejects top-level keys outside :data:`CHAT_KEYS` /
-    :data:`COMPLETION_KEYS`; ``max_tokens_limit`` caps ``max_tokens``.  Raises a 400
+    :data:`COMPLETION_KEYS` (else they pass unread); ``max_tokens_limit`` caps
+    ``max_tokens``.  Raises a 400
     :class:`~velvetrope.errors.RequestError` naming the offending ``param``.
     """
     if known_keys_only:
@@ -307,6 +318,13 @@ def validate(
         if mct is not None:
             max_tokens = mct
     n = _bounded(body, "n", MAX_N)
+    if "best_of" in body or "logprobs" in body or "top_logprobs" in body:  # seldom sent
+        _bounded(body, "best_of", None)
+        if kind == "chat":
+            _opt_bool(body, "logprobs")
+            _at_least_zero(body, "top_logprobs")
+        else:
+            _at_least_zero(body, "logprobs")
     priority = _opt_int(body, "priority")
     ignore_eos = _opt_bool(body, "ignore_eos")
     common: dict[str, Any] = {

@@ -31,6 +31,7 @@ __all__ = [
     "data_of",
     "error_event",
     "event",
+    "event_data",
     "json_event",
     "split_complete",
     "split_events",
@@ -67,8 +68,19 @@ def error_event(status: int, message: str, code: str | None = None) -> bytes:
 
 
 def split_complete(buf: bytes) -> tuple[bytes, bytes]:
-    """``buf`` cut after its last blank line (``\\n\\n``): the complete events at its start,
-    as one piece (``b""`` when there is none), and the rest (the start of an event)."""
+    """``buf`` cut after its last blank line: the complete events at its start, as one
+    piece (``b""`` when there is none), and the rest (the start of an event).
+
+    ``buf`` is what an upstream sent after the end of the last complete event (the rest of
+    the previous call, then new bytes).  Lines may end with ``\\n``, ``\\r\\n`` or ``\\r``, as
+    the SSE spec allows: the complete piece is given with ``\\n`` line ends (the same events,
+    which every SSE client reads alike), so the usual stream, already framed with ``\\n``,
+    costs one more byte scan and nothing else.  A ``\\r`` that ends ``buf`` may be the first
+    half of a ``\\r\\n``: it stays at the end of the rest, unless it ends an event, which is
+    then complete at once (and the rest is that ``\\r``, which the next call drops with a
+    ``\\n`` that follows it: blank lines before an event mean nothing)."""
+    if b"\r" in buf:
+        return _split_cr(buf)
     cut = buf.rfind(b"\n\n")
     if cut < 0:
         return b"", buf
@@ -76,6 +88,23 @@ def split_complete(buf: bytes) -> tuple[bytes, bytes]:
     if end == len(buf):  # the usual piece: whole events (compiled, a slice would copy it)
         return buf, b""
     return buf[:end], buf[end:]
+
+
+def _split_cr(buf: bytes) -> tuple[bytes, bytes]:
+    """:func:`split_complete` of a ``buf`` with ``\\r`` in it (``\\r\\n`` or ``\\r`` line ends)."""
+    if buf[:1] in _BLANK:  # the rest began with a line end: a blank line, or a CR's LF
+        buf = buf.lstrip(b"\r\n")
+    held = buf.endswith(b"\r")
+    if held:
+        buf = buf[:-1]
+    text = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    if held and text.endswith(b"\n"):  # the held CR is a blank line: the events are complete
+        return text + b"\n", b"\r"
+    done, rest = split_complete(text)
+    return done, rest + b"\r" if held else rest
+
+
+_BLANK = (b"\r", b"\n")
 
 
 def split_events(buf: bytes) -> tuple[list[bytes], bytes]:
@@ -96,6 +125,23 @@ def data_of(line: bytes) -> bytes | None:
     if not line.startswith(b"data:"):
         return None
     return line[5:].strip()
+
+
+def event_data(ev: bytes) -> bytes | None:
+    """The data of one event as the SSE spec reads it (``ev`` with ``\\n`` line ends, as
+    :func:`split_events` gives them): the values of its ``data`` lines joined with ``\\n``
+    (one space after the colon dropped); ``None`` when it has none (a comment, or only other
+    fields).  Lines of other fields and comments (``:``...) are skipped."""
+    parts: list[bytes] = []
+    for line in ev.split(b"\n"):
+        if line.startswith(b"data:"):
+            value = line[5:]
+            parts.append(value[1:] if value.startswith(b" ") else value)
+        elif line == b"data":  # a field with no colon: its value is empty
+            parts.append(b"")
+    if not parts:
+        return None
+    return b"\n".join(parts)
 
 
 def usage_of(obj: object) -> Usage | None:
