@@ -34,7 +34,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from redis.exceptions import RedisError
 
@@ -52,7 +52,7 @@ __all__ = ["GuardedStore", "OnStoreError"]
 log = logging.getLogger("velvetrope.store")
 
 OnStoreError = Literal["fail_open", "fail_closed"]
-_FAILURES = (RedisError, OSError, TimeoutError, ConnectionError)
+_FAILURES: Final = (RedisError, OSError, TimeoutError, ConnectionError)
 
 
 def _share(c: Claim, n: int) -> Claim:
