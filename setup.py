@@ -49,6 +49,14 @@ COMPILED = [
     "velvetrope/openai/sse.py",
     "velvetrope/sim/env.py",
     "velvetrope/sim/runner.py",
+    "velvetrope/store/breaker.py",
+    "velvetrope/store/guard.py",
+    "velvetrope/store/memory.py",
+    "velvetrope/store/outbox.py",
+    "velvetrope/store/redis_store.py",
+    "velvetrope/store/replies.py",
+    "velvetrope/store/resp.py",
+    "velvetrope/store/wire.py",
 ]
 
 
