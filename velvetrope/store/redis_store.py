@@ -192,7 +192,8 @@ class RedisStore:
             for i in range(n):  # not zip(strict=True): compiled, that is a Python-level call
                 c = claims[i]
                 key, reserved, actual = lines[i]
-                spec = (key, c.capacity, c.rate, c.floor)  # equal specs: equal shapes
+                a: Any = c  # untyped: the claim's own objects (compiled, no float boxed again)
+                spec = (key, a.capacity, a.rate, a.floor)  # equal specs: equal shapes
                 b = index.get(spec)
                 if b is None:
                     b = index[spec] = len(index) + 1
@@ -308,7 +309,9 @@ class RedisStore:
         ck: tuple[Any, ...] = (tenant,)
         if slot is not None:
             ck = (tenant, slot.pool, slot.max_in_flight, slot.max_tokens)
-        ck += tuple([(c.key, c.capacity, c.rate, c.floor) for c in claims])
+        for c in claims:
+            a: Any = c  # untyped: the claim's own objects (compiled, no float boxed again)
+            ck += ((a.key, a.capacity, a.rate, a.floor),)
         runs = self._templates.get(ck)
         if runs is None:
             if len(self._templates) >= 1024:
