@@ -1,9 +1,11 @@
 """Build hook: the admission core's hot modules, the gateway's per-request modules that need
 nothing but the core (the request's reading, the admission bridge, the response headers,
 the disconnect watches, the metric updates, the stream relay and its SSE reader), the
-engine model's batcher (its queues, KV-block pools, events and decode-stretch fast-forward)
-and the simulator's event loop (``velvetrope/sim/env.py``, ``velvetrope/sim/runner.py``),
-compiled to C with mypyc.
+engine model's batcher (its queues, KV-block pools, events and decode-stretch fast-forward),
+the simulator's event loop (``velvetrope/sim/env.py``, ``velvetrope/sim/runner.py``) and the
+shared store's request path (``velvetrope/store``: the failure policy, the Redis calls and
+their packing, the replies, the outbox, the pipeline and its connection), compiled to C
+with mypyc.
 
 They are typed under ``mypy --strict``; mypyc turns them into C extensions that the gateway
 and the simulator import in place of the ``.py`` files (see the README for what it gains).
@@ -50,6 +52,15 @@ COMPILED = [
     "velvetrope/openai/sse.py",
     "velvetrope/sim/env.py",
     "velvetrope/sim/runner.py",
+    "velvetrope/store/breaker.py",
+    "velvetrope/store/guard.py",
+    "velvetrope/store/memory.py",
+    "velvetrope/store/outbox.py",
+    "velvetrope/store/pipeline.py",
+    "velvetrope/store/redis_store.py",
+    "velvetrope/store/replies.py",
+    "velvetrope/store/resp.py",
+    "velvetrope/store/wire.py",
 ]
 
 

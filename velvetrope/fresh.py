@@ -8,7 +8,7 @@ from pathlib import Path
 
 __all__ = ["COMPILED_PACKAGES", "refuse_stale_builds", "stale_builds"]
 
-COMPILED_PACKAGES = ("core", "engine", "gateway", "openai", "sim")
+COMPILED_PACKAGES = ("core", "engine", "gateway", "openai", "sim", "store")
 """The packages that hold modules ``setup.py`` compiles."""
 
 

@@ -14,6 +14,7 @@ import hiredis
 import pytest
 import redis
 from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
 
 from tests.support.redis_server import RedisCluster, RedisServer
 from velvetrope.clock import SystemClock
@@ -211,30 +212,62 @@ def test_a_batch_refuses_tenants_of_different_slots(fresh_redis: str) -> None:
     asyncio.run(main())
 
 
-def _record_calls(s: RedisStore) -> list[tuple[str, list[str]]]:
-    """Record the store's script calls as (script name, keys), pipelined or not."""
-    names = {v.sha: a[1:] for a, v in vars(s).items() if isinstance(v, AsyncScript)}
+async def _record_calls(s: RedisStore) -> list[tuple[str, list[str]]]:
+    """Record the store's script calls as (script name, keys), pipelined or not: on the
+    connection's transport, or on the client a script calls (the store and its pipeline may
+    be compiled, their methods not replaceable)."""
+    names = {v.sha: a[1:] for a in dir(s) if isinstance(v := getattr(s, a, None), AsyncScript)}
     calls: list[tuple[str, list[str]]] = []
-    pipe, run = s._pipe, s._run
+    pipe = s._pipe
     if pipe is None:
+        evalsha = s.client.evalsha
 
-        def recording(script: Any, keys: list[Any], args: list[Any]) -> Any:
-            calls.append((names[script.sha], list(keys)))
-            return run(script, keys, args)
+        async def recording(sha: str, numkeys: int, *keys_and_args: Any) -> Any:
+            call = (names[sha], [str(k) for k in keys_and_args[:numkeys]])
+            try:
+                r = await evalsha(sha, numkeys, *keys_and_args)
+            except NoScriptError:
+                raise  # the script loads and the call is made again: that one counts
+            except Exception:
+                calls.append(call)
+                raise
+            calls.append(call)
+            return r
 
-        s._run = recording  # type: ignore[method-assign]
+        s.client.evalsha = recording
         return calls
-    send = pipe.send
-
-    def sending(script: Any, packed: bytes) -> Any:
-        reader = hiredis.Reader()
-        reader.feed(packed)
-        cmd = reader.gets()  # EVALSHA sha numkeys keys... args...
-        calls.append((names[script.sha], [k.decode() for k in cmd[3 : 3 + int(cmd[2])]]))
-        return send(script, packed)
-
-    pipe.send = sending  # type: ignore[method-assign]
+    proto = await pipe.wire._connect()  # the calls from here on are written to its transport
+    assert proto.transport is not None
+    proto.transport = _Spy(proto.transport, calls, names)
     return calls
+
+
+class _Spy(asyncio.Transport):
+    """A connection's transport that records the script calls written to it."""
+
+    def __init__(
+        self, inner: asyncio.Transport, calls: list[tuple[str, list[str]]], names: dict[str, str]
+    ) -> None:
+        super().__init__()
+        self.inner, self.calls, self.names = inner, calls, names
+
+    def write(self, data: Any) -> None:
+        reader = hiredis.Reader()
+        reader.feed(bytes(data))
+        while (cmd := reader.gets()) is not False:  # EVALSHA sha numkeys keys... args...
+            if cmd[0] == b"EVALSHA":
+                keys = [k.decode() for k in cmd[3 : 3 + int(cmd[2])]]
+                self.calls.append((self.names[cmd[1].decode()], keys))
+        self.inner.write(data)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def abort(self) -> None:
+        self.inner.abort()
+
+    def is_closing(self) -> bool:
+        return self.inner.is_closing()
 
 
 def _state(s: RedisStore, **kw: Any) -> GuardedStore:
@@ -286,7 +319,7 @@ async def _one_round(
     """Start ``state``, admit ``jobs``, finish them in one tick, wait for the outbox;
     returns the script calls made from the first admission on."""
     state.start()
-    sent = _record_calls(state.redis)
+    sent = await _record_calls(state.redis)
     await _admit_all(state, jobs)
     _finish_all(state, jobs)
     assert await state.outbox.flush(10.0)
@@ -389,7 +422,7 @@ def test_a_job_redis_refuses_is_dropped_alone_and_the_others_settle_once(
         state.start()
         try:
             jobs = [(f"x{i}", "ab"[i % 2], "p") for i in range(4)]
-            sent = _record_calls(s)
+            sent = await _record_calls(s)
             await _admit_all(state, jobs)
             with redis.Redis.from_url(fresh_redis) as sync:
                 bad = s.bucket_key("b", "tenant:b:tok")

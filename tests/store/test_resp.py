@@ -12,7 +12,7 @@ import redis
 from velvetrope.core.bucket import Claim, settle_lines
 from velvetrope.store.base import Slot
 from velvetrope.store.redis_store import RedisStore
-from velvetrope.store.resp import evalsha, number, text
+from velvetrope.store.resp import arg, number, text
 from velvetrope.store.wire import pack
 
 
@@ -70,9 +70,7 @@ def test_batched_settlements_pack_as_hiredis_does() -> None:
         ):
             for _ in range(2):
                 want = _reference(script, *s._settle_many_call(jobs, list(head), ids))
-                keys = [text(k) for k in head]
-                got = evalsha(script.sha, *s._settle_many_call(jobs, keys, ids, text, number))
-                assert got == want
+                assert s._packed_many(script, jobs, head, ids) == want
 
 
 def test_numbers_keep_their_type_and_sign() -> None:
@@ -88,6 +86,7 @@ def test_numbers_keep_their_type_and_sign() -> None:
     with pytest.raises(TypeError, match="cannot send bool"):
         number(True)
     assert text("é") == b"$2\r\n\xc3\xa9\r\n"
+    assert [arg(x) for x in ("é", "1", 1, 1.0)] == [text("é"), text("1"), number(1), number(1.0)]
 
 
 def test_equal_shapes_of_other_types_share_a_template_and_its_bytes() -> None:

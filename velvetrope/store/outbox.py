@@ -100,11 +100,13 @@ class Outbox:
         self._put((group, item, send_many, size))
 
     def _put(self, entry: _Entry) -> None:
-        if len(self._items) >= self._max_items:
-            self._items.popleft()
+        items = self._items
+        if len(items) >= self._max_items:
+            items.popleft()
             self.dropped += 1
-        self._items.append(entry)
-        self._wake.set()
+        items.append(entry)
+        if len(items) == 1:  # the task waits for the event only while the queue is empty
+            self._wake.set()
 
     def start(self) -> None:
         if self._task is None:

@@ -50,12 +50,12 @@ class _Call:
         fut = self.fut
         if fut.done():
             return  # the caller gave up (its budget ran out): not even re-sent after NOSCRIPT
-        if isinstance(r, NoScriptError):
-            pipe.reload(self)
-        elif isinstance(r, Exception):
-            fut.set_exception(r)
-        else:
+        if not isinstance(r, Exception):
             fut.set_result(r)
+        elif isinstance(r, NoScriptError):
+            pipe.reload(self)
+        else:
+            fut.set_exception(r)
 
     def fail(self, e: Exception) -> None:
         if not self.fut.done():

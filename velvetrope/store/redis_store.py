@@ -35,7 +35,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from importlib import resources
-from typing import Any
+from typing import Any, Final
 
 from redis.commands.core import AsyncScript
 
@@ -43,7 +43,7 @@ from velvetrope.core.bucket import BucketSnapshot, Claim, Denial, Grant, SettleL
 from velvetrope.store.base import FleetView, LeaseAnswer, Slot
 from velvetrope.store.pipeline import AutoPipeline
 from velvetrope.store.replies import parse_admit, parse_lease, parse_reserve, snapshots
-from velvetrope.store.resp import evalsha, fill, number, template, text
+from velvetrope.store.resp import arg, evalsha, fill, number, template, text
 
 __all__ = [
     "RedisStore",
@@ -54,7 +54,7 @@ __all__ = [
     "parse_reserve",
 ]
 
-_SLACK_MS = 5_000
+_SLACK_MS: Final = 5_000
 
 SettleItem = tuple[str, str, Sequence[Claim], Sequence[SettleLine]]
 """One job's settlement in a batch: ``(job id, tenant, claims, lines)``."""
@@ -73,10 +73,6 @@ def _shape(c: Claim) -> tuple[float, float, float]:
     as 0.0: equal shapes are the same arguments (see :meth:`RedisStore._packed_reserve`)."""
     cap = float(c.capacity)
     return cap, float(c.rate), -cap if c.floor is None else float(c.floor) + 0.0
-
-
-def _same(x: Any) -> Any:
-    return x
 
 
 class RedisStore:
@@ -172,51 +168,57 @@ class RedisStore:
         return keys, args
 
     def _settle_many_call(
-        self,
-        jobs: Sequence[SettleItem],
-        keys: list[Any],
-        with_ids: bool,
-        enc_s: Callable[[str], Any] = _same,
-        enc_n: Callable[[float], Any] = _same,
+        self, jobs: Sequence[SettleItem], keys: list[Any], with_ids: bool
     ) -> tuple[list[Any], list[Any]]:
-        """``keys`` followed by settle_many's (common.lua): each bucket once (a bucket key
-        and shape seen before gets its index again), then the jobs' holds; strings and
-        numbers as ``enc_s`` and ``enc_n`` make them (as they are, or as RESP)."""
+        """``keys`` followed by settle_many's (common.lua), and its arguments: each bucket
+        once (a bucket key and shape seen before gets its index again), then the jobs'
+        holds."""
         tag = self.tag(jobs[0][1])
         index: dict[tuple[str, float, float, float | None], int] = {}
-        head: list[Any] = [enc_n(_SLACK_MS), None]  # None: the number of buckets, known last
+        head: list[Any] = [_SLACK_MS, None]  # None: the number of buckets, known last
         holds: list[Any] = []
         tail: list[Any] = []
         first = jobs[0][1]
         for job_id, tenant, claims, lines in jobs:
             if tenant != first and self.tag(tenant) != tag:
                 raise ValueError(f"tenants {first!r} and {tenant!r} do not share a slot")
-            holds.append(enc_s(f"{tag}:held:{job_id}"))
+            holds.append(f"{tag}:held:{job_id}")
             if with_ids:
-                tail.append(enc_s(job_id))
-            tail.append(enc_n(len(lines)))
-            for c, (key, reserved, actual) in zip(claims, lines, strict=True):
-                spec = (key, c.capacity, c.rate, c.floor)  # equal specs: equal shapes
+                tail.append(job_id)
+            n = len(lines)
+            if len(claims) != n:
+                raise ValueError(f"job {job_id!r}: {len(claims)} claims, {n} settle lines")
+            tail.append(n)
+            for i in range(n):  # not zip(strict=True): compiled, that is a Python-level call
+                c = claims[i]
+                key, reserved, actual = lines[i]
+                a: Any = c  # untyped: the claim's own objects (compiled, no float boxed again)
+                spec = (key, a.capacity, a.rate, a.floor)  # equal specs: equal shapes
                 b = index.get(spec)
                 if b is None:
                     b = index[spec] = len(index) + 1
-                    keys.append(enc_s(f"{tag}:b:{key}"))
-                    head += map(enc_n, _shape(c))
-                tail += (enc_n(b), enc_n(reserved), enc_n(actual))
-        head[1] = enc_n(len(index))
+                    keys.append(f"{tag}:b:{key}")
+                    head += _shape(c)
+                tail += (b, reserved, actual)
+        head[1] = len(index)
         keys += holds
         return keys, head + tail
+
+    def _packed_many(
+        self, script: AsyncScript, jobs: Sequence[SettleItem], keys: list[str], with_ids: bool
+    ) -> bytes:
+        """The RESP of a settle_many call (finish_many.lua, settle_many.lua) after ``keys``:
+        the bytes ``pack`` writes for :meth:`_settle_many_call`'s keys and arguments."""
+        k, a = self._settle_many_call(jobs, list(keys), with_ids)
+        return evalsha(script.sha, [text(x) for x in k], [arg(x) for x in a])
 
     def _send_many(
         self, script: AsyncScript, jobs: Sequence[SettleItem], keys: list[str], with_ids: bool
     ) -> Any:
-        """A settle_many call (finish_many.lua, settle_many.lua) after ``keys``: packed
-        here when pipelined, in one pass."""
+        """A settle_many call after ``keys``: packed here when pipelined."""
         if self._pipe is None:
             return self._run(script, *self._settle_many_call(jobs, keys, with_ids))
-        k = [text(x) for x in keys]
-        k, a = self._settle_many_call(jobs, k, with_ids, text, number)
-        return self._pipe.send(script, evalsha(script.sha, k, a))
+        return self._pipe.send(script, self._packed_many(script, jobs, keys, with_ids))
 
     def _lease_args(self, job_id: str, slot: Slot) -> list[Any]:
         return [
@@ -307,7 +309,9 @@ class RedisStore:
         ck: tuple[Any, ...] = (tenant,)
         if slot is not None:
             ck = (tenant, slot.pool, slot.max_in_flight, slot.max_tokens)
-        ck += tuple([(c.key, c.capacity, c.rate, c.floor) for c in claims])
+        for c in claims:
+            a: Any = c  # untyped: the claim's own objects (compiled, no float boxed again)
+            ck += ((a.key, a.capacity, a.rate, a.floor),)
         runs = self._templates.get(ck)
         if runs is None:
             if len(self._templates) >= 1024:

@@ -11,32 +11,36 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from velvetrope.core.bucket import BucketSnapshot, Claim, Denial, Grant
+from velvetrope.core.tuples import new_tuple
 from velvetrope.store.base import LeaseAnswer
 
 __all__ = ["parse_admit", "parse_lease", "parse_reserve", "refused", "snapshots"]
 
-_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__ (hot path)
 
-
-def parse_lease(r: Sequence[Any]) -> LeaseAnswer:
-    """A lease script's reply."""
-    return LeaseAnswer(int(r[0]) == 1, int(r[1]), int(r[2]))
+def parse_lease(r: Sequence[Any], start: int = 0) -> LeaseAnswer:
+    """A lease script's reply (at ``r[start:]``: three integers)."""
+    granted: int = r[start]  # typed: compiled, an unboxing, not a call of int()
+    in_flight: int = r[start + 1]
+    tokens: int = r[start + 2]
+    return new_tuple(LeaseAnswer, (granted == 1, in_flight, tokens))
 
 
 def parse_admit(
     claims: Sequence[Claim], r: Sequence[Any]
 ) -> tuple[Grant | Denial, LeaseAnswer | None]:
-    """The admit script's reply: the reservation, and the lease if one was asked for."""
-    res = parse_reserve(claims, r[:-3])
+    """The admit script's reply: the reservation, and the lease if one was asked for (its
+    last three items; the reservation's reader stops before them)."""
+    res = parse_reserve(claims, r)
     if isinstance(res, Denial):
         return res, None
-    return res, parse_lease(r[-3:])
+    return res, parse_lease(r, len(r) - 3)
 
 
 def parse_reserve(claims: Sequence[Claim], r: Sequence[Any]) -> Grant | Denial:
     """The reserve script's reply as a grant or a denial."""
-    if int(r[0]) == 1:
-        return _tuple(Grant, (tuple(claims), snapshots(claims, r, 1)))
+    granted: int = r[0]
+    if granted == 1:
+        return new_tuple(Grant, (tuple(claims), snapshots(claims, r, 1)))
     return Denial(float(r[1]), claims[int(r[2]) - 1].key, snapshots(claims, r, 3))
 
 
@@ -50,7 +54,7 @@ def snapshots(claims: Sequence[Claim], r: Sequence[Any], start: int) -> tuple[Bu
         level = ldexp(r[j], r[j + 1])
         reset = (c.capacity - level) / c.rate
         reset = reset if reset > 0.0 else 0.0
-        out.append(_tuple(BucketSnapshot, (c.key, c.kind, c.owner, c.capacity, level, reset)))
+        out.append(new_tuple(BucketSnapshot, (c.key, c.kind, c.owner, c.capacity, level, reset)))
     return tuple(out)
 
 

@@ -16,15 +16,15 @@ written differently).
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import Any
+from typing import Any, Final
 
 from velvetrope.store.wire import pack
 
-__all__ = ["bulk", "evalsha", "fill", "number", "template", "text"]
+__all__ = ["arg", "bulk", "evalsha", "fill", "number", "template", "text"]
 
-_CACHED = 4096  # numbers per type
-_floats: dict[float, bytes] = {}
-_ints: dict[int, bytes] = {}
+_CACHED: Final = 4096  # numbers per type
+_floats: Final[dict[float, bytes]] = {}  # Final: compiled, a C static, not a dict lookup
+_ints: Final[dict[int, bytes]] = {}
 
 
 def bulk(x: object) -> bytes:
@@ -32,8 +32,9 @@ def bulk(x: object) -> bytes:
     return pack(x)[4:]  # without "*1\r\n"
 
 
-def number(x: float) -> bytes:
-    """The bulk string of an int or a float, cached by value and type."""
+def number(x: int | float) -> bytes:
+    """The bulk string of an int or a float, cached by value and type (``int | float``, not
+    ``float``: compiled, a ``float`` parameter would turn an int into a float)."""
     t = type(x)
     cache: dict[Any, bytes] | None = _floats if t is float else _ints if t is int else None
     if cache is None:
@@ -52,6 +53,11 @@ def text(s: str) -> bytes:
     """The bulk string of ``s`` (UTF-8)."""
     b = s.encode()
     return b"$%d\r\n%b\r\n" % (len(b), b)
+
+
+def arg(x: str | int | float) -> bytes:
+    """The bulk string of a script argument: :func:`text` of a ``str``, else :func:`number`."""
+    return text(x) if isinstance(x, str) else number(x)
 
 
 def template(
@@ -73,10 +79,12 @@ def template(
 
 
 def fill(runs: list[bytes], values: list[bytes]) -> bytes:
-    """A :func:`template`'s call with the encoded varying arguments, in order."""
-    parts = [b""] * (2 * len(runs) - 1)
-    parts[::2] = runs
-    parts[1::2] = values
+    """A :func:`template`'s call with the encoded varying arguments, in order (one fewer
+    than ``runs``)."""
+    parts = [runs[0]]
+    for i in range(len(values)):
+        parts.append(values[i])
+        parts.append(runs[i + 1])
     return b"".join(parts)
 
 
