@@ -21,7 +21,7 @@ from velvetrope.store.open import open_store
 pytestmark = pytest.mark.integration
 
 
-def replica(url: str, namespace: str, slots: int) -> Admission:
+def replica(url: str, namespace: str, slots: int, calls: list[str] | None = None) -> Admission:
     """One gateway's admission: tiers hi > lo, a pool of ``slots`` fleet-wide, a tenant
     with a token limit, state in Redis."""
     cfg: dict[str, Any] = {
@@ -42,7 +42,8 @@ def replica(url: str, namespace: str, slots: int) -> Admission:
     config = parse_config(cfg)
     clock = SystemClock()
     ctl = AdmissionController(config.policy, clock, external_buckets=True)
-    return Admission(ctl, open_store(config, clock))
+    observe = None if calls is None else (lambda op, s: calls.append(op))
+    return Admission(ctl, open_store(config, clock, observe_call=observe))
 
 
 async def until(cond: Any, timeout_s: float = 10.0) -> None:
@@ -56,7 +57,8 @@ async def until(cond: Any, timeout_s: float = 10.0) -> None:
 def test_one_job_per_pool_waits_for_a_slot_and_priority_holds(fresh_redis: str) -> None:
     async def main() -> None:
         ns = f"fs{uuid.uuid4().hex[:8]}"
-        a, b = replica(fresh_redis, ns, 2), replica(fresh_redis, ns, 2)
+        b_calls: list[str] = []
+        a, b = replica(fresh_redis, ns, 2), replica(fresh_redis, ns, 2, b_calls)
         a.store.start()
         b.store.start()
         loop = asyncio.get_running_loop()
@@ -66,7 +68,8 @@ def test_one_job_per_pool_waits_for_a_slot_and_priority_holds(fresh_redis: str) 
             lows = [make_job(tier="lo") for _ in range(4)]
             waits = [asyncio.ensure_future(b.enter(j, loop.create_future())) for j in lows]
             await until(lambda: b.ctl.queued + b.ctl.in_flight == 4)
-            await asyncio.sleep(0.05)  # b's first job polls for a slot meanwhile
+            # b's first job polls for a slot meanwhile: let it try three times
+            await until(lambda: b_calls.count("acquire") >= 3)
             # one job left b's queue without a slot; the other three wait in it, in order
             assert (b.ctl.in_flight, b.ctl.queued) == (1, 3)
             first = lows[0]
