@@ -131,6 +131,32 @@ def test_dead_redis_fails_closed() -> None:
     asyncio.run(main())
 
 
+@pytest.mark.integration
+def test_fail_open_slots_count_the_leases_still_running_from_redis(own_redis: RedisServer) -> None:
+    """Redis goes away while this replica runs jobs on Redis leases: its fallback share of
+    the pool's slots counts those jobs, so the fleet-wide limit holds across the outage."""
+
+    async def main() -> None:
+        state, _ = guarded(own_redis.url)
+        state.breaker.reset_s = 60.0  # no probe during the test: the breaker stays open
+        try:
+            slot = Slot("p", 10, 4, None)
+            assert await state.acquire("r1", slot) and await state.acquire("r2", slot)
+            own_redis.stop()
+            for i in range(3):  # three failures open the breaker
+                await state.reserve(f"x{i}", "a", [claim(1)])
+            assert state.breaker.state == "open"
+            # one replica: its share is the pool's 4 slots, two of them held by r1 and r2
+            taken = [await state.acquire(f"l{i}", slot) for i in range(4)]
+            assert taken == [True, True, False, False]
+            state.finish("r1", "a", (), (), "p")  # a Redis-leased job ends: its slot frees
+            assert await state.acquire("l9", slot)
+        finally:
+            await state.stop(flush_s=0)
+
+    asyncio.run(main())
+
+
 async def _until(pred: Callable[[], bool], timeout_s: float = 10.0) -> None:
     end = time.monotonic() + timeout_s
     while not pred():

@@ -376,11 +376,13 @@ class GuardedStore:
             self.fallbacks["lease_refused"] += 1
             raise self._unavailable("lease")
         self.fallbacks["lease_local"] += 1
-        held = self._local_leases.setdefault(pool, set())
+        local = self._local_leases.setdefault(pool, set())
         share = max(1, math.ceil(slot.max_in_flight / max(1, self.replicas)))
-        if len(held) >= share:
+        # the jobs still running on leases taken in Redis count against the share too
+        remote = self._leases.get(pool)
+        if len(local) + (len(remote) if remote is not None else 0) >= share:
             return False
-        held.add(job_id)
+        local.add(job_id)
         return True
 
     def _release_remote(self, pool: str, job_id: str) -> None:
