@@ -18,8 +18,8 @@ $(STAMP): pyproject.toml setup.py $(COMPILED)
 install: $(STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check velvetrope tests bench
-	$(BIN)/ruff format --check velvetrope tests bench
+	$(BIN)/ruff check velvetrope tests bench harness
+	$(BIN)/ruff format --check velvetrope tests bench harness
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
