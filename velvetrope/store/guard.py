@@ -22,6 +22,17 @@ finishes of one tenant tag and pool; on a Cluster the settlements of one tag, th
 of one pool); local ones apply at once.  A heartbeat every ``heartbeat_s`` counts
 the live replicas and, while the breaker is open, serves as its probe, so service recovers
 by itself when Redis returns.
+
+**Leases across an outage.**  Redis may come back without its data (restarted empty), so
+after any failed call, and when a heartbeat finds that Redis forgot this replica, the
+replica *re-asserts* every lease it holds — those taken in Redis
+and those the fallback gave — at its first successful contact (a heartbeat, or before its
+next slot), re-creating what Redis lost whatever the pool's limit: those jobs are running.
+The other replicas do the same at their own first contact, within a heartbeat; until
+``2 * heartbeat_s + 1`` s after its re-assertion, a replica therefore still holds at most
+its 1/N share of a pool's slots (N as seen before the outage), so the fleet's
+``max_in_flight`` holds through the transition too.  Periodic renewal re-creates a lease
+the same way.
 """
 
 from __future__ import annotations
@@ -53,6 +64,11 @@ log = logging.getLogger("velvetrope.store")
 
 OnStoreError = Literal["fail_open", "fail_closed"]
 _FAILURES: Final = (RedisError, OSError, TimeoutError, ConnectionError)
+
+
+def _recorded(slot: Slot) -> int:
+    """The tokens a lease records in Redis: the slot's, or -1 without a token cap."""
+    return -1 if slot.max_tokens is None else slot.tokens
 
 
 def _share(c: Claim, n: int) -> Claim:
@@ -95,7 +111,12 @@ class GuardedStore:
         self._local_jobs: set[str] = set()  # reserved in the local fallback
         self._seen: dict[str, tuple[float, float]] = {}  # bucket -> (level, capacity) seen
         self._leases: dict[str, dict[str, int]] = {}  # pool -> job id -> tokens, in Redis
-        self._local_leases: dict[str, set[str]] = {}  # pool -> job ids, fallback slots
+        self._local_leases: dict[str, dict[str, int]] = {}  # pool -> job id -> tokens
+        self._suspect = False  # a call failed since the leases were last asserted
+        self._beaten = False  # a heartbeat reached Redis once
+        self._assert_lock = asyncio.Lock()
+        self._careful_until = 0.0  # clock time until which a replica holds at most its share
+        self._careful_replicas = 1  # the replicas seen before the failure (the share's N)
         self.outbox = Outbox(
             ready=self.breaker.allow,
             on_result=self._result,
@@ -118,7 +139,15 @@ class GuardedStore:
         if ok:
             self.breaker.success()
         else:
-            self.breaker.failure()
+            self._failed()
+
+    def _failed(self) -> None:
+        """A call failed: feed the breaker; Redis may lose (or have lost) its data, so the
+        leases held here are to be re-asserted."""
+        self.breaker.failure()
+        if not self._suspect:
+            self._suspect = True
+            self._careful_replicas = self.replicas
 
     async def _call(self, op: str, call: Any) -> Any:
         """Wait for one Redis call (an awaitable of its raw reply) within the budget;
@@ -145,7 +174,7 @@ class GuardedStore:
                 self.breaker.success()
                 self.refusals += 1
             else:
-                self.breaker.failure()
+                self._failed()
             self._observe(op, perf_counter() - t0)
             raise StoreUnavailable(f"shared state: {op} failed: {e!r}") from None
         self.breaker.success()
@@ -224,7 +253,7 @@ class GuardedStore:
         same round trip where Redis allows (else two calls; a slot that cannot be had is
         left to :meth:`acquire`).  On failure, per ``on_store_error``, reserve locally at
         1/N or raise :class:`StoreUnavailable`."""
-        if slot is None or not claims or not self.redis.combined:
+        if slot is None or not claims or not self.redis.combined or self._careful():
             res = await self._reserve(job_id, tenant, claims)
             if slot is not None and isinstance(res, Grant):
                 with contextlib.suppress(StoreUnavailable):
@@ -241,7 +270,7 @@ class GuardedStore:
             else:
                 self._saw(res)
                 if lease is not None and lease.granted:
-                    self._leases.setdefault(slot.pool, {})[job_id] = slot.tokens
+                    self._leases.setdefault(slot.pool, {})[job_id] = _recorded(slot)
                 return res
         return self._reserve_locally(job_id, claims)
 
@@ -284,6 +313,45 @@ class GuardedStore:
         local = self._local_leases.get(pool)
         return local is not None and job_id in local
 
+    def _held(self, pool: str) -> int:
+        """Slots of ``pool`` held here, in Redis and from the fallback."""
+        remote = self._leases.get(pool)
+        local = self._local_leases.get(pool)
+        return (len(remote) if remote is not None else 0) + (len(local) if local is not None else 0)
+
+    def _careful(self) -> bool:
+        """Whether slots are still taken one at a time against this replica's share (after
+        a failure, until the leases are re-asserted and the other replicas had time to)."""
+        return self._suspect or self.clock.now() < self._careful_until
+
+    async def _reassert(self) -> bool:
+        """Re-assert every lease held here (see the module's docstring); true once done.
+        A fallback lease asserted in Redis is released there when its job ends."""
+        async with self._assert_lock:
+            if not self._suspect:
+                return True
+            for pool in sorted(set(self._leases) | set(self._local_leases)):
+                local = self._local_leases.get(pool, {})
+                held = {**self._leases.get(pool, {}), **local}
+                if not held:
+                    continue
+                was_local = list(local)
+                try:
+                    await self._call("renew", self.redis.renew(pool, held))
+                except StoreUnavailable:
+                    return False
+                remote = self._leases.setdefault(pool, {})
+                for job_id in was_local:
+                    tokens = local.pop(job_id, None)
+                    if tokens is not None:  # a fallback lease, now in Redis
+                        remote[job_id] = tokens
+                    else:  # its job ended during the call: give back what was asserted
+                        self._release_remote(pool, job_id)
+                        self._release_remote(pool, job_id)
+            self._suspect = False
+            self._careful_until = self.clock.now() + 2.0 * self.heartbeat_s + 1.0
+            return True
+
     def finish(
         self,
         job_id: str,
@@ -300,7 +368,7 @@ class GuardedStore:
         if not remote_lease:
             local = self._local_leases.get(pool)
             if local is not None:
-                local.discard(job_id)
+                local.pop(job_id, None)
         remote_settle = bool(lines) and job_id not in self._local_jobs
         if not remote_settle and lines:
             self.settle(job_id, tenant, claims, lines)
@@ -361,7 +429,12 @@ class GuardedStore:
         mine = self._leases.get(pool)
         if mine is not None and job_id in mine:
             return True  # taken earlier (with the reservation)
-        if self.breaker.allow():
+        # this replica's share: N is the larger of now and before the failure while careful
+        n = max(self.replicas, self._careful_replicas) if self._careful() else self.replicas
+        share = max(1, math.ceil(slot.max_in_flight / max(1, n)))
+        if self.breaker.allow() and (not self._suspect or await self._reassert()):
+            if self._careful() and self._held(pool) >= share:
+                return False
             call = self.redis.send_acquire(job_id, slot)
             try:
                 ans = parse_lease(await self._call("acquire", call))
@@ -370,19 +443,16 @@ class GuardedStore:
                 self._release_remote(pool, job_id)
             else:
                 if ans.granted:
-                    self._leases.setdefault(pool, {})[job_id] = slot.tokens
+                    self._leases.setdefault(pool, {})[job_id] = _recorded(slot)
                 return bool(ans.granted)
         if self.on_store_error == "fail_closed":
             self.fallbacks["lease_refused"] += 1
             raise self._unavailable("lease")
         self.fallbacks["lease_local"] += 1
-        local = self._local_leases.setdefault(pool, set())
-        share = max(1, math.ceil(slot.max_in_flight / max(1, self.replicas)))
         # the jobs still running on leases taken in Redis count against the share too
-        remote = self._leases.get(pool)
-        if len(local) + (len(remote) if remote is not None else 0) >= share:
+        if self._held(pool) >= share:
             return False
-        local.add(job_id)
+        self._local_leases.setdefault(pool, {})[job_id] = _recorded(slot)
         return True
 
     def _release_remote(self, pool: str, job_id: str) -> None:
@@ -431,10 +501,21 @@ class GuardedStore:
             async with asyncio.timeout(max(self.budget_s, 0.25)):
                 view = await self.redis.heartbeat(self.replica, self._queue_depth())
         except _FAILURES:
-            self.breaker.failure()
+            self._failed()
             return False
         self.breaker.success()
-        self.replicas = max(1, view.replicas)
+        if self._beaten and not view.known and not self._suspect:
+            # Redis forgot this replica: it lost its data (restarted empty, flushed) without
+            # a call of ours failing, or this replica fell silent past its TTL
+            self._suspect = True
+            self._careful_replicas = self.replicas
+        self._beaten = True
+        if self._suspect:
+            # Redis's count of replicas may have restarted from nothing: keep the larger
+            self.replicas = max(1, view.replicas, self._careful_replicas)
+            await self._reassert()
+        else:
+            self.replicas = max(1, view.replicas)
         self.fleet_queue_depth = view.queue_depth
         return True
 
@@ -456,9 +537,9 @@ class GuardedStore:
         while True:
             await asyncio.sleep(period)
             for pool, held in list(self._leases.items()):
-                if held and self.breaker.closed:
+                if held and self.breaker.closed and not self._suspect:
                     with contextlib.suppress(StoreUnavailable):
-                        await self._call("renew", self.redis.renew(pool, list(held)))
+                        await self._call("renew", self.redis.renew(pool, dict(held)))
 
     def status(self) -> dict[str, Any]:
         return {
