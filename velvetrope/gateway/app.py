@@ -479,7 +479,7 @@ class Gateway:
         if answer.status < 500:
             self.upstreams.succeeded(up)
         else:
-            self.upstreams.failed(up, f"answered {answer.status}")
+            self.upstreams.answered_error(up, answer.status, ticket.job.tenant)
         if answer.status == 200:
             ticket.first_token()
             ticket.complete(answer.usage or tally.usage_so_far())

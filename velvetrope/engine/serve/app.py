@@ -52,6 +52,14 @@ seconds** (model seconds divided by ``speed``), measured from the moment the req
 reached the server (its parsing and tokenization count as queueing, as in a real engine).
 A benchmark compares them with what it measured.  All zeros in instant mode.
 
+Injected faults
+---------------
+With ``faults`` on (``velvetrope engine --faults``; off by default), a completion request
+whose body carries ``"velvetrope_fault": STATUS`` (an integer from 400 to 599) is answered
+with that status in OpenAI's error shape after it was parsed and before any work, as a
+request that makes a real engine fail would be (e.g. ``500`` ``internal_error``).  Tests and
+the chaos harness use it to try the gateway's handling of an engine's errors.
+
 Errors
 ------
 OpenAI's shape ``{"error": {"message", "type", "code", "param"}}``, built by
@@ -141,6 +149,8 @@ class EngineConfig:
     outputs: OutputPolicy = field(default_factory=OutputPolicy)
     scheduling: Literal["fcfs", "priority"] = "fcfs"
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    faults: bool = False
+    """Answer a body's ``velvetrope_fault`` status (see the module's docstring)."""
 
     def __post_init__(self) -> None:
         if not (self.speed > 0 and not math.isnan(self.speed)):
@@ -357,6 +367,8 @@ class EngineApp:
         self, kind: Kind, body: bytes, arrived: float, receive: Receive, send: Send
     ) -> None:
         req = parse(body, kind)
+        if self.config.faults:
+            _inject_fault(body)
         if req.model != self._model:
             raise RequestError(
                 f"The model `{req.model}` does not exist or you do not have access to it.",
@@ -594,3 +606,16 @@ async def _send_json(
 async def _send_error(send: Send, exc: RequestError) -> None:
     extra = [(b"connection", b"close")] if exc.status == 413 else []
     await respond(send, exc.status, error_json(exc), extra)
+
+
+def _inject_fault(body: bytes) -> None:
+    """Raise the :class:`RequestError` a body's ``velvetrope_fault`` asks for, if any."""
+    status = orjson.loads(body).get("velvetrope_fault")
+    if status is None:
+        return
+    if type(status) is not int or not 400 <= status <= 599:
+        raise invalid_value(
+            "velvetrope_fault", "velvetrope_fault must be an HTTP status, 400 to 599."
+        )
+    code = "internal_error" if status == 500 else f"injected_{status}"
+    raise RequestError(f"Injected fault: {status}.", status=status, code=code)

@@ -89,6 +89,13 @@ def engine_command(
     max_body_mb: Annotated[
         float, typer.Option(help="Largest request body accepted, in MiB (else 413).")
     ] = 8.0,
+    faults: Annotated[
+        bool,
+        typer.Option(
+            help='Answer a request body\'s "velvetrope_fault": STATUS with that status '
+            "(fault injection for tests)."
+        ),
+    ] = False,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
 ) -> None:
     """Run a simulated inference engine with an OpenAI-compatible API and vLLM's metrics.
@@ -128,6 +135,7 @@ def engine_command(
             output_policy,
             scheduling=policy,
             max_body_bytes=int(max_body_mb * 1024 * 1024),
+            faults=faults,
             on_ready=ready,
             log_level=log_level,
         )
