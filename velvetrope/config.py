@@ -153,6 +153,12 @@ class StateSettings(_Model):
         description="Redis unreachable: fail_open = local limits at 1/N (N live replicas); "
         "fail_closed = 503 state_unavailable",
     )
+    expected_replicas: int | None = Field(
+        None,
+        ge=1,
+        description="fail_open before Redis ever answered: divide limits by this many "
+        "replicas (unset: refuse with 503 state_unavailable until Redis first answers)",
+    )
     breaker_failures: int = Field(3, ge=1, description="failed calls in a row that open it")
     breaker_reset_s: float = Field(0.5, gt=0, description="open this long before a probe")
     heartbeat_s: float = Field(1.0, gt=0, description="replica heartbeat (and probe) period")

@@ -85,8 +85,8 @@ def guarded(url: str, on_error: Any = "fail_open", **kw: Any) -> tuple[GuardedSt
 
 def test_dead_redis_fails_open_at_this_replicas_share_without_a_timeout_per_request() -> None:
     async def main() -> None:
-        state, calls = guarded(f"redis://127.0.0.1:{free_port()}/0")
-        state.replicas = 2  # as seen before the outage: this replica gets half
+        # never seen: the configured replica count gives this replica's share (half)
+        state, calls = guarded(f"redis://127.0.0.1:{free_port()}/0", expected_replicas=2)
         try:
             for i in range(3):  # three failures open the breaker
                 assert isinstance(await state.reserve(f"j{i}", "a", [claim(10)]), Grant)
@@ -495,6 +495,28 @@ def test_fallback_leases_move_into_redis_when_it_returns(own_redis: RedisServer)
             state.finish("l1", "t", (), (), "p")
             await state.outbox.flush(5.0)
             assert _leases_in_redis(own_redis.url, "p") == {"l2", "r1"}
+        finally:
+            await state.stop(flush_s=0)
+
+    asyncio.run(main())
+
+
+def test_fail_open_before_redis_ever_answered_refuses_without_expected_replicas() -> None:
+    """A replica that never reached Redis cannot know how many share its limits: without
+    ``expected_replicas`` it refuses (as fail_closed would) rather than enforce the whole
+    limit alone, and says what to configure."""
+
+    async def main() -> None:
+        state, _ = guarded(f"redis://127.0.0.1:{free_port()}/0")
+        try:
+            for i in range(4):
+                with pytest.raises(StoreUnavailable, match="expected_replicas"):
+                    await state.reserve(f"j{i}", "a", [claim(10)])
+            with pytest.raises(StoreUnavailable, match="expected_replicas"):
+                await state.acquire("j", Slot("default", 10, 4, None))
+            assert state.fallbacks["reserve_refused"] == 4
+            assert state.fallbacks["lease_refused"] == 1
+            assert state.status()["answered"] is False
         finally:
             await state.stop(flush_s=0)
 

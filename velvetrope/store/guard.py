@@ -11,7 +11,11 @@ Redis costs no timeout per request once the breaker opened.  While Redis cannot 
 ``on_store_error`` decides:
 
 * ``fail_open``: buckets and slots fall back to local ones at this replica's share — each
-  limit divided by N, the live replicas seen through heartbeats before the outage;
+  limit divided by N, the live replicas seen through heartbeats before the outage.  A
+  replica that has never reached Redis has seen no heartbeat: N is then
+  ``expected_replicas`` when configured; without it the replica refuses as ``fail_closed``
+  does until Redis first answers, since assuming it is alone would let every replica
+  enforce the whole limit (N replicas, N times the limit);
 * ``fail_closed``: :class:`~velvetrope.errors.StoreUnavailable` (the gateway answers 503
   ``state_unavailable``).
 
@@ -92,6 +96,7 @@ class GuardedStore:
         heartbeat_s: float = 1.0,
         breaker_failures: int = 3,
         breaker_reset_s: float = 0.5,
+        expected_replicas: int | None = None,
         observe_call: Callable[[str, float], None] | None = None,
         queue_depth: Callable[[], int] | None = None,
     ) -> None:
@@ -102,7 +107,9 @@ class GuardedStore:
         self.heartbeat_s = heartbeat_s
         self.breaker = CircuitBreaker(clock, failures=breaker_failures, reset_s=breaker_reset_s)
         self.replica = uuid.uuid4().hex[:12]
-        self.replicas = 1  # live replicas at the last heartbeat (the fallback's N)
+        self.expected_replicas = expected_replicas
+        self.replicas = expected_replicas or 1  # live replicas at the last heartbeat
+        self.answered = False  # Redis answered once: its heartbeats, not a guess, give N
         self.fleet_queue_depth = 0
         self.local = MemoryBuckets()
         self.fallbacks: Counter[str] = Counter()  # fallback decisions by operation
@@ -172,12 +179,14 @@ class GuardedStore:
         except _FAILURES as e:
             if refused(e):  # Redis answered: it refused this call, it is not away
                 self.breaker.success()
+                self.answered = True
                 self.refusals += 1
             else:
                 self._failed()
             self._observe(op, perf_counter() - t0)
             raise StoreUnavailable(f"shared state: {op} failed: {e!r}") from None
         self.breaker.success()
+        self.answered = True
         self._observe(op, perf_counter() - t0)
         return out
 
@@ -229,6 +238,11 @@ class GuardedStore:
         return self.breaker.closed
 
     def _unavailable(self, op: str) -> StoreUnavailable:
+        if self.on_store_error == "fail_open":
+            return StoreUnavailable(
+                f"shared state has not answered yet ({op}); fail_open needs "
+                "state.expected_replicas to share limits before Redis was ever seen"
+            )
         return StoreUnavailable(f"shared state is unavailable ({op}); on_store_error=fail_closed")
 
     # -- buckets ---------------------------------------------------------------------
@@ -294,8 +308,15 @@ class GuardedStore:
         for snap in res.snapshots:
             self._seen[snap.key] = (snap.remaining, snap.limit)
 
+    def _open_fails(self) -> bool:
+        """Whether a fallback is refused: ``fail_closed``, or Redis never answered and no
+        ``expected_replicas`` says what share this replica may take."""
+        return self.on_store_error == "fail_closed" or (
+            not self.answered and self.expected_replicas is None
+        )
+
     def _reserve_locally(self, job_id: str, claims: Sequence[Claim]) -> Grant | Denial:
-        if self.on_store_error == "fail_closed":
+        if self._open_fails():
             self.fallbacks["reserve_refused"] += 1
             raise self._unavailable("reserve")
         self.fallbacks["reserve_local"] += 1
@@ -445,7 +466,7 @@ class GuardedStore:
                 if ans.granted:
                     self._leases.setdefault(pool, {})[job_id] = _recorded(slot)
                 return bool(ans.granted)
-        if self.on_store_error == "fail_closed":
+        if self._open_fails():
             self.fallbacks["lease_refused"] += 1
             raise self._unavailable("lease")
         self.fallbacks["lease_local"] += 1
@@ -504,6 +525,7 @@ class GuardedStore:
             self._failed()
             return False
         self.breaker.success()
+        self.answered = True
         if self._beaten and not view.known and not self._suspect:
             # Redis forgot this replica: it lost its data (restarted empty, flushed) without
             # a call of ours failing, or this replica fell silent past its TTL
@@ -551,6 +573,8 @@ class GuardedStore:
             "refused_calls": self.refusals,
             "replica": self.replica,
             "replicas": self.replicas,
+            "expected_replicas": self.expected_replicas,
+            "answered": self.answered,
             "fleet_queue_depth": self.fleet_queue_depth,
             "on_store_error": self.on_store_error,
             "fallbacks": dict(self.fallbacks),
