@@ -27,6 +27,7 @@ from velvetrope.demo.loadgen import LiveCounters, ReplayConfig, ReplayResult, re
 from velvetrope.demo.settings import GATEWAY, DemoSettings
 from velvetrope.gateway.scrape import parse_vllm_metrics
 from velvetrope.sim.workload import TraceRequest
+from velvetrope.top.sections import bar
 
 __all__ = ["Monitor", "PhaseSample", "RunResult", "run_phase"]
 
@@ -108,13 +109,6 @@ class Monitor:
         return False
 
 
-def _bar(n: int, full: int, width: int = 24) -> str:
-    if full <= 0:
-        return ""
-    k = min(width, round(width * n / full))
-    return "█" * k + "·" * (width - k)
-
-
 def _view(
     title: str,
     elapsed: float,
@@ -143,11 +137,11 @@ def _view(
         bands = mon.bands()
         for band, n in bands.items():
             limit = band_limits.get(band, 0)
-            t.add_row(f"queue {band}", f"{_bar(n, limit)} {n:4d}/{limit}")
+            t.add_row(f"queue {band}", f"{bar(n, limit)} {n:4d}/{limit}")
         pools = st.get("pools") or {}
         inflight = sum(int(p.get("in_flight", 0)) for p in pools.values())
         cap = sum(int(p.get("max_in_flight", 0) or 0) for p in pools.values())
-        t.add_row("in flight", f"{_bar(inflight, cap)} {inflight:4d}/{cap}")
+        t.add_row("in flight", f"{bar(inflight, cap)} {inflight:4d}/{cap}")
         t.add_row(
             "gateway",
             f"admitted {live.accepted}   queued {st.get('queued', 0)}   "
