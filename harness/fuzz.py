@@ -68,7 +68,8 @@ TENANTS = {
     "tight": (TIGHT_KEY, {"tokens_per_minute": 120_000, "token_burst": 3_000}),
 }
 """Each tenant's key and bucket: one large, one small enough to meet 429s.  Both refill
-within seconds once the run ends."""
+within seconds once the run ends.  The small one's clients are trusted with their expected
+output lengths (``x-velvetrope-expected-tokens``, fuzzed too)."""
 
 
 @dataclass
@@ -83,7 +84,8 @@ class Report:
     statuses: Counter[int] = field(default_factory=Counter)
     samples: list[str] = field(default_factory=list)
     served: list[tuple[str, bytes]] = field(default_factory=list)
-    """The (path, body) of every request answered 200 (the engine's count of ``n > 1``)."""
+    """The (path, body) of every request sent with httpx and answered 200 (for the engine's
+    count of ``n > 1``)."""
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -131,7 +133,7 @@ def _judge(report: Report, probe: Probe, status: int, content_type: str, body: b
         report.status_5xx += 1
     elif status >= 400 and not openai_error(content_type, body):
         report.bad_shape += 1
-    elif status == 200 and probe.how == "http":
+    elif status == 200 and probe.how == "http":  # (raw ones never ask for n > 1)
         report.served.append((probe.path, probe.body))
         return
     else:
@@ -421,7 +423,13 @@ def gateway_config(engine: str, state_url: str) -> dict[str, Any]:
             "preset": "hybrid",
             "tiers": [{"name": "interactive"}, {"name": "batch"}],
             "tenants": [
-                {"name": t, "tier": "interactive", "allowed_tiers": ["batch"], "limits": lim}
+                {
+                    "name": t,
+                    "tier": "interactive",
+                    "allowed_tiers": ["batch"],
+                    "limits": lim,
+                    "trust_expected_output": t == "tight",
+                }
                 for t, (_, lim) in TENANTS.items()
             ],
             "pools": [{"name": "default", "max_in_flight": 256}],

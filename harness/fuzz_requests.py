@@ -11,7 +11,8 @@ A :class:`Probe` is one request and how to send it.  :func:`probes` draws one:
   another content type, a tier or an expected length asked for) or to another method or
   path;
 * ``disconnect``: a valid streaming request whose client hangs up after the first token;
-* ``raw``: bytes that are not HTTP at all, written on a socket;
+* ``raw``: bytes that are not HTTP at all, or a valid body in chunked transfer encoding,
+  written on a socket;
 * ``stall``: a request whose body stops half-way, to meet the gateway's body timeout.
 
 :func:`generate` draws a list of them with a fixed seed, the same list every time for a
@@ -363,6 +364,17 @@ _NOT_HTTP = [
 ]
 
 
+def _chunked(kind: str, body: bytes, size: int) -> bytes:
+    """A request with ``body`` in chunks of ``size`` bytes (the connection closed after)."""
+    head = (
+        f"POST {_PATHS[kind]} HTTP/1.1\r\nHost: fuzz\r\nAuthorization: Bearer {KEY}\r\n"
+        "Content-Type: application/json\r\nConnection: close\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+    pieces = [body[i : i + size] for i in range(0, len(body), size)]
+    return head + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces) + b"0\r\n\r\n"
+
+
 def _stall(kind: str, chunked: bool) -> bytes:
     head = (
         f"POST {_PATHS[kind]} HTTP/1.1\r\nHost: fuzz\r\nAuthorization: Bearer {KEY}\r\n"
@@ -378,6 +390,7 @@ def _stall(kind: str, chunked: bool) -> bytes:
 
 MIX: dict[str, int] = {
     "raw": 5,
+    "chunked": 2,  # a valid body in chunked transfer encoding, written by hand
     "stall": 2,
     "disconnect": 6,
     "route": 5,  # another method or path
@@ -402,6 +415,8 @@ def probes(draw: st.DrawFn) -> Probe:
         return Probe("stall", "stall_chunked" if chunked else "stall", _stall(kind, chunked))
     body = draw(valid_body(kind))
     method, path, headers = "POST", _PATHS[kind], GOOD_HEADERS
+    if category == "chunked":
+        return Probe("raw", f"{kind}:chunked", _chunked(kind, dump(body), draw(st.integers(1, 64))))
     if category == "disconnect":  # streamed, the client hangs up after the first token
         body.update(stream=True, n=1)
         body.pop("stream_options", None)
