@@ -257,8 +257,11 @@ async def _drawn(requests: int, seed: int) -> AsyncIterator[list[Probe]]:
     assert proc.stdout is not None
     try:
         for _ in chunks:
-            size = int.from_bytes(await proc.stdout.readexactly(8), "big")
-            probes: list[Probe] = pickle.loads(await proc.stdout.readexactly(size))
+            try:
+                size = int.from_bytes(await proc.stdout.readexactly(8), "big")
+                probes: list[Probe] = pickle.loads(await proc.stdout.readexactly(size))
+            except asyncio.IncompleteReadError:
+                raise RuntimeError("the drawing process failed (its error is above)") from None
             yield probes
     finally:
         if proc.returncode is None:

@@ -260,13 +260,15 @@ def mutate(draw: st.DrawFn, body: dict[str, Any]) -> tuple[dict[str, Any], str]:
             st.sampled_from(["retype", "retype", "absurd", "delete", "unknown", "deep", "long"])
         )
         paths = _paths(body)
+        if len(paths) == 1:  # the body was emptied by an earlier mutation: add to it
+            op = "unknown"
         if op == "unknown":  # a key of ours, in the body or in an object inside it
             path = draw(st.sampled_from([p for p in paths if isinstance(_at(body, p), dict)]))
             key = draw(st.sampled_from(["bogus", "x-extra", "", "model2", "text", "type"]))
             _at(body, path)[key] = draw(_ANY_JSON)
             path = (*path, key)
         else:
-            path = draw(st.sampled_from(paths[1:]))  # a valid body is never empty
+            path = draw(st.sampled_from(paths[1:]))
             if op == "delete":
                 del _parent(body, path)[path[-1]]
             else:
