@@ -11,8 +11,8 @@ A :class:`Probe` is one request and how to send it.  :func:`probes` draws one:
   another content type, a tier or an expected length asked for) or to another method or
   path;
 * ``disconnect``: a valid streaming request whose client hangs up after the first token;
-* ``raw``: bytes that are not HTTP at all, or a valid body in chunked transfer encoding,
-  written on a socket;
+* ``raw``: bytes that are not HTTP at all, an upgrade to another protocol (WebSocket,
+  h2c), or a valid body in chunked transfer encoding, written on a socket;
 * ``stall``: a request whose body stops half-way, to meet the gateway's body timeout.
 
 :func:`generate` draws a list of them with a fixed seed, the same list every time for a
@@ -354,7 +354,7 @@ GOOD_HEADERS = _headers(f"Bearer {KEY}", "application/json", [])
 
 # -- not HTTP, and bodies that never end ---------------------------------------------------
 
-_NOT_HTTP = [
+_ODD_HTTP = [
     b"HELLO\r\n\r\n",
     b"GET / HTTP/1.1\r\nHost: a\r\nBad Header\r\n\r\n",
     b"POST /v1/completions HTTP/1.1\r\nHost: a\r\nContent-Length: abc\r\n\r\n{}",
@@ -363,6 +363,12 @@ _NOT_HTTP = [
     b"GET /\x00 HTTP/1.1\r\n\r\n",
     b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",  # a TLS ClientHello
     b"POST /v1/completions HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+    # HTTP, but asking for another protocol (the connection closed after the answer)
+    b"GET /v1/chat/completions HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\n"
+    b"Connection: Upgrade, close\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+    b"Sec-WebSocket-Version: 13\r\n\r\n",
+    b"POST /v1/completions HTTP/1.1\r\nHost: a\r\nUpgrade: h2c\r\nConnection: Upgrade, close\r\n"
+    b"Content-Length: 2\r\n\r\n{}",
 ]
 
 
@@ -411,7 +417,7 @@ def probes(draw: st.DrawFn) -> Probe:
     category = draw(_CATEGORIES)
     kind = draw(st.sampled_from(["chat", "completions"]))
     if category == "raw":
-        return Probe("raw", "not_http", draw(st.sampled_from(_NOT_HTTP)))
+        return Probe("raw", "odd_http", draw(st.sampled_from(_ODD_HTTP)))
     if category == "stall":
         chunked = draw(st.booleans())
         return Probe("stall", "stall_chunked" if chunked else "stall", _stall(kind, chunked))

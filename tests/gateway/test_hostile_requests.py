@@ -5,7 +5,8 @@ fuzzing): every answer is OpenAI's error shape, nothing hangs and nothing is cha
   field (they were uvicorn's plain-text 500 and a 500);
 * a body that does not arrive within ``gateway.body_timeout_s``: 408, the connection
   closed, nothing reserved or counted (the body is read before admission);
-* bytes that are not HTTP: the parser's 400, in OpenAI's shape too.
+* bytes that are not HTTP: the parser's 400, in OpenAI's shape too;
+* a WebSocket handshake: answered as the plain GET it is (405), not uvicorn's plain-text 500.
 """
 
 from __future__ import annotations
@@ -137,3 +138,15 @@ def test_bytes_that_are_not_http_get_a_400_in_openais_shape(gw: str) -> None:
         assert headers["connection"] == "close"
         err = orjson.loads(body)["error"]
         assert (err["code"], err["type"]) == ("invalid_http_request", "invalid_request_error")
+
+
+def test_a_websocket_upgrade_is_answered_as_the_get_it_is(gw: str) -> None:
+    upgrade = (
+        b"GET /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nUpgrade: websocket\r\n"
+        b"Connection: Upgrade, close\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        b"Sec-WebSocket-Version: 13\r\n\r\n"
+    )
+    status, headers, body = _parse(_exchange(gw, upgrade))
+    assert status == 405  # no WebSockets here (was uvicorn's plain-text 500)
+    assert headers["content-type"] == "application/json"
+    assert orjson.loads(body)["error"]["type"] == "invalid_request_error"
