@@ -75,6 +75,7 @@ def _uvicorn_config(config: GatewayConfig, gateway: Gateway, log_level: str) -> 
         port=config.listen.port,
         loop="uvloop",
         http=HeadHoldingHttpToolsProtocol,  # httptools; a response head and body: one write
+        ws="none",  # no WebSockets: a handshake is served as the plain GET it is (405)
         lifespan="on",
         log_level=log_level,
         access_log=False,

@@ -12,7 +12,10 @@ waits on anything else: a stream whose first event is not there yet still gets i
 headers at once.
 
 :class:`HeadHoldingHttpToolsProtocol` is uvicorn's httptools protocol on such a transport;
-pass it as ``uvicorn.Config(http=...)``.
+pass it as ``uvicorn.Config(http=...)``.  It also answers bytes that its HTTP parser refuses
+(a bad request line, a bad header, a bad chunk: no request exists yet, the app never sees
+them) with a 400 in OpenAI's error shape (``invalid_http_request``) instead of uvicorn's
+plain text, and closes the connection as uvicorn does.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from velvetrope.openai.errors import error_body, retry_headers
 from velvetrope.serving.head import one_scan
 
 __all__ = ["HeadHoldingHttpToolsProtocol", "HeadHoldingTransport"]
@@ -101,3 +105,19 @@ class HeadHoldingHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
         one_scan(self.cycle)
+
+    def send_400_response(self, msg: str) -> None:
+        """Answer bytes the parser refused: 400 ``invalid_http_request`` in OpenAI's error
+        shape (``msg`` is uvicorn's sentence), then close the connection."""
+        body = error_body(400, f"{msg} The bytes sent are not HTTP/1.1.", "invalid_http_request")
+        lines = [b"HTTP/1.1 400 Bad Request\r\n"]
+        headers = [
+            *self.server_state.default_headers,
+            (b"content-type", b"application/json"),
+            (b"content-length", b"%d" % len(body)),
+            *retry_headers(400),
+            (b"connection", b"close"),
+        ]
+        lines += [b"%s: %s\r\n" % (name, value) for name, value in headers]
+        self.transport.write(b"".join([*lines, b"\r\n", body]))
+        self.transport.close()
