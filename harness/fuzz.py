@@ -440,7 +440,7 @@ def gateway_config(engine: str, state_url: str) -> dict[str, Any]:
         "upstreams": {"default": [{"url": engine}]},
         "gateway": {
             "max_body_bytes": MAX_BODY_BYTES,
-            "body_timeout_s": BODY_TIMEOUT_S,
+            "request_timeout_s": BODY_TIMEOUT_S,
             "default_max_tokens": 64,
             "tokenizer": "approx",  # the engine's too: both count a prompt alike
         },

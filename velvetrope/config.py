@@ -178,22 +178,22 @@ class StateSettings(_Model):
 class GatewaySettings(_Model):
     """Request handling limits and defaults.
 
-    ``body_timeout_s`` bounds how long a request's body may take to arrive, counted from the
-    moment the gateway starts reading it (its headers are in): a client that sends part of
-    a body and stalls gets 408 ``request_timeout`` in OpenAI's error shape and its connection
-    is closed, so it cannot hold a connection (and its memory) open forever.  The body is
-    read before admission, so such a request never reserves tokens nor takes a slot.  A
-    positive, finite number of seconds; the default (30 s) lets a slow client send a full
-    ``max_body_bytes`` body over a link of under 50 KB/s.
+    ``request_timeout_s`` bounds how long a request may take to arrive, head and body,
+    counted from its first byte (and how long a new connection may stay silent): a client
+    that sends part of a request and stalls gets 408 ``request_timeout`` in OpenAI's error
+    shape and its connection is closed, so it cannot hold a connection (and its memory)
+    open forever.  The body is read before admission, so such a request never reserves
+    tokens nor takes a slot.  A positive, finite number of seconds; the default (30 s) lets
+    a slow client send a full ``max_body_bytes`` body over a link of under 50 KB/s.
     """
 
     max_body_bytes: int = Field(1 << 20, ge=1024, description="larger bodies get 413")
-    body_timeout_s: float = Field(
+    request_timeout_s: float = Field(
         30.0,
         gt=0,
         allow_inf_nan=False,
-        description="a request body not in full this long after its headers gets 408 "
-        "(the connection is closed)",
+        description="a request not in full (head and body) this long after its first byte "
+        "gets 408 (the connection is closed)",
     )
     max_tokens_limit: int = Field(32_768, ge=1, description="larger max_tokens get 400")
     unknown_parameters: Literal["pass", "refuse"] = Field(

@@ -3,7 +3,7 @@ fuzzing): every answer is OpenAI's error shape, nothing hangs and nothing is cha
 
 * a content part whose ``text`` is not a string, JSON nested past the limit: 400 naming the
   field (they were uvicorn's plain-text 500 and a 500);
-* a body that does not arrive within ``gateway.body_timeout_s``: 408, the connection
+* a body that does not arrive within ``gateway.request_timeout_s``: 408, the connection
   closed, nothing reserved or counted (the body is read before admission);
 * bytes that are not HTTP: the parser's 400, in OpenAI's shape too;
 * a WebSocket handshake: answered as the plain GET it is (405), not uvicorn's plain-text 500.
@@ -12,6 +12,7 @@ fuzzing): every answer is OpenAI's error shape, nothing hangs and nothing is cha
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -38,7 +39,7 @@ def gw(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A gateway whose gold tenant has a slow bucket and whose bodies must arrive in 0.5 s."""
     cfg = gateway_config([engine])
     cfg["policy"]["tenants"][0]["limits"] = SLOW
-    cfg["gateway"]["body_timeout_s"] = BODY_TIMEOUT_S
+    cfg["gateway"]["request_timeout_s"] = BODY_TIMEOUT_S
     p = start_gateway(tmp_path_factory.mktemp("hostile"), cfg)
     yield p.url
     p.stop()
@@ -128,6 +129,30 @@ def test_a_body_that_does_not_arrive_in_time_is_a_408_and_costs_nothing(gw: str)
     level_after = wait_idle(gw)["buckets"]["tenant:gold:tok"]
     assert level_before <= level_after < level_before + 1  # refilled a little, not charged
     assert metric(gw, "velvetrope_requests_total") == requests_before  # never admitted
+
+
+@pytest.mark.parametrize(
+    "sent",
+    [b"", b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthoriz"],
+    ids=["silent-connection", "half-a-head"],
+)
+def test_a_head_that_does_not_arrive_in_time_is_a_408(gw: str, sent: bytes) -> None:
+    """A connection that stays silent, or stalls inside a request's head (before any
+    request exists for the application), is answered 408 and closed all the same."""
+    status, headers, body = _parse(_exchange(gw, sent))
+    assert (status, headers["connection"]) == (408, "close")
+    assert orjson.loads(body)["error"]["code"] == "request_timeout"
+
+
+def test_keep_alive_requests_each_get_the_whole_timeout(gw: str) -> None:
+    """The deadline runs from each request's first byte: requests on one connection spread
+    over more than the timeout are all served."""
+    served = {"model": "velvetrope-sim", "prompt": "x", "max_tokens": 2}
+    with httpx.Client(base_url=gw, headers=GOLD) as c:
+        for _ in range(3):
+            assert c.post("/v1/completions", json=served).status_code == 200
+            time.sleep(BODY_TIMEOUT_S * 0.6)
+        assert c.post("/v1/completions", json=served).status_code == 200
 
 
 def test_bytes_that_are_not_http_get_a_400_in_openais_shape(gw: str) -> None:

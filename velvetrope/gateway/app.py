@@ -7,7 +7,7 @@ models of every pool: one live upstream of each is asked, the lists merged, each
 that retrying cannot help carries ``x-should-retry: false``.
 
 A completion request goes: authenticate (401) → read the body within the size limit (413)
-and ``gateway.body_timeout_s`` (408, the connection closed) → parse and validate (400) →
+and ``gateway.request_timeout_s`` (408, the connection closed) → parse and validate (400) →
 count prompt tokens → build the job → route it (the policy's rules pick the pool; a
 backed-up tier may be degraded: capped ``max_tokens``, a fallback pool or model) →
 admission (429/503, or wait in the queue) → proxy to the least-loaded live upstream of its
@@ -62,16 +62,7 @@ from velvetrope.gateway.relay import UsageTally
 from velvetrope.gateway.upstreams import Resolver, UpstreamState
 from velvetrope.openai.errors import error_body, error_payload, retry_headers
 from velvetrope.openai.tokenizer import Tokenizer, get_tokenizer
-from velvetrope.serving.asgi import (
-    CLOSE,
-    Receive,
-    Scope,
-    Send,
-    header,
-    read_body,
-    respond,
-    serve_lifespan,
-)
+from velvetrope.serving.asgi import Receive, Scope, Send, header, read_body, respond, serve_lifespan
 from velvetrope.store.open import open_store
 
 __all__ = ["Gateway"]
@@ -295,9 +286,7 @@ class Gateway:
             await _unauthorized(send)
             return
         try:
-            raw = await read_body(
-                scope, receive, self.settings.max_body_bytes, self.settings.body_timeout_s
-            )
+            raw = await read_body(scope, receive, self.settings.max_body_bytes)
             tok = self.tokenizer
             parsed = parse_request(
                 raw,
@@ -308,9 +297,7 @@ class Gateway:
                 known_keys_only=self._strict,
             )
         except RequestError as e:
-            # 408: the body is still on its way, the connection cannot serve another request
-            close = [CLOSE] if e.status == 408 else []
-            await _error(send, e.status, e.message, e.code, e.param, close)
+            await _error(send, e.status, e.message, e.code, e.param)
             return
         except ClientDisconnected:
             return

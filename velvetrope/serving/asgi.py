@@ -7,14 +7,12 @@ one-shot response.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
 from velvetrope.errors import ClientDisconnected, RequestError
 
 __all__ = [
-    "CLOSE",
     "Message",
     "Receive",
     "Scope",
@@ -31,9 +29,6 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
 _JSON = (b"content-type", b"application/json")
-
-CLOSE = (b"connection", b"close")
-"""The header that has uvicorn close the connection once the response is sent."""
 
 
 def header(scope: Scope, name: bytes) -> bytes | None:
@@ -74,24 +69,11 @@ def _too_large(limit: int) -> RequestError:
     )
 
 
-def _timed_out(timeout_s: float) -> RequestError:
-    return RequestError(
-        f"The request body did not arrive within {timeout_s:g} seconds.",
-        status=408,
-        code="request_timeout",
-    )
-
-
-async def read_body(
-    scope: Scope, receive: Receive, limit: int, timeout_s: float | None = None
-) -> bytes:
-    """The whole request body, at most ``limit`` bytes, within ``timeout_s`` seconds of the
-    call (``None``: no bound).
+async def read_body(scope: Scope, receive: Receive, limit: int) -> bytes:
+    """The whole request body, at most ``limit`` bytes.
 
     Raises :class:`RequestError` (400 for a bad ``Content-Length``, 413 past the limit,
-    checked against the declared length first, 408 ``request_timeout`` when the body is
-    not in by the deadline: answer it with :data:`CLOSE`, the connection is in the middle
-    of a request) or :class:`ClientDisconnected`.
+    checked against the declared length first) or :class:`ClientDisconnected`.
     """
     declared = header(scope, b"content-length")
     if declared is not None:
@@ -101,18 +83,6 @@ async def read_body(
             raise RequestError("Invalid Content-Length header.") from None
         if size > limit:
             raise _too_large(limit)
-    if timeout_s is None:
-        return await _read(receive, limit)
-    try:
-        async with asyncio.timeout(timeout_s):
-            return await _read(receive, limit)
-    except TimeoutError:
-        raise _timed_out(timeout_s) from None
-
-
-async def _read(receive: Receive, limit: int) -> bytes:
-    """The body's chunks until the last, at most ``limit`` bytes in all (see
-    :func:`read_body`)."""
     chunks: list[bytes] = []
     size = 0
     while True:
