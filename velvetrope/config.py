@@ -12,7 +12,8 @@ the name of an environment variable that holds it.
 
 Routing rules live in ``policy.routes`` and the saturation rule's parameters in
 ``policy.saturation`` (the simulator reads them too).  The older spellings are refused with
-the new place named (top-level ``routes``) or moved there (``gateway.saturation``).
+the new place named (top-level ``routes``) or moved there (``gateway.saturation``, refused
+when ``policy.saturation`` is set too: one setting, two places, no guessing which wins).
 
 API keys are stored hashed: ``sha256`` is the hex SHA-256 of the key a client sends as
 ``Authorization: Bearer <key>``.  ``velvetrope config hash-key KEY`` prints it.  A plain
@@ -27,14 +28,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from velvetrope.core.policy import PolicyConfig
+from velvetrope.dialects import DIALECTS, ENGINE_CHOICES, Dialect, custom_dialect, parse_gauge
 from velvetrope.yaml_config import parse_yaml, read_text, validate
 
 __all__ = [
     "ApiKey",
     "AutoscaleSettings",
+    "EngineMetrics",
     "FleetSettings",
     "GatewayConfig",
     "GatewaySettings",
@@ -86,6 +89,32 @@ class ApiKey(_Model):
         return self.sha256 if self.sha256 is not None else hash_key(self.key or "")
 
 
+class EngineMetrics(_Model):
+    """The gauges of an engine of no known dialect, each a metric name with the labels a
+    sample must carry, e.g. ``queue_depth{model="llama"}`` (:func:`velvetrope.dialects.
+    parse_gauge`).  Samples of a gauge are summed over label sets (KV usage: the largest)."""
+
+    running: str = Field(description="requests the engine runs now")
+    waiting: str = Field(description="requests queued in the engine")
+    kv_usage: str | None = Field(None, description="KV-cache usage (absent: not read)")
+    kv_unit: Literal["ratio", "percent"] = Field(
+        "ratio", description="ratio: 0..1 (1 is full); percent: 0..100"
+    )
+
+    @field_validator("running", "waiting", "kv_usage")
+    @classmethod
+    def _gauge(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_gauge(v)  # raises ValueError saying what is wrong
+        return v
+
+    def dialect(self) -> Dialect:
+        """The :class:`~velvetrope.dialects.Dialect` these gauges make (named ``custom``)."""
+        return custom_dialect(
+            self.running, self.waiting, self.kv_usage, kv_percent=self.kv_unit == "percent"
+        )
+
+
 class Upstream(_Model):
     """One OpenAI-compatible engine, or (``discovery: dns``) every address of a DNS name.
 
@@ -105,6 +134,38 @@ class Upstream(_Model):
     discovery: Literal["static", "dns"] = Field(
         "static", description="static: this URL; dns: one engine per address of its host"
     )
+    engine: str = Field(
+        "auto",
+        description="the engine's metric dialect (velvetrope.dialects): auto (detected from "
+        "its /metrics), vllm, sglang, tgi, trtllm, llamacpp; none: it has no /metrics to "
+        "read, it is served without saturation",
+    )
+    engine_metrics: EngineMetrics | None = Field(
+        None, description="the gauges to read, for an engine of no known dialect"
+    )
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, v: str) -> str:
+        if v not in ENGINE_CHOICES:
+            raise ValueError(f"unknown engine {v!r}: choose one of {', '.join(ENGINE_CHOICES)}")
+        return v
+
+    @model_validator(mode="after")
+    def _one_dialect(self) -> Upstream:
+        if self.engine_metrics is not None and self.engine != "auto":
+            raise ValueError(
+                f"give engine ({self.engine!r}) or engine_metrics, not both: engine_metrics "
+                "names the gauges of an engine of no known dialect"
+            )
+        return self
+
+    def dialect(self) -> Dialect | None:
+        """The dialect this upstream is read in: the configured one, the one its
+        ``engine_metrics`` spell, or ``None`` (``auto``: detected; ``none``: not read)."""
+        if self.engine_metrics is not None:
+            return self.engine_metrics.dialect()
+        return next((d for d in DIALECTS if d.name == self.engine), None)
 
 
 class FleetSettings(_Model):
@@ -289,7 +350,9 @@ class GatewayConfig(_Model):
     @classmethod
     def _moved(cls, data: Any) -> Any:
         """Refuse top-level ``routes`` (now ``policy.routes``); move ``gateway.saturation``
-        into ``policy.saturation`` unless the policy sets it."""
+        into ``policy.saturation``, and refuse the file that sets both (which of two
+        spellings of one setting wins would be a guess; the simulator reads only the
+        policy's)."""
         if not isinstance(data, dict):
             return data
         if "routes" in data:
@@ -302,7 +365,14 @@ class GatewayConfig(_Model):
             gw = dict(gw)
             sat = gw.pop("saturation")
             policy = dict(data.get("policy") or {})
-            policy.setdefault("saturation", sat)
+            if "saturation" in policy:
+                raise ValueError(
+                    "gateway.saturation and policy.saturation are both set: the saturation "
+                    "rule's parameters live in policy.saturation (the simulator reads them "
+                    "there too); move gateway.saturation's fields into policy.saturation "
+                    "and delete gateway.saturation"
+                )
+            policy["saturation"] = sat
             data = {**data, "gateway": gw, "policy": policy}
         return data
 

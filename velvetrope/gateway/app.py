@@ -275,7 +275,7 @@ class Gateway:
         status["buckets"] = {k: lvl for k, (lvl, _) in self.store.levels().items()}
         status["state"] = self.store.status()
         status["waiting_requests"] = self.admission.waiting
-        status["upstreams"] = self.upstreams.status()
+        status["upstreams"] = self.engines.upstream_status(self.clock.now())
         status["engine_load"] = self.engines.engine_load(self.clock.now())
         status["dispatch_held_by_saturation"] = self.engines.saturation_holds()
         await respond(send, 200, orjson.dumps(status))
@@ -417,7 +417,7 @@ class Gateway:
         engines = self.engines
         tried: tuple[str, ...] = ()  # upstreams that could not be reached
         while True:
-            up = self.upstreams.pick(job.pool, exclude=tried)
+            up = engines.pick(job.pool, exclude=tried)
             if up is None:
                 ticket.fail(Reason.NO_HEALTHY_UPSTREAM)
                 msg = f"no healthy upstream in pool {job.pool!r}"

@@ -29,7 +29,8 @@ engines and the fleet gate follow the fleet.
 
 **Choice.**  :meth:`UpstreamPools.pick` is the core's
 :func:`~velvetrope.core.routing.least_loaded` over the healthy upstreams whose breaker lets
-a request through, ties rotated.
+a request through, ties rotated; those the saturation rule gives room first, when asked
+(:meth:`~velvetrope.gateway.engines.Engines.pick`).
 """
 
 from __future__ import annotations
@@ -190,10 +191,17 @@ class UpstreamPools:
     def any_healthy(self) -> bool:
         return any(u.healthy for ups in self.pools.values() for u in ups)
 
-    def pick(self, pool: str, exclude: Iterable[str] = ()) -> UpstreamState | None:
+    def pick(
+        self,
+        pool: str,
+        exclude: Iterable[str] = (),
+        room: Callable[[str], bool] | None = None,
+    ) -> UpstreamState | None:
         """The least-loaded upstream of ``pool`` that may take a request now (healthy, not
         in ``exclude``, breaker closed, or half-open with no probe out: picking it sends the
-        probe), or ``None``."""
+        probe), or ``None``.  With ``room`` (an upstream URL → whether its engine can take
+        one more, the saturation rule's say) the least-loaded of those with room is
+        preferred; none with room: the least-loaded of all."""
         ups = self.pools.get(pool)
         if not ups:
             return None
@@ -207,9 +215,15 @@ class UpstreamPools:
             u = ups[i]
             return i not in banned and u.healthy and u.url not in skip and u.breaker.state != "open"
 
+        def roomy(i: int) -> bool:
+            return eligible(i) and room is not None and room(ups[i].url)
+
         start = next(self._rr) % len(ups)
         while True:
-            i = least_loaded([u.in_flight for u in ups], start, eligible)
+            loads = [u.in_flight for u in ups]
+            i = least_loaded(loads, start, roomy) if room is not None else -1
+            if i < 0:
+                i = least_loaded(loads, start, eligible)
             if i < 0:
                 return None
             if ups[i].breaker.allow():

@@ -28,7 +28,8 @@ Endpoints
 ``GET /health``
     200 with an empty body while the engine runs (vLLM's behaviour); 503 once it stops.
 ``GET /metrics``
-    Prometheus text with vLLM's metric names (:mod:`velvetrope.engine.serve.metrics`).
+    Prometheus text with vLLM's metric names (:mod:`velvetrope.engine.serve.metrics`), or
+    another engine's (``metrics_dialect``); absent (404) with ``metrics_dialect="none"``.
 
 Generated text
 --------------
@@ -151,6 +152,9 @@ class EngineConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     faults: bool = False
     """Answer a body's ``velvetrope_fault`` status (see the module's docstring)."""
+    metrics_dialect: str = "vllm"
+    """Whose metric names ``/metrics`` speaks (:data:`~velvetrope.engine.serve.metrics.
+    DIALECTS`); ``none``: no ``/metrics`` route (404)."""
 
     def __post_init__(self) -> None:
         if not (self.speed > 0 and not math.isnan(self.speed)):
@@ -221,7 +225,9 @@ class EngineApp:
         self._engine: RealtimeEngine | None = None
         if config.instant:
             self._instant_stats = _InstantStats()
-            self.metrics = EngineMetrics(config.model_name, self._instant_stats)
+            self.metrics = EngineMetrics(
+                config.model_name, self._instant_stats, config.metrics_dialect
+            )
         else:
             priority = config.scheduling == "priority"
             self._engine = RealtimeEngine(
@@ -231,7 +237,7 @@ class EngineApp:
                 priority=priority,
                 on_finish=self._observe,
             )
-            self.metrics = EngineMetrics(config.model_name, self._engine)
+            self.metrics = EngineMetrics(config.model_name, self._engine, config.metrics_dialect)
         self._created = int(time.time())
         self._started = False
         self._stopping = False
@@ -243,6 +249,8 @@ class EngineApp:
             "/health": ("GET", self._health),
             "/metrics": ("GET", self._metrics),
         }
+        if config.metrics_dialect == "none":
+            del self._routes["/metrics"]
 
     @property
     def engine(self) -> RealtimeEngine | None:

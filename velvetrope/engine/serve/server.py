@@ -123,6 +123,7 @@ def run_engine(
     scheduling: Literal["fcfs", "priority"] = "fcfs",
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     faults: bool = False,
+    metrics_dialect: str = "vllm",
     on_ready: Callable[[str], None] | None = None,
     log_level: str = "warning",
 ) -> None:
@@ -142,6 +143,7 @@ def run_engine(
         scheduling=scheduling,
         max_body_bytes=max_body_bytes,
         faults=faults,
+        metrics_dialect=metrics_dialect,
     )
     coro = serve_engine(config, host, port, on_ready=on_ready, log_level=log_level)
     try:
