@@ -361,8 +361,12 @@ def write(
             "What the engines can run moves with the lengths in their batch (a KV-bound "
             "engine runs fewer long sequences); the rule learns it from readings that show "
             "the engine queueing, probes one request higher when an engine runs all it was "
-            "given, and corrects every reading by what was sent since; a reading older than "
-            "three intervals counts as saturated, so a lost scrape never floods an engine.",
+            "given (before it has seen one queue: a slow-start window from 1, doubled by "
+            "each reading that shows it full, so the first burst waits in the gateway), and "
+            "corrects every reading by what was sent since; a reading older than three "
+            "intervals is not used (the engine is served without saturation, its in-flight "
+            "limit still holds, until readings return), so a broken /metrics never holds a "
+            "pool forever.",
             "Preemptions fall too: an engine that is not handed more than it can hold evicts "
             "and recomputes less.",
             f"max_waiting (2 by default; 0 gives {on0.waiting_p99:.0f} against "
