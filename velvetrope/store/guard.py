@@ -11,7 +11,10 @@ Redis costs no timeout per request once the breaker opened.  While Redis cannot 
 ``on_store_error`` decides:
 
 * ``fail_open``: buckets and slots fall back to local ones at this replica's share — each
-  limit divided by N, the live replicas seen through heartbeats before the outage.  A
+  limit divided by N, the live replicas seen through heartbeats before the outage; a
+  pool's slots also leave the other replicas what they held at this replica's last lease
+  reply (a replica that held more than its share keeps running those jobs), and count the
+  jobs this replica still runs on Redis leases.  A
   replica that has never reached Redis has seen no heartbeat: N is then
   ``expected_replicas`` when configured; without it the replica refuses as ``fail_closed``
   does until Redis first answers, since assuming it is alone would let every replica
@@ -119,6 +122,7 @@ class GuardedStore:
         self._seen: dict[str, tuple[float, float]] = {}  # bucket -> (level, capacity) seen
         self._leases: dict[str, dict[str, int]] = {}  # pool -> job id -> tokens, in Redis
         self._local_leases: dict[str, dict[str, int]] = {}  # pool -> job id -> tokens
+        self._others: dict[str, int] = {}  # pool -> slots the other replicas held, last seen
         self._suspect = False  # a call failed since the leases were last asserted
         self._beaten = False  # a heartbeat reached Redis once
         self._assert_lock = asyncio.Lock()
@@ -283,8 +287,10 @@ class GuardedStore:
                 self._finish_remote(job_id, tenant, claims, settle_lines(claims, 0), slot.pool)
             else:
                 self._saw(res)
-                if lease is not None and lease.granted:
-                    self._leases.setdefault(slot.pool, {})[job_id] = _recorded(slot)
+                if lease is not None:
+                    if lease.granted:
+                        self._leases.setdefault(slot.pool, {})[job_id] = _recorded(slot)
+                    self._saw_fleet(slot.pool, lease.in_flight)
                 return res
         return self._reserve_locally(job_id, claims)
 
@@ -465,16 +471,25 @@ class GuardedStore:
             else:
                 if ans.granted:
                     self._leases.setdefault(pool, {})[job_id] = _recorded(slot)
+                self._saw_fleet(pool, ans.in_flight)
                 return bool(ans.granted)
         if self._open_fails():
             self.fallbacks["lease_refused"] += 1
             raise self._unavailable("lease")
         self.fallbacks["lease_local"] += 1
-        # the jobs still running on leases taken in Redis count against the share too
-        if self._held(pool) >= share:
+        # the jobs still running on leases taken in Redis count against the share too, and
+        # the fleet's slots the other replicas held when Redis last answered are theirs
+        allowed = min(share, slot.max_in_flight - self._others.get(pool, 0))
+        if self._held(pool) >= allowed:
             return False
         self._local_leases.setdefault(pool, {})[job_id] = _recorded(slot)
         return True
+
+    def _saw_fleet(self, pool: str, in_flight: int) -> None:
+        """A lease reply said the fleet runs ``in_flight`` jobs of ``pool``: those not ours
+        are the other replicas' (what the fallback leaves them if Redis goes away)."""
+        mine = self._leases.get(pool)
+        self._others[pool] = max(0, in_flight - (len(mine) if mine is not None else 0))
 
     def _release_remote(self, pool: str, job_id: str) -> None:
         self.outbox.put_grouped(("release", pool), job_id, self._send_many)
