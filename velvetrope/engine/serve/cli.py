@@ -90,6 +90,13 @@ def engine_command(
         float, typer.Option(help="Largest request body accepted, in MiB (else 413).")
     ] = 8.0,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
+    journal: Annotated[
+        str | None,
+        typer.Option(
+            help="Append a JSON line to this file when each request starts and ends "
+            "(its times, tokens and end state; see velvetrope.engine.serve.journal)."
+        ),
+    ] = None,
 ) -> None:
     """Run a simulated inference engine with an OpenAI-compatible API and vLLM's metrics.
 
@@ -128,6 +135,7 @@ def engine_command(
             output_policy,
             scheduling=policy,
             max_body_bytes=int(max_body_mb * 1024 * 1024),
+            journal=journal,
             on_ready=ready,
             log_level=log_level,
         )

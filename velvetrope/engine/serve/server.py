@@ -122,6 +122,7 @@ def run_engine(
     *,
     scheduling: Literal["fcfs", "priority"] = "fcfs",
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    journal: str | None = None,
     on_ready: Callable[[str], None] | None = None,
     log_level: str = "warning",
 ) -> None:
@@ -140,6 +141,7 @@ def run_engine(
         outputs=outputs if outputs is not None else OutputPolicy(),
         scheduling=scheduling,
         max_body_bytes=max_body_bytes,
+        journal=journal,
     )
     coro = serve_engine(config, host, port, on_ready=on_ready, log_level=log_level)
     try:
