@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 
 from harness.chaos_checks import Verdict, inflight, outcomes, priority, settlement, statuses
 from harness.chaos_faults import Event, play, schedule
@@ -43,6 +44,9 @@ from harness.chaos_state import JournalEntry, read_journal, read_redis
 from tests.support.prometheus import metric_sum
 
 __all__ = ["main", "run_policy"]
+
+_BEHIND_MS = 1000.0
+"""Sending later than this (p99) means this process did not get the CPU it needed."""
 
 _LOG_MARKS = ("Traceback", "Future exception was never retrieved", "Task exception was never")
 
@@ -101,6 +105,7 @@ def _settle(fleet: Fleet, v: Verdict, bound_s: float = 30.0) -> dict[str, int]:
     residue = {}
     for name, st in statuses_.items():
         residue[name] = st["queued"] + st["in_flight"] + st["waiting_requests"]
+        v.details.append(f"{name}: state fallbacks {st['state'].get('fallbacks')}")
         if st["state"].get("outbox"):
             v.details.append(
                 f"{name}: outbox still holds {st['state']['outbox']} after {bound_s:g}s"
@@ -239,6 +244,14 @@ def _hangups(shots: Sequence[Shot], entries: Sequence[JournalEntry]) -> str:
     return "hang-ups: " + ", ".join(f"{k}={n}" for k, n in sorted(kinds.items()))
 
 
+_SHOT_FIELDS = (
+    "request_id", "at", "stream", "max_tokens", "prompt", "hangup", "hangup_after", "gateway",
+    "incarnation", "sent_at", "head_at", "ended_at", "hung_up_at", "status", "code", "message",
+    "chunks", "usage", "done", "timing", "outcome", "detail",
+)  # fmt: skip
+"""What ``--keep`` writes of each request (``shots.jsonl``), relative times unchanged."""
+
+
 def _write_logs(fleet: Fleet) -> None:
     """Each process's stderr beside the journals (kept with ``--keep``)."""
     for slot in fleet.gateways + fleet.engines:
@@ -273,6 +286,11 @@ def run_policy(
     v.requests = len(sent)
     lag = sorted((s.sent_at or 0) - (t0 + s.at) for s in sent)
     p99 = lag[int(0.99 * (len(lag) - 1))] * 1000 if lag else 0.0
+    if p99 > _BEHIND_MS:
+        v.problems.append(
+            f"the load generator sent p99 {p99:.0f} ms late (the box is too busy for "
+            f"{rate:g}/s): client timeouts and disconnects are its own, not the fleet's"
+        )
     v.details.append(
         f"load: {len(sent)} requests in {seconds:g}s ({len(sent) / seconds:.1f}/s asked "
         f"{rate:g}/s), sending late by p99 {p99:.0f} ms; processes up in {start_s:.0f}s, "
@@ -299,6 +317,8 @@ def run_policy(
     _logs(fleet, v)
     if keep:
         _write_logs(fleet)
+        dump = [{k: getattr(s, k) for k in _SHOT_FIELDS} | {"tier": s.tier} for s in shots]
+        (workdir / "shots.jsonl").write_bytes(b"".join(orjson.dumps(d) + b"\n" for d in dump))
         v.details.append(f"kept {workdir}")
     else:
         shutil.rmtree(workdir, ignore_errors=True)

@@ -278,7 +278,8 @@ def inflight(
     the hang-up (the gateway may give its slot back any time after, and the engine learns
     of it only when it reads the closed connection).  At equal instants ends count first."""
     hung = {s.request_id: s.hung_up_at for s in shots if s.hung_up_at is not None}
-    points: list[tuple[float, int]] = []
+    via = {s.request_id: f"{s.gateway}#{s.incarnation}" for s in shots}
+    points: list[tuple[float, int, str]] = []
     open_ends = 0
     for e in entries:
         end = e.end if e.end is not None else killed_at.get((e.engine, e.incarnation))
@@ -290,29 +291,34 @@ def inflight(
             end = min(end, h)
         if end <= e.start:
             continue
-        points.append((e.start, 1))
-        points.append((end, -1))
+        points.append((e.start, 1, e.request_id or e.id))
+        points.append((end, -1, e.request_id or e.id))
     if open_ends:
         v.problems.append(f"{open_ends} journal entries of live engines never ended")
     points.sort(key=lambda p: (p[0], p[1]))
-    held = peak = over = 0
+    peak = over = 0
+    live: set[str] = set()
     above_since: float | None = None
     above_s = 0.0
     windows: list[str] = []
-    for t, d in points:
-        held += d
-        peak = max(peak, held)
-        if d > 0 and held > limit:
+    for t, d, rid in points:
+        if d > 0:
+            live.add(rid)
+        else:
+            live.discard(rid)
+        peak = max(peak, len(live))
+        if d > 0 and len(live) > limit:
             over += 1
             if above_since is None:
                 above_since = t
-        if held <= limit and above_since is not None:
+                if len(windows) < 6:  # who held them when it first went over: by gateway
+                    by = Counter(via.get(r, "?") for r in live)
+                    windows.append(f"{t - t0:.2f}s ({dict(sorted(by.items()))})")
+        if len(live) <= limit and above_since is not None:
             above_s += t - above_since
-            if len(windows) < 6:
-                windows.append(f"{above_since - t0:.2f}s+{(t - above_since) * 1000:.0f}ms")
             above_since = None
     v.add("inflight_over_limit", over)
-    where = f" at {', '.join(windows)}" if windows else ""
+    where = f"; first over at {', '.join(windows)}" if windows else ""
     v.details.append(
         f"engines held at most {peak} requests at once (limit {limit}); above it for "
         f"{above_s * 1000:.0f} ms{where}"
@@ -369,7 +375,12 @@ def priority(shots: Sequence[Shot], v: Verdict) -> None:
             if d_i > d:
                 inversions += 1
                 if len(examples) < 3:
-                    examples.append(f"{s.request_id} ahead of {latest.request_id} on {gw}#{inc}")
+                    ai, di, si = latest.timing
+                    examples.append(
+                        f"{s.request_id} (seq {s.timing[2]}, arrived {a:.3f}, dispatched {d:.3f}) "
+                        f"ahead of {latest.request_id} (seq {si}, arrived {ai:.3f}, "
+                        f"dispatched {di:.3f}) on {gw}#{inc}"
+                    )
             elif d_i == d and d_i > a:
                 ties += 1
     v.add("priority_inversions", inversions)

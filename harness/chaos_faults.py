@@ -45,23 +45,31 @@ class Event:
 Fault = Callable[[Fleet, Rotation, list[Event]], Awaitable[None]]
 
 
+def _restart(fleet: Fleet) -> None:
+    fleet.redis.stop()
+    time.sleep(1.0)
+    fleet.redis.start()
+
+
+def _pause(fleet: Fleet) -> None:
+    fleet.redis.pause()
+    try:
+        time.sleep(3.0)
+    finally:
+        fleet.redis.resume()
+
+
 async def redis_restart(fleet: Fleet, rotation: Rotation, log: list[Event]) -> None:
     ev = Event("redis_restart", time.monotonic())
     log.append(ev)
-    await asyncio.to_thread(fleet.redis.stop)
-    await asyncio.sleep(1.0)
-    await asyncio.to_thread(fleet.redis.start)
+    await asyncio.to_thread(_restart, fleet)  # timed in a thread: the load's loop is busy
     ev.end = time.monotonic()
 
 
 async def redis_pause(fleet: Fleet, rotation: Rotation, log: list[Event]) -> None:
     ev = Event("redis_pause", time.monotonic())
     log.append(ev)
-    fleet.redis.pause()
-    try:
-        await asyncio.sleep(3.0)
-    finally:
-        fleet.redis.resume()
+    await asyncio.to_thread(_pause, fleet)
     ev.end = time.monotonic()
 
 

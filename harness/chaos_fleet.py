@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import subprocess
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -87,7 +88,7 @@ class FleetSpec:
     engine_speed: float = 2.0
     lease_ttl_s: float = 3.0
     hold_ttl_s: float = 120.0
-    drain_notice_s: float = 4.0
+    drain_notice_s: float = 8.0
     call_timeout_ms: float = 50.0
 
 
@@ -205,6 +206,8 @@ class Fleet:
         self.engines = [Slot("engine-a"), Slot("engine-b")]
         self.gateways = [Slot("gateway-a"), Slot("gateway-b")]
         self.redis_started = False
+        self._http = httpx.Client(verify=False)  # plain HTTP: no CA bundle to load
+        self._http_lock = threading.Lock()  # one caller at a time (fault threads, the run)
 
     def config(self, gateway: Slot) -> dict[str, Any]:
         return gateway_config(
@@ -266,18 +269,20 @@ class Fleet:
 
     def admin_status(self, gateway: Slot, timeout_s: float = 2.0) -> dict[str, Any]:
         """``/admin/status`` of ``gateway`` (raises httpx's errors)."""
-        r = httpx.get(
-            gateway.url + "/admin/status",
-            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
-            timeout=timeout_s,
-        )
+        with self._http_lock:
+            r = self._http.get(
+                gateway.url + "/admin/status",
+                headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+                timeout=timeout_s,
+            )
         r.raise_for_status()
         out: dict[str, Any] = r.json()
         return out
 
     def scrape(self, slot: Slot, timeout_s: float = 2.0) -> str:
         """``/metrics`` of ``slot``'s current process (raises httpx's errors)."""
-        r = httpx.get(slot.url + "/metrics", timeout=timeout_s)
+        with self._http_lock:
+            r = self._http.get(slot.url + "/metrics", timeout=timeout_s)
         r.raise_for_status()
         return r.text
 
@@ -306,3 +311,4 @@ class Fleet:
         if self.redis_started:
             with contextlib.suppress(Exception):
                 self.redis.stop()
+        self._http.close()

@@ -47,9 +47,11 @@ def test_inflight_counts_the_starts_above_the_limit_across_engines() -> None:
         entry("c", 2.0, 2.5, "e1"),  # the third at once: over a limit of 2
         entry("d", 3.0, 5.0, "e2"),  # starts as "a" ends: ends count first, not over
     ]
-    inflight([], entries, {}, 2, 0.0, v)
+    shots = [shot(r, gateway=g) for r, g in (("a", "g1"), ("b", "g2"), ("c", "g1"), ("d", "g2"))]
+    inflight(shots, entries, {}, 2, 0.0, v)
     assert v.counts["inflight_over_limit"] == 1
     assert "held at most 3" in v.details[0] and "500 ms" in v.details[0]
+    assert "first over at 2.00s ({'g1#0': 2, 'g2#0': 1})" in v.details[0]  # who held them
 
 
 def test_inflight_ends_a_killed_engines_requests_at_the_kill_and_hangups_at_the_hangup() -> None:
@@ -87,7 +89,7 @@ def test_priority_counts_a_batch_request_dispatched_ahead_of_a_queued_interactiv
     priority(shots, v)
     assert v.counts["priority_inversions"] == 1
     assert "2 batch requests arrived while an interactive one was queued" in v.details[0]
-    assert "b-ahead ahead of i" in v.details[0]
+    assert "b-ahead (seq 2," in v.details[0] and "ahead of i (seq 1," in v.details[0]
 
 
 def test_priority_leaves_out_same_instant_dispatches_and_flags_a_foreign_clock() -> None:
