@@ -218,6 +218,18 @@ def _logs(fleet: Fleet, v: Verdict) -> None:
                 v.details.append(f"log {slot.name}#{i}: {marks}; e.g. {lines[:2]}")
 
 
+def _attribute(fleet: Fleet, shots: Sequence[Shot]) -> None:
+    """Credit each answer with a timing header to the process that wrote it (its pid): a
+    request sent to a gateway about to exit may be answered by the one restarted on its
+    port."""
+    by_pid = {
+        inc.proc.pid: (slot.name, i) for slot in fleet.gateways for i, inc in enumerate(slot.runs)
+    }
+    for s in shots:
+        if s.timing is not None and s.timing[3] in by_pid:
+            s.gateway, s.incarnation = by_pid[s.timing[3]]
+
+
 def _peaks(fleet: Fleet) -> str:
     """Each engine process's ``velvetrope_engine_requests_peak`` as last read."""
     out = []
@@ -284,6 +296,7 @@ def run_policy(
         fleet.close()
     sent = [s for s in shots if s.sent_at is not None]
     v.requests = len(sent)
+    _attribute(fleet, shots)
     lag = sorted((s.sent_at or 0) - (t0 + s.at) for s in sent)
     p99 = lag[int(0.99 * (len(lag) - 1))] * 1000 if lag else 0.0
     if p99 > _BEHIND_MS:

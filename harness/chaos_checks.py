@@ -329,7 +329,8 @@ def inflight(
 
 
 def priority(shots: Sequence[Shot], v: Verdict) -> None:
-    """``priority_inversions``: within one gateway process (one pool), a batch request B
+    """``priority_inversions``: within one gateway process (one pool; the process that
+    answered, by the pid in its header), a batch request B
     that arrived while an interactive request I was queued (``a_I < a_B < d_I``) and was
     dispatched before it (``d_B < d_I``), from the gateways' timing headers (arrival and
     dispatch on the gateway's clock, arrival order by its sequence number).  The queue runs
@@ -340,29 +341,29 @@ def priority(shots: Sequence[Shot], v: Verdict) -> None:
     Also checks that every 200 answer has the header, and that each is consistent with the
     client's clock (sent <= arrived <= dispatched <= response head): that the clocks are
     one."""
-    groups: dict[tuple[str, int], list[Shot]] = defaultdict(list)
+    groups: dict[tuple[str, int], list[Shot]] = defaultdict(list)  # (gateway, its pid)
     clock_bad = untimed = 0
     for s in shots:
         if s.timing is None:
             untimed += s.status == 200
             continue
-        a, d, _ = s.timing
+        a, d, _, pid = s.timing
         sent, head = s.sent_at, s.head_at
         if sent is None or head is None or not (sent <= a <= d <= head):
             clock_bad += 1
-        groups[(s.gateway, s.incarnation)].append(s)
+        groups[(s.gateway, pid)].append(s)
     if clock_bad:
         v.problems.append(f"{clock_bad} timing headers disagree with the client's clock")
     if untimed:
         v.problems.append(f"{untimed} 200 answers without a timing header: priority unchecked")
     inversions = exposed = ties = 0
     examples: list[str] = []
-    for (gw, inc), group in sorted(groups.items()):
+    for (gw, pid), group in sorted(groups.items()):
         group.sort(key=lambda s: s.timing[2] if s.timing else 0)
         latest: Shot | None = None  # the interactive one dispatched last, arrived so far
         for s in group:
             assert s.timing is not None
-            a, d, _ = s.timing
+            a, d, _, _ = s.timing
             if s.tier == "interactive":
                 if latest is None or latest.timing is None or latest.timing[1] < d:
                     latest = s
@@ -375,11 +376,11 @@ def priority(shots: Sequence[Shot], v: Verdict) -> None:
             if d_i > d:
                 inversions += 1
                 if len(examples) < 3:
-                    ai, di, si = latest.timing
+                    ai, di, si, _ = latest.timing
                     examples.append(
                         f"{s.request_id} (seq {s.timing[2]}, arrived {a:.3f}, dispatched {d:.3f}) "
                         f"ahead of {latest.request_id} (seq {si}, arrived {ai:.3f}, "
-                        f"dispatched {di:.3f}) on {gw}#{inc}"
+                        f"dispatched {di:.3f}) on {gw} pid {pid}"
                     )
             elif d_i == d and d_i > a:
                 ties += 1

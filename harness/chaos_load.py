@@ -100,8 +100,10 @@ class Shot:
     """``(prompt, completion)`` tokens as the answer reported them."""
     done: bool = False
     """A complete 200 answer: a JSON body with its usage, or a stream up to ``[DONE]``."""
-    timing: tuple[float, float, int] | None = None
-    """``(arrived, dispatched, seq)`` from the gateway's ``x-velvetrope-timing``."""
+    timing: tuple[float, float, int, int] | None = None
+    """``(arrived, dispatched, seq, pid)`` from the gateway's ``x-velvetrope-timing``: the
+    process that answered (a request sent to a gateway about to exit may reach the one
+    restarted on its port)."""
     outcome: str = "pending"
     detail: str = ""
 
@@ -210,12 +212,13 @@ class Rotation:
         self.retired.clear()
 
 
-def _timing(value: str | None) -> tuple[float, float, int] | None:
-    """``x-velvetrope-timing``'s ``arrived=A dispatched=D seq=S`` (``None`` if absent)."""
+def _timing(value: str | None) -> tuple[float, float, int, int] | None:
+    """``x-velvetrope-timing``'s ``arrived=A dispatched=D seq=S pid=P`` (``None`` if
+    absent)."""
     if not value:
         return None
-    fields = dict(part.split("=", 1) for part in value.split())
-    return float(fields["arrived"]), float(fields["dispatched"]), int(fields["seq"])
+    f = dict(part.split("=", 1) for part in value.split())
+    return float(f["arrived"]), float(f["dispatched"]), int(f["seq"]), int(f["pid"])
 
 
 def _error(shot: Shot, obj: Any) -> None:

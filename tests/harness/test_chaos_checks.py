@@ -74,7 +74,7 @@ def test_inflight_ends_a_killed_engines_requests_at_the_kill_and_hangups_at_the_
 
 
 def timed(rid: str, tenant: Any, a: float, d: float, seq: int, gateway: str = "gw") -> Shot:
-    return shot(rid, tenant=tenant, timing=(a, d, seq), sent_at=a, head_at=d, gateway=gateway)
+    return shot(rid, tenant=tenant, timing=(a, d, seq, 1), sent_at=a, head_at=d, gateway=gateway)
 
 
 def test_priority_counts_a_batch_request_dispatched_ahead_of_a_queued_interactive_one() -> None:
