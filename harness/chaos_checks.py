@@ -109,6 +109,8 @@ def statuses(shots: Sequence[Shot], v: Verdict) -> None:
         key = f"{s.status}" + (f"/{s.code}" if s.code else "")
         if s.status == 200 and s.code:
             key = f"200+event/{s.code}"
+        if s.outcome == "hung_up":
+            key += "(then hung up)"
         seen[key] += 1
         if s.status == 500 or s.code == "internal_error":
             fives += 1

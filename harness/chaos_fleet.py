@@ -217,18 +217,16 @@ class Fleet:
     # -- starting ----------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start everything: Redis, then the engines side by side, then the gateways side
-        by side (each waited for until ready); on failure stop what started."""
+        """Start everything: Redis, then the four processes side by side (a gateway is
+        ready once an engine answers its health check); on failure stop what started."""
         try:
             self.redis.start()
             self.redis_started = True
-            for starter, slots in (
-                (self.start_engine, self.engines),
-                (self.start_gateway, self.gateways),
-            ):
-                with ThreadPoolExecutor(len(slots)) as pool:
-                    for done in [pool.submit(starter, slot) for slot in slots]:
-                        done.result()
+            jobs = [(self.start_engine, e) for e in self.engines]
+            jobs += [(self.start_gateway, g) for g in self.gateways]
+            with ThreadPoolExecutor(len(jobs)) as pool:
+                for done in [pool.submit(starter, slot) for starter, slot in jobs]:
+                    done.result()
         except BaseException:
             self.close()
             raise
@@ -303,11 +301,14 @@ class Fleet:
     # -- stopping -------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Stop every process still running: gateways first, then engines, then Redis."""
-        for slot in self.gateways + self.engines:
-            for inc in slot.runs:
-                with contextlib.suppress(Exception):
-                    inc.finish()
+        """Stop every process still running: the gateways (side by side), then the engines,
+        then Redis."""
+        for slots in (self.gateways, self.engines):
+            runs = [inc for slot in slots for inc in slot.runs]
+            with ThreadPoolExecutor(max(1, len(runs))) as pool:
+                for done in [pool.submit(inc.finish) for inc in runs]:
+                    with contextlib.suppress(Exception):
+                        done.result()
         if self.redis_started:
             with contextlib.suppress(Exception):
                 self.redis.stop()
