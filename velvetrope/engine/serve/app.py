@@ -28,7 +28,9 @@ Endpoints
 ``GET /health``
     200 with an empty body while the engine runs (vLLM's behaviour); 503 once it stops.
 ``GET /metrics``
-    Prometheus text with vLLM's metric names (:mod:`velvetrope.engine.serve.metrics`).
+    Prometheus text with vLLM's metric names (:mod:`velvetrope.engine.serve.metrics`), and
+    the requests held now and at most (:mod:`velvetrope.engine.serve.journal`, which with
+    ``EngineConfig.journal`` also writes each request's start and end to a file).
 
 Generated text
 --------------

@@ -129,7 +129,8 @@ def run_engine(
     """Run an engine server in this process (blocking, on uvloop) until SIGINT/SIGTERM.
 
     ``profile`` and ``tokenizer`` may be given as names (:func:`load_profile`,
-    :func:`get_tokenizer`); ``speed=math.inf`` is instant mode.  Returns normally after a
+    :func:`get_tokenizer`); ``speed=math.inf`` is instant mode; ``journal`` is a file to
+    append each request's start and end to (:mod:`velvetrope.engine.serve.journal`).  Returns normally after a
     signal; raises :class:`~velvetrope.errors.ConfigError` /
     :class:`~velvetrope.errors.PolicyError` for a bad configuration before listening.
     """
