@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import resource
 import shutil
 import sys
 import tempfile
@@ -283,11 +284,13 @@ def run_policy(
     shots = plan(rate, seconds, seed, f"{policy}-{seed}")
     events: list[Event] = []
     began = time.monotonic()
+    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     try:
         fleet.start()
         start_s = time.monotonic() - began
         t0 = asyncio.run(_load(fleet, shots, seconds, full, events))
         load_s = time.monotonic() - t0
+        cpu1 = resource.getrusage(resource.RUSAGE_SELF)
         residue = _settle(fleet, v)
         failed = fleet.keep_final_metrics()
         v.problems += [f"final /metrics: {f}" for f in failed]
@@ -297,6 +300,7 @@ def run_policy(
     sent = [s for s in shots if s.sent_at is not None]
     v.requests = len(sent)
     _attribute(fleet, shots)
+    cpu_s = cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime
     lag = sorted((s.sent_at or 0) - (t0 + s.at) for s in sent)
     p99 = lag[int(0.99 * (len(lag) - 1))] * 1000 if lag else 0.0
     if p99 > _BEHIND_MS:
@@ -307,7 +311,8 @@ def run_policy(
     v.details.append(
         f"load: {len(sent)} requests in {seconds:g}s ({len(sent) / seconds:.1f}/s asked "
         f"{rate:g}/s), sending late by p99 {p99:.0f} ms; processes up in {start_s:.0f}s, "
-        f"{load_s:.0f}s until the last answer, run {time.monotonic() - began:.0f}s"
+        f"{load_s:.0f}s until the last answer, run {time.monotonic() - began:.0f}s; the "
+        f"clients used {cpu_s:.0f} s of CPU ({100 * cpu_s / load_s:.0f}% of a core)"
     )
     for ev in events:
         end = "" if ev.end is None else f"..{ev.end - t0:.1f}s"

@@ -10,8 +10,9 @@ Faults, each at a fixed fraction of the load's duration (:func:`schedule`):
   :class:`~harness.chaos_load.Rotation`) keeps sending to it for 1 s (those requests get
   503 ``draining``), then stops; while it drains its ``/admin/status`` and ``/metrics`` are
   read every 100 ms, and the last ``/metrics`` read while it had nothing queued or in flight
-  is kept as its final counters; once it exited a new one starts on its port and rejoins
-  the rotation.
+  and no request sent to it was still under way is kept as its final counters (with the
+  gateway's ``drain_notice_s`` long enough, there is such a moment before it exits); once
+  it exited a new one starts on its port and rejoins the rotation.
 
 Blocking work (signals and waits, starting processes) runs in threads, so the load's event
 loop keeps sending.  Each fault is logged as an :class:`Event` with its times.
@@ -91,10 +92,15 @@ def _idle(status: dict[str, object]) -> bool:
     )
 
 
-async def _watch_drain(fleet: Fleet, slot: Slot, bound_s: float) -> str:
+async def _watch_drain(
+    fleet: Fleet, slot: Slot, rotation: Rotation, removed: asyncio.Event, bound_s: float
+) -> str:
     """Read the draining gateway until it exits (at most ``bound_s``): keep its last
-    ``/metrics`` taken while idle.  Returns a note."""
+    ``/metrics`` taken while it was idle, out of the rotation, and none of the requests
+    sent to it was still under way (so nothing more can reach its counters).  Returns a
+    note."""
     inc = slot.current
+    where = (slot.name, len(slot.runs) - 1)
     end = time.monotonic() + bound_s
     reads = 0
     while not fleet.exited(slot):
@@ -102,7 +108,7 @@ async def _watch_drain(fleet: Fleet, slot: Slot, bound_s: float) -> str:
             return f"still running after {bound_s:g}s"
         try:
             status = await asyncio.to_thread(fleet.admin_status, slot, 1.0)
-            if _idle(status):
+            if _idle(status) and removed.is_set() and rotation.pending[where] == 0:
                 text = await asyncio.to_thread(fleet.scrape, slot, 1.0)
                 inc.metrics, inc.metrics_at = text, time.monotonic()
                 reads += 1
@@ -117,9 +123,11 @@ async def gateway_drain(fleet: Fleet, rotation: Rotation, log: list[Event]) -> N
     ev = Event("gateway_drain", time.monotonic(), note=slot.name)
     log.append(ev)
     fleet.terminate(slot)
-    watch = asyncio.create_task(_watch_drain(fleet, slot, 60.0))
+    removed = asyncio.Event()
+    watch = asyncio.create_task(_watch_drain(fleet, slot, rotation, removed, 60.0))
     await asyncio.sleep(1.0)  # a load balancer's /readyz period: it still sends meanwhile
     rotation.remove(slot.name)
+    removed.set()
     ev.note += ": " + await watch
     slot.current.finish()
     await asyncio.to_thread(fleet.start_gateway, slot)

@@ -25,9 +25,11 @@ gateways' timing header and the engines' journals).
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import random
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
@@ -128,7 +130,7 @@ def plan(rate: float, seconds: float, seed: int, tag: str) -> list[Shot]:
             break
         tenant = by_name[rng.choices(names, weights)[0]]
         stream = rng.random() < 0.7
-        mt = rng.randint(8, 40) if tenant.tier == "interactive" else rng.randint(16, 80)
+        mt = rng.randint(4, 20) if tenant.tier == "interactive" else rng.randint(8, 40)
         u = rng.random()
         hangup, after = "", 0.0
         if u < 0.1:
@@ -175,6 +177,8 @@ class Rotation:
         self._live: dict[str, tuple[int, list[httpx.AsyncClient]]] = {}
         self._order = itertools.count()
         self.retired: list[httpx.AsyncClient] = []
+        self.pending: Counter[tuple[str, int]] = Counter()
+        """Requests sent to each (gateway, process number) whose exchange has not ended."""
 
     def add(self, name: str, url: str, incarnation: int) -> None:
         """Send to ``name`` (its process number ``incarnation``) from now on."""
@@ -308,6 +312,10 @@ async def _fire(client: httpx.AsyncClient, shot: Shot) -> None:
         shot.ended_at = time.monotonic()
 
 
+def _ended(pending: Counter[tuple[str, int]], where: tuple[str, int], _: object) -> None:
+    pending[where] -= 1
+
+
 async def drive(
     shots: list[Shot],
     rotation: Rotation,
@@ -331,9 +339,12 @@ async def drive(
             shot.outcome, shot.detail = "broken", "no gateway in rotation"
             continue
         shot.gateway, shot.incarnation, client = picked
+        where = (shot.gateway, shot.incarnation)
+        rotation.pending[where] += 1
         task = asyncio.create_task(_fire(client, shot))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
+        task.add_done_callback(functools.partial(_ended, rotation.pending, where))
     if tasks:
         _, late = await asyncio.wait(tasks, timeout=wait_s)
         for task in late:
