@@ -41,7 +41,14 @@ from harness.chaos_checks import Verdict, inflight, outcomes, priority, settleme
 from harness.chaos_faults import Event, play, schedule
 from harness.chaos_fleet import Fleet, FleetSpec
 from harness.chaos_load import Rotation, Shot, drive, plan
-from harness.chaos_state import JournalEntry, read_journal, read_redis
+from harness.chaos_state import (
+    JournalEntry,
+    Sample,
+    read_journal,
+    read_redis,
+    sample_states,
+    state_context,
+)
 from tests.support.prometheus import metric_sum
 
 __all__ = ["main", "run_policy"]
@@ -57,9 +64,14 @@ def say(line: str) -> None:
 
 
 async def _load(
-    fleet: Fleet, shots: list[Shot], seconds: float, full: bool, events: list[Event]
+    fleet: Fleet,
+    shots: list[Shot],
+    seconds: float,
+    full: bool,
+    events: list[Event],
+    samples: list[Sample],
 ) -> float:
-    """Drive the load and play the faults; the load's start instant."""
+    """Drive the load, play the faults and sample the gateways' state; the load's start."""
     rotation = Rotation()
     for g in fleet.gateways:
         rotation.add(g.name, g.url, len(g.runs) - 1)
@@ -67,13 +79,14 @@ async def _load(
     load = asyncio.create_task(drive(shots, rotation, started=started.set_result))
     t0: float = await started
     faults = asyncio.create_task(play(schedule(full), fleet, rotation, t0, seconds, events))
+    sampler = asyncio.create_task(sample_states(fleet, samples))
     try:
         await load
         await asyncio.wait_for(faults, timeout=120)
     finally:
-        for task in (load, faults):
+        for task in (load, faults, sampler):
             task.cancel()
-        await asyncio.gather(load, faults, return_exceptions=True)
+        await asyncio.gather(load, faults, sampler, return_exceptions=True)
         await rotation.close()
     return t0
 
@@ -283,12 +296,13 @@ def run_policy(
     fleet = Fleet(workdir, spec, f"chaos-{policy}-{uuid.uuid4().hex[:6]}")
     shots = plan(rate, seconds, seed, f"{policy}-{seed}")
     events: list[Event] = []
+    samples: list[Sample] = []
     began = time.monotonic()
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     try:
         fleet.start()
         start_s = time.monotonic() - began
-        t0 = asyncio.run(_load(fleet, shots, seconds, full, events))
+        t0 = asyncio.run(_load(fleet, shots, seconds, full, events, samples))
         load_s = time.monotonic() - t0
         cpu1 = resource.getrusage(resource.RUSAGE_SELF)
         residue = _settle(fleet, v)
@@ -328,7 +342,8 @@ def run_policy(
         for i, inc in enumerate(slot.runs)
         if inc.killed_at is not None
     }
-    inflight(shots, entries, killed, spec.max_in_flight, t0, v)
+    for at in inflight(shots, entries, killed, spec.max_in_flight, t0, v)[:4]:
+        v.details.append(f"over at {at - t0:.2f}s: {state_context(samples, at, t0)}")
     v.details.append(f"engine peak gauges: {_peaks(fleet)}")
     v.details.append(_hangups(shots, entries))
     priority(shots, v)

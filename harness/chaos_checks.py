@@ -268,9 +268,10 @@ def inflight(
     limit: int,
     t0: float,
     v: Verdict,
-) -> None:
+) -> list[float]:
     """``inflight_over_limit``: requests whose start at an engine took the number held by
-    all engines together above ``limit``.
+    all engines together above ``limit``.  Returns the instants it first went over, per
+    excursion.
 
     Exact from the journals, on the one clock every process shares: each request counts
     from its start to its end at its engine (:mod:`velvetrope.engine.serve.journal`), with
@@ -303,6 +304,7 @@ def inflight(
     above_since: float | None = None
     above_s = 0.0
     windows: list[str] = []
+    starts: list[float] = []
     for t, d, rid in points:
         if d > 0:
             live.add(rid)
@@ -313,6 +315,7 @@ def inflight(
             over += 1
             if above_since is None:
                 above_since = t
+                starts.append(t)
                 if len(windows) < 6:  # who held them when it first went over: by gateway
                     by = Counter(via.get(r, "?") for r in live)
                     windows.append(f"{t - t0:.2f}s ({dict(sorted(by.items()))})")
@@ -325,6 +328,7 @@ def inflight(
         f"engines held at most {peak} requests at once (limit {limit}); above it for "
         f"{above_s * 1000:.0f} ms{where}"
     )
+    return starts
 
 
 # -- priority -----------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""What a chaos run reads once its load has stopped: Redis's keys, the gateways' and the
-engines' final numbers, and the engines' journals.
+"""What a chaos run reads: Redis's keys once the load has stopped, the engines' journals,
+and the gateways' shared-state status sampled during the load (the context of an excursion
+over ``max_in_flight``).
 
 Redis's key layout is :mod:`velvetrope.store.redis_store`'s: ``ns:{pool:P}:leases`` (a
 zset, job id -> lease expiry in whole ms of Redis's ``TIME``), ``ns:{pool:P}:lease_tokens``,
@@ -9,21 +10,27 @@ hash ``l`` = level, ``t`` = last refill in Redis seconds).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import asyncio
+import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 import redis
 
-from harness.chaos_fleet import TENANTS
+from harness.chaos_fleet import TENANTS, Fleet
 
 __all__ = [
     "JournalEntry",
     "RedisView",
+    "Sample",
     "read_journal",
     "read_redis",
+    "sample_states",
+    "state_context",
 ]
 
 
@@ -151,3 +158,45 @@ def read_journal(path: Path, engine: str, incarnation: int) -> tuple[list[Journa
         else:
             bad += 1
     return list(entries.values()), bad
+
+
+# -- the gateways' shared state during the run ----------------------------------------------
+
+
+Sample = tuple[float, str, dict[str, Any]]
+"""``(time, gateway#process, its /admin/status "state")``."""
+
+
+async def sample_states(fleet: Fleet, samples: list[Sample], period_s: float = 0.25) -> None:
+    """Read each gateway's shared-state status every ``period_s`` (until cancelled): the
+    context of an excursion over ``max_in_flight``."""
+    while True:
+        for g in fleet.gateways:
+            where = f"{g.name}#{len(g.runs) - 1}"
+            try:
+                st = await asyncio.to_thread(fleet.admin_status, g, 1.0)
+            except httpx.HTTPError:
+                continue  # restarting
+            samples.append((time.monotonic(), where, st["state"]))
+        await asyncio.sleep(period_s)
+
+
+def state_context(samples: Sequence[Sample], at: float, t0: float) -> str:
+    """Each gateway's shared state just before ``at`` and its fallbacks in the second
+    before: whether its breaker was open, the leases it held in Redis and locally."""
+    out = []
+    for where in sorted({w for _, w, _ in samples}):
+        mine = [(t, st) for t, w, st in samples if w == where]
+        before = [(t, st) for t, st in mine if t <= at]
+        if not before:
+            continue
+        t, st = before[-1]
+        earlier = [st2 for t2, st2 in before if t2 <= at - 1.0]
+        grew = sum(st["fallbacks"].values()) - (
+            sum(earlier[-1]["fallbacks"].values()) if earlier else 0
+        )
+        out.append(
+            f"{where} at {t - t0:.2f}s: breaker {st['breaker']}, leases {st['leases']}, "
+            f"local {st['local_leases']}, fallbacks +{grew} in the second before"
+        )
+    return "; ".join(out)

@@ -15,7 +15,7 @@ from harness.chaos_checks import (
 )
 from harness.chaos_fleet import TENANTS
 from harness.chaos_load import Shot
-from harness.chaos_state import JournalEntry, RedisView
+from harness.chaos_state import JournalEntry, RedisView, state_context
 from tests.support.prometheus import metric_sum
 
 INTERACTIVE, BATCH = TENANTS[0], TENANTS[2]
@@ -201,3 +201,25 @@ def test_metric_sum_matches_names_and_labels() -> None:
     text = 'a_total{t="x"} 2\na_total{t="y"} 3\na_total_more 9\n# a_total 100\n'
     assert metric_sum(text, "a_total") == 5
     assert metric_sum(text, "a_total", t="y") == 3
+
+
+def test_state_context_says_what_each_gateway_held_just_before() -> None:
+    st = {"breaker": "closed", "leases": {"default": 6}, "local_leases": {}, "fallbacks": {}}
+    opened = {
+        "breaker": "open",
+        "leases": {"default": 2},
+        "local_leases": {"default": 4},
+        "fallbacks": {"lease_local": 4, "reserve_local": 3},
+    }
+    samples = [
+        (9.0, "gw-a#0", st),
+        (9.8, "gw-a#0", opened),
+        (10.5, "gw-a#0", st),
+        (9.9, "gw-b#0", st),
+    ]
+    got = state_context(samples, 10.0, 0.0)
+    assert got == (
+        "gw-a#0 at 9.80s: breaker open, leases {'default': 2}, local {'default': 4}, "
+        "fallbacks +7 in the second before; gw-b#0 at 9.90s: breaker closed, leases "
+        "{'default': 6}, local {}, fallbacks +0 in the second before"
+    )
