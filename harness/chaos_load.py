@@ -116,8 +116,10 @@ class Shot:
 
 def plan(rate: float, seconds: float, seed: int, tag: str) -> list[Shot]:
     """The requests of a run at ``rate`` per second (Poisson arrivals) for ``seconds``:
-    tenants by fixed weights, 70% streaming, 10% hanging up early (any kind) and 10%
-    hanging up mid-stream (streams only)."""
+    tenants by fixed weights; 70% streaming; short answers (4 to 20 tokens interactive, 8
+    to 40 batch) but for 3% of all, non-streaming, of 150 to 300 tokens (they hold their
+    slots through a Redis outage); 10% hanging up early (any kind) and 10% hanging up
+    mid-stream (streams only)."""
     rng = random.Random(seed)
     names = list(_WEIGHTS)
     weights = [_WEIGHTS[k] for k in names]
@@ -131,6 +133,8 @@ def plan(rate: float, seconds: float, seed: int, tag: str) -> list[Shot]:
         tenant = by_name[rng.choices(names, weights)[0]]
         stream = rng.random() < 0.7
         mt = rng.randint(4, 20) if tenant.tier == "interactive" else rng.randint(8, 40)
+        if not stream and rng.random() < 0.1:
+            mt = rng.randint(150, 300)  # a long one: seconds, through any short outage
         u = rng.random()
         hangup, after = "", 0.0
         if u < 0.1:
