@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
 
+from harness.chaos_fleet import TOKENIZER
 from harness.chaos_load import Shot, request_body
 from harness.chaos_state import JournalEntry
 from velvetrope.gateway.parse import parse_request
@@ -84,8 +85,8 @@ class Verdict:
 def gateway_prompt_tokens(prompt: int) -> int:
     """The prompt tokens the gateway charges for :data:`~harness.chaos_load.PROMPTS`
     ``[prompt]``: its own parsing of such a body, with the tokenizer the run configures
-    (``cl100k_base``)."""
-    tok = get_tokenizer("cl100k_base")
+    (:data:`~harness.chaos_fleet.TOKENIZER`)."""
+    tok = get_tokenizer(TOKENIZER)
     parsed = parse_request(
         request_body(prompt, 1, False, "probe"),
         "chat",
