@@ -45,6 +45,8 @@ def test_the_example_config_loads() -> None:
         ),
         ({"upstreams": {"default": [{"url": "ftp://x"}]}}, "upstreams.default.0.url", "pattern"),
         ({"gateway": {"max_body_bytes": 10}}, "gateway.max_body_bytes", "greater than"),
+        ({"gateway": {"request_timeout_s": 0}}, "gateway.request_timeout_s", "greater than 0"),
+        ({"gateway": {"request_timeout_s": float("inf")}}, "gateway.request_timeout_s", "finite"),
     ],
 )
 def test_a_bad_config_names_the_file_the_field_and_the_reason(

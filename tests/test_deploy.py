@@ -90,6 +90,8 @@ def _chart_config() -> dict[str, Any]:
         state["url"] = values["redis"]["url"]
     elif values["redis"]["enabled"]:
         state["url"] = "redis://release-velvetrope-redis:6379/0"
+    if state.get("url", "memory://") != "memory://":
+        state.setdefault("expected_replicas", int(values["replicaCount"]))
     cfg["state"] = state
     return cfg
 
@@ -100,6 +102,10 @@ def test_several_replicas_share_state() -> None:
     values = _values()
     assert values["replicaCount"] > 1
     assert _chart_config()["state"]["url"].startswith("redis://")
+    # before Redis ever answers, fail_open shares limits by the chart's replica count
+    assert _chart_config()["state"]["expected_replicas"] == values["replicaCount"]
+    helpers = (CHART / "templates" / "_helpers.tpl").read_text()
+    assert '$_ := set $state "expected_replicas" (int .Values.replicaCount)' in helpers
     guard = (CHART / "templates" / "deployment.yaml").read_text()
     assert "(gt (int .Values.replicaCount) 1) (not .Values.redis.enabled)" in guard
 

@@ -20,7 +20,8 @@ The graph must have no cycle.  On top of it: no module over :data:`MAX_LINES` li
 admission core depends on none of the packages above it (the direction of
 ``docs/design.md``); only the HTTP homes import an HTTP library, and what is sans-IO (the
 core, the OpenAI protocol, the engine model and calibration's fitting, the simulator, the
-planner) does not reach one, nor asyncio, sockets or Redis, through anything it imports.
+planner, ``top``'s view model and drawing) does not reach one, nor asyncio, sockets or
+Redis, through anything it imports.
 The design the code cites is that file, in the repository.
 """
 
@@ -45,6 +46,7 @@ HTTP_HOMES = (
     "velvetrope.engine.calibrate.client",
     "velvetrope.serving",
     "velvetrope.demo",
+    "velvetrope.top.poll",
 )
 """Where an HTTP client or server may be used (a module, or a package and everything in it)."""
 SANS_IO = (
@@ -53,8 +55,14 @@ SANS_IO = (
     "velvetrope.engine",
     "velvetrope.sim",
     "velvetrope.planner",
+    "velvetrope.top.controls",
+    "velvetrope.top.exposition",
+    "velvetrope.top.model",
+    "velvetrope.top.render",
+    "velvetrope.top.rows",
+    "velvetrope.top.sections",
 )
-"""Packages whose modules must not reach an HTTP library or asyncio, except below
+"""Packages (or modules) whose modules must not reach an HTTP library or asyncio, except below
 :data:`SANS_IO_EXCEPT` (the engine's HTTP side and the commands that start it)."""
 SANS_IO_EXCEPT = (
     "velvetrope.engine.serve",

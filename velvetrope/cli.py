@@ -1,4 +1,5 @@
-"""The ``velvetrope`` command line: ``serve``, ``engine``, ``demo``, ``simulate``, ``plan``.
+"""The ``velvetrope`` command line: ``serve``, ``engine``, ``demo``, ``top``, ``simulate``,
+``plan`` and the rest.
 
 Each subcommand lives beside the code it drives; this module only wires them together.
 
@@ -49,6 +50,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "simulate": "velvetrope.sim.cli:simulate_command",
     "plan": "velvetrope.planner.cli:plan_command",
     "calibrate": "velvetrope.engine.calibrate.cli:calibrate_command",
+    "top": "velvetrope.top.cli:top_command",
 }
 """Subcommands defined elsewhere, by name: ``"module:function"`` of a typer command function
 (its parameters declared with ``typer.Option``/``typer.Argument``), imported when first used."""

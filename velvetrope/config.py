@@ -12,7 +12,8 @@ the name of an environment variable that holds it.
 
 Routing rules live in ``policy.routes`` and the saturation rule's parameters in
 ``policy.saturation`` (the simulator reads them too).  The older spellings are refused with
-the new place named (top-level ``routes``) or moved there (``gateway.saturation``).
+the new place named (top-level ``routes``) or moved there (``gateway.saturation``, refused
+when ``policy.saturation`` is set too: one setting, two places, no guessing which wins).
 
 API keys are stored hashed: ``sha256`` is the hex SHA-256 of the key a client sends as
 ``Authorization: Bearer <key>``.  ``velvetrope config hash-key KEY`` prints it.  A plain
@@ -27,14 +28,16 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from velvetrope.core.policy import PolicyConfig
+from velvetrope.dialects import DIALECTS, ENGINE_CHOICES, Dialect, custom_dialect, parse_gauge
 from velvetrope.yaml_config import parse_yaml, read_text, validate
 
 __all__ = [
     "ApiKey",
     "AutoscaleSettings",
+    "EngineMetrics",
     "FleetSettings",
     "GatewayConfig",
     "GatewaySettings",
@@ -86,6 +89,32 @@ class ApiKey(_Model):
         return self.sha256 if self.sha256 is not None else hash_key(self.key or "")
 
 
+class EngineMetrics(_Model):
+    """The gauges of an engine of no known dialect, each a metric name with the labels a
+    sample must carry, e.g. ``queue_depth{model="llama"}`` (:func:`velvetrope.dialects.
+    parse_gauge`).  Samples of a gauge are summed over label sets (KV usage: the largest)."""
+
+    running: str = Field(description="requests the engine runs now")
+    waiting: str = Field(description="requests queued in the engine")
+    kv_usage: str | None = Field(None, description="KV-cache usage (absent: not read)")
+    kv_unit: Literal["ratio", "percent"] = Field(
+        "ratio", description="ratio: 0..1 (1 is full); percent: 0..100"
+    )
+
+    @field_validator("running", "waiting", "kv_usage")
+    @classmethod
+    def _gauge(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_gauge(v)  # raises ValueError saying what is wrong
+        return v
+
+    def dialect(self) -> Dialect:
+        """The :class:`~velvetrope.dialects.Dialect` these gauges make (named ``custom``)."""
+        return custom_dialect(
+            self.running, self.waiting, self.kv_usage, kv_percent=self.kv_unit == "percent"
+        )
+
+
 class Upstream(_Model):
     """One OpenAI-compatible engine, or (``discovery: dns``) every address of a DNS name.
 
@@ -105,6 +134,38 @@ class Upstream(_Model):
     discovery: Literal["static", "dns"] = Field(
         "static", description="static: this URL; dns: one engine per address of its host"
     )
+    engine: str = Field(
+        "auto",
+        description="the engine's metric dialect (velvetrope.dialects): auto (detected from "
+        "its /metrics), vllm, sglang, tgi, trtllm, llamacpp; none: it has no /metrics to "
+        "read, it is served without saturation",
+    )
+    engine_metrics: EngineMetrics | None = Field(
+        None, description="the gauges to read, for an engine of no known dialect"
+    )
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, v: str) -> str:
+        if v not in ENGINE_CHOICES:
+            raise ValueError(f"unknown engine {v!r}: choose one of {', '.join(ENGINE_CHOICES)}")
+        return v
+
+    @model_validator(mode="after")
+    def _one_dialect(self) -> Upstream:
+        if self.engine_metrics is not None and self.engine != "auto":
+            raise ValueError(
+                f"give engine ({self.engine!r}) or engine_metrics, not both: engine_metrics "
+                "names the gauges of an engine of no known dialect"
+            )
+        return self
+
+    def dialect(self) -> Dialect | None:
+        """The dialect this upstream is read in: the configured one, the one its
+        ``engine_metrics`` spell, or ``None`` (``auto``: detected; ``none``: not read)."""
+        if self.engine_metrics is not None:
+            return self.engine_metrics.dialect()
+        return next((d for d in DIALECTS if d.name == self.engine), None)
 
 
 class FleetSettings(_Model):
@@ -153,6 +214,12 @@ class StateSettings(_Model):
         description="Redis unreachable: fail_open = local limits at 1/N (N live replicas); "
         "fail_closed = 503 state_unavailable",
     )
+    expected_replicas: int | None = Field(
+        None,
+        ge=1,
+        description="fail_open before Redis ever answered: divide limits by this many "
+        "replicas (unset: refuse with 503 state_unavailable until Redis first answers)",
+    )
     breaker_failures: int = Field(3, ge=1, description="failed calls in a row that open it")
     breaker_reset_s: float = Field(0.5, gt=0, description="open this long before a probe")
     heartbeat_s: float = Field(1.0, gt=0, description="replica heartbeat (and probe) period")
@@ -170,9 +237,25 @@ class StateSettings(_Model):
 
 
 class GatewaySettings(_Model):
-    """Request handling limits and defaults."""
+    """Request handling limits and defaults.
+
+    ``request_timeout_s`` bounds how long a request may take to arrive, head and body,
+    counted from its first byte (and how long a new connection may stay silent): a client
+    that sends part of a request and stalls gets 408 ``request_timeout`` in OpenAI's error
+    shape and its connection is closed, so it cannot hold a connection (and its memory)
+    open forever.  The body is read before admission, so such a request never reserves
+    tokens nor takes a slot.  A positive, finite number of seconds; the default (30 s) lets
+    a slow client send a full ``max_body_bytes`` body over a link of under 50 KB/s.
+    """
 
     max_body_bytes: int = Field(1 << 20, ge=1024, description="larger bodies get 413")
+    request_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="a request not in full (head and body) this long after its first byte "
+        "gets 408 (the connection is closed)",
+    )
     max_tokens_limit: int = Field(32_768, ge=1, description="larger max_tokens get 400")
     unknown_parameters: Literal["pass", "refuse"] = Field(
         "pass",
@@ -267,7 +350,9 @@ class GatewayConfig(_Model):
     @classmethod
     def _moved(cls, data: Any) -> Any:
         """Refuse top-level ``routes`` (now ``policy.routes``); move ``gateway.saturation``
-        into ``policy.saturation`` unless the policy sets it."""
+        into ``policy.saturation``, and refuse the file that sets both (which of two
+        spellings of one setting wins would be a guess; the simulator reads only the
+        policy's)."""
         if not isinstance(data, dict):
             return data
         if "routes" in data:
@@ -280,7 +365,14 @@ class GatewayConfig(_Model):
             gw = dict(gw)
             sat = gw.pop("saturation")
             policy = dict(data.get("policy") or {})
-            policy.setdefault("saturation", sat)
+            if "saturation" in policy:
+                raise ValueError(
+                    "gateway.saturation and policy.saturation are both set: the saturation "
+                    "rule's parameters live in policy.saturation (the simulator reads them "
+                    "there too); move gateway.saturation's fields into policy.saturation "
+                    "and delete gateway.saturation"
+                )
+            policy["saturation"] = sat
             data = {**data, "gateway": gw, "policy": policy}
         return data
 

@@ -118,10 +118,11 @@ class Gateway:
 
 
 def test_an_engine_seen_queueing_holds_dispatch_until_it_has_room() -> None:
-    gw = Gateway(["e"])
-    assert len(gw.arrive(4)) == 4  # never read: the engine may have room
+    gw = Gateway(["e"], initial_capacity=4)
+    assert len(gw.arrive(4)) == 4  # never read: taken as idle, trusted with its window
+    assert gw.arrive(1) == [] and gw.ctl.queued == 1  # ... and no more
     gw.scrape("e")  # it runs 2 and queues our other 2: capacity 2 learned
-    assert gw.arrive(2) == [] and gw.ctl.queued == 2 and gw.sat.holds == 1
+    assert gw.arrive(1) == [] and gw.ctl.queued == 2 and gw.sat.holds == 1
     gw.complete("e", 2)  # by the reading corrected for the two that came back: full
     assert gw.pump() == []
     gw.complete("e", 1)  # room for exactly one
@@ -131,7 +132,7 @@ def test_an_engine_seen_queueing_holds_dispatch_until_it_has_room() -> None:
 
 
 def test_an_engine_running_all_it_was_allowed_is_probed_with_one_more() -> None:
-    gw = Gateway(["e"])
+    gw = Gateway(["e"], initial_capacity=3)
     gw.arrive(3)
     gw.scrape("e")  # runs 2, queues 1: capacity 2
     gw.complete("e", 1)
@@ -141,7 +142,7 @@ def test_an_engine_running_all_it_was_allowed_is_probed_with_one_more() -> None:
     assert len(gw.pump()) == 1 and gw.ctl.queued == 2
     gw.scrape("e")  # it does not: the third waits in the engine, capacity back to 2
     assert gw.pump() == [] and gw.sat.status(gw.clock.now())["e"]["capacity"] == 2
-    big = Gateway(["e"])
+    big = Gateway(["e"], initial_capacity=3)
     big.arrive(3)
     big.scrape("e")
     big.complete("e", 1)
@@ -152,21 +153,74 @@ def test_an_engine_running_all_it_was_allowed_is_probed_with_one_more() -> None:
 
 @pytest.mark.parametrize("max_waiting", [0, 2])
 def test_max_waiting_is_the_slack_per_engine(max_waiting: int) -> None:
-    gw = Gateway(["e"], max_waiting=max_waiting)
+    gw = Gateway(["e"], max_waiting=max_waiting, initial_capacity=3)
     gw.arrive(3)
     gw.scrape("e")  # runs 2, queues 1
     sent = len(gw.arrive(3))
     assert sent == max(0, 2 + max_waiting - 3)
 
 
-def test_kv_full_holds_and_an_unreadable_engine_never_did() -> None:
+def test_a_cold_start_is_held_from_the_first_request() -> None:
+    """No learning period: the first burst meets a slow-start window of one request, which
+    each reading that shows the engine running all of it doubles, until a reading shows the
+    engine queueing; its queue never grows past the last doubling."""
+    gw = Gateway(["e"])  # the engine runs 2 at once; max_waiting 0
+    assert len(gw.arrive(10)) == 1 and gw.ctl.queued == 9
+    gw.scrape("e")  # runs the one it was given: window 2
+    assert len(gw.pump()) == 1
+    gw.scrape("e")  # runs both: window 4
+    assert len(gw.pump()) == 2 and gw.pump() == []
+    gw.scrape("e")  # runs 2, queues 2: capacity 2 learned, held
+    st = gw.sat.status(gw.clock.now())["e"]
+    assert (st["capacity"], st["capacity_learned"], st["waiting"]) == (2, True, 2)
+    assert gw.pump() == [] and gw.ctl.queued == 6
+    gw.complete("e", 3)  # one left in the engine: room for one more than it had
+    assert len(gw.pump()) == 1
+
+
+def test_slow_start_doubles_to_a_large_engine_and_stops_at_its_first_queue() -> None:
+    gw = Gateway(["e"], initial_capacity=2)
+    gw.arrive(200)
+    windows = []
+    for _ in range(8):
+        gw.sat.observe("e", reading(len(gw.held["e"]), max_num_seqs=24), gw.clock.now())
+        gw.pump()
+        windows.append(gw.sat.status(gw.clock.now())["e"]["capacity"])
+    assert windows == [4, 8, 16, 32, 24, 24, 24, 24]  # 32 sent to an engine of 24: learned
+    assert len(gw.held["e"]) == 32  # its queue peaked at 8, and holds there
+
+
+def test_kv_full_holds_and_an_unreadable_engine_is_blind() -> None:
     gw = Gateway(["e"], max_waiting=4)
     gw.arrive(2)
     gw.sat.observe("e", reading(2, kv=0.99), gw.clock.now())
     assert gw.arrive(1) == []  # KV full: nothing more, whatever max_waiting says
     fresh = Gateway(["e"])
     fresh.sat.observe("e", None, 0.0)  # /metrics could not be read, ever
-    assert len(fresh.arrive(6)) == 6
+    assert fresh.sat.state("e", 0.0) == "blind"
+    assert len(fresh.arrive(6)) == 6  # no saturation for it: only the in-flight limit
+    fresh.scrape("e")  # a reading at last: it holds 6 and runs 2, saturation is back on
+    assert fresh.sat.state("e", 0.0) == "on" and fresh.arrive(1) == []
+
+
+def test_engines_read_keep_their_limit_beside_a_blind_one() -> None:
+    """A pool of an engine read (full) and one blind: the pool is not held, and the replica
+    choice (has_room) sends the work to the blind one, not to the engine that is full."""
+    gw = Gateway(["read", "blind"], initial_capacity=2)
+    gw.sat.observe("blind", None, 0.0)
+    gw.arrive(2)
+    for job in list(gw.held["blind"]):  # put both on the engine that is read
+        gw.held["blind"].remove(job)
+        gw.held["read"].append(job)
+        gw.sat.sent(job.id, "read")
+    gw.scrape("read")  # runs 2, nothing queued, window doubled to 4 ...
+    gw.arrive(2)  # (the harness's least-loaded choice sends these to the blind one)
+    gw.sat.observe("read", reading(4), gw.clock.now())  # ... it queues 2: capacity 2
+    now = gw.clock.now()
+    assert gw.sat.room(now) == float("inf")
+    assert not gw.sat.has_room("read", now) and gw.sat.has_room("blind", now)
+    assert gw.sat.engine_room("read", now) == 2 - 4
+    assert [gw.sat.state(e, now) for e in ("read", "blind")] == ["on", "blind"]
 
 
 def test_the_hung_engine_episode_leaves_exact_accounting() -> None:
@@ -174,7 +228,7 @@ def test_the_hung_engine_episode_leaves_exact_accounting() -> None:
     hangs (health checks fail: it leaves the live set), 20 requests get 503
     no_healthy_upstream, the engine comes back.  Afterwards a burst reaches the engine
     exactly as before the episode."""
-    gw = Gateway(["e"])
+    gw = Gateway(["e"], initial_capacity=3)
     gw.arrive(3)
     gw.scrape("e")  # capacity 2 learned
     gw.drain()
@@ -238,26 +292,31 @@ def test_every_dispatch_is_counted_and_released_once(seed: int) -> None:
     assert gw.sat.pending == 0 and all(gw.sat.ours(e) == 0 for e in gw.engines)
 
 
-def test_a_stale_reading_counts_as_saturated() -> None:
-    gw = Gateway(["e"], max_waiting=2, scrape_interval_s=1.0)  # stale after 3 s
+def test_a_stale_reading_is_not_used_until_readings_return() -> None:
+    """Never stuck: a reading older than stale_after_s holds nothing (the engine is served
+    without saturation, the in-flight limit alone holds it), and the next reading holds
+    again."""
+    gw = Gateway(["e"], max_waiting=2, scrape_interval_s=1.0, initial_capacity=3)  # 3 s
     gw.arrive(3)
     gw.scrape("e")  # runs 2, queues 1: capacity 2, room 2 + 2 - 3 = 1
     gw.clock.advance(3.0)
-    assert len(gw.arrive(1)) == 1  # 3 s old: still fresh
+    assert len(gw.arrive(2)) == 1  # 3 s old: still fresh, still holds
+    assert gw.sat.state("e", gw.clock.now()) == "on"
     gw.clock.advance(0.5)
-    gw.complete("e")  # everything came back, but the reading is too old to say so
-    assert len(gw.arrive(2)) == 1  # a pool with nothing in flight still trickles one
-    assert gw.pump() == [] and gw.ctl.queued == 1 and gw.ctl.in_flight == 1
-    gw.scrape("e")  # a fresh reading: room again
-    assert len(gw.pump()) == 1
+    assert gw.sat.state("e", gw.clock.now()) == "stale"
+    assert len(gw.pump()) == 1 and len(gw.arrive(20)) == 20  # held by nothing but slots
+    assert gw.ctl.in_flight == 25 and gw.sat.room(gw.clock.now()) == float("inf")
+    gw.scrape("e")  # readings are back: 25 held, 2 running: nothing more
+    assert gw.sat.state("e", gw.clock.now()) == "on" and gw.arrive(1) == []
 
 
-def test_a_stale_scrape_never_lets_the_engine_queue_grow_past_one_interval() -> None:
+def test_readings_that_stop_hold_until_stale_then_the_backlog_goes() -> None:
     """A real engine model (4 sequences at once) under 3x overload; the gateway reads it
-    every second for 20 s, then the readings stop.  Its waiting queue never exceeds
-    max_waiting plus the dispatches of one scrape interval; once the first flood has
-    drained it stays within max_waiting; and once the last reading is stale only the
-    one-job trickle reaches it."""
+    every second for 20 s, then the readings stop.  While it is read its waiting queue never
+    exceeds max_waiting plus the dispatches of one scrape interval, and once the first flood
+    has drained it stays within max_waiting; once the last reading is stale (23 s) the rule
+    no longer holds the pool (not one job at a time forever): the gateway's backlog goes to
+    the engine, and every later arrival is dispatched at once."""
     profile = load_profile("llama3-8b-h100").with_overrides(max_num_seqs=4)
     clock = ManualClock()
     cfg = {
@@ -276,6 +335,7 @@ def test_a_stale_scrape_never_lets_the_engine_queue_grow_past_one_interval() -> 
     waiting: list[tuple[float, int]] = []  # the engine's queue after each step's scheduling
     sends: list[tuple[float, int, int]] = []  # (time, jobs sent, jobs it held before)
     n = most_queued = 0
+    queued_after: list[tuple[float, int]] = []  # the gateway's queue after each arrival
 
     def send(jobs: list[Job]) -> None:
         nonlocal step_end
@@ -316,10 +376,13 @@ def test_a_stale_scrape_never_lets_the_engine_queue_grow_past_one_interval() -> 
             if isinstance(ctl.arrive(job), Dispatched):
                 send([job])
             most_queued = max(most_queued, ctl.queued)
-    per_interval = max(sum(k for t, k, _ in sends if s <= t < s + 1) for s in range(40))
-    assert max(w for _, w in waiting) <= 1 + per_interval
+            queued_after.append((t, ctl.queued))
+    stale_at = 20 + 3.0
+    per_interval = max(sum(k for t, k, _ in sends if s <= t < s + 1) for s in range(23))
+    assert max(w for t, w in waiting if t <= stale_at) <= 1 + per_interval
     settled = next(t for t, w in waiting if t > 1.0 and w <= 1)
-    assert max(w for t, w in waiting if t >= settled) <= 1
-    late = [(k, held) for t, k, held in sends if t > 20 + 3.0]  # stale from 23 s on
-    assert late and all(k == 1 and held == 0 for k, held in late)
+    assert max(w for t, w in waiting if settled <= t <= stale_at) <= 1
     assert most_queued > 100  # the backlog waited in the gateway, not in the engine
+    late = [k for t, k, _ in sends if t > stale_at]
+    assert late[0] > 100  # the backlog, at once
+    assert all(q == 0 for t, q in queued_after if t > stale_at)

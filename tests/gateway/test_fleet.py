@@ -14,7 +14,7 @@ import pytest
 
 from velvetrope.clock import ManualClock
 from velvetrope.config import parse_config
-from velvetrope.core import Job
+from velvetrope.core import EngineReading, Job
 from velvetrope.errors import ConfigError
 from velvetrope.gateway.admission_headers import route_headers
 from velvetrope.gateway.app import Gateway
@@ -218,3 +218,69 @@ def test_moved_config_keys(patch: dict[str, Any], check: str | None) -> None:
             parse_config(cfg)
         return
     assert parse_config(cfg).policy.saturation.max_waiting == 7
+
+
+def test_saturation_set_in_both_places_is_refused() -> None:
+    cfg = fleet_config([A])
+    cfg["gateway"]["saturation"] = {"max_waiting": 7}
+    cfg["policy"]["saturation"] = {"max_waiting": 1}
+    with pytest.raises(ConfigError, match=r"gateway\.saturation and policy\.saturation are both"):
+        parse_config(cfg)
+    del cfg["policy"]["saturation"]
+    assert parse_config(cfg).policy.saturation.max_waiting == 7
+
+
+@pytest.mark.parametrize(
+    ("upstream", "says"),
+    [
+        ({"engine": "vllm-v2"}, "unknown engine 'vllm-v2': choose one of auto, none, vllm"),
+        (
+            {"engine": "tgi", "engine_metrics": {"running": "r", "waiting": "w"}},
+            "give engine \\('tgi'\\) or engine_metrics, not both",
+        ),
+        ({"engine_metrics": {"running": "r"}}, "engine_metrics.waiting"),
+        ({"engine_metrics": {"running": "r", "waiting": "queue depth"}}, "not a metric name"),
+        (
+            {"engine_metrics": {"running": "r", "waiting": "w", "kv_unit": "fraction"}},
+            "kv_unit",
+        ),
+    ],
+)
+def test_an_upstreams_engine_is_checked(upstream: dict[str, Any], says: str) -> None:
+    cfg = fleet_config([])
+    cfg["upstreams"] = {"default": [{"url": A, **upstream}]}
+    with pytest.raises(ConfigError, match=says):
+        parse_config(cfg)
+
+
+def test_an_upstreams_dialect_is_pinned_or_named() -> None:
+    cfg = fleet_config([])
+    cfg["upstreams"] = {
+        "default": [
+            {"url": A},
+            {"url": B, "engine": "sglang"},
+            {"url": C, "engine_metrics": {"running": 'r{m="x"}', "waiting": "w"}},
+        ]
+    }
+    a, b, c = parse_config(cfg).upstreams["default"]
+    assert a.dialect() is None  # auto: detected from the text
+    pinned, custom = b.dialect(), c.dialect()
+    assert pinned is not None and pinned.name == "sglang"
+    assert custom is not None and (custom.name, str(custom.running[0])) == ("custom", 'r{m="x"}')
+
+
+def test_the_replica_choice_prefers_engines_the_readings_give_room() -> None:
+    clock = ManualClock()
+    gw = Gateway(parse_config(fleet_config([A, B])), clock)
+    rule = gw.ctl.saturation("default")
+    assert rule is not None
+    a, b = gw.upstreams.pools["default"]
+    a.in_flight, b.in_flight = 0, 3  # a is the least loaded ...
+    rule.observe(A, EngineReading(running=2, waiting=2, kv_usage=0.1), clock.now())
+    rule.observe(B, None, clock.now())  # ... but queues; b is blind (no saturation for it)
+    assert all(gw.engines.pick("default") is b for _ in range(3))
+    rule.observe(A, EngineReading(running=1, waiting=0, kv_usage=0.1), clock.now())
+    assert gw.engines.pick("default") is a  # room again: the least loaded
+    b.healthy = False
+    rule.observe(A, EngineReading(running=2, waiting=5, kv_usage=0.1), clock.now())
+    assert gw.engines.pick("default") is a  # none with room: the least loaded of all

@@ -429,3 +429,62 @@ def test_the_breaker_takes_a_hung_engine_out_and_probes_it_back(tmp_path: Path) 
         gw.stop()
         a.stop()
         b.stop()
+
+
+def test_one_clients_engine_errors_do_not_take_the_engine_out(tmp_path: Path) -> None:
+    """Requests of one tenant that make the engine answer 500 get a 502 each and leave the
+    engine in rotation; 500s from two tenants, or a 503 (the engine cannot serve), count
+    against its breaker.  The engine is real, with its fault injection on."""
+    eng = start_engine(50.0, "--faults")
+    cfg = gateway_config([eng.url])
+    cfg["policy"]["saturation"] = {"enabled": False}
+    cfg["gateway"]["fleet"] = {
+        "health_interval_s": 3600,
+        "breaker_failures": 2,
+        "breaker_open_s": 3600,
+    }
+    gw = start_gateway(tmp_path, cfg)
+
+    def post(headers: dict[str, str], fault: int | None = None) -> httpx.Response:
+        b: dict[str, Any] = body(5)
+        if fault is not None:
+            b["velvetrope_fault"] = fault
+        return httpx.post(gw.url + "/v1/completions", json=b, headers=headers, timeout=30)
+
+    def breaker() -> str:
+        state: str = upstream(admin_status(gw.url), eng.url)["breaker"]
+        return state
+
+    try:
+        for _ in range(6):
+            r = post(GOLD, 500)
+            assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_error"
+        assert breaker() == "closed"
+        assert post(GOLD).status_code == 200
+        assert upstream(admin_status(gw.url), eng.url)["failures"] == 6
+        # 500s from a second tenant too: the engine fails everyone's requests
+        assert post(GOLD, 500).status_code == 502 and breaker() == "closed"
+        assert post(SILVER, 500).status_code == 502 and breaker() == "closed"  # one counted
+        assert post(SILVER, 500).status_code == 502 and breaker() == "open"
+        r = post(GOLD)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "no_healthy_upstream"
+    finally:
+        gw.stop()
+        eng.stop()
+
+
+def test_engine_503s_from_one_tenant_count_against_its_breaker(tmp_path: Path) -> None:
+    eng = start_engine(50.0, "--faults")
+    cfg = gateway_config([eng.url])
+    cfg["policy"]["saturation"] = {"enabled": False}
+    cfg["gateway"]["fleet"] = {"health_interval_s": 3600, "breaker_failures": 2}
+    gw = start_gateway(tmp_path, cfg)
+    try:
+        b: dict[str, Any] = {**body(5), "velvetrope_fault": 503}
+        for _ in range(2):
+            r = httpx.post(gw.url + "/v1/completions", json=b, headers=GOLD, timeout=30)
+            assert r.status_code == 502
+        assert upstream(admin_status(gw.url), eng.url)["breaker"] == "open"
+    finally:
+        gw.stop()
+        eng.stop()

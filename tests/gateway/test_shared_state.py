@@ -7,6 +7,7 @@ Every test starts real processes on loopback: ``velvetrope engine``, ``velvetrop
 from __future__ import annotations
 
 import copy
+import signal
 import threading
 import time
 import uuid
@@ -289,6 +290,29 @@ def test_redis_outage_mid_load(
         stop.set()
         for t in threads:
             t.join()
+        # shut down while Redis hangs with calls pending: the gateway exits cleanly, and a
+        # call it gave up on that fails when the connection goes logs nothing
+        own_redis.pause()
+        late_codes: list[int] = []
+
+        def late_request() -> None:
+            with httpx.Client(base_url=gw.url, headers=GOLD, timeout=30) as c:
+                late_codes.append(c.post("/v1/chat/completions", json=body(5)).status_code)
+
+        try:
+            late = [threading.Thread(target=late_request) for _ in range(4)]
+            for t in late:
+                t.start()
+            poll(lambda: len(late_codes) == 4, 30, "requests answered while Redis hangs")
+            gw.proc.send_signal(signal.SIGINT)
+            assert gw.proc.wait(30) == 0
+            for t in late:
+                t.join()
+        finally:
+            own_redis.resume()
+        logged = gw.stderr_text()
+    assert "never retrieved" not in logged and "Traceback" not in logged, logged
+    assert 500 not in late_codes
     # the figures the Redis issue's note quotes (pytest -s shows them)
     print(f"outage {policy}: during={during} total={codes} back_s={back:.2f}")
     assert back <= 2.0
@@ -338,3 +362,34 @@ def test_two_workers_on_one_port(tmp_path: Path, engine: str, redis_url: str) ->
         poll(lambda: admin_status(url)["state"]["replicas"] == 2, 10, "two workers heard")
     finally:
         gw.stop()
+
+
+def test_redis_never_seen_two_gateways_share_the_limit_by_expected_replicas(
+    tmp_path: Path, engine: str
+) -> None:
+    """Redis never answers (a wrong URL) and each of two gateways runs fail_open with
+    ``expected_replicas: 2``: the fleet admits the tenant's limit, not twice it.  Without
+    ``expected_replicas`` a gateway refuses with 503 state_unavailable."""
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    cfg = shared_config(engine, dead, on_store_error="fail_open", expected_replicas=2)
+    limit = 40
+    for t in cfg["policy"]["tenants"]:
+        if t["name"] == "gold":
+            t["limits"] = {"requests_per_minute": 1.0, "request_burst": limit}
+    admitted: list[int] = []
+    with start_gateway(tmp_path, cfg) as a, start_gateway(tmp_path, second(cfg)) as b:
+        for gw in (a, b):
+            with httpx.Client(base_url=gw.url, headers=GOLD, timeout=30) as c:
+                codes = [
+                    c.post("/v1/chat/completions", json=body(2)).status_code for _ in range(40)
+                ]
+            assert set(codes) <= {200, 429}, codes
+            admitted.append(codes.count(200))
+    print(f"redis never seen: admitted per gateway {admitted}, limit {limit}")
+    assert abs(sum(admitted) - limit) <= 0.05 * limit
+    del cfg["state"]["expected_replicas"]
+    cfg["listen"]["port"] = free_port()
+    with start_gateway(tmp_path, cfg) as gw:
+        r = httpx.post(gw.url + "/v1/chat/completions", json=body(2), headers=GOLD, timeout=30)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "state_unavailable"
+        assert "expected_replicas" in r.json()["error"]["message"]

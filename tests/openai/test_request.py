@@ -12,7 +12,13 @@ from velvetrope.core import Usage
 from velvetrope.errors import RequestError
 from velvetrope.gateway.parse import expected_tokens, parse_request
 from velvetrope.openai.errors import error_json, error_type_for
-from velvetrope.openai.request import Kind, count_prompt_tokens, parse, template_fingerprint
+from velvetrope.openai.request import (
+    MAX_JSON_DEPTH,
+    Kind,
+    count_prompt_tokens,
+    parse,
+    template_fingerprint,
+)
 from velvetrope.openai.sse import (
     content_choices,
     data_of,
@@ -74,6 +80,73 @@ MISTAKES: list[tuple[Any, Kind, str, str | None]] = [
     ({"model": "m", "prompt": []}, "completions", "invalid_value", "prompt"),
     ({"model": "m", "prompt": [1, -2]}, "completions", "invalid_type", "prompt"),
     ({"model": "m", "prompt": ["a", 3]}, "completions", "invalid_type", "prompt"),
+    # issue 32: a field of the wrong type anywhere is a 400 naming it, never a 500
+    ({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": None}]}]},
+     "chat", "missing_required_parameter", "messages[0].content[0].text"),
+    ({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+     "chat", "invalid_type", "messages[0].content[0].text"),
+    ({"model": "m", "messages": [{"role": "user", "content": [{"type": "text"}]}]},
+     "chat", "missing_required_parameter", "messages[0].content[0].text"),
+    ({"model": "m", "messages": [{"role": "user", "content": [{"type": 3, "text": "x"}]}]},
+     "chat", "invalid_type", "messages[0].content[0].type"),
+    ({"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": 5}]}]},
+     "chat", "invalid_type", "messages[0].content[0].image_url"),
+    ({"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": None}}]}]},
+     "chat", "missing_required_parameter", "messages[0].content[0].image_url.url"),
+    ({"model": "m", "messages": [*MSGS, {"role": "user", "content": "x", "name": 5}]},
+     "chat", "invalid_type", "messages[1].name"),
+    ({"model": "m", "messages": [{"role": "assistant", "tool_calls": "x"}]},
+     "chat", "invalid_type", "messages[0].tool_calls"),
+    ({"model": "m", "messages": [{"role": "assistant", "tool_calls": [5]}]},
+     "chat", "invalid_type", "messages[0].tool_calls[0]"),
+    ({"model": "m", "messages": [{"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": 5, "arguments": "{}"}}]}]},
+     "chat", "invalid_type", "messages[0].tool_calls[0].function.name"),
+    ({"model": "m", "messages": [{"role": "assistant", "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": {}}}]}]},
+     "chat", "invalid_type", "messages[0].tool_calls[0].function.arguments"),
+    ({"model": "m", "messages": [{"role": "tool", "content": "x", "tool_call_id": 5}]},
+     "chat", "invalid_type", "messages[0].tool_call_id"),
+    ({"model": "m", "messages": MSGS, "tools": {}}, "chat", "invalid_type", "tools"),
+    ({"model": "m", "messages": MSGS, "tools": [None]}, "chat", "invalid_type", "tools[0]"),
+    ({"model": "m", "messages": MSGS, "tools": [{"type": "function"}]},
+     "chat", "missing_required_parameter", "tools[0].function"),
+    ({"model": "m", "messages": MSGS, "tools": [{"type": "function", "function": {}}]},
+     "chat", "missing_required_parameter", "tools[0].function.name"),
+    ({"model": "m", "messages": MSGS, "tools": [
+        {"type": "function", "function": {"name": "f", "parameters": []}}]},
+     "chat", "invalid_type", "tools[0].function.parameters"),
+    ({"model": "m", "messages": MSGS, "tool_choice": 1}, "chat", "invalid_type", "tool_choice"),
+    ({"model": "m", "messages": MSGS, "tool_choice": {"type": "function", "function": {
+        "name": None}}}, "chat", "missing_required_parameter", "tool_choice.function.name"),
+    ({"model": "m", "messages": MSGS, "stop": 5}, "chat", "invalid_type", "stop"),
+    ({"model": "m", "prompt": "x", "stop": ["a", None]}, "completions", "invalid_type",
+     "stop[1]"),
+    ({"model": "m", "messages": MSGS, "logit_bias": [1]}, "chat", "invalid_type", "logit_bias"),
+    ({"model": "m", "messages": MSGS, "logit_bias": {"50256": "-100"}}, "chat", "invalid_type",
+     "logit_bias.50256"),
+    ({"model": "m", "messages": MSGS, "stream": True, "stream_options": {
+        "continuous_usage_stats": "yes"}}, "chat", "invalid_type",
+     "stream_options.continuous_usage_stats"),
+    ({"model": "m", "messages": MSGS, "temperature": "hot"}, "chat", "invalid_type",
+     "temperature"),
+    ({"model": "m", "messages": MSGS, "top_p": True}, "chat", "invalid_type", "top_p"),
+    ({"model": "m", "messages": MSGS, "seed": 1.5}, "chat", "invalid_type", "seed"),
+    ({"model": "m", "messages": MSGS, "user": ["u"]}, "chat", "invalid_type", "user"),
+    ({"model": "m", "messages": MSGS, "response_format": "json"}, "chat", "invalid_type",
+     "response_format"),
+    ({"model": "m", "messages": MSGS, "response_format": {"type": None}}, "chat",
+     "missing_required_parameter", "response_format.type"),
+    ({"model": "m", "messages": MSGS, "parallel_tool_calls": "no"}, "chat", "invalid_type",
+     "parallel_tool_calls"),
+    ({"model": "m", "prompt": "x", "echo": 1}, "completions", "invalid_type", "echo"),
+    ({"model": "m", "prompt": "x", "suffix": 1}, "completions", "invalid_type", "suffix"),
+    ({"model": "m", "prompt": "x", "stop_token_ids": [1, "2"]}, "completions", "invalid_type",
+     "stop_token_ids[1]"),
+    ({"model": "m", "prompt": "x", "min_tokens": -1}, "completions", "invalid_value",
+     "min_tokens"),
 ]  # fmt: skip
 
 
@@ -259,3 +332,46 @@ def test_the_gateway_parses_the_template_and_the_expected_length() -> None:
     assert expected_tokens(b" 7 ") == 7
     for bad in (None, b"", b"0", b"-3", b"1e3", b"many"):
         assert expected_tokens(bad) is None
+
+
+def _nested(levels: int) -> bytes:
+    """JSON text of a value ``levels`` levels deep (objects and arrays by turns), written
+    out by hand: orjson writes no more than 254 levels."""
+    opens = "".join("[" if i % 2 else '{"k":' for i in range(levels))
+    closes = "".join("]" if i % 2 else "}" for i in reversed(range(levels)))
+    return (opens + '"x"' + closes).encode()
+
+
+@pytest.mark.parametrize("where", ["messages", "tools", "extra"])
+@pytest.mark.parametrize("depth", [MAX_JSON_DEPTH, MAX_JSON_DEPTH + 1, 300, 1100])
+def test_json_nested_past_the_limit_is_a_400_from_both_servers(where: str, depth: int) -> None:
+    # the body is level 1; a message's members are at level 3, a tool's parameters at 4
+    deep = {"role": "user", "content": "x", "extra": "@"}
+    tool = {"type": "function", "function": {"name": "f", "parameters": "@"}}
+    body: dict[str, Any] = {"model": "m", "messages": [*MSGS, deep], "tools": [tool], "x": "@"}
+    levels = {"messages": depth - 3, "tools": depth - 4, "extra": depth - 1}[where]
+    first, *rest = orjson.dumps(body).split(b'"@"')  # in the order messages, tools, extra
+    raw = first
+    for place, after in zip(("messages", "tools", "extra"), rest, strict=True):
+        raw += (_nested(levels) if place == where else b"{}") + after
+    if depth <= MAX_JSON_DEPTH:  # at the limit: served, and written again for the upstream
+        assert parse(raw, "chat").model == "m"
+        parse_request(raw, "chat", max_tokens_limit=100, count_text=words).upstream_body()
+        return
+    with pytest.raises(RequestError) as engine_side:
+        parse(raw, "chat")
+    with pytest.raises(RequestError) as gateway_side:
+        parse_request(raw, "chat", max_tokens_limit=100, count_text=words)
+    e, g = engine_side.value, gateway_side.value
+    assert (e.status, e.code, e.param, e.message) == (g.status, g.code, g.param, g.message)
+    assert (e.status, e.code) == (400, "invalid_value")
+    assert f"nested deeper than {MAX_JSON_DEPTH} levels" in e.message
+
+
+def test_only_text_parts_make_a_fingerprint_whatever_else_a_part_carries() -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:,"}, "text": 5}
+    text = {"type": "text", "text": "Describe"}
+    raw = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": [image, text]}]})
+    alone = orjson.dumps({"model": "m", "messages": [{"role": "user", "content": [text]}]})
+    parsed = parse_request(raw, "chat", max_tokens_limit=100, count_text=words)
+    assert parsed.template == template_fingerprint(parse(alone, "chat"))

@@ -9,10 +9,13 @@ import numpy as np
 from typer.testing import CliRunner
 
 from velvetrope.cli import app
-from velvetrope.core import PolicyConfig
+from velvetrope.clock import ManualClock
+from velvetrope.core import AdmissionController, EngineReading, PolicyConfig
 from velvetrope.engine import load_profile
 from velvetrope.sim.arrivals import Poisson
+from velvetrope.sim.fleet import Fleet
 from velvetrope.sim.loop import run_simulation
+from velvetrope.sim.scrape import EngineScrapes
 from velvetrope.sim.traces import write_jsonl
 from velvetrope.sim.workload import TraceRequest
 
@@ -153,3 +156,21 @@ def test_readings_count_waiting_as_vllm_does() -> None:
     assert res.engines is not None
     assert int(res.engines.running.max()) == 8
     assert int(res.engines.waiting.max()) == 0
+
+
+def test_the_replica_choice_prefers_replicas_the_readings_give_room() -> None:
+    """The simulator picks replicas as the gateway does: the least loaded of those the
+    saturation rule gives room, else the least loaded of all."""
+    ctl = AdmissionController(policy(saturation={"max_waiting": 0}), ManualClock())
+    fleet = Fleet(SMALL, {"default": 2})
+    scrapes = EngineScrapes(ctl, fleet)
+    rule = ctl.saturation("default")
+    assert rule is not None
+    fleet.load[:] = [0, 3]  # replica 0 is the least loaded ...
+    rule.observe("0", EngineReading(running=8, waiting=2, kv_usage=0.2), 0.0)  # ... and full
+    rule.observe("1", EngineReading(running=3, waiting=0, kv_usage=0.2), 0.0)
+    assert scrapes.route(0, 0.0) == 1
+    rule.observe("1", EngineReading(running=8, waiting=4, kv_usage=0.2), 0.0)
+    assert scrapes.route(0, 0.0) == 0  # neither has room
+    fleet.router = "round_robin"
+    assert [scrapes.route(0, 0.0) for _ in range(2)] == [0, 1]  # no preference there

@@ -85,8 +85,8 @@ def guarded(url: str, on_error: Any = "fail_open", **kw: Any) -> tuple[GuardedSt
 
 def test_dead_redis_fails_open_at_this_replicas_share_without_a_timeout_per_request() -> None:
     async def main() -> None:
-        state, calls = guarded(f"redis://127.0.0.1:{free_port()}/0")
-        state.replicas = 2  # as seen before the outage: this replica gets half
+        # never seen: the configured replica count gives this replica's share (half)
+        state, calls = guarded(f"redis://127.0.0.1:{free_port()}/0", expected_replicas=2)
         try:
             for i in range(3):  # three failures open the breaker
                 assert isinstance(await state.reserve(f"j{i}", "a", [claim(10)]), Grant)
@@ -206,12 +206,14 @@ def test_leases_are_fleet_wide_and_expire(fresh_redis: str) -> None:
             assert not ans.granted
             ans = await b.acquire("j4", Slot("p", 150, 3, 250))
             assert (ans.granted, ans.in_flight, ans.tokens_in_flight) == (True, 2, 250)
-            assert await b.renew("p", ["j2"]) == 1
+            assert await b.renew("p", {"j2": 100}) == 0  # held: extended
             # j4 (not renewed since) and j2 expire
             await past_on_redis(fresh_redis, lease_expiry(fresh_redis, "p", "j2", "j4"))
             ans = await a.acquire("j5", Slot("p", 100, 1, 250))  # their tokens were dropped
             assert (ans.granted, ans.in_flight, ans.tokens_in_flight) == (True, 1, 100)
-            assert await b.renew("p", ["j2"]) == 0  # an expired lease is not re-created
+            assert await b.renew("p", {"j2": 100}) == 1  # expired, its job running: re-created
+            ans = await a.acquire("j6", Slot("p", 10, 3, 250))  # j2 counts again, tokens too
+            assert (ans.granted, ans.in_flight, ans.tokens_in_flight) == (True, 3, 210)
         finally:
             await a.close()
             await b.close()
@@ -409,5 +411,113 @@ def test_a_reservation_sent_again_takes_nothing_twice(fresh_redis: str) -> None:
             assert snap.remaining == pytest.approx(900, abs=0.01)
         finally:
             await s.close()
+
+    asyncio.run(main())
+
+
+def _leases_in_redis(url: str, pool: str) -> set[str]:
+    with redis.Redis.from_url(url) as r:
+        return {m.decode() for m in r.zrange(f"guard:{{pool:{pool}}}:leases", 0, -1)}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("on_error", ["fail_open", "fail_closed"])
+def test_leases_survive_a_redis_that_restarts_empty(own_redis: RedisServer, on_error: str) -> None:
+    """Two replicas hold a pool's 4 fleet slots; Redis is killed and restarted without its
+    data.  Each re-asserts the leases of its running jobs at its first contact, so the pool
+    stays full: no replica takes a fifth slot, before or after both re-asserted, and what
+    Redis counts is exactly the jobs running.  (Before, the restarted Redis granted 4 more.)"""
+
+    async def main() -> None:
+        # started (the outbox runs); the background heartbeat beats once, then sleeps
+        a, _ = guarded(own_redis.url, on_error, heartbeat_s=600.0)
+        b, _ = guarded(own_redis.url, on_error, heartbeat_s=600.0)
+        slot = Slot("p", 10, 4, None)
+        a.start()
+        b.start()
+        try:
+            await _until(lambda: a._beaten and b._beaten)
+            assert await a.beat_once() and await b.beat_once()
+            assert (a.replicas, b.replicas) == (2, 2)
+            assert await a.acquire("a1", slot) and await a.acquire("a2", slot)
+            assert await b.acquire("b1", slot) and await b.acquire("b2", slot)
+            assert not await a.acquire("a3", slot)  # the fleet's 4 are taken
+            own_redis.stop()
+            own_redis.start()  # empty
+            # a notices first (a failed call), then reaches Redis again before b does
+            assert not await a.beat_once()
+            a.breaker.reset_s = 0.0
+            assert await a.beat_once()
+            assert _leases_in_redis(own_redis.url, "p") == {"a1", "a2"}
+            assert not await a.acquire("a3", slot)  # b's jobs still run: a holds its share
+            # b's connection comes back without a failed call: Redis forgot b, b notices
+            assert await b.beat_once()
+            assert _leases_in_redis(own_redis.url, "p") == {"a1", "a2", "b1", "b2"}
+            for store in (a, b):
+                store._careful_until = 0.0  # the re-assertion window over: Redis counts
+            assert not await a.acquire("a3", slot) and not await b.acquire("b3", slot)
+            a.finish("a1", "t", (), (), "p")
+            await a.outbox.flush(5.0)
+            assert await b.acquire("b3", slot)  # a slot a gave back, taken by b
+            assert _leases_in_redis(own_redis.url, "p") == {"a2", "b1", "b2", "b3"}
+        finally:
+            await a.stop(flush_s=0)
+            await b.stop(flush_s=0)
+
+    asyncio.run(main())
+
+
+@pytest.mark.integration
+def test_fallback_leases_move_into_redis_when_it_returns(own_redis: RedisServer) -> None:
+    """fail_open: jobs started on fallback slots during an outage are counted in Redis once
+    it returns, and given back there when they end."""
+
+    async def main() -> None:
+        state, _ = guarded(own_redis.url, "fail_open", heartbeat_s=600.0)
+        slot = Slot("p", 10, 3, None)
+        state.start()
+        try:
+            await _until(lambda: state._beaten)
+            own_redis.stop()
+            assert not await state.beat_once()
+            for _ in range(3):
+                assert not await state.beat_once()
+            assert state.breaker.state == "open"
+            assert await state.acquire("l1", slot) and await state.acquire("l2", slot)
+            own_redis.start()
+            state.breaker.reset_s = 0.0
+            assert await state.beat_once()
+            assert _leases_in_redis(own_redis.url, "p") == {"l1", "l2"}
+            assert state.status()["local_leases"] == {"p": 0}
+            state._careful_until = 0.0
+            assert await state.acquire("r1", slot)
+            assert not await state.acquire("r2", slot)  # 3 in flight, fleet-wide
+            state.finish("l1", "t", (), (), "p")
+            await state.outbox.flush(5.0)
+            assert _leases_in_redis(own_redis.url, "p") == {"l2", "r1"}
+        finally:
+            await state.stop(flush_s=0)
+
+    asyncio.run(main())
+
+
+def test_fail_open_before_redis_ever_answered_refuses_without_expected_replicas() -> None:
+    """A replica that never reached Redis cannot know how many share its limits: without
+    ``expected_replicas`` it refuses (as fail_closed would) rather than enforce the whole
+    limit alone, and says what to configure."""
+
+    async def main() -> None:
+        state, _ = guarded(f"redis://127.0.0.1:{free_port()}/0")
+        try:
+            for i in range(4):
+                with pytest.raises(StoreUnavailable, match="expected_replicas"):
+                    await state.reserve(f"j{i}", "a", [claim(10)])
+            with pytest.raises(StoreUnavailable, match="expected_replicas"):
+                await state.acquire("j", Slot("default", 10, 4, None))
+            assert state.fallbacks["reserve_refused"] == 4
+            assert state.fallbacks["lease_refused"] == 1
+            assert state.status()["answered"] is False
+        finally:
+            await state.stop(flush_s=0)
 
     asyncio.run(main())

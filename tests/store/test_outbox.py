@@ -4,6 +4,7 @@ that did not land, and a late call left to finish rather than cancelled."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections import Counter
 from typing import Any
@@ -235,3 +236,39 @@ def test_refusals_are_logged_at_once_then_at_most_every_ten_seconds(
         asyncio.run(main())
     (record,) = caplog.records
     assert "refused 1 settlement(s)" in record.getMessage() and "bad key" in record.getMessage()
+
+
+@pytest.mark.parametrize("stop_first", [False, True])
+def test_a_call_given_up_on_that_fails_later_logs_nothing(stop_first: bool) -> None:
+    """A call the outbox stopped waiting for (its round timed out, or the outbox was
+    stopped at shutdown) may fail later, e.g. when the connection to Redis is lost: its
+    exception is consumed, not reported by asyncio as "Future exception was never
+    retrieved"."""
+
+    async def main() -> list[str]:
+        loop = asyncio.get_running_loop()
+        reported: list[str] = []
+        loop.set_exception_handler(lambda _, ctx: reported.append(str(ctx.get("message"))))
+        hung: list[asyncio.Future[Any]] = []
+
+        def send() -> asyncio.Future[Any]:
+            fut: asyncio.Future[Any] = loop.create_future()
+            hung.append(fut)
+            return fut
+
+        box = Outbox(ready=lambda: True, on_result=lambda ok: None, timeout_s=lambda: 0.02)
+        box.start()
+        box.put(send)
+        while len(hung) < (1 if stop_first else 2):  # stopped mid-round, or timed out once
+            await asyncio.sleep(0.005)
+        await box.stop()
+        for fut in hung:
+            if not fut.done():
+                fut.set_exception(ConnectionError("connection to Redis lost"))
+        del fut
+        hung.clear()
+        gc.collect()
+        await asyncio.sleep(0)
+        return reported
+
+    assert asyncio.run(main()) == []

@@ -329,12 +329,12 @@ class RouteRule(_Model):
 
 
 class SaturationPolicy(_Model):
-    """Hold dispatch while a pool's engines queue work of their own (vLLM's metrics).
+    """Hold dispatch while a pool's engines queue work of their own.
 
-    The rule (:mod:`velvetrope.core.saturation`) reads ``vllm:num_requests_running``,
-    ``vllm:num_requests_waiting`` and ``vllm:kv_cache_usage_perc`` per engine, taken every
-    ``scrape_interval_s`` by the gateway (from ``/metrics``) or the simulator (from its
-    engine models).
+    The rule (:mod:`velvetrope.core.saturation`) reads each engine's requests running,
+    requests waiting and KV-cache usage, taken every ``scrape_interval_s`` by the gateway
+    (from ``/metrics``, in the engine's dialect: :mod:`velvetrope.dialects`) or the
+    simulator (from its engine models).
     """
 
     enabled: bool = Field(True, description="Apply the rule (the gateway scrapes /metrics).")
@@ -348,7 +348,15 @@ class SaturationPolicy(_Model):
     stale_after_s: float | None = Field(
         None,
         gt=0,
-        description="A reading older than this counts as saturated (default: 3 intervals).",
+        description="A reading older than this is not used: the engine is served without "
+        "saturation (its in-flight limit still holds) until readings return "
+        "(default: 3 intervals).",
+    )
+    initial_capacity: int = Field(
+        1,
+        ge=1,
+        description="Requests an engine is trusted to run at once before a reading has shown "
+        "it queueing; doubled by each reading that shows it running all it was given.",
     )
 
     @property

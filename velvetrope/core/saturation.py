@@ -10,9 +10,10 @@ feeds them to :meth:`EngineSaturation.observe` with their timestamp (the gateway
 engine's ``/metrics``, the simulator from its engine models), and says which engines are
 live with :meth:`EngineSaturation.set_engines`.
 
-Readings are vLLM's gauges, per engine: ``vllm:num_requests_running``,
-``vllm:num_requests_waiting`` and ``vllm:kv_cache_usage_perc`` (names as in vLLM's
-"Production Metrics" documentation, docs.vllm.ai/en/stable/usage/metrics/).
+Readings are each engine's requests running, requests waiting and KV-cache usage (0..1),
+whatever its engine calls them (the gateway reads them in the engine's dialect,
+:mod:`velvetrope.dialects`; vLLM's are ``vllm:num_requests_running``,
+``vllm:num_requests_waiting`` and ``vllm:kv_cache_usage_perc``).
 
 **The rule.**  Each live engine ``e`` has room
 
@@ -21,22 +22,33 @@ Readings are vLLM's gauges, per engine: ``vllm:num_requests_running``,
 where ``running_e`` and ``waiting_e`` are from its last reading, ``ours_e`` is the number of
 this pool's jobs sent to ``e`` and not yet ended, and ``ours_at_e`` was that number when the
 reading was taken: the reading is corrected by what was sent to the engine and came back
-since.  ``capacity_e`` (what the engine runs at once) is learned: a reading that shows the
-engine queueing (``waiting > 0``) sets it to ``running``; a reading that shows it running
-all it was allowed with no queue and room in its KV cache raises it to ``running + 1``, a
-probe (the engine's capacity moves with the lengths it holds, and a capacity learned
-under KV pressure must be able to grow back), so the engine's own queue is held to
-``max_waiting`` plus that one probe.  The pool admits a dispatch while
-``Σ_e max(0, room_e) − pending ≥ 1``, where ``pending`` counts jobs dispatched from the
-pool and not yet sent to an engine.  Per engine:
+since.  ``capacity_e`` (what the engine runs at once) is *learned*: a reading that shows the
+engine queueing (``waiting > 0``) sets it to ``running``; after that, a reading that shows it
+running all it was allowed with no queue and room in its KV cache raises it to
+``running + 1``, a probe (the engine's capacity moves with the lengths it holds, and a
+capacity learned under KV pressure must be able to grow back), so the engine's own queue is
+held to ``max_waiting`` plus that one probe.  Until a reading has shown it queueing, the
+capacity is a *slow-start* window: ``initial_capacity`` at first, doubled (to twice what it
+runs) by each reading that shows it running all the window allowed with no queue and room in
+its KV cache.  The pool admits a dispatch while ``Σ_e max(0, room_e) − pending ≥ 1``, where
+``pending`` counts jobs dispatched from the pool and not yet sent to an engine.  Per engine:
 
-* an engine at ``kv_cache_usage_perc ≥ max_kv_usage`` has no room (its KV cache is full);
-* a reading older than ``stale_after_s`` gives no room: a stale reading counts as
-  saturated, never as idle;
-* an engine never read, or never seen queueing and not queueing now, may have room: the
-  pool is not held (a missing ``/metrics`` never stalls a pool);
+* an engine never read yet is taken as idle (``running = waiting = 0``, corrected by what was
+  sent to it): a cold start is held to the window from the first request, there is no
+  learning period in which a burst reaches the engines unchecked;
+* an engine at ``kv_usage ≥ max_kv_usage`` has no room (its KV cache is full);
+* a reading older than ``stale_after_s`` is not used: the engine is *stale* and has
+  unlimited room, so it is served without saturation (the pool's in-flight limit,
+  :mod:`velvetrope.core.capacity`, still holds) until a reading arrives; a rule never holds
+  a pool forever on a reading it no longer gets;
+* an engine declared unreadable before any reading (:meth:`EngineSaturation.observe` with
+  ``None``: no ``/metrics``, or none in a known dialect) is *blind*: unlimited room likewise;
 * with no live engine at all the rule has nothing to say and admits (capacity per engine
-  × live engines, :mod:`velvetrope.core.capacity`, decides).
+  × live engines decides).
+
+:meth:`EngineSaturation.engine_room` is one engine's room, so that the replica choice can
+prefer engines with room (:meth:`EngineSaturation.has_room`); :meth:`EngineSaturation.state`
+says which of the cases above holds (``on``, ``stale``, ``blind``).
 
 **Accounting, per job.**  :meth:`~EngineSaturation.started` (every dispatch from the pool)
 counts a job as pending; :meth:`~EngineSaturation.sent` moves it to the engine that took it
@@ -73,14 +85,17 @@ class EngineReading:
 
 
 class _Engine:
-    __slots__ = ("at", "capacity", "ours", "ours_at", "reading")
+    __slots__ = ("at", "blind", "capacity", "learned", "ours", "ours_at", "reading")
 
-    def __init__(self) -> None:
+    def __init__(self, window: float) -> None:
         self.reading: EngineReading | None = None
         self.at = -_INF
         self.ours = 0
         self.ours_at = 0
-        self.capacity: float | None = None
+        self.capacity = window
+        """The learned capacity, or the slow-start window until ``learned``."""
+        self.learned = False
+        self.blind = False
 
 
 class EngineSaturation:
@@ -93,11 +108,13 @@ class EngineSaturation:
         max_waiting: int = 2,
         max_kv_usage: float = 0.97,
         stale_after_s: float = 3.0,
+        initial_capacity: int = 1,
     ) -> None:
         self.pool = pool
         self.max_waiting = max_waiting
         self.max_kv_usage = max_kv_usage
         self.stale_after_s = stale_after_s
+        self.initial_capacity = float(max(1, initial_capacity))
         self.holds = 0
         """Times a dispatch was held (cumulative)."""
         self._engines: dict[str, _Engine] = {}
@@ -114,6 +131,7 @@ class EngineSaturation:
             max_waiting=policy.max_waiting,
             max_kv_usage=policy.max_kv_usage,
             stale_after_s=policy.stale_s,
+            initial_capacity=policy.initial_capacity,
         )
 
     # -- inputs ------------------------------------------------------------------------
@@ -121,7 +139,7 @@ class EngineSaturation:
     def _engine(self, engine: str) -> _Engine:
         e = self._engines.get(engine)
         if e is None:
-            e = self._engines[engine] = _Engine()
+            e = self._engines[engine] = _Engine(self.initial_capacity)
         return e
 
     def set_engines(self, engines: Iterable[str]) -> None:
@@ -132,19 +150,25 @@ class EngineSaturation:
         self._live = [self._engine(i) for i in ids]
 
     def observe(self, engine: str, reading: EngineReading | None, now: float) -> None:
-        """Take a reading of ``engine`` taken at ``now`` (``None``: it could not be read;
-        the last reading is kept and grows stale)."""
-        if reading is None:
-            return
+        """Take a reading of ``engine`` taken at ``now``.  ``None``: the engine could not be
+        read (or not understood); an engine never read is then *blind* (no saturation for
+        it) at once, an engine read before keeps its last reading until it is stale."""
         e = self._engine(engine)
+        if reading is None:
+            if e.reading is None:
+                e.blind = True
+            return
+        e.blind = False
         e.reading = reading
         e.at = now
         e.ours_at = e.ours
-        cap = e.capacity
-        if reading.running > 0 and reading.waiting > 0:
-            e.capacity = reading.running
-        elif cap is not None and reading.running >= cap and reading.kv_usage < self.max_kv_usage:
-            e.capacity = reading.running + 1  # running all it was given, no queue: probe one
+        running = reading.running
+        if running > 0 and reading.waiting > 0:
+            e.capacity = running
+            e.learned = True
+        elif running >= e.capacity and reading.kv_usage < self.max_kv_usage:
+            # running all it was given, no queue: probe one more, or (slow start) double
+            e.capacity = running + 1 if e.learned else 2 * running
 
     def started(self, job: Job, now: float) -> None:
         """``job`` was dispatched from the pool: pending until :meth:`sent` or its end."""
@@ -184,18 +208,16 @@ class EngineSaturation:
         stale, max_kv, max_waiting = self.stale_after_s, self.max_kv_usage, self.max_waiting
         for e in engines:  # one loop, no call per engine: the dispatch path runs it
             r = e.reading
-            if r is None:
+            if e.blind:
                 room = _INF
-            elif now - e.at > stale or r.kv_usage >= max_kv:
+            elif r is None:  # never read yet: idle but for what we sent
+                room = e.capacity + max_waiting - e.ours
+            elif now - e.at > stale:
+                room = _INF
+            elif r.kv_usage >= max_kv:
                 room = 0.0
             else:
-                cap = e.capacity
-                if cap is None and r.waiting <= max_waiting:
-                    room = _INF
-                else:
-                    if cap is None:
-                        cap = r.running
-                    room = cap + max_waiting - (r.running + r.waiting + e.ours - e.ours_at)
+                room = e.capacity + max_waiting - (r.running + r.waiting + e.ours - e.ours_at)
             out.append(room)
             if stop and room == _INF:
                 break
@@ -227,24 +249,47 @@ class EngineSaturation:
         """Jobs dispatched from the pool and not yet sent to an engine."""
         return self._pending
 
+    def engine_room(self, engine: str, now: float) -> float:
+        """Dispatches ``engine`` can take now by its readings (``inf``: unlimited; the
+        pool's pending dispatches are not subtracted)."""
+        return self._rooms([self._engine(engine)], now, False)[0]
+
+    def has_room(self, engine: str, now: float) -> bool:
+        """Whether ``engine`` can take one more dispatch by its readings."""
+        return self.engine_room(engine, now) >= 1.0
+
+    def state(self, engine: str, now: float) -> str:
+        """``blind`` (declared unreadable before any reading), ``stale`` (its last reading is
+        older than ``stale_after_s``) or ``on`` (its readings, or before the first one its
+        slow-start window, limit it)."""
+        e = self._engine(engine)
+        if e.blind:
+            return "blind"
+        if e.reading is not None and now - e.at > self.stale_after_s:
+            return "stale"
+        return "on"
+
     def ours(self, engine: str) -> int:
         """This pool's jobs sent to ``engine`` and not yet ended."""
         e = self._engines.get(engine)
         return 0 if e is None else e.ours
 
     def status(self, now: float) -> dict[str, dict[str, Any]]:
-        """Per live engine: its last reading, the reading's age, the learned capacity, the
-        corrected load (``projected``) and its room (``None``: unlimited)."""
+        """Per live engine: its state (:meth:`state`), last reading, the reading's age, the
+        capacity and whether it was learned (else: the slow-start window), the corrected
+        load (``projected``) and its room (``None``: unlimited)."""
         out: dict[str, dict[str, Any]] = {}
         rooms = self._rooms(self._live, now, False)
         for eid, e, room in zip(self._live_ids, self._live, rooms, strict=True):
             r = e.reading
             out[eid] = {
+                "state": self.state(eid, now),
                 "running": None if r is None else r.running,
                 "waiting": None if r is None else r.waiting,
                 "kv_usage": None if r is None else r.kv_usage,
                 "age_s": None if r is None else now - e.at,
                 "capacity": e.capacity,
+                "capacity_learned": e.learned,
                 "ours": e.ours,
                 "projected": None if r is None else r.running + r.waiting + e.ours - e.ours_at,
                 "room": None if room == _INF else room,

@@ -1,8 +1,8 @@
 """Watching a run: polling the servers and drawing the live view.
 
 :class:`Monitor` polls the gateway's ``/admin/status`` and the engines' ``/metrics``
-(read with the gateway's own vLLM parser,
-:func:`velvetrope.gateway.scrape.parse_vllm_metrics`); :func:`run_phase` replays the
+(read in any engine dialect the gateway knows,
+:func:`velvetrope.dialects.read_metrics`); :func:`run_phase` replays the
 workload open-loop while it samples them and redraws the view.
 """
 
@@ -25,10 +25,19 @@ from rich.text import Text
 from velvetrope.core import EngineReading
 from velvetrope.demo.loadgen import LiveCounters, ReplayConfig, ReplayResult, replay
 from velvetrope.demo.settings import GATEWAY, DemoSettings
-from velvetrope.gateway.scrape import parse_vllm_metrics
+from velvetrope.dialects import EngineSample, read_metrics
 from velvetrope.sim.workload import TraceRequest
+from velvetrope.top.sections import bar
 
 __all__ = ["Monitor", "PhaseSample", "RunResult", "run_phase"]
+
+
+def _reading(body: bytes | None) -> EngineReading | None:
+    """An engine's load from its ``/metrics`` body (``None``: no body, or none readable)."""
+    if body is None:
+        return None
+    got = read_metrics(body.decode("utf-8", "replace"))
+    return got.reading() if isinstance(got, EngineSample) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,10 +90,7 @@ class Monitor:
         if got[0] is not None:
             with contextlib.suppress(orjson.JSONDecodeError):
                 self.status = orjson.loads(got[0])
-        self.engines = [
-            parse_vllm_metrics(b.decode("utf-8", "replace")) if b is not None else None
-            for b in got[1:]
-        ]
+        self.engines = [_reading(b) for b in got[1:]]
 
     def bands(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -106,13 +112,6 @@ class Monitor:
                 return True
             await asyncio.sleep(0.2)
         return False
-
-
-def _bar(n: int, full: int, width: int = 24) -> str:
-    if full <= 0:
-        return ""
-    k = min(width, round(width * n / full))
-    return "█" * k + "·" * (width - k)
 
 
 def _view(
@@ -143,11 +142,11 @@ def _view(
         bands = mon.bands()
         for band, n in bands.items():
             limit = band_limits.get(band, 0)
-            t.add_row(f"queue {band}", f"{_bar(n, limit)} {n:4d}/{limit}")
+            t.add_row(f"queue {band}", f"{bar(n, limit)} {n:4d}/{limit}")
         pools = st.get("pools") or {}
         inflight = sum(int(p.get("in_flight", 0)) for p in pools.values())
         cap = sum(int(p.get("max_in_flight", 0) or 0) for p in pools.values())
-        t.add_row("in flight", f"{_bar(inflight, cap)} {inflight:4d}/{cap}")
+        t.add_row("in flight", f"{bar(inflight, cap)} {inflight:4d}/{cap}")
         t.add_row(
             "gateway",
             f"admitted {live.accepted}   queued {st.get('queued', 0)}   "

@@ -7,13 +7,14 @@ models of every pool: one live upstream of each is asked, the lists merged, each
 that retrying cannot help carries ``x-should-retry: false``.
 
 A completion request goes: authenticate (401) → read the body within the size limit (413)
-→ parse and validate (400) → count prompt tokens → build the job → route it (the policy's
-rules pick the pool; a backed-up tier may be degraded: capped ``max_tokens``, a fallback
-pool or model) → admission (429/503, or wait in the queue) → proxy to the least-loaded
-live upstream of its pool (:mod:`velvetrope.gateway.engines`) → settle.  A
-client that disconnects while queued or mid-stream cancels the job, and the upstream
-request is closed at once.  Every job ends in the controller exactly once, whatever
-happens, so in-flight counts and bucket balances stay exact.
+and ``gateway.request_timeout_s`` (408, the connection closed) → parse and validate (400) →
+count prompt tokens → build the job → route it (the policy's rules pick the pool; a
+backed-up tier may be degraded: capped ``max_tokens``, a fallback pool or model) →
+admission (429/503, or wait in the queue) → proxy to the least-loaded live upstream of its
+pool (:mod:`velvetrope.gateway.engines`) → settle.  A client that disconnects while queued
+or mid-stream cancels the job, and the upstream request is closed at once.  Every job ends
+in the controller exactly once, whatever happens, so in-flight counts and bucket balances
+stay exact.
 """
 
 from __future__ import annotations
@@ -274,7 +275,7 @@ class Gateway:
         status["buckets"] = {k: lvl for k, (lvl, _) in self.store.levels().items()}
         status["state"] = self.store.status()
         status["waiting_requests"] = self.admission.waiting
-        status["upstreams"] = self.upstreams.status()
+        status["upstreams"] = self.engines.upstream_status(self.clock.now())
         status["engine_load"] = self.engines.engine_load(self.clock.now())
         status["dispatch_held_by_saturation"] = self.engines.saturation_holds()
         await respond(send, 200, orjson.dumps(status))
@@ -299,6 +300,10 @@ class Gateway:
             await _error(send, e.status, e.message, e.code, e.param)
             return
         except ClientDisconnected:
+            return
+        except Exception:  # a bug in reading a request: logged, answered in OpenAI's shape
+            log.exception("velvetrope: unexpected error reading a request")
+            await _error(send, 500, "internal error in the gateway", "internal_error")
             return
         requested = header(scope, self._priority_header)
         tier = self.ctl.resolve_tier(tenant, requested.decode("latin-1") if requested else None)
@@ -412,7 +417,7 @@ class Gateway:
         engines = self.engines
         tried: tuple[str, ...] = ()  # upstreams that could not be reached
         while True:
-            up = self.upstreams.pick(job.pool, exclude=tried)
+            up = engines.pick(job.pool, exclude=tried)
             if up is None:
                 ticket.fail(Reason.NO_HEALTHY_UPSTREAM)
                 msg = f"no healthy upstream in pool {job.pool!r}"
@@ -479,7 +484,7 @@ class Gateway:
         if answer.status < 500:
             self.upstreams.succeeded(up)
         else:
-            self.upstreams.failed(up, f"answered {answer.status}")
+            self.upstreams.answered_error(up, answer.status, ticket.job.tenant)
         if answer.status == 200:
             ticket.first_token()
             ticket.complete(answer.usage or tally.usage_so_far())

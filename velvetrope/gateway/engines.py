@@ -8,7 +8,8 @@ probe), and the saturation rule judges exactly those engines; then whatever now 
 dispatched.  It also counts each request on its way to an engine and back
 (:meth:`Engines.sent`, :meth:`Engines.returned`): the upstream's in-flight count that
 least-loaded picking reads, and the saturation rule's count of work it has not seen in a
-scrape yet.
+scrape yet; and it picks the upstream of each request (:meth:`Engines.pick`), preferring the
+engines the saturation rule gives room.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class Engines:
         admission: bool = True,
     ) -> None:
         self.ctl = ctl
+        self._clock = clock
         self.pump: Callable[[], None] = lambda: None
         self.upstreams = UpstreamPools(config, clock, resolver=resolver, on_change=self.follow)
         self.rules: dict[str, EngineSaturation] = {}
@@ -50,7 +52,7 @@ class Engines:
                     self.rules[pool] = rule
         sat = ctl.config.saturation
         self.scraper = (
-            Scraper(self.upstreams, self.rules, clock, sat.scrape_interval_s)
+            Scraper(config, self.upstreams, self.rules, clock, sat.scrape_interval_s)
             if self.rules
             else None
         )
@@ -68,6 +70,18 @@ class Engines:
             if rule is not None:
                 rule.set_engines([u.url for u in (*live, *probing)])
         self.pump()
+
+    def pick(self, pool: str, exclude: tuple[str, ...] = ()) -> UpstreamState | None:
+        """The upstream of ``pool`` that takes the next request: the least-loaded one its
+        saturation rule gives room (:meth:`EngineSaturation.has_room`: a blind or stale
+        engine always has), else the least-loaded of all (:meth:`UpstreamPools.pick`).  So
+        in a pool that mixes engines read and engines not read, the ones read still take
+        no more than their readings allow while another can take the work."""
+        rule = self.rules.get(pool)
+        if rule is None or len(self.upstreams.pools.get(pool, ())) < 2:  # nothing to prefer
+            return self.upstreams.pick(pool, exclude)
+        now = self._clock.now()
+        return self.upstreams.pick(pool, exclude, lambda url: rule.has_room(url, now))
 
     def sent(self, job: Job, up: UpstreamState) -> None:
         """``job`` is being handed to ``up``: count it there (and in the saturation rule,
@@ -101,6 +115,17 @@ class Engines:
         out: dict[str, dict[str, Any]] = {}
         for rule in self.rules.values():
             out.update(rule.status(now))
+        return out
+
+    def upstream_status(self, now: float) -> list[dict[str, object]]:
+        """:meth:`UpstreamPools.status` with each upstream's ``engine``: the dialect its
+        metrics are read in, its saturation state (``on``, ``blind``, ``stale``) and the
+        last scrape's failure, if any (:meth:`Scraper.status`; ``None``: its pool has no
+        saturation rule, or it was not scraped yet)."""
+        out = self.upstreams.status()
+        scraper = self.scraper
+        for u in out:
+            u["engine"] = None if scraper is None else scraper.status(str(u["url"]), now)
         return out
 
     def saturation_holds(self) -> int:

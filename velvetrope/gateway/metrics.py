@@ -8,11 +8,13 @@ time from :meth:`AdmissionController.status`, so the request path pays nothing f
 
 The engines (:class:`~velvetrope.gateway.engines.Engines`, attached with
 :meth:`GatewayMetrics.attach_engines`) add, per upstream: health, breaker state, the
-gateway's requests in flight to it, the last scraped engine gauges (vLLM's names kept
-verbatim in the ``metric`` label), the reading's age, the learned capacity and the
-corrected load; per pool: live engines, capacity (per engine × live engines), the
-saturation rule's room, pending dispatches and holds; and counters of routing decisions
-(``pool``, ``rule``) and degradations (``tier``, ``action``).
+gateway's requests in flight to it, the last scraped engine gauges (the engine's own names
+kept verbatim in the ``metric`` label, whatever its dialect), the reading's age, the learned
+capacity and the corrected load, the failed scrapes by reason, the saturation state and the
+dialect (:meth:`~velvetrope.gateway.scrape.Scraper.families`); per pool: live engines,
+capacity (per engine × live engines), the saturation rule's room, pending dispatches and
+holds; and counters of routing decisions (``pool``, ``rule``) and degradations (``tier``,
+``action``).
 """
 
 from __future__ import annotations
@@ -50,17 +52,13 @@ def _engine_families(engines: Any, now: float) -> list[GaugeMetricFamily | Count
         "The gateway's requests in flight to the upstream.",
         labels=up_labels,
     )
-    scraped = GaugeMetricFamily(
-        "velvetrope_engine_scraped",
-        "The engine's own gauge at the last scrape (metric: its name, verbatim).",
-        labels=[*up_labels, "metric"],
-    )
     age = GaugeMetricFamily(
         "velvetrope_engine_reading_age_seconds", "Age of the last reading.", labels=up_labels
     )
     learned = GaugeMetricFamily(
         "velvetrope_engine_capacity",
-        "Requests the engine runs at once, as learned from readings that show it queueing.",
+        "Requests the engine runs at once, as learned from readings that show it queueing"
+        " (before one did: its slow-start window).",
         labels=up_labels,
     )
     projected = GaugeMetricFamily(
@@ -76,13 +74,9 @@ def _engine_families(engines: Any, now: float) -> list[GaugeMetricFamily | Count
         for url, e in rule.status(now).items():
             lv = [pool, url]
             if e["running"] is not None:
-                scraped.add_metric([*lv, "vllm:num_requests_running"], e["running"])
-                scraped.add_metric([*lv, "vllm:num_requests_waiting"], e["waiting"])
-                scraped.add_metric([*lv, "vllm:kv_cache_usage_perc"], e["kv_usage"])
                 age.add_metric(lv, e["age_s"])
                 projected.add_metric(lv, e["projected"])
-            if e["capacity"] is not None:
-                learned.add_metric(lv, e["capacity"])
+            learned.add_metric(lv, e["capacity"])
     live = GaugeMetricFamily(
         "velvetrope_pool_engines", "Live engines (healthy, breaker closed).", labels=["pool"]
     )
@@ -107,7 +101,8 @@ def _engine_families(engines: Any, now: float) -> list[GaugeMetricFamily | Count
             room.add_metric([pool], r)
         pending.add_metric([pool], float(rule.pending))
         held.add_metric([pool], float(rule.holds))
-    return [breaker, up_flight, scraped, age, learned, projected, live, room, pending, held]
+    scraper = engines.scraper.families(now) if engines.scraper is not None else []
+    return [breaker, up_flight, age, learned, projected, live, room, pending, held, *scraper]
 
 
 class _StateCollector(Collector):

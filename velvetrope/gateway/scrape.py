@@ -1,70 +1,83 @@
-"""Scraping the engines' ``/metrics`` for the core's saturation rule.
+"""Scraping the engines' ``/metrics`` for the core's saturation rule, in each one's dialect.
 
 The rule itself is sans-IO and lives in :mod:`velvetrope.core.saturation` (the simulator
-runs it too, fed by :mod:`velvetrope.sim.scrape` from its engine models); this module only
-reads.  Every ``policy.saturation.scrape_interval_s`` :class:`Scraper` fetches each
-upstream's ``metrics_url`` (default ``url + /metrics``), reads vLLM's gauges from the
-Prometheus text (:func:`parse_vllm_metrics`) and hands the reading to its pool's
-:class:`~velvetrope.core.saturation.EngineSaturation` with the time it arrived; an
-endpoint that cannot be read (an error, a timeout, no readable vLLM gauge in its text)
-gives ``None``, which leaves the last reading to grow stale.  After each round it calls
-``on_update`` so that work the fresh readings allow is dispatched.
+runs it too, fed by :mod:`velvetrope.sim.scrape` from its engine models); the dialects are
+data in :mod:`velvetrope.dialects`.  This module only reads, and says what it could not.
+
+Every ``policy.saturation.scrape_interval_s`` :class:`Scraper` fetches each healthy
+upstream's ``metrics_url`` (default ``url + /metrics``), with the interval as its timeout,
+and reads it in the upstream's dialect: the one its config pins (``engine``, or the gauges
+it names in ``engine_metrics``), else the one detected in the text
+(:func:`velvetrope.dialects.read_metrics`: a mixed pool works, each upstream in its own).
+A reading goes to its pool's :class:`~velvetrope.core.saturation.EngineSaturation` with the
+time it arrived; a scrape that gives none (an error, a timeout, a status other than 200,
+a text in no known dialect) is counted in ``velvetrope_engine_scrape_errors_total{upstream,
+reason}`` and told to the rule as ``None``: an engine never read is then blind (no
+saturation for it), one read before keeps its last reading until it is stale.  An upstream
+configured ``engine: none`` is not fetched: blind from the start.  After each round it
+calls ``on_update`` so that work the fresh readings allow is dispatched.
+
+**Never silently blind, never silently stuck.**  Each upstream's saturation state
+(:meth:`~velvetrope.core.saturation.EngineSaturation.state`: ``on``, ``blind``, ``stale``)
+and the dialect it is read in are logged once at the first round and again whenever they
+change (``blind`` and ``stale`` as warnings: the engine is then served without saturation,
+held by the in-flight limit only, until readings return), exported as gauges, and shown
+per upstream in ``/admin/status`` with the reason (:meth:`Scraper.status`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
+import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from velvetrope.clock import Clock
-from velvetrope.core import EngineReading, EngineSaturation
+from velvetrope.config import GatewayConfig, Upstream
+from velvetrope.core import EngineSaturation
+from velvetrope.dialects import DIALECTS, Dialect, EngineSample, ScrapeFailure, read_metrics
 from velvetrope.gateway.upstreams import Periodic, UpstreamPools, UpstreamState
 
-__all__ = ["Scraper", "parse_vllm_metrics"]
+__all__ = ["EngineWatch", "Scraper"]
 
-_WAITING = "vllm:num_requests_waiting"
-_RUNNING = "vllm:num_requests_running"
-_KV = "vllm:kv_cache_usage_perc"
-_GAUGE_LINES = (_WAITING, _RUNNING, _KV)
+log = logging.getLogger("velvetrope.gateway")
+
+STATES = ("on", "blind", "stale")
+"""The saturation states of an upstream (:meth:`EngineSaturation.state`)."""
 
 
-def parse_vllm_metrics(text: str) -> EngineReading | None:
-    """vLLM's gauges in the Prometheus text ``text``, summed over all label sets (one engine
-    may serve several models; the KV usage is the largest of them).
+@dataclass(slots=True, eq=False)
+class EngineWatch:
+    """What the gateway knows of one upstream's metrics."""
 
-    The lines of the three gauges are read by ``prometheus_client``'s parser, so the
-    format's sample timestamps, escaped label values and ``NaN`` are read as Prometheus
-    reads them; the other lines are not read (a sample is one line: a label value's newline
-    is escaped).  A sample whose value is not finite (``NaN``, ``±Inf``) says nothing of the
-    engine's load and is skipped.  ``None`` when no finite sample of the three gauges is
-    left, or when a line of theirs is not valid exposition format."""
-    # the parser costs ~10 µs a line, on the event loop: an engine's whole text (100s of
-    # lines of histograms) would cost milliseconds per scrape
-    ours = [line for line in text.splitlines() if line.lstrip(" \t").startswith(_GAUGE_LINES)]
-    waiting = running = kv = 0.0
-    seen = False
-    try:
-        for family in text_string_to_metric_families("\n".join(ours)):
-            for sample in family.samples:
-                name, v = sample.name, sample.value
-                if not math.isfinite(v):
-                    continue
-                if name == _WAITING:
-                    waiting += v
-                elif name == _RUNNING:
-                    running += v
-                elif name == _KV:
-                    kv = max(kv, v)
-                else:  # a longer name that starts like one of them
-                    continue
-                seen = True
-    except ValueError:
-        return None
-    return EngineReading(running, waiting, kv) if seen else None
+    url: str
+    pool: str
+    engine: str
+    """As configured: ``auto``, ``none``, a dialect's name, or ``custom`` (engine_metrics)."""
+    dialect: Dialect | None
+    """The pinned dialect (``None``: detected, or not read at all for ``none``)."""
+    sample: EngineSample | None = None
+    """The last reading."""
+    failure: ScrapeFailure | None = None
+    """Why the last scrape gave no reading (``None``: it gave one)."""
+    errors: dict[str, int] = field(default_factory=dict)
+    """Failed scrapes by reason (cumulative)."""
+    told: tuple[str, str | None] | None = None
+    """The last (state, dialect) logged."""
+
+    @property
+    def spoken(self) -> str | None:
+        """The dialect the upstream was last read in."""
+        return None if self.sample is None else self.sample.dialect
+
+
+def _pinned(u: Upstream) -> tuple[str, Dialect | None]:
+    if u.engine_metrics is not None:
+        return "custom", u.dialect()
+    return u.engine, u.dialect()
 
 
 class Scraper:
@@ -72,6 +85,7 @@ class Scraper:
 
     def __init__(
         self,
+        config: GatewayConfig,
         upstreams: UpstreamPools,
         rules: Mapping[str, EngineSaturation],
         clock: Clock,
@@ -81,35 +95,124 @@ class Scraper:
         self.rules = rules
         self.clock = clock
         self.interval_s = interval_s
-        self.failures = 0
-        """Scrapes that could not be read (cumulative)."""
+        self._config: dict[str, Upstream] = {}
+        """The config entry of each static URL and of each DNS name (``source``)."""
+        for ups in config.upstreams.values():
+            for u in ups:
+                self._config[u.url.rstrip("/") if u.discovery == "static" else u.url] = u
+        self.watches: dict[str, EngineWatch] = {}
         self._loop = Periodic()
 
-    async def _one(self, session: aiohttp.ClientSession, up: UpstreamState) -> None:
+    def watch(self, up: UpstreamState) -> EngineWatch:
+        """The watch of ``up`` (made at first sight, from its config entry)."""
+        w = self.watches.get(up.url)
+        if w is None:
+            u = self._config.get(up.source or up.url)
+            engine, dialect = ("auto", None) if u is None else _pinned(u)
+            w = self.watches[up.url] = EngineWatch(up.url, up.pool, engine, dialect)
+        return w
+
+    async def _fetch(self, session: aiohttp.ClientSession, url: str) -> str | ScrapeFailure:
         try:
-            async with session.get(
-                up.metrics_url, timeout=aiohttp.ClientTimeout(total=self.interval_s)
-            ) as r:
-                text = await r.text() if r.status == 200 else ""
-        except (aiohttp.ClientError, TimeoutError, OSError, UnicodeDecodeError):
-            text = ""
-        reading = parse_vllm_metrics(text) if text else None
-        if reading is None:
-            self.failures += 1
+            async with session.get(url, timeout=aiohttp.ClientTimeout(total=self.interval_s)) as r:
+                if r.status != 200:
+                    return ScrapeFailure("http_status", f"GET {url} answered {r.status}")
+                return await r.text()
+        except TimeoutError:
+            return ScrapeFailure("timeout", f"GET {url}: no answer within {self.interval_s:g} s")
+        except UnicodeDecodeError:
+            return ScrapeFailure("invalid", f"GET {url}: the text is not UTF-8")
+        except (aiohttp.ClientError, OSError) as e:
+            return ScrapeFailure("connect", f"GET {url} failed: {type(e).__name__}: {e}")
+
+    async def _one(self, session: aiohttp.ClientSession, up: UpstreamState) -> None:
+        w = self.watch(up)
         rule = self.rules.get(up.pool)
+        if w.engine == "none":
+            w.failure = ScrapeFailure("engine_none", "engine: none in the configuration")
+            if rule is not None:
+                rule.observe(up.url, None, self.clock.now())
+            return
+        text = await self._fetch(session, up.metrics_url)
+        got: EngineSample | ScrapeFailure
+        if isinstance(text, ScrapeFailure):
+            got = text
+        else:
+            pinned = w.dialect
+            dialects = DIALECTS if pinned is None else (pinned,)
+            got = read_metrics(text, dialects, detected=pinned is None)
+        if isinstance(got, ScrapeFailure):
+            w.failure = got
+            w.errors[got.reason] = w.errors.get(got.reason, 0) + 1
+            reading = None
+        else:
+            w.failure = None
+            w.sample = got
+            reading = got.reading()
         if rule is not None:
             rule.observe(up.url, reading, self.clock.now())
 
     async def scrape_once(self, session: aiohttp.ClientSession) -> None:
-        """Read every healthy upstream of every pool with a rule, once."""
-        await asyncio.gather(
-            *(
-                self._one(session, u)
-                for pool in self.rules
-                for u in self.upstreams.pools.get(pool, ())
-                if u.healthy
+        """Read every healthy upstream of every pool with a rule, once; then log the
+        upstreams whose state changed, and forget those no longer in a pool."""
+        present = [u for pool in self.rules for u in self.upstreams.pools.get(pool, ())]
+        ups = [u for u in present if u.healthy]
+        await asyncio.gather(*(self._one(session, u) for u in ups))
+        now = self.clock.now()
+        for u in ups:
+            self._tell(self.watch(u), now)
+        gone = self.watches.keys() - {u.url for u in present}
+        for url in gone:  # an address DNS no longer lists: its series end with it
+            del self.watches[url]
+
+    def state(self, w: EngineWatch, now: float) -> str:
+        """``w``'s saturation state (``off``: its pool has no rule)."""
+        rule = self.rules.get(w.pool)
+        return "off" if rule is None else rule.state(w.url, now)
+
+    def _tell(self, w: EngineWatch, now: float) -> None:
+        """Log ``w``'s state if it changed since it was last logged."""
+        state = self.state(w, now)
+        key = (state, w.spoken)  # not the reason: a failure that changes its kind each
+        if key == w.told:  # scrape (404, then a timeout...) is one state, said once
+            return
+        first = w.told is None
+        w.told = key
+        where = f"upstream {w.url} (pool {w.pool})"
+        how = "configured" if w.dialect is not None else "detected"
+        if state == "on":
+            said = "saturation on" if first else "readings are back: saturation on"
+            level = logging.INFO if first else logging.WARNING
+            if w.spoken is None:  # not read yet: held by the slow-start window
+                log.log(level, "velvetrope: %s: %s, not read yet", where, said)
+            else:
+                log.log(level, "velvetrope: %s: %s, %s dialect %s", where, said, how, w.spoken)
+            return
+        detail = "" if w.failure is None else f" ({w.failure.reason}: {w.failure.detail})"
+        if w.engine == "none":
+            log.warning(
+                "velvetrope: %s: served WITHOUT saturation (engine: none in the "
+                "configuration); only the in-flight limit holds its requests",
+                where,
             )
-        )
+        elif state == "blind":
+            log.warning(
+                "velvetrope: %s: served WITHOUT saturation, its metrics cannot be read%s; "
+                "only the in-flight limit holds its requests (pin its dialect with "
+                "upstreams.%s[].engine, or name its gauges in engine_metrics)",
+                where,
+                detail,
+                w.pool,
+            )
+        else:  # stale
+            rule = self.rules[w.pool]
+            log.warning(
+                "velvetrope: %s: its last reading is older than %g s%s: served WITHOUT "
+                "saturation until readings return (only the in-flight limit holds)",
+                where,
+                rule.stale_after_s,
+                detail,
+            )
 
     def start(self, session: aiohttp.ClientSession, on_update: Callable[[], None]) -> None:
         """Scrape every ``interval_s`` and call ``on_update`` after each round."""
@@ -123,3 +226,77 @@ class Scraper:
     async def stop(self) -> None:
         """Stop scraping."""
         await self._loop.stop()
+
+    # -- what it says ------------------------------------------------------------------
+
+    def status(self, url: str, now: float) -> dict[str, object] | None:
+        """The ``engine`` field of an upstream in ``/admin/status``: its configured engine,
+        the dialect it is read in, its saturation state, the reason (why the last scrape
+        gave no reading, if it did not), the gauges read and the failed scrapes by reason;
+        ``None`` for an upstream not scraped yet."""
+        w = self.watches.get(url)
+        if w is None:
+            return None
+        state = self.state(w, now)
+        reason = None  # the last scrape's failure (while on: its last reading still holds)
+        if w.failure is not None:
+            reason = f"{w.failure.reason}: {w.failure.detail}"
+        elif state == "stale":
+            reason = "no reading for longer than stale_after_s"
+        s = w.sample
+        return {
+            "configured": w.engine,
+            "dialect": w.spoken,
+            "saturation": state,
+            "reason": reason,
+            "gauges": None if s is None else dict(s.gauges),
+            "kv_usage_read": None if s is None else s.kv_usage is not None,
+            "preemptions": None if s is None else s.preemptions,
+            "scrape_errors": dict(w.errors),
+        }
+
+    def families(self, now: float) -> list[GaugeMetricFamily | CounterMetricFamily]:
+        """``velvetrope_engine_scrape_errors_total{upstream,reason}``,
+        ``velvetrope_engine_saturation_state{pool,upstream,state}`` (1 for the current one),
+        ``velvetrope_engine_dialect{pool,upstream,dialect}`` and the engine's own gauges as
+        read (``velvetrope_engine_scraped{pool,upstream,metric}``, the name as spelled)."""
+        errors = CounterMetricFamily(
+            "velvetrope_engine_scrape_errors",
+            "Scrapes of an engine's /metrics that gave no reading, by reason: timeout, "
+            "connect, http_status, invalid, unknown_dialect, missing_gauges.",
+            labels=["upstream", "reason"],
+        )
+        state = GaugeMetricFamily(
+            "velvetrope_engine_saturation_state",
+            "1 for the engine's saturation state: on (its readings hold dispatch), blind "
+            "(its metrics cannot be read) or stale (its readings stopped); blind and stale "
+            "engines are held by the in-flight limit only.",
+            labels=["pool", "upstream", "state"],
+        )
+        dialect = GaugeMetricFamily(
+            "velvetrope_engine_dialect",
+            "1 for the dialect the engine's metrics are read in.",
+            labels=["pool", "upstream", "dialect"],
+        )
+        scraped = GaugeMetricFamily(
+            "velvetrope_engine_scraped",
+            "The engine's own gauge at the last scrape (metric: its name as the engine "
+            "spells it; KV usage as a ratio).",
+            labels=["pool", "upstream", "metric"],
+        )
+        for w in self.watches.values():
+            for reason, n in w.errors.items():
+                errors.add_metric([w.url, reason], float(n))
+            st = self.state(w, now)
+            for name in STATES:
+                state.add_metric([w.pool, w.url, name], 1.0 if name == st else 0.0)
+            s = w.sample
+            if s is None:
+                continue
+            dialect.add_metric([w.pool, w.url, s.dialect], 1.0)
+            values = {"running": s.running, "waiting": s.waiting, "kv_usage": s.kv_usage}
+            for quantity, gauge in s.gauges:
+                v = values.get(quantity)
+                if v is not None:
+                    scraped.add_metric([w.pool, w.url, gauge], v)
+        return [errors, state, dialect, scraped]

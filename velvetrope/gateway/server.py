@@ -74,7 +74,9 @@ def _uvicorn_config(config: GatewayConfig, gateway: Gateway, log_level: str) -> 
         host=config.listen.host,
         port=config.listen.port,
         loop="uvloop",
-        http=HeadHoldingHttpToolsProtocol,  # httptools; a response head and body: one write
+        # httptools; a response head and body: one write; a request late in full: 408
+        http=HeadHoldingHttpToolsProtocol.with_request_timeout(config.gateway.request_timeout_s),
+        ws="none",  # no WebSockets: a handshake is served as the plain GET it is (405)
         lifespan="on",
         log_level=log_level,
         access_log=False,

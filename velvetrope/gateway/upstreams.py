@@ -15,10 +15,12 @@ check passes again.
 
 **Circuit breaker** (serving), one per upstream, the store's sans-IO
 :class:`~velvetrope.store.breaker.CircuitBreaker`: requests the engine accepted but failed
-(5xx, timeout, broken stream) count; after ``fleet.breaker_failures`` in a row it opens and
-the engine takes no request for ``fleet.breaker_open_s``; then one probe request goes
-through (half-open) and its success closes the breaker, its failure opens it again (the
-closed / open / half-open states of Nygard's pattern, martinfowler.com/bliki/CircuitBreaker).
+(timeout, broken stream, a 502/503/504 answer; a 500 only once two tenants or more got one
+since its last good answer, so one client's requests cannot take an engine out) count;
+after ``fleet.breaker_failures`` in a row it opens and the engine takes no request for
+``fleet.breaker_open_s``; then one probe request goes through (half-open) and its success
+closes the breaker, its failure opens it again (the closed / open / half-open states of
+Nygard's pattern, martinfowler.com/bliki/CircuitBreaker).
 
 **Live engines.**  An engine is *live* when healthy with its breaker closed, and
 *probing* when healthy and half-open.  ``on_change`` is called whenever the live or probing
@@ -27,7 +29,8 @@ engines and the fleet gate follow the fleet.
 
 **Choice.**  :meth:`UpstreamPools.pick` is the core's
 :func:`~velvetrope.core.routing.least_loaded` over the healthy upstreams whose breaker lets
-a request through, ties rotated.
+a request through, ties rotated; those the saturation rule gives room first, when asked
+(:meth:`~velvetrope.gateway.engines.Engines.pick`).
 """
 
 from __future__ import annotations
@@ -108,6 +111,8 @@ class UpstreamState:
     failures: int = 0
     requests: int = 0
     last_error: str | None = field(default=None)
+    erred_tenants: set[str] = field(default_factory=set)
+    """Tenants whose requests it answered 500 since it last answered well."""
     source: str | None = None
     """The DNS name it was discovered from (``None``: listed statically)."""
 
@@ -186,10 +191,17 @@ class UpstreamPools:
     def any_healthy(self) -> bool:
         return any(u.healthy for ups in self.pools.values() for u in ups)
 
-    def pick(self, pool: str, exclude: Iterable[str] = ()) -> UpstreamState | None:
+    def pick(
+        self,
+        pool: str,
+        exclude: Iterable[str] = (),
+        room: Callable[[str], bool] | None = None,
+    ) -> UpstreamState | None:
         """The least-loaded upstream of ``pool`` that may take a request now (healthy, not
         in ``exclude``, breaker closed, or half-open with no probe out: picking it sends the
-        probe), or ``None``."""
+        probe), or ``None``.  With ``room`` (an upstream URL → whether its engine can take
+        one more, the saturation rule's say) the least-loaded of those with room is
+        preferred; none with room: the least-loaded of all."""
         ups = self.pools.get(pool)
         if not ups:
             return None
@@ -203,9 +215,15 @@ class UpstreamPools:
             u = ups[i]
             return i not in banned and u.healthy and u.url not in skip and u.breaker.state != "open"
 
+        def roomy(i: int) -> bool:
+            return eligible(i) and room is not None and room(ups[i].url)
+
         start = next(self._rr) % len(ups)
         while True:
-            i = least_loaded([u.in_flight for u in ups], start, eligible)
+            loads = [u.in_flight for u in ups]
+            i = least_loaded(loads, start, roomy) if room is not None else -1
+            if i < 0:
+                i = least_loaded(loads, start, eligible)
             if i < 0:
                 return None
             if ups[i].breaker.allow():
@@ -225,11 +243,28 @@ class UpstreamPools:
         """``up`` answered (2xx or 4xx): its breaker closes."""
         was = up.breaker.closed
         up.breaker.success()
+        up.erred_tenants.clear()
         if not was:
             self.changed()
 
+    def answered_error(self, up: UpstreamState, status: int, tenant: str) -> None:
+        """``up`` answered ``status`` (5xx).  A 502, 503, 504 (or another 5xx) says the
+        engine, or what fronts it, cannot serve now: it counts against its breaker.  A 500
+        says this request failed: it counts once 500s came from two tenants or more since
+        ``up`` last answered well (or when it answers a probe), so one client whose requests
+        make an engine fail cannot take it out of rotation, while an engine that fails
+        everyone's requests still leaves."""
+        if status == 500 and up.breaker.closed:
+            up.erred_tenants.add(tenant)
+            if len(up.erred_tenants) < 2:
+                up.failures += 1
+                up.last_error = f"answered {status}"
+                return
+        self.failed(up, f"answered {status}")
+
     def failed(self, up: UpstreamState, error: str) -> None:
-        """``up`` accepted a request and failed it (5xx, timeout, broken stream)."""
+        """``up`` accepted a request and failed it (timeout, broken stream, a 5xx answer
+        that counts, see :meth:`answered_error`)."""
         up.failures += 1
         up.last_error = error
         up.breaker.failure()

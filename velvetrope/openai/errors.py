@@ -10,7 +10,7 @@ so the same mistake gets the same status, ``code``, ``param`` and message from e
   again cannot escape (the OpenAI SDKs read it before their own retry rules);
 * the request-defect constructors (:func:`invalid_json`, :func:`not_an_object`,
   :func:`missing`, :func:`invalid_type`, :func:`invalid_value`, :func:`below_minimum`,
-  :func:`above_maximum`, :func:`unknown_parameter`): a 400
+  :func:`above_maximum`, :func:`unknown_parameter`, :func:`nested_too_deep`): a 400
   :class:`~velvetrope.errors.RequestError` each, worded like OpenAI's API.
 """
 
@@ -34,6 +34,7 @@ __all__ = [
     "invalid_type",
     "invalid_value",
     "missing",
+    "nested_too_deep",
     "not_an_object",
     "retry_headers",
     "unknown_parameter",
@@ -45,6 +46,7 @@ _TYPES = {
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
     422: "invalid_request_error",
     429: "rate_limit_error",
@@ -187,4 +189,13 @@ def unknown_parameter(key: str) -> RequestError:
     """A top-level field the server does not know (``unknown_parameter``)."""
     return RequestError(
         f"Unrecognized request argument supplied: {key}", code="unknown_parameter", param=key
+    )
+
+
+def nested_too_deep(param: str | None, limit: int) -> RequestError:
+    """JSON nested deeper than ``limit`` levels, under the top-level field ``param`` (or
+    somewhere in the body: ``None``) (``invalid_value``)."""
+    where = f"Invalid value for '{param}'" if param else "Invalid request body"
+    return RequestError(
+        f"{where}: JSON nested deeper than {limit} levels.", code="invalid_value", param=param
     )

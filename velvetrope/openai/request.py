@@ -5,7 +5,9 @@
 gateway and ``velvetrope engine`` answer the same mistake with the same ``code``, ``param``
 and message.  Checks, in this order:
 
-* the body is JSON (``invalid_json``) and an object (``invalid_type``);
+* the body is JSON (``invalid_json``), an object (``invalid_type``) and nested no deeper
+  than :data:`MAX_JSON_DEPTH` levels (``invalid_value``, ``param`` the top-level field that
+  holds the deepest value);
 * with ``known_keys_only`` (the gateway's strict mode, ``gateway.unknown_parameters:
   refuse``), every top-level key is one OpenAI or vLLM accepts for the endpoint
   (:data:`CHAT_KEYS`, :data:`COMPLETION_KEYS`; ``unknown_parameter``).  Without it (the
@@ -14,7 +16,7 @@ and message.  Checks, in this order:
 * ``model`` is present and a non-empty string;
 * ``stream`` and ``ignore_eos`` are booleans, ``priority`` an integer (each may be null);
 * ``stream_options`` is an object, sent only with ``stream: true``, and its
-  ``include_usage`` a boolean;
+  ``include_usage`` and (vLLM's) ``continuous_usage_stats`` booleans;
 * ``max_tokens`` and (chat) ``max_completion_tokens`` are integers of at least 1 and, when
   ``max_tokens_limit`` is given, at most that; for a chat ``max_completion_tokens`` wins
   over ``max_tokens`` (as in OpenAI's API and vLLM);
@@ -23,8 +25,10 @@ and message.  Checks, in this order:
   (chat) ``top_logprobs`` an integer of at least 0;
 * chat: ``messages`` is a non-empty array of objects, each with a known ``role`` and a
   ``content`` that is a string or an array of typed parts (only an assistant message may
-  omit it); completions: ``prompt`` is a string, an array of token ids, or an array of
-  either (a batch).
+  omit it), every part an object with a string ``type``; completions: ``prompt`` is a
+  string, an array of token ids, or an array of either (a batch);
+* the types of every other field OpenAI or vLLM documents, down to a tool's function's
+  ``name`` or a text part's ``text`` (:mod:`velvetrope.openai.fields`).
 
 What each server does beyond that is its own: the engine rejects batched prompts and
 models it does not serve, the gateway rewrites the body for its upstream
@@ -48,8 +52,16 @@ from velvetrope.openai.errors import (
     invalid_type,
     invalid_value,
     missing,
+    nested_too_deep,
     not_an_object,
     unknown_parameter,
+)
+from velvetrope.openai.fields import (
+    CHAT_CHECKS,
+    COMPLETION_CHECKS,
+    check_fields,
+    check_message,
+    check_part,
 )
 from velvetrope.openai.tokenizer import count_chat_with
 
@@ -57,6 +69,7 @@ __all__ = [
     "CHAT_KEYS",
     "COMPLETIONS_DEFAULT_MAX_TOKENS",
     "COMPLETION_KEYS",
+    "MAX_JSON_DEPTH",
     "MAX_N",
     "ROLES",
     "CompletionRequest",
@@ -74,6 +87,12 @@ Kind = Literal["chat", "completions"]
 
 Prompt = str | list[int]
 """One completions prompt: text or token ids."""
+
+MAX_JSON_DEPTH = 128
+"""The deepest nesting of a request body either server accepts, the body itself being level
+1.  Both servers write parts of a body again as JSON (the gateway a rewritten body, the
+engine a chat's messages), and orjson writes no more than 254 levels; the parser itself
+stops at 1024."""
 
 MAX_N = 16
 """The largest ``n`` (completions per request) either server accepts."""
@@ -173,14 +192,38 @@ class CompletionRequest:
 
 
 def load_body(raw: bytes) -> dict[str, Any]:
-    """``raw`` decoded as a JSON object (400 ``invalid_json`` / ``invalid_type`` if not)."""
+    """``raw`` decoded as a JSON object nested at most :data:`MAX_JSON_DEPTH` levels (400
+    ``invalid_json``, ``invalid_type`` or ``invalid_value`` if not)."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
+        if "depth limit" in str(exc):  # past the parser's own limit (1024)
+            raise nested_too_deep(None, MAX_JSON_DEPTH) from None
         raise invalid_json(str(exc)) from None
     if not isinstance(body, dict):
         raise not_an_object(body)
+    # a body with no more brackets than the limit cannot nest deeper: one pass in C
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH:
+        for key, value in body.items():
+            if _deeper_than(value, MAX_JSON_DEPTH - 1):
+                raise nested_too_deep(key, MAX_JSON_DEPTH)
     return body
+
+
+def _deeper_than(value: object, levels: int) -> bool:
+    """Whether ``value`` nests more than ``levels`` levels (a scalar is none, an empty
+    array one).  Iterative: no recursion, whatever the depth."""
+    if not isinstance(value, dict | list):
+        return False
+    stack: list[tuple[dict[str, Any] | list[Any], int]] = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if depth > levels:
+            return True
+        for child in v.values() if isinstance(v, dict) else v:
+            if isinstance(child, dict | list):
+                stack.append((child, depth + 1))
+    return False
 
 
 def _opt_bool(d: Mapping[str, Any], key: str, param: str | None = None) -> bool:
@@ -245,8 +288,9 @@ def _messages(value: object) -> tuple[Mapping[str, Any], ...]:
             raise invalid_type(f"{p}.content", "a string or an array of parts", content)
         if isinstance(content, list):
             for j, part in enumerate(content):
-                if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-                    raise invalid_type(f"{p}.content[{j}]", "an object with a 'type'", part)
+                check_part(part, f"{p}.content[{j}]")
+        if len(m) > 2 or content is None:  # more than a role and a content: tool calls...
+            check_message(m, p)
     return tuple(value)
 
 
@@ -312,6 +356,7 @@ def validate(
                 "stream_options", "'stream_options' is only allowed when 'stream' is true."
             )
         include_usage = _opt_bool(options, "include_usage", "stream_options.include_usage")
+        _opt_bool(options, "continuous_usage_stats", "stream_options.continuous_usage_stats")
     max_tokens = _bounded(body, "max_tokens", max_tokens_limit)
     if kind == "chat":
         mct = _bounded(body, "max_completion_tokens", max_tokens_limit)
@@ -339,8 +384,12 @@ def validate(
         "ignore_eos": ignore_eos,
     }
     if kind == "chat":
-        return CompletionRequest(**common, messages=_messages(body.get("messages")))
-    return CompletionRequest(**common, prompts=_prompts(body.get("prompt")))
+        messages = _messages(body.get("messages"))
+        check_fields(body, CHAT_CHECKS)
+        return CompletionRequest(**common, messages=messages)
+    prompts = _prompts(body.get("prompt"))
+    check_fields(body, COMPLETION_CHECKS)
+    return CompletionRequest(**common, prompts=prompts)
 
 
 def parse(
@@ -379,11 +428,13 @@ TEMPLATE_PREFIX_CHARS = 512
 
 
 def _text_of(content: object) -> str:
-    """A message's text: the string, or its text parts joined."""
+    """A message's text: the string, or the text of its ``text`` parts joined."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        return "".join(
+            p["text"] for p in content if isinstance(p, dict) and p.get("type") == "text"
+        )
     return ""
 
 

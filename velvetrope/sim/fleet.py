@@ -10,7 +10,9 @@ pool's replicas are a contiguous range.  Routers (:data:`ROUTERS`):
     the replica of the pool with the fewest outstanding jobs (dispatched to it and not yet
     finished, aborted or failed); ties go to the lowest-numbered replica.  This is the
     gateway's rule, :func:`velvetrope.core.routing.least_loaded`, with ties from the first
-    replica (the gateway rotates where ties start).
+    replica (the gateway rotates where ties start).  With a saturation rule the loop routes
+    through :meth:`velvetrope.sim.scrape.EngineScrapes.route`, which prefers the replicas the
+    rule gives room, as the gateway does.
 
 The fleet also keeps the busy-time accounting the report needs: a replica is *busy* from the
 moment work is added to an idle replica until its batcher runs out of work.  The event loop

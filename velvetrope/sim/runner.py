@@ -191,7 +191,7 @@ def drive(
     batchers = fleet.batchers
     load_ = fleet.load
     active = fleet.active
-    route = fleet.route
+    route = scrapes.route
     members = fleet.members
     pend: list[list[EngineEvent] | None] = [None] * len(fleet)
     runs: list[DecodeRun | None] = [None] * len(fleet)  # each replica's run in progress
@@ -237,7 +237,7 @@ def drive(
                 ctl.fail(job.id, Reason.UPSTREAM_ERROR)  # too long, or no engine to take it
                 failed = True
                 continue
-            k = route(pool)
+            k = route(pool, now)
             if runs[k] is not None:
                 settle(k, now, by)
             batchers[k].add(

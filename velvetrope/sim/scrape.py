@@ -11,8 +11,10 @@ models, and hands to the same core objects:
   server's gauges report) into its pool's
   :class:`~velvetrope.core.saturation.EngineSaturation`, and the loop then dispatches what
   the fresh readings allow, as the gateway does after each scrape round;
-* :meth:`EngineScrapes.sent` tells the rule which replica took a job (the gateway's
-  ``sent``); the rule hears of each job's start and end from the controller itself.
+* :meth:`EngineScrapes.route` picks the replica, preferring those the rule gives room (the
+  gateway's replica choice); :meth:`EngineScrapes.sent` tells the rule which replica took a
+  job (the gateway's ``sent``); the rule hears of each job's start and end from the
+  controller itself.
 
 A reading is what vLLM's gauges say: the state after the engine's last scheduling step.
 A sequence added since that step has not been scheduled yet and is not counted as waiting
@@ -35,6 +37,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from velvetrope.core import AdmissionController, EngineReading, EngineSaturation, Job
+from velvetrope.core.routing import least_loaded
 from velvetrope.sim.fleet import Fleet
 
 __all__ = ["EngineSamples", "EngineScrapes"]
@@ -111,6 +114,23 @@ class EngineScrapes:
             for i, (r, _) in enumerate(self._rules):
                 if r is rule:
                     self._rules[i] = (rule, list(present))
+
+    def route(self, pool: int, now: float) -> int:
+        """The replica that takes the next job of pool number ``pool`` (which must have an
+        enabled replica): the fleet's router, except that with ``least_loaded`` and a
+        saturation rule the least-loaded replica *the rule gives room*
+        (:meth:`~velvetrope.core.saturation.EngineSaturation.has_room`) is preferred, as the
+        gateway's :meth:`~velvetrope.gateway.engines.Engines.pick` does; none with room:
+        the least-loaded of all."""
+        fleet = self._fleet
+        rule = self._pool_rule[pool]
+        m = fleet.members[pool]
+        if rule is None or len(m) == 1 or fleet.router != "least_loaded":
+            return fleet.route(pool)
+        ids = self._ids
+        loads = [fleet.load[k] for k in m]
+        i = least_loaded(loads, 0, lambda j: rule.has_room(ids[m[j]], now))
+        return m[i if i >= 0 else least_loaded(loads)]
 
     def sent(self, job: Job, k: int) -> None:
         """``job`` was added to replica ``k``'s engine."""

@@ -56,10 +56,13 @@ class LeaseAnswer(NamedTuple):
 
 
 class FleetView(NamedTuple):
-    """What the last heartbeat saw: live gateway replicas and their summed queue depth."""
+    """What the last heartbeat saw: live gateway replicas and their summed queue depth, and
+    whether Redis knew this replica as live (false at its first beat, and after Redis lost
+    its data or the replica fell silent past the replica TTL)."""
 
     replicas: int
     queue_depth: int
+    known: bool = True
 
 
 class Store(Protocol):

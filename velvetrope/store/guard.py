@@ -11,7 +11,11 @@ Redis costs no timeout per request once the breaker opened.  While Redis cannot 
 ``on_store_error`` decides:
 
 * ``fail_open``: buckets and slots fall back to local ones at this replica's share — each
-  limit divided by N, the live replicas seen through heartbeats before the outage;
+  limit divided by N, the live replicas seen through heartbeats before the outage.  A
+  replica that has never reached Redis has seen no heartbeat: N is then
+  ``expected_replicas`` when configured; without it the replica refuses as ``fail_closed``
+  does until Redis first answers, since assuming it is alone would let every replica
+  enforce the whole limit (N replicas, N times the limit);
 * ``fail_closed``: :class:`~velvetrope.errors.StoreUnavailable` (the gateway answers 503
   ``state_unavailable``).
 
@@ -22,6 +26,17 @@ finishes of one tenant tag and pool; on a Cluster the settlements of one tag, th
 of one pool); local ones apply at once.  A heartbeat every ``heartbeat_s`` counts
 the live replicas and, while the breaker is open, serves as its probe, so service recovers
 by itself when Redis returns.
+
+**Leases across an outage.**  Redis may come back without its data (restarted empty), so
+after any failed call, and when a heartbeat finds that Redis forgot this replica, the
+replica *re-asserts* every lease it holds — those taken in Redis
+and those the fallback gave — at its first successful contact (a heartbeat, or before its
+next slot), re-creating what Redis lost whatever the pool's limit: those jobs are running.
+The other replicas do the same at their own first contact, within a heartbeat; until
+``2 * heartbeat_s + 1`` s after its re-assertion, a replica therefore still holds at most
+its 1/N share of a pool's slots (N as seen before the outage), so the fleet's
+``max_in_flight`` holds through the transition too.  Periodic renewal re-creates a lease
+the same way.
 """
 
 from __future__ import annotations
@@ -55,6 +70,11 @@ OnStoreError = Literal["fail_open", "fail_closed"]
 _FAILURES: Final = (RedisError, OSError, TimeoutError, ConnectionError)
 
 
+def _recorded(slot: Slot) -> int:
+    """The tokens a lease records in Redis: the slot's, or -1 without a token cap."""
+    return -1 if slot.max_tokens is None else slot.tokens
+
+
 def _share(c: Claim, n: int) -> Claim:
     """``c`` against a bucket of 1/n of its size and refill."""
     floor = -c.capacity if c.floor is None else c.floor
@@ -76,6 +96,7 @@ class GuardedStore:
         heartbeat_s: float = 1.0,
         breaker_failures: int = 3,
         breaker_reset_s: float = 0.5,
+        expected_replicas: int | None = None,
         observe_call: Callable[[str, float], None] | None = None,
         queue_depth: Callable[[], int] | None = None,
     ) -> None:
@@ -86,7 +107,9 @@ class GuardedStore:
         self.heartbeat_s = heartbeat_s
         self.breaker = CircuitBreaker(clock, failures=breaker_failures, reset_s=breaker_reset_s)
         self.replica = uuid.uuid4().hex[:12]
-        self.replicas = 1  # live replicas at the last heartbeat (the fallback's N)
+        self.expected_replicas = expected_replicas
+        self.replicas = expected_replicas or 1  # live replicas at the last heartbeat
+        self.answered = False  # Redis answered once: its heartbeats, not a guess, give N
         self.fleet_queue_depth = 0
         self.local = MemoryBuckets()
         self.fallbacks: Counter[str] = Counter()  # fallback decisions by operation
@@ -95,7 +118,12 @@ class GuardedStore:
         self._local_jobs: set[str] = set()  # reserved in the local fallback
         self._seen: dict[str, tuple[float, float]] = {}  # bucket -> (level, capacity) seen
         self._leases: dict[str, dict[str, int]] = {}  # pool -> job id -> tokens, in Redis
-        self._local_leases: dict[str, set[str]] = {}  # pool -> job ids, fallback slots
+        self._local_leases: dict[str, dict[str, int]] = {}  # pool -> job id -> tokens
+        self._suspect = False  # a call failed since the leases were last asserted
+        self._beaten = False  # a heartbeat reached Redis once
+        self._assert_lock = asyncio.Lock()
+        self._careful_until = 0.0  # clock time until which a replica holds at most its share
+        self._careful_replicas = 1  # the replicas seen before the failure (the share's N)
         self.outbox = Outbox(
             ready=self.breaker.allow,
             on_result=self._result,
@@ -118,7 +146,15 @@ class GuardedStore:
         if ok:
             self.breaker.success()
         else:
-            self.breaker.failure()
+            self._failed()
+
+    def _failed(self) -> None:
+        """A call failed: feed the breaker; Redis may lose (or have lost) its data, so the
+        leases held here are to be re-asserted."""
+        self.breaker.failure()
+        if not self._suspect:
+            self._suspect = True
+            self._careful_replicas = self.replicas
 
     async def _call(self, op: str, call: Any) -> Any:
         """Wait for one Redis call (an awaitable of its raw reply) within the budget;
@@ -143,12 +179,14 @@ class GuardedStore:
         except _FAILURES as e:
             if refused(e):  # Redis answered: it refused this call, it is not away
                 self.breaker.success()
+                self.answered = True
                 self.refusals += 1
             else:
-                self.breaker.failure()
+                self._failed()
             self._observe(op, perf_counter() - t0)
             raise StoreUnavailable(f"shared state: {op} failed: {e!r}") from None
         self.breaker.success()
+        self.answered = True
         self._observe(op, perf_counter() - t0)
         return out
 
@@ -200,6 +238,11 @@ class GuardedStore:
         return self.breaker.closed
 
     def _unavailable(self, op: str) -> StoreUnavailable:
+        if self.on_store_error == "fail_open":
+            return StoreUnavailable(
+                f"shared state has not answered yet ({op}); fail_open needs "
+                "state.expected_replicas to share limits before Redis was ever seen"
+            )
         return StoreUnavailable(f"shared state is unavailable ({op}); on_store_error=fail_closed")
 
     # -- buckets ---------------------------------------------------------------------
@@ -224,7 +267,7 @@ class GuardedStore:
         same round trip where Redis allows (else two calls; a slot that cannot be had is
         left to :meth:`acquire`).  On failure, per ``on_store_error``, reserve locally at
         1/N or raise :class:`StoreUnavailable`."""
-        if slot is None or not claims or not self.redis.combined:
+        if slot is None or not claims or not self.redis.combined or self._careful():
             res = await self._reserve(job_id, tenant, claims)
             if slot is not None and isinstance(res, Grant):
                 with contextlib.suppress(StoreUnavailable):
@@ -241,7 +284,7 @@ class GuardedStore:
             else:
                 self._saw(res)
                 if lease is not None and lease.granted:
-                    self._leases.setdefault(slot.pool, {})[job_id] = slot.tokens
+                    self._leases.setdefault(slot.pool, {})[job_id] = _recorded(slot)
                 return res
         return self._reserve_locally(job_id, claims)
 
@@ -265,8 +308,15 @@ class GuardedStore:
         for snap in res.snapshots:
             self._seen[snap.key] = (snap.remaining, snap.limit)
 
+    def _open_fails(self) -> bool:
+        """Whether a fallback is refused: ``fail_closed``, or Redis never answered and no
+        ``expected_replicas`` says what share this replica may take."""
+        return self.on_store_error == "fail_closed" or (
+            not self.answered and self.expected_replicas is None
+        )
+
     def _reserve_locally(self, job_id: str, claims: Sequence[Claim]) -> Grant | Denial:
-        if self.on_store_error == "fail_closed":
+        if self._open_fails():
             self.fallbacks["reserve_refused"] += 1
             raise self._unavailable("reserve")
         self.fallbacks["reserve_local"] += 1
@@ -284,6 +334,45 @@ class GuardedStore:
         local = self._local_leases.get(pool)
         return local is not None and job_id in local
 
+    def _held(self, pool: str) -> int:
+        """Slots of ``pool`` held here, in Redis and from the fallback."""
+        remote = self._leases.get(pool)
+        local = self._local_leases.get(pool)
+        return (len(remote) if remote is not None else 0) + (len(local) if local is not None else 0)
+
+    def _careful(self) -> bool:
+        """Whether slots are still taken one at a time against this replica's share (after
+        a failure, until the leases are re-asserted and the other replicas had time to)."""
+        return self._suspect or self.clock.now() < self._careful_until
+
+    async def _reassert(self) -> bool:
+        """Re-assert every lease held here (see the module's docstring); true once done.
+        A fallback lease asserted in Redis is released there when its job ends."""
+        async with self._assert_lock:
+            if not self._suspect:
+                return True
+            for pool in sorted(set(self._leases) | set(self._local_leases)):
+                local = self._local_leases.get(pool, {})
+                held = {**self._leases.get(pool, {}), **local}
+                if not held:
+                    continue
+                was_local = list(local)
+                try:
+                    await self._call("renew", self.redis.renew(pool, held))
+                except StoreUnavailable:
+                    return False
+                remote = self._leases.setdefault(pool, {})
+                for job_id in was_local:
+                    tokens = local.pop(job_id, None)
+                    if tokens is not None:  # a fallback lease, now in Redis
+                        remote[job_id] = tokens
+                    else:  # its job ended during the call: give back what was asserted
+                        self._release_remote(pool, job_id)
+                        self._release_remote(pool, job_id)
+            self._suspect = False
+            self._careful_until = self.clock.now() + 2.0 * self.heartbeat_s + 1.0
+            return True
+
     def finish(
         self,
         job_id: str,
@@ -300,7 +389,7 @@ class GuardedStore:
         if not remote_lease:
             local = self._local_leases.get(pool)
             if local is not None:
-                local.discard(job_id)
+                local.pop(job_id, None)
         remote_settle = bool(lines) and job_id not in self._local_jobs
         if not remote_settle and lines:
             self.settle(job_id, tenant, claims, lines)
@@ -361,7 +450,12 @@ class GuardedStore:
         mine = self._leases.get(pool)
         if mine is not None and job_id in mine:
             return True  # taken earlier (with the reservation)
-        if self.breaker.allow():
+        # this replica's share: N is the larger of now and before the failure while careful
+        n = max(self.replicas, self._careful_replicas) if self._careful() else self.replicas
+        share = max(1, math.ceil(slot.max_in_flight / max(1, n)))
+        if self.breaker.allow() and (not self._suspect or await self._reassert()):
+            if self._careful() and self._held(pool) >= share:
+                return False
             call = self.redis.send_acquire(job_id, slot)
             try:
                 ans = parse_lease(await self._call("acquire", call))
@@ -370,19 +464,16 @@ class GuardedStore:
                 self._release_remote(pool, job_id)
             else:
                 if ans.granted:
-                    self._leases.setdefault(pool, {})[job_id] = slot.tokens
+                    self._leases.setdefault(pool, {})[job_id] = _recorded(slot)
                 return bool(ans.granted)
-        if self.on_store_error == "fail_closed":
+        if self._open_fails():
             self.fallbacks["lease_refused"] += 1
             raise self._unavailable("lease")
         self.fallbacks["lease_local"] += 1
-        local = self._local_leases.setdefault(pool, set())
-        share = max(1, math.ceil(slot.max_in_flight / max(1, self.replicas)))
         # the jobs still running on leases taken in Redis count against the share too
-        remote = self._leases.get(pool)
-        if len(local) + (len(remote) if remote is not None else 0) >= share:
+        if self._held(pool) >= share:
             return False
-        local.add(job_id)
+        self._local_leases.setdefault(pool, {})[job_id] = _recorded(slot)
         return True
 
     def _release_remote(self, pool: str, job_id: str) -> None:
@@ -431,10 +522,22 @@ class GuardedStore:
             async with asyncio.timeout(max(self.budget_s, 0.25)):
                 view = await self.redis.heartbeat(self.replica, self._queue_depth())
         except _FAILURES:
-            self.breaker.failure()
+            self._failed()
             return False
         self.breaker.success()
-        self.replicas = max(1, view.replicas)
+        self.answered = True
+        if self._beaten and not view.known and not self._suspect:
+            # Redis forgot this replica: it lost its data (restarted empty, flushed) without
+            # a call of ours failing, or this replica fell silent past its TTL
+            self._suspect = True
+            self._careful_replicas = self.replicas
+        self._beaten = True
+        if self._suspect:
+            # Redis's count of replicas may have restarted from nothing: keep the larger
+            self.replicas = max(1, view.replicas, self._careful_replicas)
+            await self._reassert()
+        else:
+            self.replicas = max(1, view.replicas)
         self.fleet_queue_depth = view.queue_depth
         return True
 
@@ -456,9 +559,9 @@ class GuardedStore:
         while True:
             await asyncio.sleep(period)
             for pool, held in list(self._leases.items()):
-                if held and self.breaker.closed:
+                if held and self.breaker.closed and not self._suspect:
                     with contextlib.suppress(StoreUnavailable):
-                        await self._call("renew", self.redis.renew(pool, list(held)))
+                        await self._call("renew", self.redis.renew(pool, dict(held)))
 
     def status(self) -> dict[str, Any]:
         return {
@@ -470,6 +573,8 @@ class GuardedStore:
             "refused_calls": self.refusals,
             "replica": self.replica,
             "replicas": self.replicas,
+            "expected_replicas": self.expected_replicas,
+            "answered": self.answered,
             "fleet_queue_depth": self.fleet_queue_depth,
             "on_store_error": self.on_store_error,
             "fallbacks": dict(self.fallbacks),

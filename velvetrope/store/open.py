@@ -54,6 +54,7 @@ def open_store(
         heartbeat_s=st.heartbeat_s,
         breaker_failures=st.breaker_failures,
         breaker_reset_s=st.breaker_reset_s,
+        expected_replicas=st.expected_replicas,
         observe_call=observe_call,
         queue_depth=queue_depth,
     )

@@ -289,15 +289,26 @@ async def _settled(futs: Sequence[asyncio.Future[Any]], timeout_s: float) -> Non
     ``timeout_s``; a timeout leaves them as they are.  Replies arrive in order, so after the
     first most are done already: this awaits them one by one (no callback on every future,
     as ``asyncio.wait`` adds)."""
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(timeout_s):
-            for f in futs:
-                if f.done():
-                    continue
-                try:
-                    await asyncio.shield(f)  # our timeout must not cancel the call itself
-                except asyncio.CancelledError:
-                    if not f.cancelled():
-                        raise  # the timeout, or this task was cancelled
-                except Exception:  # its outcome is read by the caller
-                    continue
+    try:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                for f in futs:
+                    if f.done():
+                        continue
+                    try:
+                        await asyncio.shield(f)  # our timeout must not cancel the call itself
+                    except asyncio.CancelledError:
+                        if not f.cancelled():
+                            raise  # the timeout, or this task was cancelled
+                    except Exception:  # its outcome is read by the caller
+                        continue
+    finally:
+        for f in futs:
+            if not f.done():  # given up on: a later failure is nobody's to hear
+                f.add_done_callback(_consume)
+
+
+def _consume(f: asyncio.Future[Any]) -> None:
+    """Mark ``f``'s outcome as heard (asyncio reports an exception nobody retrieved)."""
+    if not f.cancelled():
+        f.exception()

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from typing import Any, Final
 
@@ -415,16 +415,21 @@ class RedisStore:
         """:meth:`release` as an awaitable of the raw reply (a future when pipelined)."""
         return self._run(self._release, self._lease_keys(pool), list(job_ids))
 
-    async def renew(self, pool: str, job_ids: Sequence[str]) -> int:
-        if not job_ids:
+    async def renew(self, pool: str, leases: Mapping[str, int]) -> int:
+        """Extend the leases of ``pool``'s running jobs (job id -> tokens, negative when
+        taken without a token cap), taking again any that Redis no longer has (expired, or
+        lost with its data) whatever the pool's limits; returns how many were re-created."""
+        if not leases:
             return 0
-        args: list[Any] = [self.lease_ttl_s, *job_ids]
+        args: list[Any] = [self.lease_ttl_s]
+        for job_id, tokens in leases.items():
+            args += [job_id, int(tokens)]
         return int(await self._run(self._renew, self._lease_keys(pool), args))
 
     async def heartbeat(self, replica: str, queue_depth: int) -> FleetView:
         args: list[Any] = [replica, self.replica_ttl_s, int(queue_depth)]
         r = await self._run(self._heartbeat, list(self._fleet), args)
-        return FleetView(int(r[0]), int(r[1]))
+        return FleetView(int(r[0]), int(r[1]), bool(int(r[2])))
 
     async def close(self) -> None:
         """Wait for pipelined calls in flight; close the client, its connection pool and (on

@@ -165,6 +165,8 @@ class Wire:
             return p
         if self._connecting is None:
             self._connecting = asyncio.ensure_future(self._open())
+            # its callers may all be gone (cancelled) when it fails: nobody else hears it
+            self._connecting.add_done_callback(_heard)
         connecting = self._connecting
         try:
             return await asyncio.shield(connecting)
@@ -228,3 +230,9 @@ class Wire:
         if p is not None and p.transport is not None:
             p.transport.close()
             await asyncio.sleep(0)
+
+
+def _heard(t: asyncio.Future[_Protocol]) -> None:
+    """Mark the connection attempt's failure as heard (see :meth:`Wire._connect`)."""
+    if not t.cancelled():
+        t.exception()

@@ -656,3 +656,22 @@ def test_a_bad_profile_fails_fast_with_a_clear_message() -> None:
     )
     assert r.returncode == 2
     assert b"unknown engine profile 'nope'" in r.stderr
+
+
+def test_injected_faults_only_when_enabled(fast: EngineServer) -> None:
+    """``velvetrope_fault`` is an ordinary unknown field for an engine run without
+    ``--faults``; with it, the status asked for comes back in OpenAI's error shape, and a
+    value that is not an HTTP error status is a 400."""
+    req = {"model": "velvetrope-sim", "prompt": "hi", "max_tokens": 2, "velvetrope_fault": 500}
+    assert httpx.post(fast.url + "/v1/completions", json=req).status_code == 200
+    with run_engine(instant=True, faults=True) as e:
+        for status, code in ((500, "internal_error"), (503, "injected_503")):
+            r = httpx.post(e.url + "/v1/completions", json={**req, "velvetrope_fault": status})
+            assert (r.status_code, r.json()["error"]["code"]) == (status, code)
+        r = httpx.post(e.url + "/v1/completions", json={**req, "velvetrope_fault": 200})
+        assert (r.status_code, r.json()["error"]["param"]) == (400, "velvetrope_fault")
+        r = httpx.post(
+            e.url + "/v1/completions",
+            json={k: v for k, v in req.items() if k != "velvetrope_fault"},
+        )
+        assert r.status_code == 200

@@ -28,9 +28,11 @@ Endpoints
 ``GET /health``
     200 with an empty body while the engine runs (vLLM's behaviour); 503 once it stops.
 ``GET /metrics``
-    Prometheus text with vLLM's metric names (:mod:`velvetrope.engine.serve.metrics`), and
-    the requests held now and at most (:mod:`velvetrope.engine.serve.journal`, which with
-    ``EngineConfig.journal`` also writes each request's start and end to a file).
+    Prometheus text with vLLM's metric names (:mod:`velvetrope.engine.serve.metrics`), or
+    another engine's (``metrics_dialect``); absent (404) with ``metrics_dialect="none"``.
+    With vLLM's, also the requests held now and at most
+    (:mod:`velvetrope.engine.serve.journal`, which with ``EngineConfig.journal`` also writes
+    each request's start and end to a file).
 
 Generated text
 --------------
@@ -53,6 +55,14 @@ scheduled, the first token of any choice, the last choice to finish), in **wall
 seconds** (model seconds divided by ``speed``), measured from the moment the request
 reached the server (its parsing and tokenization count as queueing, as in a real engine).
 A benchmark compares them with what it measured.  All zeros in instant mode.
+
+Injected faults
+---------------
+With ``faults`` on (``velvetrope engine --faults``; off by default), a completion request
+whose body carries ``"velvetrope_fault": STATUS`` (an integer from 400 to 599) is answered
+with that status in OpenAI's error shape after it was parsed and before any work, as a
+request that makes a real engine fail would be (e.g. ``500`` ``internal_error``).  Tests and
+the chaos harness use it to try the gateway's handling of an engine's errors.
 
 Errors
 ------
@@ -144,6 +154,11 @@ class EngineConfig:
     outputs: OutputPolicy = field(default_factory=OutputPolicy)
     scheduling: Literal["fcfs", "priority"] = "fcfs"
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    faults: bool = False
+    """Answer a body's ``velvetrope_fault`` status (see the module's docstring)."""
+    metrics_dialect: str = "vllm"
+    """Whose metric names ``/metrics`` speaks (:data:`~velvetrope.engine.serve.metrics.
+    DIALECTS`); ``none``: no ``/metrics`` route (404)."""
     journal: str | None = None
     """A file to append each request's start and end to
     (:mod:`velvetrope.engine.serve.journal`)."""
@@ -218,7 +233,9 @@ class EngineApp:
         self._engine: RealtimeEngine | None = None
         if config.instant:
             self._instant_stats = _InstantStats()
-            self.metrics = EngineMetrics(config.model_name, self._instant_stats, self.load)
+            self.metrics = EngineMetrics(
+                config.model_name, self._instant_stats, config.metrics_dialect, self.load
+            )
         else:
             priority = config.scheduling == "priority"
             self._engine = RealtimeEngine(
@@ -228,7 +245,9 @@ class EngineApp:
                 priority=priority,
                 on_finish=self._observe,
             )
-            self.metrics = EngineMetrics(config.model_name, self._engine, self.load)
+            self.metrics = EngineMetrics(
+                config.model_name, self._engine, config.metrics_dialect, self.load
+            )
         self._created = int(time.time())
         self._started = False
         self._stopping = False
@@ -240,6 +259,8 @@ class EngineApp:
             "/health": ("GET", self._health),
             "/metrics": ("GET", self._metrics),
         }
+        if config.metrics_dialect == "none":
+            del self._routes["/metrics"]
 
     @property
     def engine(self) -> RealtimeEngine | None:
@@ -365,6 +386,8 @@ class EngineApp:
         self, kind: Kind, body: bytes, arrived: float, receive: Receive, send: Send
     ) -> None:
         req = parse(body, kind)
+        if self.config.faults:
+            _inject_fault(body)
         if req.model != self._model:
             raise RequestError(
                 f"The model `{req.model}` does not exist or you do not have access to it.",
@@ -608,3 +631,16 @@ async def _send_json(
 async def _send_error(send: Send, exc: RequestError) -> None:
     extra = [(b"connection", b"close")] if exc.status == 413 else []
     await respond(send, exc.status, error_json(exc), extra)
+
+
+def _inject_fault(body: bytes) -> None:
+    """Raise the :class:`RequestError` a body's ``velvetrope_fault`` asks for, if any."""
+    status = orjson.loads(body).get("velvetrope_fault")
+    if status is None:
+        return
+    if type(status) is not int or not 400 <= status <= 599:
+        raise invalid_value(
+            "velvetrope_fault", "velvetrope_fault must be an HTTP status, 400 to 599."
+        )
+    code = "internal_error" if status == 500 else f"injected_{status}"
+    raise RequestError(f"Injected fault: {status}.", status=status, code=code)

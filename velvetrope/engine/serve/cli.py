@@ -89,6 +89,21 @@ def engine_command(
     max_body_mb: Annotated[
         float, typer.Option(help="Largest request body accepted, in MiB (else 413).")
     ] = 8.0,
+    faults: Annotated[
+        bool,
+        typer.Option(
+            help='Answer a request body\'s "velvetrope_fault": STATUS with that status '
+            "(fault injection for tests)."
+        ),
+    ] = False,
+    metrics_dialect: Annotated[
+        str,
+        typer.Option(
+            help="Whose metric names /metrics speaks: vllm, vllm-old (the older KV gauge "
+            "name), sglang, tgi, trtllm (trtllm-serve), triton (Triton's TensorRT-LLM "
+            "backend), llamacpp; none: no /metrics (404)."
+        ),
+    ] = "vllm",
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
     journal: Annotated[
         str | None,
@@ -98,7 +113,8 @@ def engine_command(
         ),
     ] = None,
 ) -> None:
-    """Run a simulated inference engine with an OpenAI-compatible API and vLLM's metrics.
+    """Run a simulated inference engine with an OpenAI-compatible API and vLLM's metrics
+    (or another engine's: --metrics-dialect).
 
     Prints one line, "velvetrope engine ready on URL ...", once it accepts connections.
 
@@ -106,12 +122,17 @@ def engine_command(
 
     Responses carry the model's own predicted times in an extra "velvetrope" field.
     """
+    from velvetrope.engine.serve.metrics import DIALECTS as METRICS_DIALECTS
     from velvetrope.engine.serve.server import run_engine
 
     if speed <= 0 or math.isnan(speed):
         raise typer.BadParameter("must be positive (or inf)", param_hint="--speed")
     if scheduling not in ("fcfs", "priority"):
         raise typer.BadParameter("must be fcfs or priority", param_hint="--scheduling")
+    if metrics_dialect not in METRICS_DIALECTS:
+        raise typer.BadParameter(
+            f"must be one of {', '.join(METRICS_DIALECTS)}", param_hint="--metrics-dialect"
+        )
     policy: Literal["fcfs", "priority"] = "priority" if scheduling == "priority" else "fcfs"
     effective_speed = math.inf if instant else speed
     try:
@@ -135,6 +156,8 @@ def engine_command(
             output_policy,
             scheduling=policy,
             max_body_bytes=int(max_body_mb * 1024 * 1024),
+            faults=faults,
+            metrics_dialect=metrics_dialect,
             journal=journal,
             on_ready=ready,
             log_level=log_level,

@@ -24,17 +24,35 @@ a vLLM server.  Every series carries the label ``model_name``; the exposed sampl
 (*) only when the stats source also implements :class:`CacheStats` (the real-time engine
 does; the instant engine has no cache); vLLM's names as of its V1 engine.
 
+**Other engines' dialects** (``velvetrope engine --metrics-dialect``, :data:`DIALECTS`), so
+that a gateway can be tested against each engine family's names through HTTP: the same
+numbers (running, waiting, KV usage 0..1, and the token counters where the engine has them)
+under another engine's names and labels, and nothing of vLLM's.  ``vllm-old``: vLLM's, with
+the KV gauge under its older name ``vllm:gpu_cache_usage_perc``; ``sglang``:
+``sglang:num_running_reqs``, ``sglang:num_queue_reqs``, ``sglang:token_usage``,
+``sglang:prompt_tokens_total``, ``sglang:generation_tokens_total`` (label ``model_name``);
+``tgi``: ``tgi_batch_current_size``, ``tgi_queue_size`` (no labels, no KV gauge);
+``trtllm`` (trtllm-serve): ``trtllm_num_requests_running``, ``trtllm_num_requests_waiting``,
+``trtllm_kv_cache_utilization`` (label ``model_name``); ``triton`` (Triton's TensorRT-LLM
+backend): ``nv_trt_llm_request_metrics`` with ``request_type`` ``waiting``, ``scheduled``
+and ``active`` (their sum), ``nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type=
+"fraction"}`` (labels ``model="tensorrt_llm"``, ``version="1"``); ``llamacpp``:
+``llamacpp:requests_processing``, ``llamacpp:requests_deferred``,
+``llamacpp:kv_cache_usage_ratio``, ``llamacpp:prompt_tokens_total``,
+``llamacpp:tokens_predicted_total`` (no labels); ``none``: no ``/metrics`` at all (404).
+Names as each engine's documentation gives them (see :mod:`velvetrope.dialects`).
+
 Gauges and counters are read from an :class:`EngineStats` source at scrape time (no work
 on the hot path); histograms are observed once per *completed* request, in wall-clock
 seconds as the server measured them (like vLLM; the model's own predictions are reported
 per request in the response's ``velvetrope`` field instead).
 
 (**) only with a :class:`~velvetrope.engine.serve.journal.LoadStats` source (the server's
-:class:`~velvetrope.engine.serve.journal.RequestLoad`, which says what "held" means): not
-vLLM's, so named ``velvetrope_engine_*``.  The peak is a high-water mark since the server
-started, never reset: an operator (or a harness) reading it knows that the engine never
-held more requests at once than that, which sampling ``vllm:num_requests_running`` cannot
-say.  Bucket bounds are vLLM's.
+:class:`~velvetrope.engine.serve.journal.RequestLoad`, which says what "held" means), in
+vLLM's dialects (``vllm``, ``vllm-old``): not vLLM's, so named ``velvetrope_engine_*``.
+The peak is a high-water mark since the server started, never reset: an operator (or a
+harness) reading it knows that the engine never held more requests at once than that,
+which sampling ``vllm:num_requests_running`` cannot say.  Bucket bounds are vLLM's.
 No ``_created`` series are exported.  Each server owns a private
 :class:`~prometheus_client.CollectorRegistry`, so several engines can live in one process.
 """
@@ -55,10 +73,12 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from velvetrope.engine.serve.journal import LoadStats
+from velvetrope.errors import ConfigError
 
 __all__ = [
     "CACHE_METRIC_NAMES",
     "CONTENT_TYPE",
+    "DIALECTS",
     "E2E_BUCKETS",
     "LOAD_METRIC_NAMES",
     "METRIC_NAMES",
@@ -91,6 +111,7 @@ QUEUE_BUCKETS = E2E_BUCKETS
 _RUNNING = "vllm:num_requests_running"
 _WAITING = "vllm:num_requests_waiting"
 _KV = "vllm:kv_cache_usage_perc"
+_KV_OLD = "vllm:gpu_cache_usage_perc"
 _PREEMPT = "vllm:num_preemptions"
 _PROMPT = "vllm:prompt_tokens"
 _GEN = "vllm:generation_tokens"
@@ -132,6 +153,12 @@ SAMPLE_NAMES: frozenset[str] = frozenset(
 """Every sample name :meth:`EngineMetrics.render` writes, and no other, plus
 :data:`CACHE_METRIC_NAMES` for a :class:`CacheStats` source and :data:`LOAD_METRIC_NAMES`
 for a load source."""
+
+
+DIALECTS: tuple[str, ...] = (
+    "vllm", "vllm-old", "sglang", "tgi", "trtllm", "triton", "llamacpp", "none",
+)  # fmt: skip
+"""The metric dialects an engine server can speak (``none``: it has no ``/metrics``)."""
 
 
 class EngineStats(Protocol):
@@ -200,6 +227,9 @@ class _Collector(Collector):
     def collect(self) -> Iterator[Metric]:
         m = self._m
         s = m.stats
+        if m.dialect not in ("vllm", "vllm-old"):
+            yield from _foreign(m.dialect, s, m.model_name)
+            return
         labels = [m.model_name]
         families: tuple[tuple[type[GaugeMetricFamily | CounterMetricFamily], str, str, float], ...]
         families = (
@@ -207,7 +237,8 @@ class _Collector(Collector):
              s.num_running),
             (GaugeMetricFamily, _WAITING, "Number of requests waiting to be processed.",
              s.num_waiting),
-            (GaugeMetricFamily, _KV, "KV-cache usage. 1 means 100 percent usage.", s.kv_usage),
+            (GaugeMetricFamily, _KV if m.dialect == "vllm" else _KV_OLD,
+             "KV-cache usage. 1 means 100 percent usage.", s.kv_usage),
             (CounterMetricFamily, _PREEMPT, "Cumulative number of preemption from the engine.",
              s.num_preemptions),
             (CounterMetricFamily, _PROMPT, "Number of prefill tokens processed.",
@@ -248,6 +279,79 @@ class _Collector(Collector):
             yield h
 
 
+_G, _C = "gauge", "counter"
+_TRITON = {"model": "tensorrt_llm", "version": "1"}
+_FOREIGN: dict[str, tuple[tuple[str, str, str, str, dict[str, str]], ...]] = {
+    # dialect: (kind, name, help, quantity, labels); "{model}" is the served model's name
+    "sglang": (
+        (_G, "sglang:num_running_reqs", "The number of running requests.", "running",
+         {"model_name": "{model}"}),
+        (_G, "sglang:num_queue_reqs", "The number of requests in the waiting queue.",
+         "waiting", {"model_name": "{model}"}),
+        (_G, "sglang:token_usage", "The token usage.", "kv", {"model_name": "{model}"}),
+        (_C, "sglang:prompt_tokens", "Number of prefill tokens processed.", "prompt",
+         {"model_name": "{model}"}),
+        (_C, "sglang:generation_tokens", "Number of generation tokens processed.",
+         "generated", {"model_name": "{model}"}),
+    ),
+    "tgi": (
+        (_G, "tgi_batch_current_size", "Current batch size", "running", {}),
+        (_G, "tgi_queue_size", "Current queue size", "waiting", {}),
+    ),
+    "trtllm": (
+        (_G, "trtllm_num_requests_running", "Number of running requests.", "running",
+         {"model_name": "{model}"}),
+        (_G, "trtllm_num_requests_waiting", "Number of waiting requests.", "waiting",
+         {"model_name": "{model}"}),
+        (_G, "trtllm_kv_cache_utilization", "KV cache utilization.", "kv",
+         {"model_name": "{model}"}),
+    ),
+    "triton": (
+        (_G, "nv_trt_llm_request_metrics", "TRT LLM request metrics", "waiting",
+         {**_TRITON, "request_type": "waiting"}),
+        (_G, "nv_trt_llm_request_metrics", "TRT LLM request metrics", "running",
+         {**_TRITON, "request_type": "scheduled"}),
+        (_G, "nv_trt_llm_request_metrics", "TRT LLM request metrics", "active",
+         {**_TRITON, "request_type": "active"}),
+        (_G, "nv_trt_llm_kv_cache_block_metrics", "TRT LLM KV cache block metrics", "kv",
+         {**_TRITON, "kv_cache_block_type": "fraction"}),
+    ),
+    "llamacpp": (
+        (_G, "llamacpp:requests_processing", "Number of requests processing.", "running", {}),
+        (_G, "llamacpp:requests_deferred", "Number of requests deferred.", "waiting", {}),
+        (_G, "llamacpp:kv_cache_usage_ratio", "KV-cache usage. 1 means 100 percent usage.",
+         "kv", {}),
+        (_C, "llamacpp:prompt_tokens", "Number of prompt tokens processed.", "prompt", {}),
+        (_C, "llamacpp:tokens_predicted", "Number of generation tokens processed.",
+         "generated", {}),
+    ),
+    "none": (),
+}  # fmt: skip
+"""The series of each dialect other than vLLM's, by the quantity they report."""
+
+
+def _foreign(dialect: str, s: EngineStats, model: str) -> list[Metric]:
+    """The series of ``dialect`` (:data:`_FOREIGN`) with ``s``'s numbers, one family per
+    name (its label sets together, as an engine exports them)."""
+    values = {
+        "running": float(s.num_running),
+        "waiting": float(s.num_waiting),
+        "active": float(s.num_running + s.num_waiting),
+        "kv": float(s.kv_usage),
+        "prompt": float(s.prompt_tokens_total),
+        "generated": float(s.generation_tokens_total),
+    }
+    families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {}
+    for kind, name, doc, quantity, labels in _FOREIGN[dialect]:
+        f = families.get(name)
+        if f is None:
+            cls = GaugeMetricFamily if kind == _G else CounterMetricFamily
+            f = families[name] = cls(name, doc, labels=sorted(labels))
+        shown = {k: v.replace("{model}", model) for k, v in labels.items()}
+        f.add_metric([shown[k] for k in sorted(shown)], values[quantity])
+    return list(families.values())
+
+
 class EngineMetrics:
     """The metrics of one engine server: a private registry over ``stats``.
 
@@ -256,9 +360,19 @@ class EngineMetrics:
     ``load``, the requests held now and their peak are exported too.
     """
 
-    def __init__(self, model_name: str, stats: EngineStats, load: LoadStats | None = None) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        stats: EngineStats,
+        dialect: str = "vllm",
+        load: LoadStats | None = None,
+    ) -> None:
+        if dialect not in DIALECTS:
+            raise ConfigError(f"unknown metrics dialect {dialect!r}: one of {', '.join(DIALECTS)}")
         self.model_name = model_name
         self.stats = stats
+        self.dialect = dialect
+        """The names the metrics are exported under (``none``: the server has no /metrics)."""
         self.load = load
         self.ttft = Histogram(TTFT_BUCKETS)
         self.e2e = Histogram(E2E_BUCKETS)

@@ -122,6 +122,8 @@ def run_engine(
     *,
     scheduling: Literal["fcfs", "priority"] = "fcfs",
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    faults: bool = False,
+    metrics_dialect: str = "vllm",
     journal: str | None = None,
     on_ready: Callable[[str], None] | None = None,
     log_level: str = "warning",
@@ -130,8 +132,8 @@ def run_engine(
 
     ``profile`` and ``tokenizer`` may be given as names (:func:`load_profile`,
     :func:`get_tokenizer`); ``speed=math.inf`` is instant mode; ``journal`` is a file to
-    append each request's start and end to (:mod:`velvetrope.engine.serve.journal`).  Returns normally after a
-    signal; raises :class:`~velvetrope.errors.ConfigError` /
+    append each request's start and end to (:mod:`velvetrope.engine.serve.journal`).
+    Returns normally after a signal; raises :class:`~velvetrope.errors.ConfigError` /
     :class:`~velvetrope.errors.PolicyError` for a bad configuration before listening.
     """
     config = EngineConfig(
@@ -142,6 +144,8 @@ def run_engine(
         outputs=outputs if outputs is not None else OutputPolicy(),
         scheduling=scheduling,
         max_body_bytes=max_body_bytes,
+        faults=faults,
+        metrics_dialect=metrics_dialect,
         journal=journal,
     )
     coro = serve_engine(config, host, port, on_ready=on_ready, log_level=log_level)

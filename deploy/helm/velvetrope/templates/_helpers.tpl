@@ -47,6 +47,10 @@ when an admin Secret is configured.  listen is set on the command line.
 {{- if .Values.redis.passwordSecret -}}
 {{- $_ := set $state "password_env" "VELVETROPE_REDIS_PASSWORD" -}}
 {{- end -}}
+{{- /* Before Redis ever answers, fail_open divides limits by this many replicas. */ -}}
+{{- if and (ne (default "memory://" $state.url) "memory://") (not (hasKey $state "expected_replicas")) -}}
+{{- $_ := set $state "expected_replicas" (int .Values.replicaCount) -}}
+{{- end -}}
 {{- $_ := set $cfg "state" $state -}}
 {{- toYaml $cfg -}}
 {{- end -}}
