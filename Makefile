@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo install lint typecheck pytest bench fuzz clean
+.PHONY: test demo install lint typecheck pytest bench chaos fuzz clean
 
 # the modules that setup.py compiles with mypyc: edited, they are built again
 COMPILED := $(shell sed -n 's/^ *"\(velvetrope\/[a-z_]*\/[a-z_]*\.py\)",$$/\1/p' setup.py)
@@ -34,6 +34,11 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/core_bench.py
+
+# two gateways, one Redis, two engines under load through Redis, engine and gateway faults,
+# both failure policies; ends with one verdict line per policy, exit 0 iff all counters are 0
+chaos: $(STAMP)
+	$(BIN)/python -m harness.chaos
 
 # schema-aware fuzzing of both completion endpoints against real processes (harness/fuzz.py)
 fuzz: $(STAMP)

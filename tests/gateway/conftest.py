@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.prometheus import metric_sum
 from velvetrope.serving import launch
 from velvetrope.serving.launch import ServerProcess, free_port
 
@@ -113,14 +114,4 @@ def wait_idle(gw: str, timeout_s: float = 20.0) -> dict[str, Any]:
 
 def metric(gw: str, name: str, **labels: str) -> float:
     """Sum of the samples of ``name`` whose labels include ``labels``."""
-    text = httpx.get(gw + "/metrics").text
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith(name):
-            continue
-        head, _, value = line.rpartition(" ")
-        if head != name and not head.startswith(name + "{"):
-            continue
-        if all(f'{k}="{v}"' in head for k, v in labels.items()):
-            total += float(value)
-    return total
+    return metric_sum(httpx.get(gw + "/metrics").text, name, **labels)

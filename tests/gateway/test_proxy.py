@@ -78,6 +78,7 @@ def test_completions_non_streaming_passes_the_body_through(gw: str, engine: str)
     )
     assert via.status_code == 200
     assert "x-velvetrope-queue-ms" in via.headers
+    assert "x-velvetrope-timing" not in via.headers  # only with VELVETROPE_TIMING_HEADER=1
     got = via.json()
     # the engine is deterministic by prompt: same text, same usage; ids differ
     assert got["choices"][0]["text"] == direct["choices"][0]["text"]

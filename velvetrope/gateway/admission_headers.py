@@ -7,6 +7,15 @@
 * ``x-velvetrope-pool`` and ``x-velvetrope-route`` (the rule that chose the pool), and for
   a degraded request ``x-velvetrope-degraded``: what was given up, e.g.
   ``max_tokens=50, pool=spare`` (:func:`route_headers`).
+* ``x-velvetrope-timing: arrived=A dispatched=D seq=S pid=P``, only when the environment variable
+  ``VELVETROPE_TIMING_HEADER`` is ``1`` when this module is imported (a harness's switch,
+  off by default: it shows the gateway's clock): the job's arrival in the admission
+  controller and its dispatch, in seconds on the gateway's clock (:func:`time.monotonic`,
+  which on Linux every process of a machine shares, so a client on the same machine can
+  compare them with its own readings; Python's ``repr`` of each float, exact), ``S``
+  its arrival's number in this process and ``P`` the process's id (the process whose queue
+  and clock readings these are: a restarted gateway, or one of ``--workers``, is another).
+  ``make chaos`` checks the queue's priority order with them.
 
 :func:`admitted_headers` is what an admitted request's response carries.  This module
 imports nothing outside the core, so ``setup.py`` compiles it with mypyc: every admitted
@@ -15,13 +24,21 @@ request builds these headers.
 
 from __future__ import annotations
 
+import os
 from typing import Final
 
 from velvetrope.core.bucket import BucketSnapshot
 from velvetrope.core.job import Job
 from velvetrope.core.routing import FALLBACK_POOL, MAX_TOKENS
 
-__all__ = ["admitted_headers", "duration", "ratelimit_headers", "route_headers"]
+__all__ = [
+    "TIMING_ENV",
+    "TIMING_HEADER",
+    "admitted_headers",
+    "duration",
+    "ratelimit_headers",
+    "route_headers",
+]
 
 Header = tuple[bytes, bytes]
 
@@ -100,16 +117,23 @@ def route_headers(job: Job) -> list[Header]:
 
 _QUEUE_MS: Final = b"x-velvetrope-queue-ms"
 _NOT_QUEUED: Final = b"0.0"
+TIMING_HEADER: Final = b"x-velvetrope-timing"
+TIMING_ENV: Final = "VELVETROPE_TIMING_HEADER"
+_WITH_TIMING: Final = os.environ.get(TIMING_ENV) == "1"
+_PID: Final = f" pid={os.getpid()}"
 
 
 def admitted_headers(job: Job, snaps: tuple[BucketSnapshot, ...]) -> list[Header]:
     """The headers of an admitted (dispatched) ``job``'s response: its queue wait in
     milliseconds (one decimal), where it was routed, and its tenant's rate limits from
-    ``snaps``."""
+    ``snaps`` (and, when switched on, its timing: see the module docstring)."""
     dispatched = job.dispatched_at
     waited = 0.0 if dispatched is None else dispatched - job.arrival
     queued = f"{waited * 1000.0:.1f}".encode() if waited > 0.0 else _NOT_QUEUED
     out = [(_QUEUE_MS, queued)]
+    if _WITH_TIMING:
+        timing = f"arrived={job.arrival!r} dispatched={dispatched!r} seq={job.seq}{_PID}"
+        out.append((TIMING_HEADER, timing.encode()))
     out += route_headers(job)
     if snaps:
         out += ratelimit_headers(snaps)

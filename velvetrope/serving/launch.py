@@ -110,20 +110,28 @@ def start(
     raise RuntimeError(f"{' '.join(argv)} not ready after {timeout_s}s: {err}")
 
 
-def start_engine(*extra: str, port: int | None = None) -> ServerProcess:
-    """``velvetrope engine`` on loopback with ``extra`` options (``--speed``, ...)."""
+def start_engine(
+    *extra: str, port: int | None = None, env: Mapping[str, str] | None = None
+) -> ServerProcess:
+    """``velvetrope engine`` on loopback with ``extra`` options (``--speed``, ...); ``env``
+    is added to its environment."""
     port = port or free_port()
     return start(
         ["engine", "--host", "127.0.0.1", "--port", str(port), *extra],
         f"http://127.0.0.1:{port}",
         "/health",
+        env=env,
     )
 
 
 def start_gateway(
-    config: dict[str, Any], directory: Path, ready_path: str = "/readyz"
+    config: dict[str, Any],
+    directory: Path,
+    ready_path: str = "/readyz",
+    env: Mapping[str, str] | None = None,
 ) -> ServerProcess:
-    """``velvetrope serve`` with ``config`` (a dict; ``listen.port`` chosen if absent)."""
+    """``velvetrope serve`` with ``config`` (a dict; ``listen.port`` chosen if absent);
+    ``env`` is added to its environment."""
     listen = config.setdefault("listen", {})
     listen.setdefault("host", "127.0.0.1")
     if not listen.get("port"):
@@ -131,4 +139,4 @@ def start_gateway(
     path = directory / f"gateway-{listen['port']}.yaml"
     path.write_text(yaml.safe_dump(config))
     url = f"http://127.0.0.1:{listen['port']}"
-    return start(["serve", "--config", str(path)], url, ready_path)
+    return start(["serve", "--config", str(path)], url, ready_path, env=env)

@@ -24,6 +24,7 @@ import orjson
 import pytest
 
 from tests.support.servers import EngineServer, run_engine
+from velvetrope.engine.serve.metrics import LOAD_METRIC_NAMES
 from velvetrope.openai.tokenizer import get_tokenizer
 
 pytestmark = pytest.mark.integration
@@ -376,7 +377,8 @@ def test_metric_names_are_vllms(fast: EngineServer, client: openai.OpenAI) -> No
         name_labels = line.rsplit(" ", 1)[0]
         names.add(name_labels.split("{", 1)[0])
         assert f'model_name="{MODEL}"' in name_labels
-    assert names == VLLM_SAMPLE_NAMES
+    # vLLM's names, and our two load gauges (velvetrope_engine_*, not vLLM's) beside them
+    assert names == VLLM_SAMPLE_NAMES | set(LOAD_METRIC_NAMES)
     assert "# TYPE vllm:num_preemptions_total counter" in text
     assert "# TYPE vllm:time_to_first_token_seconds histogram" in text
 

@@ -30,6 +30,9 @@ Endpoints
 ``GET /metrics``
     Prometheus text with vLLM's metric names (:mod:`velvetrope.engine.serve.metrics`), or
     another engine's (``metrics_dialect``); absent (404) with ``metrics_dialect="none"``.
+    With vLLM's, also the requests held now and at most
+    (:mod:`velvetrope.engine.serve.journal`, which with ``EngineConfig.journal`` also writes
+    each request's start and end to a file).
 
 Generated text
 --------------
@@ -96,6 +99,7 @@ from velvetrope.engine.batcher import Batcher
 from velvetrope.engine.outputs import OutputDecision, OutputPolicy
 from velvetrope.engine.profile import EngineProfile
 from velvetrope.engine.serve.bodies import Completion, StreamWriter, full_body
+from velvetrope.engine.serve.journal import RequestLoad
 from velvetrope.engine.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from velvetrope.engine.serve.metrics import EngineMetrics
 from velvetrope.engine.serve.realtime import EngineClosed, EngineRequest, RealtimeEngine
@@ -155,6 +159,9 @@ class EngineConfig:
     metrics_dialect: str = "vllm"
     """Whose metric names ``/metrics`` speaks (:data:`~velvetrope.engine.serve.metrics.
     DIALECTS`); ``none``: no ``/metrics`` route (404)."""
+    journal: str | None = None
+    """A file to append each request's start and end to
+    (:mod:`velvetrope.engine.serve.journal`)."""
 
     def __post_init__(self) -> None:
         if not (self.speed > 0 and not math.isnan(self.speed)):
@@ -221,12 +228,13 @@ class EngineApp:
         self._outputs = config.outputs
         self._speed = config.speed
         self._clock: Clock = SystemClock()
+        self.load = RequestLoad(self._clock, config.journal)
         self._instant_stats: _InstantStats | None = None
         self._engine: RealtimeEngine | None = None
         if config.instant:
             self._instant_stats = _InstantStats()
             self.metrics = EngineMetrics(
-                config.model_name, self._instant_stats, config.metrics_dialect
+                config.model_name, self._instant_stats, config.metrics_dialect, self.load
             )
         else:
             priority = config.scheduling == "priority"
@@ -237,7 +245,9 @@ class EngineApp:
                 priority=priority,
                 on_finish=self._observe,
             )
-            self.metrics = EngineMetrics(config.model_name, self._engine, config.metrics_dialect)
+            self.metrics = EngineMetrics(
+                config.model_name, self._engine, config.metrics_dialect, self.load
+            )
         self._created = int(time.time())
         self._started = False
         self._stopping = False
@@ -272,6 +282,7 @@ class EngineApp:
         self._stopping = True
         if self._engine is not None:
             await self._engine.stop("the engine is shutting down")
+        self.load.close()
 
     def _observe(self, r: EngineRequest) -> None:
         a = r.arrival_wall
@@ -409,6 +420,8 @@ class EngineApp:
             req.priority or 0,
             arrived,
         )
+        request_id = req.body.get("request_id")  # vLLM's: the caller's id, for the journal
+        c.request_id = request_id if isinstance(request_id, str) else None
         await self._run(c, receive, send)
 
     def _decide(
@@ -464,6 +477,7 @@ class EngineApp:
         stats = self._instant_stats
         assert stats is not None
         stats.in_flight += len(c.choices)
+        self.load.begin(c.rid, c.request_id, c.arrived, c.prompt_tokens, c.stream)
         try:
             stats.prompt_tokens_total += c.prompt_tokens * len(c.choices)
             stats.generation_tokens_total += c.completion_tokens
@@ -481,6 +495,7 @@ class EngineApp:
                 await _send_json(send, 200, full_body(c, self._model, ext))
         finally:
             stats.in_flight -= len(c.choices)
+            self.load.end_instant(c.rid, c.prompt_tokens * len(c.choices), c.completion_tokens)
 
     def _ext(self, rs: Sequence[EngineRequest]) -> dict[str, float]:
         """The model's predictions in wall seconds: the first choice scheduled, the first
@@ -515,6 +530,7 @@ class EngineApp:
         self, engine: RealtimeEngine, c: Completion, receive: Receive, send: Send
     ) -> None:
         rs = self._submit(engine, c)
+        self.load.begin(c.rid, c.request_id, c.arrived, c.prompt_tokens, c.stream)
         watcher = asyncio.create_task(_watch_disconnect(receive, engine, rs))
         self._watchers.add(watcher)
         watcher.add_done_callback(self._watchers.discard)
@@ -534,6 +550,7 @@ class EngineApp:
             for r in rs:
                 engine.abort(r)  # no-op unless the handler is leaving early
             watcher.cancel()
+            self.load.end(c.rid, c.prompt_tokens, rs)
 
     async def _stream(self, c: Completion, rs: Sequence[EngineRequest], send: Send) -> None:
         w = StreamWriter(c, self._model_json)

@@ -80,6 +80,8 @@ class Completion:
     priority: int
     arrived: float
     """Clock reading when the HTTP request reached the app."""
+    request_id: str | None = None
+    """The caller's id for it (the body's ``request_id``, vLLM's name), if any."""
 
     @classmethod
     def new(

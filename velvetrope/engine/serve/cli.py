@@ -105,6 +105,13 @@ def engine_command(
         ),
     ] = "vllm",
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
+    journal: Annotated[
+        str | None,
+        typer.Option(
+            help="Append a JSON line to this file when each request starts and ends "
+            "(its times, tokens and end state; see velvetrope.engine.serve.journal)."
+        ),
+    ] = None,
 ) -> None:
     """Run a simulated inference engine with an OpenAI-compatible API and vLLM's metrics
     (or another engine's: --metrics-dialect).
@@ -151,6 +158,7 @@ def engine_command(
             max_body_bytes=int(max_body_mb * 1024 * 1024),
             faults=faults,
             metrics_dialect=metrics_dialect,
+            journal=journal,
             on_ready=ready,
             log_level=log_level,
         )

@@ -17,6 +17,8 @@ a vLLM server.  Every series carries the label ``model_name``; the exposed sampl
 ``vllm:time_to_first_token_seconds{_bucket,_sum,_count}``  histogram  arrival -> first token
 ``vllm:e2e_request_latency_seconds{_bucket,_sum,_count}``  histogram  arrival -> last token
 ``vllm:request_queue_time_seconds{_bucket,_sum,_count}``   histogram  arrival -> first scheduled
+``velvetrope_engine_requests_in_flight``              gauge      requests held now (**)
+``velvetrope_engine_requests_peak``                    gauge      most requests held at once (**)
 =====================================================  =========  =================================
 
 (*) only when the stats source also implements :class:`CacheStats` (the real-time engine
@@ -43,7 +45,14 @@ Names as each engine's documentation gives them (see :mod:`velvetrope.dialects`)
 Gauges and counters are read from an :class:`EngineStats` source at scrape time (no work
 on the hot path); histograms are observed once per *completed* request, in wall-clock
 seconds as the server measured them (like vLLM; the model's own predictions are reported
-per request in the response's ``velvetrope`` field instead).  Bucket bounds are vLLM's.
+per request in the response's ``velvetrope`` field instead).
+
+(**) only with a :class:`~velvetrope.engine.serve.journal.LoadStats` source (the server's
+:class:`~velvetrope.engine.serve.journal.RequestLoad`, which says what "held" means), in
+vLLM's dialects (``vllm``, ``vllm-old``): not vLLM's, so named ``velvetrope_engine_*``.
+The peak is a high-water mark since the server started, never reset: an operator (or a
+harness) reading it knows that the engine never held more requests at once than that,
+which sampling ``vllm:num_requests_running`` cannot say.  Bucket bounds are vLLM's.
 No ``_created`` series are exported.  Each server owns a private
 :class:`~prometheus_client.CollectorRegistry`, so several engines can live in one process.
 """
@@ -63,6 +72,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from velvetrope.engine.serve.journal import LoadStats
 from velvetrope.errors import ConfigError
 
 __all__ = [
@@ -70,6 +80,7 @@ __all__ = [
     "CONTENT_TYPE",
     "DIALECTS",
     "E2E_BUCKETS",
+    "LOAD_METRIC_NAMES",
     "METRIC_NAMES",
     "QUEUE_BUCKETS",
     "SAMPLE_NAMES",
@@ -108,6 +119,8 @@ _PC_QUERIES = "vllm:prefix_cache_queries"
 _PC_HITS = "vllm:prefix_cache_hits"
 _SPEC_DRAFT = "vllm:spec_decode_num_draft_tokens"
 _SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
+_HELD = "velvetrope_engine_requests_in_flight"
+_PEAK = "velvetrope_engine_requests_peak"
 _TTFT = "vllm:time_to_first_token_seconds"
 _E2E = "vllm:e2e_request_latency_seconds"
 _QUEUE = "vllm:request_queue_time_seconds"
@@ -130,12 +143,16 @@ CACHE_METRIC_NAMES: tuple[str, ...] = tuple(
 )
 """The extra counters exported for a :class:`CacheStats` source."""
 
+LOAD_METRIC_NAMES: tuple[str, ...] = (_HELD, _PEAK)
+"""The gauges exported for a :class:`~velvetrope.engine.serve.journal.LoadStats` source."""
+
 SAMPLE_NAMES: frozenset[str] = frozenset(
     [_RUNNING, _WAITING, _KV, _PREEMPT + "_total", _PROMPT + "_total", _GEN + "_total"]
     + [h + s for h in (_TTFT, _E2E, _QUEUE) for s in ("_bucket", "_sum", "_count")]
 )
 """Every sample name :meth:`EngineMetrics.render` writes, and no other, plus
-:data:`CACHE_METRIC_NAMES` for a :class:`CacheStats` source."""
+:data:`CACHE_METRIC_NAMES` for a :class:`CacheStats` source and :data:`LOAD_METRIC_NAMES`
+for a load source."""
 
 
 DIALECTS: tuple[str, ...] = (
@@ -241,6 +258,13 @@ class _Collector(Collector):
                 (CounterMetricFamily, _SPEC_ACCEPTED, "Number of accepted tokens.",
                  s.spec_accepted_tokens),
             )  # fmt: skip
+        load = m.load
+        if load is not None:
+            families += (
+                (GaugeMetricFamily, _HELD, "Requests the engine holds now.", load.in_flight),
+                (GaugeMetricFamily, _PEAK, "Most requests the engine held at once since it "
+                 "started.", load.peak),
+            )  # fmt: skip
         for family, name, doc, value in families:
             f = family(name, doc, labels=["model_name"])
             f.add_metric(labels, float(value))
@@ -332,16 +356,24 @@ class EngineMetrics:
     """The metrics of one engine server: a private registry over ``stats``.
 
     :meth:`observe_request` records a completed request's wall-clock queue time, TTFT and
-    end-to-end latency; :meth:`render` returns the Prometheus text exposition.
+    end-to-end latency; :meth:`render` returns the Prometheus text exposition.  With
+    ``load``, the requests held now and their peak are exported too.
     """
 
-    def __init__(self, model_name: str, stats: EngineStats, dialect: str = "vllm") -> None:
+    def __init__(
+        self,
+        model_name: str,
+        stats: EngineStats,
+        dialect: str = "vllm",
+        load: LoadStats | None = None,
+    ) -> None:
         if dialect not in DIALECTS:
             raise ConfigError(f"unknown metrics dialect {dialect!r}: one of {', '.join(DIALECTS)}")
         self.model_name = model_name
         self.stats = stats
         self.dialect = dialect
         """The names the metrics are exported under (``none``: the server has no /metrics)."""
+        self.load = load
         self.ttft = Histogram(TTFT_BUCKETS)
         self.e2e = Histogram(E2E_BUCKETS)
         self.queue = Histogram(QUEUE_BUCKETS)

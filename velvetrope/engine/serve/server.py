@@ -124,14 +124,16 @@ def run_engine(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     faults: bool = False,
     metrics_dialect: str = "vllm",
+    journal: str | None = None,
     on_ready: Callable[[str], None] | None = None,
     log_level: str = "warning",
 ) -> None:
     """Run an engine server in this process (blocking, on uvloop) until SIGINT/SIGTERM.
 
     ``profile`` and ``tokenizer`` may be given as names (:func:`load_profile`,
-    :func:`get_tokenizer`); ``speed=math.inf`` is instant mode.  Returns normally after a
-    signal; raises :class:`~velvetrope.errors.ConfigError` /
+    :func:`get_tokenizer`); ``speed=math.inf`` is instant mode; ``journal`` is a file to
+    append each request's start and end to (:mod:`velvetrope.engine.serve.journal`).
+    Returns normally after a signal; raises :class:`~velvetrope.errors.ConfigError` /
     :class:`~velvetrope.errors.PolicyError` for a bad configuration before listening.
     """
     config = EngineConfig(
@@ -144,6 +146,7 @@ def run_engine(
         max_body_bytes=max_body_bytes,
         faults=faults,
         metrics_dialect=metrics_dialect,
+        journal=journal,
     )
     coro = serve_engine(config, host, port, on_ready=on_ready, log_level=log_level)
     try:
