@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo install lint typecheck pytest bench clean
+.PHONY: test demo install lint typecheck pytest bench soak clean
 
 # the modules that setup.py compiles with mypyc: edited, they are built again
 COMPILED := $(shell sed -n 's/^ *"\(velvetrope\/[a-z_]*\/[a-z_]*\.py\)",$$/\1/p' setup.py)
@@ -34,6 +34,11 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/core_bench.py
+
+# an hour of the demo's load through one gateway on Redis; SOAK_SECONDS=600 for a shorter one
+SOAK_SECONDS ?= 3600
+soak: $(STAMP)
+	$(BIN)/python -m harness.soak --seconds $(SOAK_SECONDS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis
