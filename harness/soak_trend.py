@@ -12,12 +12,17 @@ degrees of freedom), ``ci`` the slope's 95 % confidence interval from Student's 
 
 **Flat within noise** (:func:`verdict`): a series is flat when either
 
-* its slope's 95 % confidence interval contains 0 (no trend the data can tell from noise), or
-* the drift the slope implies over the fitted span, ``|slope| × span_h``, is within
-  ``max(3 × resid_std, floor)``: the line moves less over the whole run than the series
+* its slope's 95 % confidence interval reaches down to 0 (no rise the data can tell from
+  noise), or
+* the drift the slope implies over the fitted span, ``slope × span_h``, is at most
+  ``max(3 × resid_std, floor)``: the line rises less over the whole run than the series
   wobbles around it, or less than an absolute ``floor`` that no one would call a leak
   (:data:`FLOORS`: 5 MB of RSS, 5 file descriptors, 20 asyncio tasks, 20 Redis keys,
   1 MB of Redis memory).
+
+Else it is *growing*.  The rule is one-sided: the soak looks for what accumulates, and a
+series that falls (a queue that built up while the machine was busy, then drained) is not
+a leak; :meth:`Trend.describe` shows its slope all the same.
 
 A series with fewer than :data:`MIN_FIT` samples in all cannot be judged and counts as flat
 (its :class:`Trend` says ``n`` so the report shows it).  A series whose every sample is
@@ -87,11 +92,10 @@ class Trend:
 
     @property
     def flat(self) -> bool:
-        """Flat within noise: the CI holds 0, or ``|drift| <= bound`` (too few samples: flat)."""
+        """Flat within noise: the CI reaches 0, or ``drift <= bound`` (too few samples: flat)."""
         if self.n < MIN_FIT:
             return True
-        lo, hi = self.ci
-        return (lo <= 0.0 <= hi) or abs(self.drift) <= self.bound
+        return self.ci[0] <= 0.0 or self.drift <= self.bound
 
     def describe(self) -> str:
         """One line: slope, interval, drift against its bound, verdict."""

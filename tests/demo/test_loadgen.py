@@ -4,6 +4,8 @@ server for the error paths), all on loopback, each run bounded by its own deadli
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 import warnings
 from collections.abc import Iterator
@@ -145,6 +147,32 @@ def test_client_plans_answer_whole_or_hang_up(slow_engine: ServerProcess) -> Non
     while _running(slow_engine.url) > 0 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _running(slow_engine.url) == 0
+
+
+@pytest.mark.integration
+def test_idle_connections_are_not_reused_past_the_servers_keep_alive(
+    fast_engine: ServerProcess,
+) -> None:
+    # The server stalls (SIGSTOP, as on a machine too busy to run it) past its 5 s keep-alive
+    # while the client's connections sit idle; when it wakes, it closes them for idleness
+    # before it reads what was sent on them.  A client that kept them past KEEPALIVE_S would
+    # send the second batch on them and fail before any answer; this one opens new ones.
+    reqs = [TraceRequest(0.0, 5, 1)] * 20 + [TraceRequest(6.0, 5, 1)] * 20
+    pid = fast_engine.pid
+
+    async def run() -> ReplayResult:
+        loop = asyncio.get_running_loop()
+        loop.call_later(3.0, os.kill, pid, signal.SIGSTOP)
+        loop.call_later(6.5, os.kill, pid, signal.SIGCONT)
+        try:
+            return await replay(reqs, ReplayConfig((fast_engine.url,), deadline_s=30))
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+    res = asyncio.run(run())
+    assert res.by_outcome() == {ReplayOutcome.COMPLETED: 40}, [
+        r.error_code for r in res.results if r.outcome is not ReplayOutcome.COMPLETED
+    ]
 
 
 async def _rejecting_server() -> tuple[web.AppRunner, list[str]]:

@@ -38,6 +38,8 @@ def test_a_leak_is_growing_and_noise_alone_is_flat() -> None:
     assert not leak.flat and leak.drift == pytest.approx(12.0, abs=0.5)
     noise = fit("rss_mb", T, _series(0.0, 3.0))
     assert noise.flat
+    falling = fit("tasks", T, _series(-500.0, 1.0))  # drained: not a leak
+    assert falling.ci[1] < 0 and falling.flat
     assert verdict([noise]) and not verdict([noise, leak])
 
 

@@ -60,6 +60,7 @@ from velvetrope.sim.workload import TraceRequest
 __all__ = [
     "DEFAULT_MODEL",
     "FILLER_WORD",
+    "KEEPALIVE_S",
     "ClientPlan",
     "LiveCounters",
     "ReplayConfig",
@@ -76,6 +77,12 @@ DEFAULT_MODEL = "velvetrope-sim"
 
 FILLER_WORD = " the"
 """One ``cl100k_base`` token per repetition, and 4 characters (one ``approx`` token)."""
+
+KEEPALIVE_S = 2.0
+"""How long an idle connection is kept for the next request: well under the servers'
+keep-alive (uvicorn's 5 s).  A request sent on a connection as the server closes it for
+idleness fails before any answer (``ServerDisconnectedError``; a POST is not retried), a
+race of the client's making; a stalled machine, where both sides wake late, widens it."""
 
 
 def prompt_text(tokens: int) -> str:
@@ -468,7 +475,9 @@ async def replay(
         )
         for i, r in enumerate(requests)
     ]
-    connector = aiohttp.TCPConnector(limit=config.max_connections, limit_per_host=0)
+    connector = aiohttp.TCPConnector(
+        limit=config.max_connections, limit_per_host=0, keepalive_timeout=KEEPALIVE_S
+    )
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0)
     tasks: set[asyncio.Task[None]] = set()
     t0 = time.monotonic()
