@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo install lint typecheck pytest bench chaos fuzz clean
+.PHONY: test demo install lint typecheck pytest bench chaos fuzz soak clean
 
 # the modules that setup.py compiles with mypyc: edited, they are built again
 COMPILED := $(shell sed -n 's/^ *"\(velvetrope\/[a-z_]*\/[a-z_]*\.py\)",$$/\1/p' setup.py)
@@ -43,6 +43,11 @@ chaos: $(STAMP)
 # schema-aware fuzzing of both completion endpoints against real processes (harness/fuzz.py)
 fuzz: $(STAMP)
 	$(BIN)/python -m harness.fuzz
+
+# an hour of the demo's load through one gateway on Redis; SOAK_SECONDS=600 for a shorter one
+SOAK_SECONDS ?= 3600
+soak: $(STAMP)
+	$(BIN)/python -m harness.soak --seconds $(SOAK_SECONDS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

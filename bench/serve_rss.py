@@ -36,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from velvetrope.cli import SERVE_MUST_NOT_IMPORT
-from velvetrope.serving.launch import free_port, start
+from velvetrope.serving.launch import free_port, start, vm_rss_mb
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,14 +47,6 @@ FROM_PYTHON = (
     "serve(load_config(sys.argv[1]))\n"
 )
 """The gateway started from Python: the config file is ``argv[1]``."""
-
-
-def vm_rss_mb(pid: int) -> float:
-    """The resident set of process ``pid`` in MiB, from ``/proc/<pid>/status``."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS in /proc/{pid}/status")
 
 
 def imported(importtime_log: str) -> set[str]:

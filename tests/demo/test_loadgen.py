@@ -4,6 +4,8 @@ server for the error paths), all on loopback, each run bounded by its own deadli
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 import warnings
 from collections.abc import Iterator
@@ -13,6 +15,7 @@ import pytest
 from aiohttp import web
 
 from velvetrope.demo.loadgen import (
+    ClientPlan,
     LiveCounters,
     ReplayConfig,
     ReplayOutcome,
@@ -120,6 +123,58 @@ def test_per_request_timeout(slow_engine: ServerProcess) -> None:
     assert res.results[1].outcome is ReplayOutcome.COMPLETED and res.results[1].tokens == 2
 
 
+@pytest.mark.integration
+def test_client_plans_answer_whole_or_hang_up(slow_engine: ServerProcess) -> None:
+    reqs = [TraceRequest(0.0, 20, 3), TraceRequest(0.0, 20, 3000), TraceRequest(0.0, 20, 3000)]
+    reqs.append(TraceRequest(0.0, 20, 4))
+    plans = [
+        ClientPlan(stream=False),
+        ClientPlan(hang_up_after_tokens=5),
+        ClientPlan(stream=False, hang_up_after_s=0.3),
+        ClientPlan(hang_up_after_s=30.0),  # answered long before: never hangs up
+    ]
+    live = LiveCounters()
+    res = replay_sync(reqs, ReplayConfig((slow_engine.url,), deadline_s=20), live, plans)
+    whole, cut, left, waited = res.results
+    assert whole.outcome is ReplayOutcome.COMPLETED and whole.tokens == whole.usage_tokens == 3
+    assert cut.outcome is ReplayOutcome.HUNG_UP and cut.tokens == 5 and cut.status == 200
+    assert left.outcome is ReplayOutcome.HUNG_UP and left.tokens == 0
+    assert left.elapsed_s >= 0.3 and left.e2e_s is None  # left at its time, before the end
+    assert waited.outcome is ReplayOutcome.COMPLETED and waited.tokens == 4
+    assert live.hung_up == 2 and live.completed == 2 and live.finished == live.total == 4
+    # both hang-ups closed their connections: the engine aborted their sequences
+    deadline = time.monotonic() + 5
+    while _running(slow_engine.url) > 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _running(slow_engine.url) == 0
+
+
+@pytest.mark.integration
+def test_idle_connections_are_not_reused_past_the_servers_keep_alive(
+    fast_engine: ServerProcess,
+) -> None:
+    # The server stalls (SIGSTOP, as on a machine too busy to run it) past its 5 s keep-alive
+    # while the client's connections sit idle; when it wakes, it closes them for idleness
+    # before it reads what was sent on them.  A client that kept them past KEEPALIVE_S would
+    # send the second batch on them and fail before any answer; this one opens new ones.
+    reqs = [TraceRequest(0.0, 5, 1)] * 20 + [TraceRequest(6.0, 5, 1)] * 20
+    pid = fast_engine.pid
+
+    async def run() -> ReplayResult:
+        loop = asyncio.get_running_loop()
+        loop.call_later(3.0, os.kill, pid, signal.SIGSTOP)
+        loop.call_later(6.5, os.kill, pid, signal.SIGCONT)
+        try:
+            return await replay(reqs, ReplayConfig((fast_engine.url,), deadline_s=30))
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
+    res = asyncio.run(run())
+    assert res.by_outcome() == {ReplayOutcome.COMPLETED: 40}, [
+        r.error_code for r in res.results if r.outcome is not ReplayOutcome.COMPLETED
+    ]
+
+
 async def _rejecting_server() -> tuple[web.AppRunner, list[str]]:
     """Two loopback URLs: the first rejects (429 for key-a, else 503), the second is a 404."""
 
@@ -176,3 +231,11 @@ def test_bad_arguments() -> None:
         asyncio.run(replay([TraceRequest(0.0, 1, 1, tenant="b")], cfg))
     with pytest.raises(PolicyError, match="sorted"):
         asyncio.run(replay([TraceRequest(1.0, 1, 1), TraceRequest(0.0, 1, 1)], cfg))
+    with pytest.raises(PolicyError, match="2 client plans for 1 requests"):
+        asyncio.run(replay([TraceRequest(0.0, 1, 1, tenant="a")], cfg, None, [ClientPlan()] * 2))
+    with pytest.raises(PolicyError, match="streaming"):
+        ClientPlan(stream=False, hang_up_after_tokens=3)
+    with pytest.raises(PolicyError):
+        ClientPlan(hang_up_after_tokens=0)
+    with pytest.raises(PolicyError):
+        ClientPlan(hang_up_after_s=0.0)

@@ -3,16 +3,24 @@
 :func:`replay` sends each :class:`~velvetrope.sim.workload.TraceRequest` at its arrival time
 ``t`` (seconds after the start of the run), whether or not earlier requests have finished:
 the offered load is the trace's, never throttled by the servers' answers (*open loop*).
-Each request is a streaming ``POST {base_url}/v1/completions`` with
+Each request is a ``POST {base_url}/v1/completions``, streaming unless its client's plan
+says otherwise (below), with
 
 * a synthetic prompt of exactly ``prompt_tokens`` tokens under ``cl100k_base`` (and under the
   4-characters-per-token ``approx`` estimate): :data:`FILLER_WORD` repeated (:func:`prompt_text`);
 * ``max_tokens = output_tokens`` (at least 1) and vLLM's ``ignore_eos: true``, so an engine
   that honours it generates exactly the trace's output length;
-* ``stream_options: {"include_usage": true}``;
+* ``stream_options: {"include_usage": true}`` when it streams;
 * ``Authorization: Bearer <key>``, the key of the request's tenant (:class:`ReplayConfig`).
 
 Requests go to ``base_urls`` round-robin by their index in the workload (one URL: all there).
+
+How each client behaves is its :class:`ClientPlan` (``clients``, one per request; by default
+every client streams and waits for the end): a plan may ask for one JSON answer instead of a
+stream (``stream: false``, no ``stream_options``), or hang up on purpose: after some seconds,
+whatever it is waiting for then (a place in the gateway's queue, the first token, the rest
+of a stream), or after some streamed tokens.  Hanging up closes the connection, so the
+server sees the disconnect.
 
 What is recorded per request (:class:`RequestResult`): tenant and tier, the HTTP status, the
 OpenAI error ``code`` of a rejection, time to first token and end-to-end latency measured by
@@ -40,6 +48,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 import aiohttp
 import orjson
@@ -51,6 +60,8 @@ from velvetrope.sim.workload import TraceRequest
 __all__ = [
     "DEFAULT_MODEL",
     "FILLER_WORD",
+    "KEEPALIVE_S",
+    "ClientPlan",
     "LiveCounters",
     "ReplayConfig",
     "ReplayOutcome",
@@ -66,6 +77,12 @@ DEFAULT_MODEL = "velvetrope-sim"
 
 FILLER_WORD = " the"
 """One ``cl100k_base`` token per repetition, and 4 characters (one ``approx`` token)."""
+
+KEEPALIVE_S = 2.0
+"""How long an idle connection is kept for the next request: well under the servers'
+keep-alive (uvicorn's 5 s).  A request sent on a connection as the server closes it for
+idleness fails before any answer (``ServerDisconnectedError``; a POST is not retried), a
+race of the client's making; a stalled machine, where both sides wake late, widens it."""
 
 
 def prompt_text(tokens: int) -> str:
@@ -88,6 +105,39 @@ class ReplayOutcome(enum.Enum):
     """Still open at its per-request timeout or the run's deadline; cut by the client."""
     FAILED = "failed"
     """No HTTP answer: the connection could not be made or broke before the headers."""
+    HUNG_UP = "hung_up"
+    """The client hung up on purpose, as its :class:`ClientPlan` said, before the end."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClientPlan:
+    """How the client of one request behaves.
+
+    ``stream``: ask for server-sent events (else one JSON answer, whose ``usage`` gives
+    ``tokens``; its time to first token is then its end-to-end time).  ``hang_up_after_s``:
+    close the connection this many seconds after sending if the request is still open (before
+    the answer's head, that is a client leaving the queue).  ``hang_up_after_tokens``: close
+    it once that many tokens have streamed (streaming only).  A plan whose hang-up never
+    comes (the answer ended first) leaves the request's outcome as it would be without it.
+    """
+
+    stream: bool = True
+    hang_up_after_s: float | None = None
+    hang_up_after_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.hang_up_after_s is not None and not self.hang_up_after_s > 0:
+            raise PolicyError(f"hang_up_after_s must be > 0, got {self.hang_up_after_s}")
+        if self.hang_up_after_tokens is not None:
+            if not self.stream:
+                raise PolicyError("hang_up_after_tokens needs a streaming client")
+            if self.hang_up_after_tokens < 1:
+                raise PolicyError(
+                    f"hang_up_after_tokens must be >= 1, got {self.hang_up_after_tokens}"
+                )
+
+
+_WAITS = ClientPlan()
 
 
 @dataclass(slots=True)
@@ -126,8 +176,10 @@ class RequestResult:
 class LiveCounters:
     """Progress of a running replay, for a live view (updated in place by :func:`replay`).
 
-    ``open``: sent and not ended; ``accepted``: answered 200 (behind a gateway: dispatched);
-    ``first_token``: got their first token; ``rejected``: by error code.
+    ``total``: requests handed to :func:`replay` (summed over the replays that share these
+    counters); ``open``: sent and not ended; ``accepted``: answered 200 (behind a gateway:
+    dispatched); ``first_token``: got their first token; ``rejected``: by error code;
+    ``hung_up``: clients that hung up on purpose (:class:`ClientPlan`).
     """
 
     total: int = 0
@@ -140,6 +192,7 @@ class LiveCounters:
     errors: int = 0
     timeouts: int = 0
     failed: int = 0
+    hung_up: int = 0
     tokens: int = 0
     max_send_lag_s: float = 0.0
 
@@ -147,7 +200,12 @@ class LiveCounters:
     def finished(self) -> int:
         """Requests that reached an outcome."""
         return (
-            self.completed + sum(self.rejected.values()) + self.errors + self.timeouts + self.failed
+            self.completed
+            + sum(self.rejected.values())
+            + self.errors
+            + self.timeouts
+            + self.failed
+            + self.hung_up
         )
 
 
@@ -200,17 +258,17 @@ class ReplayResult:
         return Counter(r.outcome for r in self.results)
 
 
-def _body(req: TraceRequest, model: str) -> bytes:
-    return orjson.dumps(
-        {
-            "model": model,
-            "prompt": prompt_text(req.prompt_tokens),
-            "max_tokens": max(1, req.output_tokens),
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "ignore_eos": True,
-        }
-    )
+def _body(req: TraceRequest, model: str, stream: bool) -> bytes:
+    body: dict[str, object] = {
+        "model": model,
+        "prompt": prompt_text(req.prompt_tokens),
+        "max_tokens": max(1, req.output_tokens),
+        "stream": stream,
+        "ignore_eos": True,
+    }
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return orjson.dumps(body)
 
 
 def _error_code(body: bytes) -> str | None:
@@ -234,10 +292,18 @@ def _float_header(value: str | None) -> float | None:
         return None
 
 
+_HUNG_UP: Final = "hung_up"
+
+
 async def _stream(
-    resp: aiohttp.ClientResponse, res: RequestResult, live: LiveCounters, t_send: float
-) -> bool:
-    """Read an SSE stream into ``res``; True if it ended with ``[DONE]`` and no error."""
+    resp: aiohttp.ClientResponse,
+    res: RequestResult,
+    live: LiveCounters,
+    t_send: float,
+    stop_after: int | None,
+) -> bool | str:
+    """Read an SSE stream into ``res``; True if it ended with ``[DONE]`` and no error,
+    :data:`_HUNG_UP` once ``stop_after`` tokens came (the caller closes the connection)."""
     errored = False
     async for raw in resp.content:
         line = raw.strip()
@@ -266,10 +332,27 @@ async def _stream(
                     live.first_token += 1
                 res.tokens += 1
                 live.tokens += 1
+                if res.tokens == stop_after:
+                    return _HUNG_UP
         usage = obj.get("usage")
         if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
             res.usage_tokens = usage["completion_tokens"]
     return False
+
+
+async def _whole(resp: aiohttp.ClientResponse, res: RequestResult, t_send: float) -> bool:
+    """Read a non-streaming answer into ``res``; True if it holds choices and no error."""
+    try:
+        obj = orjson.loads(await resp.read())
+    except orjson.JSONDecodeError:
+        return False
+    if not isinstance(obj, dict) or "error" in obj or not obj.get("choices"):
+        return False
+    res.ttft_s = time.monotonic() - t_send
+    usage = obj.get("usage")
+    if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+        res.usage_tokens = res.tokens = usage["completion_tokens"]
+    return True
 
 
 async def _one(
@@ -280,6 +363,7 @@ async def _one(
     live: LiveCounters,
     t0: float,
     deadline: float,
+    plan: ClientPlan,
 ) -> None:
     t_send = time.monotonic()
     res.sent_s = t_send - t0
@@ -290,10 +374,16 @@ async def _one(
         "Content-Type": "application/json",
     }
     budget = min(cfg.request_timeout_s, deadline - t_send)
+    hang_s = plan.hang_up_after_s
+    planned = hang_s is not None and hang_s < budget
+    if hang_s is not None and planned:
+        budget = hang_s
     try:
         async with asyncio.timeout(max(budget, 0.0)):
             async with session.post(
-                res.url + "/v1/completions", data=_body(req, cfg.model), headers=headers
+                res.url + "/v1/completions",
+                data=_body(req, cfg.model, plan.stream),
+                headers=headers,
             ) as resp:
                 res.status = resp.status
                 if resp.status == 200:
@@ -310,7 +400,15 @@ async def _one(
                         res.outcome = ReplayOutcome.ERROR
                         live.errors += 1
                     return
-                if await _stream(resp, res, live, t_send):
+                if plan.stream:
+                    ended = await _stream(resp, res, live, t_send, plan.hang_up_after_tokens)
+                else:
+                    ended = await _whole(resp, res, t_send)
+                if ended == _HUNG_UP:
+                    resp.close()  # the connection, not only this response: the server sees it
+                    res.outcome = ReplayOutcome.HUNG_UP
+                    live.hung_up += 1
+                elif ended:
                     res.e2e_s = time.monotonic() - t_send
                     res.outcome = ReplayOutcome.COMPLETED
                     live.completed += 1
@@ -318,9 +416,13 @@ async def _one(
                     res.outcome = ReplayOutcome.ERROR
                     live.errors += 1
     except TimeoutError:
-        res.outcome = ReplayOutcome.TIMEOUT
-        res.error_code = res.error_code or "client_timeout"
-        live.timeouts += 1
+        if planned:
+            res.outcome = ReplayOutcome.HUNG_UP
+            live.hung_up += 1
+        else:
+            res.outcome = ReplayOutcome.TIMEOUT
+            res.error_code = res.error_code or "client_timeout"
+            live.timeouts += 1
     except (aiohttp.ClientError, OSError) as e:
         if res.status == 200:
             res.outcome = ReplayOutcome.ERROR
@@ -338,8 +440,12 @@ async def replay(
     requests: Sequence[TraceRequest],
     config: ReplayConfig,
     live: LiveCounters | None = None,
+    clients: Sequence[ClientPlan] | None = None,
 ) -> ReplayResult:
     """Replay ``requests`` (sorted by ``t``) open-loop against ``config.base_urls``.
+
+    ``clients``: how the client of each request behaves, one :class:`ClientPlan` per
+    request (default: every client streams and waits for the end).
 
     Returns when every request has an outcome: at the latest ``deadline_s`` after the start
     (plus the moment it takes to close the cut connections).  Requests whose arrival time is
@@ -349,11 +455,13 @@ async def replay(
     for i in range(1, len(requests)):
         if requests[i].t < requests[i - 1].t:
             raise PolicyError(f"requests must be sorted by t; request {i} is out of order")
+    if clients is not None and len(clients) != len(requests):
+        raise PolicyError(f"{len(clients)} client plans for {len(requests)} requests")
     if not isinstance(config.api_keys, str):
         for tenant in {r.tenant for r in requests}:
             config.key_for(tenant)
     live = live if live is not None else LiveCounters()
-    live.total = len(requests)
+    live.total += len(requests)
     urls = config.base_urls
     results = [
         RequestResult(
@@ -367,7 +475,9 @@ async def replay(
         )
         for i, r in enumerate(requests)
     ]
-    connector = aiohttp.TCPConnector(limit=config.max_connections, limit_per_host=0)
+    connector = aiohttp.TCPConnector(
+        limit=config.max_connections, limit_per_host=0, keepalive_timeout=KEEPALIVE_S
+    )
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0)
     tasks: set[asyncio.Task[None]] = set()
     t0 = time.monotonic()
@@ -376,7 +486,7 @@ async def replay(
         connector=connector, timeout=timeout, auto_decompress=False
     ) as session:
         try:
-            for req, res in zip(requests, results, strict=True):
+            for i, (req, res) in enumerate(zip(requests, results, strict=True)):
                 at = t0 + req.t
                 if at >= deadline:
                     res.outcome = ReplayOutcome.TIMEOUT
@@ -388,7 +498,10 @@ async def replay(
                     await asyncio.sleep(delay)
                 else:
                     live.max_send_lag_s = max(live.max_send_lag_s, -delay)
-                task = asyncio.create_task(_one(session, req, res, config, live, t0, deadline))
+                plan = _WAITS if clients is None else clients[i]
+                task = asyncio.create_task(
+                    _one(session, req, res, config, live, t0, deadline, plan)
+                )
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             if tasks:
@@ -403,7 +516,10 @@ async def replay(
 
 
 def replay_sync(
-    requests: Sequence[TraceRequest], config: ReplayConfig, live: LiveCounters | None = None
+    requests: Sequence[TraceRequest],
+    config: ReplayConfig,
+    live: LiveCounters | None = None,
+    clients: Sequence[ClientPlan] | None = None,
 ) -> ReplayResult:
     """:func:`replay` in a fresh event loop (``asyncio.run``)."""
-    return asyncio.run(replay(requests, config, live))
+    return asyncio.run(replay(requests, config, live, clients))

@@ -43,7 +43,7 @@ from velvetrope.serving import launch
 from velvetrope.sim.metrics import config_slos, slo_for, slo_text
 from velvetrope.sim.workload import TenantMix
 
-__all__ = ["DemoReport", "run_demo"]
+__all__ = ["DemoReport", "gateway_config", "run_demo", "start_engines"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,8 +127,9 @@ async def _both_runs(
     return runs
 
 
-def _start_engines(s: DemoSettings, stack: contextlib.ExitStack) -> list[launch.ServerProcess]:
-    """Two engines, started in parallel; each registered in ``stack`` to be stopped."""
+def start_engines(s: DemoSettings, stack: contextlib.ExitStack) -> list[launch.ServerProcess]:
+    """The demo's two engines (``s.profile`` at ``s.speed``), started in parallel; each
+    registered in ``stack`` to be stopped (also those started when another failed)."""
     args = ("--speed", f"{s.speed:g}", "--profile", s.profile)
     ex = ThreadPoolExecutor(2)
     futs = [ex.submit(launch.start_engine, *args) for _ in range(2)]
@@ -149,9 +150,11 @@ def _start_engines(s: DemoSettings, stack: contextlib.ExitStack) -> list[launch.
     return engines
 
 
-def _gateway_config(
+def gateway_config(
     base: Mapping[str, Any], engine_urls: Sequence[str], preset: str | None
 ) -> dict[str, Any]:
+    """A copy of the config ``base`` on a free loopback port, every pool's upstreams being
+    ``engine_urls``, with ``policy.preset`` replaced by ``preset`` unless it is ``None``."""
     cfg: dict[str, Any] = yaml.safe_load(yaml.safe_dump(dict(base)))  # a deep copy
     cfg["listen"] = {**(cfg.get("listen") or {}), "host": "127.0.0.1", "port": launch.free_port()}
     pools = list((cfg.get("upstreams") or {}).keys()) or ["default"]
@@ -209,9 +212,9 @@ def run_demo(settings: DemoSettings | None = None, console: Console | None = Non
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="velvetrope-demo-")))
         t_start = time.monotonic()
-        engines = _start_engines(s, stack)
+        engines = start_engines(s, stack)
         pids += [e.pid for e in engines]
-        cfg = _gateway_config(base, [e.url for e in engines], s.preset)
+        cfg = gateway_config(base, [e.url for e in engines], s.preset)
         gw = launch.start_gateway(cfg, tmp)
         stack.callback(gw.stop, 5.0)
         pids.append(gw.pid)

@@ -81,6 +81,11 @@ class _Conn(asyncio.Protocol):
         if not self.done and self.error is None:
             self.error = exc or ConnectionResetError("the upstream closed the connection")
         self._wake()
+        # The parser holds this protocol's bound methods: a reference cycle, which only a
+        # full collection would free (rare in the gateway: see Gateway.startup's gc
+        # settings), so every closed connection would pile up until then.  Nothing more
+        # can arrive: break it, and the connection goes by reference counting.
+        del self.parser
 
     # -- httptools callbacks ---------------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:

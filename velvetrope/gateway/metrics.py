@@ -6,6 +6,13 @@ time from :meth:`AdmissionController.status`, so the request path pays nothing f
 
 ``velvetrope_queue_depth`` is what an autoscaler (KEDA) scales on; see the README.
 
+The process itself: ``velvetrope_asyncio_tasks``, the tasks alive in the event loop that
+serves the scrape (``len(asyncio.all_tasks())`` at scrape time; absent when the registry is
+read outside a running loop), and prometheus_client's process collector
+(``process_resident_memory_bytes``, ``process_open_fds``, ``process_cpu_seconds_total``, ...,
+on Linux).  With ``--workers N`` each worker reports its own.  A leak shows as a slope in
+them over hours (``make soak``).
+
 The engines (:class:`~velvetrope.gateway.engines.Engines`, attached with
 :meth:`GatewayMetrics.attach_engines`) add, per upstream: health, breaker state, the
 gateway's requests in flight to it, the last scraped engine gauges (the engine's own names
@@ -19,10 +26,11 @@ holds; and counters of routing decisions (``pool``, ``rule``) and degradations (
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -190,6 +198,16 @@ class _StateCollector(Collector):
                 lost.add_metric(["overflow"], ss["outbox_dropped"])
                 lost.add_metric(["rejected"], ss["outbox_rejected"])
                 extra += [fallbacks, replicas, fleet_depth, outbox, lost]
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:  # read outside the event loop (a test, a thread)
+            loop = None
+        if loop is not None:
+            tasks = GaugeMetricFamily(
+                "velvetrope_asyncio_tasks", "Tasks alive in the gateway's event loop."
+            )
+            tasks.add_metric([], float(len(asyncio.all_tasks(loop))))
+            extra.append(tasks)
         draining = GaugeMetricFamily("velvetrope_draining", "1 while draining.")
         draining.add_metric([], 1.0 if st["draining"] else 0.0)
         bound = GaugeMetricFamily(
@@ -295,6 +313,7 @@ class GatewayMetrics:
         self._store_children: dict[str, Any] = {}
         self._state_collector = _StateCollector(ctl)
         self.registry.register(self._state_collector)
+        ProcessCollector(registry=self.registry)
         counting = RequestCounting(self._series, self._routed, self._degraded, tenant_label)
         self.on_route: Callable[[Job], None] = counting.on_route
         """Count a routing decision and its degradation actions (after ``ctl.route``)."""

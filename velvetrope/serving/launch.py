@@ -3,6 +3,8 @@
 :func:`start` runs ``python -m velvetrope ARGS`` (or another program given as ``program``),
 waits until a readiness URL answers 200 (bounded; on failure the error shows the process's
 stderr) and returns a :class:`ServerProcess` that stops it by its own PID.
+:func:`vm_rss_mb` and :func:`open_fds` read a process's resident memory and open file
+descriptors from ``/proc`` (Linux), for the benchmarks and harnesses that watch a server.
 """
 
 from __future__ import annotations
@@ -22,7 +24,15 @@ from typing import IO, Any
 import httpx
 import yaml
 
-__all__ = ["ServerProcess", "free_port", "start", "start_engine", "start_gateway"]
+__all__ = [
+    "ServerProcess",
+    "free_port",
+    "open_fds",
+    "start",
+    "start_engine",
+    "start_gateway",
+    "vm_rss_mb",
+]
 
 
 def free_port() -> int:
@@ -30,6 +40,22 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def vm_rss_mb(pid: int) -> float:
+    """The resident set of process ``pid`` in MiB, from ``/proc/<pid>/status`` (``VmRSS``).
+
+    Raises OSError when the process is gone, RuntimeError when the file has no VmRSS."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS in /proc/{pid}/status")
+
+
+def open_fds(pid: int) -> int:
+    """How many file descriptors process ``pid`` holds open (``/proc/<pid>/fd``); OSError
+    when the process is gone or not ours."""
+    return len(os.listdir(f"/proc/{pid}/fd"))
 
 
 @dataclass
