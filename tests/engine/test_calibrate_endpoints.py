@@ -13,14 +13,10 @@ from __future__ import annotations
 import pytest
 
 from velvetrope.engine.calibrate import make_plan
-from velvetrope.engine.calibrate.client import (
-    CalibrationSettings,
-    _carries_text,
-    _endpoint_limits,
-    _pick_model,
-)
+from velvetrope.engine.calibrate.client import CalibrationSettings, _endpoint_limits, _pick_model
 from velvetrope.engine.profile import load_profile
 from velvetrope.errors import PolicyError
+from velvetrope.openai.sse import content_choices
 
 H100 = load_profile("llama3-8b-h100")
 
@@ -45,15 +41,20 @@ def test_the_context_comes_from_vllm_or_llama_cpp_model_lists() -> None:
 
 
 def test_only_chunks_with_text_are_tokens() -> None:
-    assert _carries_text([{"index": 0, "text": "a"}])
-    assert _carries_text([{"index": 0, "delta": {"content": "a"}}])
-    assert _carries_text([{"text": ""}, {"text": "b"}])  # another choice's token
+    """What the sweep counts as a token (:func:`~velvetrope.openai.sse.content_choices`)."""
+
+    def tokens(*choices: object) -> int:
+        return content_choices({"choices": list(choices)})
+
+    assert tokens({"index": 0, "text": "a"}) == 1
+    assert tokens({"index": 0, "delta": {"content": "a"}}) == 1
+    assert tokens({"text": ""}, {"text": "b"}) == 1  # another choice's token
     # llama.cpp's last chunk: an empty text and the finish reason; a role; no choices
-    assert not _carries_text([{"index": 0, "text": "", "finish_reason": "length"}])
-    assert not _carries_text([{"index": 0, "delta": {"role": "assistant"}}])
-    assert not _carries_text([{"index": 0, "delta": {"content": None}}])
-    assert not _carries_text([])
-    assert not _carries_text(None)
+    assert tokens({"index": 0, "text": "", "finish_reason": "length"}) == 0
+    assert tokens({"index": 0, "delta": {"role": "assistant"}}) == 0
+    assert tokens({"index": 0, "delta": {"content": None}}) == 0
+    assert tokens() == 0
+    assert content_choices({"choices": [], "usage": {"completion_tokens": 3}}) == 0
 
 
 def test_the_endpoints_limits_shape_the_sweep_and_are_noted() -> None:

@@ -39,7 +39,7 @@ from velvetrope.errors import (
     UpstreamUnreachable,
     VelvetropeError,
 )
-from velvetrope.openai.sse import DONE_DATA, data_of
+from velvetrope.openai.sse import DONE_DATA, content_choices, data_of
 from velvetrope.openai.tokenizer import Tokenizer, get_tokenizer
 
 __all__ = ["DEFAULT_BASE_PROFILE", "CalibrationSettings", "calibrate"]
@@ -182,7 +182,9 @@ class _Client:
                         continue
                     if "error" in ev:
                         raise UpstreamError(f"{url}: the stream ended with an error: {ev['error']}")
-                    if _carries_text(ev.get("choices")):
+                    # a token is a chunk with text: not one with only a finish reason (llama.cpp
+                    # ends its streams with one whose text is empty), a role or a usage
+                    if content_choices(ev):
                         chunks.append(now)
                         if on_chunk is not None:
                             on_chunk(len(chunks))
@@ -199,24 +201,6 @@ class _Client:
         except (KeyError, TypeError, ValueError):
             raise UpstreamError(f"{url} sent a usage chunk without token counts") from None
         return RequestTrace(sent, tuple(chunks), prompt_tokens, completion_tokens)
-
-
-def _carries_text(choices: Any) -> bool:
-    """Whether a chunk's ``choices`` carry generated text: a non-empty ``text``
-    (completions) or ``delta.content`` in any choice.  A chunk with only a finish reason
-    (llama.cpp ends its streams with one whose text is empty), a role or a usage is no
-    token."""
-    if not isinstance(choices, list):
-        return False
-    for c in choices:
-        if not isinstance(c, dict):
-            continue
-        if c.get("text"):
-            return True
-        delta = c.get("delta")
-        if isinstance(delta, dict) and delta.get("content"):
-            return True
-    return False
 
 
 def _http_error(url: str, status: int, body: bytes) -> str:
