@@ -4,7 +4,12 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo install lint typecheck pytest bench chaos fuzz soak clean
+.PHONY: test test-engines llama-server demo install lint typecheck pytest bench chaos fuzz soak clean
+
+# llama.cpp's llama-server, built from the llama-cpp-python sdist (harness/llama_build.py)
+# and kept here between runs: minutes to build on two cores, once per machine
+LLAMA_CACHE ?= $(HOME)/.cache/velvetrope/llama
+export VELVETROPE_LLAMA_CACHE := $(LLAMA_CACHE)
 
 # the modules that setup.py compiles with mypyc: edited, they are built again
 COMPILED := $(shell sed -n 's/^ *"\(velvetrope\/[a-z_]*\/[a-z_]*\.py\)",$$/\1/p' setup.py)
@@ -25,9 +30,16 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 pytest: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --ignore=tests/engines
 
 test: lint typecheck pytest
+
+llama-server: $(STAMP)
+	$(BIN)/python -m harness.llama_build
+
+# the tier with a real engine nobody here wrote (llama.cpp): .ci/run runs it after `make test`
+test-engines: llama-server
+	$(BIN)/python -m pytest -q tests/engines
 
 demo: $(STAMP)
 	$(BIN)/velvetrope demo

@@ -139,3 +139,23 @@ def test_config_check_and_hash_key_commands(tmp_path: Path) -> None:
     res = runner.invoke(app, ["config", "hash-key", "sk-abc"])
     assert res.exit_code == 0
     assert res.output.strip() == hash_key("sk-abc")
+
+
+def test_config_check_refuses_a_config_no_request_could_pass_unless_a_template(
+    tmp_path: Path,
+) -> None:
+    runner = CliRunner()
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    res = runner.invoke(app, ["config", "check", str(empty)])
+    assert res.exit_code == 2, res.output
+    assert "no upstreams" in res.output and "no api_keys" in res.output
+    assert "--template" in res.output
+    ok = runner.invoke(app, ["config", "check", "--template", str(empty)])
+    assert ok.exit_code == 0, ok.output
+    assert "upstreams=0" in ok.output
+    keys_only = tmp_path / "keys.yaml"
+    keys_only.write_text("api_keys: [{tenant: default, key: sk-abcdefgh}]\n")
+    res = runner.invoke(app, ["config", "check", str(keys_only)])
+    assert res.exit_code == 2
+    assert "no upstreams" in res.output and "no api_keys" not in res.output

@@ -124,8 +124,18 @@ app.add_typer(config_app, name="config")
 
 
 @config_app.command("check")
-def config_check(path: str = typer.Argument(..., help="The gateway YAML file.")) -> None:
-    """Validate a gateway config; print what it defines, or the file, field and reason."""
+def config_check(
+    path: str = typer.Argument(..., help="The gateway YAML file."),
+    template: bool = typer.Option(
+        False, help="The file is a template: accept it without upstreams or API keys."
+    ),
+) -> None:
+    """Validate a gateway config; print what it defines, or the file, field and reason.
+
+    A config that no request could pass through (no upstreams, no API keys: an empty file
+    is valid YAML and every field has a default) is refused unless --template says it is
+    a starting point.  Exits 2 when the file is refused.
+    """
     from velvetrope.config import load_config
     from velvetrope.core import apply_preset
     from velvetrope.errors import ConfigError, PolicyError
@@ -137,6 +147,15 @@ def config_check(path: str = typer.Argument(..., help="The gateway YAML file."))
         from velvetrope.core import AdmissionController
 
         AdmissionController(policy, ManualClock())
+        missing = []
+        if not any(cfg.upstreams.values()):
+            missing.append("no upstreams (nothing to send a request to)")
+        if not cfg.api_keys:
+            missing.append("no api_keys (every request gets 401)")
+        if missing and not template:
+            raise ConfigError(
+                f"{path}: " + "; ".join(missing) + " (pass --template to check a template)"
+            )
     except (ConfigError, PolicyError) as e:
         typer.echo(f"invalid: {e}", err=True)
         raise typer.Exit(2) from None

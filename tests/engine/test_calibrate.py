@@ -185,8 +185,12 @@ def test_unidentifiable_sweeps_are_refused() -> None:
         fit_observations(few)
     # single requests only: step_base and per_decode_seq always appear together
     singles = observations(H100, tuple(Probe("single", p, 50) for p in (16, 1000, 3000)))
-    with pytest.raises(PolicyError, match="do not identify"):
+    with pytest.raises(PolicyError, match="cannot tell") as ei:
         fit_observations(singles)
+    msg = str(ei.value)  # in words: which coefficients, and what would separate them
+    assert "the fixed cost of a step" in msg and "the cost of a decoding sequence" in msg
+    assert "the cost of a token of context" not in msg  # the prompt lengths vary it
+    assert "only batch probes" in msg
 
 
 def test_aggregation_takes_the_median_and_the_spread() -> None:

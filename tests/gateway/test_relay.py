@@ -12,7 +12,8 @@ import random
 import orjson
 import pytest
 
-from velvetrope.gateway.relay import UsageTally, relay_events
+from velvetrope.core import Usage
+from velvetrope.gateway.relay import UsageTally, body_tokens, relay_events
 from velvetrope.openai.sse import (
     DONE,
     content_choices,
@@ -187,3 +188,45 @@ def test_content_keys_and_usage_at() -> None:
 def test_split_events_keeps_the_rest() -> None:
     events, rest = split_events(b"data: 1\n\ndata: 2\n\ndata: 3")
     assert events == [b"data: 1\n\n", b"data: 2\n\n"] and rest == b"data: 3"
+
+
+def test_usage_an_engine_under_reports_is_raised_to_what_passed_through() -> None:
+    """Two choices of 2 tokens streamed, an engine usage that counts one of them."""
+    relay = UsageTally(5)
+    events = (
+        b'data: {"choices":[{"index":0,"text":"a"}]}\n\n'
+        b'data: {"choices":[{"index":1,"text":"b"}]}\n\n'
+        b'data: {"choices":[{"index":0,"text":"c"}]}\n\n'
+        b'data: {"choices":[{"index":1,"text":"d"}]}\n\n'
+        b'data: {"choices":[{"index":1,"text":"","finish_reason":"length"}]}\n\n'
+        b'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":2}}\n\n'
+    )
+    firsts: list[int] = []
+    relay_events(events, relay, True, lambda: firsts.append(1))
+    assert relay.usage == Usage(7, 2)  # what the engine said, kept
+    assert relay.usage_so_far() == Usage(7, 4)  # settled: the engine's prompt, 4 tokens seen
+    assert firsts == [1]
+    honest = UsageTally(5)
+    relay_events(
+        events.replace(b'"completion_tokens":2', b'"completion_tokens":9'),
+        honest,
+        True,
+        lambda: None,
+    )
+    assert honest.usage_so_far() == Usage(7, 9)  # an engine that says more is believed
+
+
+def test_a_whole_answer_shows_at_least_its_choices_tokens() -> None:
+    two = {
+        "choices": [
+            {"index": 0, "text": "abc", "finish_reason": "length"},
+            {"index": 1, "text": "abd", "finish_reason": "length"},
+        ],
+        "usage": {"prompt_tokens": 4, "completion_tokens": 6},
+    }
+    assert body_tokens(two, 6) == 12
+    assert body_tokens(two, 0) == 2  # max_tokens unknown: one token a choice with text
+    chat = {"choices": [{"message": {"content": "hi"}, "finish_reason": "stop"}]}
+    assert body_tokens(chat, 50) == 1  # stopped early: at least one token, no more known
+    assert body_tokens({"choices": [{"message": {"content": ""}}]}, 5) == 0
+    assert body_tokens([], 5) == body_tokens({"choices": None}, 5) == 0

@@ -34,6 +34,7 @@ import orjson
 from velvetrope.clock import Clock, SystemClock
 from velvetrope.config import GatewayConfig, hash_key
 from velvetrope.core import AdmissionController, Job, Reason, Usage
+from velvetrope.core.routing import MAX_TOKENS
 from velvetrope.errors import (
     ClientDisconnected,
     RequestError,
@@ -412,7 +413,8 @@ class Gateway:
         job = ticket.job
         stream = parsed.stream
         body = parsed.upstream_body()
-        tally = UsageTally(job.prompt_tokens)
+        told = parsed.max_tokens is not None or MAX_TOKENS in job.degraded
+        tally = UsageTally(job.prompt_tokens, job.max_tokens // max(1, job.n) if told else 0)
         extra = admitted_headers(job, ticket.snapshots)
         engines = self.engines
         tried: tuple[str, ...] = ()  # upstreams that could not be reached
@@ -443,8 +445,11 @@ class Gateway:
                 )
             except asyncio.CancelledError:
                 # our watcher cancels us when the client hangs up; anything else is a
-                # shutdown.  Either way the upstream request is closed and the job settled.
-                ticket.cancel(tally.usage_so_far())
+                # shutdown.  Either way the upstream request is closed (which stops the
+                # engine's generation) and the job settled: with what the stream showed,
+                # or, for an answer that comes whole, its reservation (the engine worked
+                # until the hang-up and cannot say how much).
+                ticket.cancel(tally.usage_so_far() if stream else reserved_usage(job))
                 self.upstreams.abandoned(up, tally.first_token)
                 if watch.gone.done():
                     me.uncancel()
@@ -487,7 +492,7 @@ class Gateway:
             self.upstreams.answered_error(up, answer.status, ticket.job.tenant)
         if answer.status == 200:
             ticket.first_token()
-            ticket.complete(answer.usage or tally.usage_so_far())
+            ticket.complete(tally.usage_so_far())
             if client.started:
                 await client.end()
             else:
@@ -505,6 +510,12 @@ class Gateway:
         detail = (answer.body or b"")[:200].decode("utf-8", "replace")
         msg = f"upstream answered {answer.status}: {detail}"
         await client.error(502, msg, "upstream_error")
+
+
+def reserved_usage(job: Job) -> Usage:
+    """What a dispatched job whose answer never came is charged: its prompt and the output
+    reserved for it at admission."""
+    return Usage(job.prompt_tokens, job.reserved_output)
 
 
 async def _error(

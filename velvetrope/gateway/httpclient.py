@@ -15,9 +15,13 @@ Contract:
 * Errors: :class:`~velvetrope.errors.UpstreamUnreachable` when the connection cannot be
   made (nothing was sent), :class:`~velvetrope.errors.UpstreamTimeout` when connecting or
   waiting for the next bytes takes longer than the timeouts, and
-  :class:`~velvetrope.errors.UpstreamError` when the connection breaks.  A request on a
-  reused idle connection that the server had already closed is retried once on a fresh
-  one (no byte of it was answered, so the upstream never started it).
+  :class:`~velvetrope.errors.UpstreamError` when the connection breaks.
+* A pooled connection the server closed is never what fails a request: a request on a
+  reused idle connection that ends with no byte of an answer is sent again on a *new*
+  connection (never on another pooled one, which may be just as stale: llama.cpp's server
+  closes its connection after every streamed response while advertising keep-alive).  Only
+  what happens on the new connection can fail the request, so a stale connection never
+  counts against an engine's health or breaker.
 """
 
 from __future__ import annotations
@@ -217,6 +221,8 @@ class HttpClient:
         self.max_idle = max_idle
         self._idle: dict[tuple[str, int], list[_Conn]] = {}
         self._targets: dict[str, tuple[str, int, str]] = {}
+        self.stale_retries = 0
+        """Requests sent again on a new connection because their pooled one was stale."""
 
     def _target(self, url: str) -> tuple[str, int, str]:
         t = self._targets.get(url)
@@ -267,16 +273,11 @@ class HttpClient:
             + str(len(body)).encode()
             + b"\r\nAccept: */*\r\n\r\n"
         )
-        for _attempt in range(2):
-            c: _Conn | None = None
-            idle = self._idle.get(key)
-            while idle:
-                cand = idle.pop()
-                if not cand.closed:
-                    c = cand
-                    break
-            if c is None:
-                c = await self._connect(key)
+        c = self._pooled(key)
+        fresh = c is None
+        if c is None:
+            c = await self._connect(key)
+        while True:
             assert c.transport is not None
             c.transport.write(head + body)
             try:
@@ -293,10 +294,24 @@ class HttpClient:
             if c.head_done:
                 return Response(self, c, self.read_timeout)
             c.close()
-            if c.reused and not c.answered:
-                continue  # a stale keep-alive connection: retry once on a fresh one
-            raise UpstreamError(f"upstream {url} closed the connection: {c.error!r}")
-        raise UpstreamUnreachable(f"cannot get a working connection to {url}")
+            if fresh or c.answered:
+                raise UpstreamError(f"upstream {url} closed the connection: {c.error!r}")
+            # A pooled connection the server had closed (it may close one after a response
+            # while still advertising keep-alive, and its FIN can cross our request): not a
+            # failure of the server.  Its siblings in the pool may be as stale, so the
+            # request goes again on a new connection, never on another pooled one.
+            self.stale_retries += 1
+            c = await self._connect(key)
+            fresh = True
+
+    def _pooled(self, key: tuple[str, int]) -> _Conn | None:
+        """The most recently returned idle connection to ``key`` that is not known closed."""
+        idle = self._idle.get(key)
+        while idle:
+            cand = idle.pop()
+            if not cand.closed:
+                return cand
+        return None
 
     def close(self) -> None:
         for conns in self._idle.values():

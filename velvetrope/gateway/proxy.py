@@ -1,6 +1,8 @@
 """Forwarding one admitted request to an upstream, streaming or not.
 
-Non-streaming responses pass through byte for byte; the usage is read from the body.
+Non-streaming responses pass through byte for byte; the usage is read from the body (and
+raised to what its choices show, :func:`~velvetrope.gateway.relay.body_tokens`, when the
+engine reports fewer).
 Streaming responses are forwarded event by event as they arrive (no buffering of the
 whole response).  The upstream is always asked for ``include_usage``; when the client did
 not ask for it, the extra usage-only chunk is read and dropped.  A
@@ -19,7 +21,7 @@ import orjson
 from velvetrope.core import Usage
 from velvetrope.errors import UpstreamError
 from velvetrope.gateway.httpclient import HttpClient
-from velvetrope.gateway.relay import UsageTally, relay_events
+from velvetrope.gateway.relay import UsageTally, body_tokens, relay_events
 from velvetrope.openai.sse import split_complete, usage_of
 
 __all__ = ["UpstreamAnswer", "forward"]
@@ -72,14 +74,16 @@ async def forward(
                 data = await resp.read()
                 if relay is None or resp.status != 200:
                     return UpstreamAnswer(resp.status, None, data, ctype)
+                obj: object = None
                 try:
-                    usage = usage_of(orjson.loads(data))
+                    obj = orjson.loads(data)
+                    usage = usage_of(obj)
                 except orjson.JSONDecodeError:
                     usage = None
                 if usage is not None:
                     relay.usage = usage
-                    relay.completion_tokens = usage.completion_tokens
-                return UpstreamAnswer(resp.status, usage, data, ctype)
+                relay.completion_tokens = body_tokens(obj, relay.choice_limit)
+                return UpstreamAnswer(resp.status, relay.usage_so_far(), data, ctype)
             await start(200, [(b"content-type", ctype), *extra_headers])
             if relay is None:
                 async for piece in resp.chunks():
@@ -96,12 +100,12 @@ async def forward(
                 out = relay_events(done, relay, client_wants_usage, on_first_token)
                 if not buf and resp.at_end:
                     await end(out)  # the last bytes and the end of the response: one write
-                    return UpstreamAnswer(200, relay.usage, None, ctype)
+                    return UpstreamAnswer(200, relay.usage_so_far(), None, ctype)
                 if out:
                     await send(out)
             if buf.strip():
                 await send(buf)
-            return UpstreamAnswer(200, relay.usage, None, ctype)
+            return UpstreamAnswer(200, relay.usage_so_far(), None, ctype)
     except (UpstreamError, asyncio.CancelledError):
         raise
     except OSError as e:

@@ -88,6 +88,22 @@ def calibrate_command(
     name: Annotated[
         str | None, typer.Option(help="Name of the written profile (default: from the model).")
     ] = None,
+    max_model_len: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Tokens one request may use (prompt + output).  Default: what the endpoint "
+            "says (vLLM's max_model_len, llama.cpp's n_ctx per slot), else the base profile's.",
+        ),
+    ] = None,
+    slots: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Requests the engine runs at once.  Default: what the endpoint says "
+            "(llama.cpp's total_slots), else the base profile's max_num_seqs.",
+        ),
+    ] = None,
 ) -> None:
     """Measure an OpenAI-compatible endpoint and fit an engine profile to it.
 
@@ -128,6 +144,8 @@ def calibrate_command(
             max_seconds=max_seconds,
             request_timeout_s=timeout,
             name=name,
+            max_model_len=max_model_len,
+            slots=slots,
         )
         result = asyncio.run(calibrate(settings, progress))
         text = calibrated_yaml(result)

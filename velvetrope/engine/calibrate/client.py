@@ -31,7 +31,7 @@ from velvetrope.engine.calibrate.observe import (
 )
 from velvetrope.engine.calibrate.plan import Probe, make_plan, plan_requests
 from velvetrope.engine.calibrate.report import CalibrationResult
-from velvetrope.engine.profile import load_profile
+from velvetrope.engine.profile import EngineProfile, load_profile
 from velvetrope.errors import (
     PolicyError,
     UpstreamError,
@@ -39,7 +39,7 @@ from velvetrope.errors import (
     UpstreamUnreachable,
     VelvetropeError,
 )
-from velvetrope.openai.sse import DONE_DATA, data_of
+from velvetrope.openai.sse import DONE_DATA, content_choices, data_of
 from velvetrope.openai.tokenizer import Tokenizer, get_tokenizer
 
 __all__ = ["DEFAULT_BASE_PROFILE", "CalibrationSettings", "calibrate"]
@@ -61,7 +61,9 @@ class CalibrationSettings:
     per wall second: 1 for a real engine); ``base_profile`` (name or YAML file) supplies
     the KV-cache and scheduler limits and the plan's sizes; ``max_seconds`` bounds the
     sweep's wall time (no probe starts after it); ``request_timeout_s`` bounds the silence
-    between two reads of a stream.
+    between two reads of a stream.  ``max_model_len`` (the context one request may use) and
+    ``slots`` (how many requests the engine runs at once) override what the endpoint says
+    of itself (see :func:`calibrate`).
     """
 
     url: str
@@ -75,6 +77,8 @@ class CalibrationSettings:
     request_timeout_s: float = 120.0
     name: str | None = None
     jitter_wall_s: float = 5e-4
+    max_model_len: int | None = None
+    slots: int | None = None
 
     def __post_init__(self) -> None:
         if not re.match(r"^https?://[^/\s]+", self.url):
@@ -83,6 +87,10 @@ class CalibrationSettings:
             v = getattr(self, attr)
             if not (v > 0 and math.isfinite(v)):
                 raise PolicyError(f"{attr} must be a positive number, got {v!r}")
+        for attr in ("max_model_len", "slots"):
+            v = getattr(self, attr)
+            if v is not None and v < 1:
+                raise PolicyError(f"{attr} must be >= 1, got {v!r}")
 
     @property
     def base_url(self) -> str:
@@ -174,7 +182,9 @@ class _Client:
                         continue
                     if "error" in ev:
                         raise UpstreamError(f"{url}: the stream ended with an error: {ev['error']}")
-                    if ev.get("choices"):
+                    # a token is a chunk with text: not one with only a finish reason (llama.cpp
+                    # ends its streams with one whose text is empty), a role or a usage
+                    if content_choices(ev):
                         chunks.append(now)
                         if on_chunk is not None:
                             on_chunk(len(chunks))
@@ -203,7 +213,11 @@ def _http_error(url: str, status: int, body: bytes) -> str:
             msg = str(doc["message"])
     except orjson.JSONDecodeError:
         pass
-    hint = " (pass --api-key)" if status in (401, 403) else ""
+    hint = ""
+    if status in (401, 403):
+        hint = " (pass --api-key)"
+    elif status == 400:
+        hint = " (a prompt too long for the engine's context? pass --max-model-len)"
     return f"{url} answered HTTP {status}{hint}: {msg}"
 
 
@@ -303,7 +317,11 @@ async def calibrate(
     t0 = time.monotonic()
     runs: list[ProbeRun] = []
     notes: list[str] = []
-    connector = aiohttp.TCPConnector(limit=0)
+    # A new connection per request: some servers (llama.cpp's) close a connection after a
+    # streamed response while advertising keep-alive, and a request sent on it as the close
+    # arrives fails.  On loopback a connection costs tens of microseconds, which the fitted
+    # per-request overhead absorbs.
+    connector = aiohttp.TCPConnector(limit=0, force_close=True)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         client = _Client(session, settings.base_url, headers)
         try:
@@ -314,15 +332,24 @@ async def calibrate(
             if settings.model is None:
                 raise
             models = None  # no model list: trust --model, no max_model_len
-        model, mml = _pick_model(models, settings.model, settings.base_url)
+        model, listed_mml = _pick_model(models, settings.model, settings.base_url)
+        props = await _props(client)
+        mml = settings.max_model_len or listed_mml or props[0]
+        slots = settings.slots or props[1]
+        base = _endpoint_limits(base, mml, slots, notes)
         plan = make_plan(base, quick=settings.quick, repeats=settings.repeats, max_model_len=mml)
         prompts = _Prompts(get_tokenizer("cl100k_base"))
         say(
             f"calibrating {settings.base_url} model={model}: {len(plan)} probes, "
             f"{plan_requests(plan)} requests, speed hint {settings.speed_hint:g}"
+            + (f", context {mml} tokens" if mml else "")
+            + (f", {slots} slots" if slots else "")
         )
-        warm = await client.stream(model, prompts.make(_WARMUP_PROMPT), 4)  # not measured
-        prompts.adapt(_WARMUP_PROMPT, warm.prompt_tokens)
+        # the warm-up also measures the endpoint's tokenizer: it fits the context even if
+        # the endpoint makes up to 4 tokens (the most :meth:`_Prompts.adapt` assumes) of one
+        warm_target = _WARMUP_PROMPT if mml is None else max(16, min(_WARMUP_PROMPT, mml // 5))
+        warm = await client.stream(model, prompts.make(warm_target), 4)  # not measured
+        prompts.adapt(warm_target, warm.prompt_tokens)
         for i, probe in enumerate(plan, 1):
             elapsed = time.monotonic() - t0
             if elapsed > settings.max_seconds:
@@ -338,10 +365,12 @@ async def calibrate(
         requests = client.requests
     wall = time.monotonic() - t0
     observations: list[Observation] = []
+    dropped: list[str] = []
     for run in runs:
         obs, why = observations_from_run(run, base, settings.speed_hint)
         observations.extend(obs)
         notes.extend(why)
+        dropped.extend(why)
     rows = aggregate_observations(observations)
     bursty = [o for o in rows if o.bursty > _BURSTY]
     if bursty:
@@ -355,7 +384,8 @@ async def calibrate(
     try:
         fit = fit_observations(rows, jitter_s=settings.jitter_wall_s * settings.speed_hint)
     except PolicyError as exc:
-        raise UpstreamError(f"not enough usable measurements to calibrate: {exc}") from None
+        detail = f" Dropped: {'; '.join(dict.fromkeys(dropped))}." if dropped else ""
+        raise UpstreamError(f"cannot fit a profile: {exc}{detail}") from None
     finished = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     name = settings.name or "calibrated-" + (re.sub(r"[^A-Za-z0-9._-]+", "-", model) or "model")
     profile = build_profile(
@@ -379,8 +409,51 @@ async def calibrate(
     )
 
 
+async def _props(client: _Client) -> tuple[int | None, int | None]:
+    """``(context per request, slots)`` from llama.cpp's ``GET /props``
+    (``default_generation_settings.n_ctx``, ``total_slots``); ``(None, None)`` from an
+    endpoint without it (vLLM answers 404)."""
+    try:
+        doc = await client.get_json("/props")
+    except UpstreamUnreachable:
+        raise
+    except UpstreamError:
+        return None, None
+    if not isinstance(doc, dict):
+        return None, None
+    settings = doc.get("default_generation_settings")
+    n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
+    slots = doc.get("total_slots")
+    return (
+        n_ctx if isinstance(n_ctx, int) and n_ctx > 0 else None,
+        slots if isinstance(slots, int) and slots > 0 else None,
+    )
+
+
+def _endpoint_limits(
+    base: EngineProfile, mml: int | None, slots: int | None, notes: list[str]
+) -> EngineProfile:
+    """``base`` with the endpoint's context and concurrency where they are smaller: the
+    sweep's prompts must fit one request's context, and a batch probe must not send more
+    streams than the engine runs at once (the rest would queue, and no window would have
+    them all decoding).  The calibrated profile keeps these limits; ``notes`` says so."""
+    kw: dict[str, int] = {}
+    if slots is not None and slots < base.max_num_seqs:
+        kw["max_num_seqs"] = slots
+    if mml is not None and mml < base.max_model_len:
+        kw["max_model_len"] = mml
+    if not kw:
+        return base
+    notes.append(
+        "the endpoint's own limits replace the base profile's: "
+        + ", ".join(f"{k} {v} (was {getattr(base, k)})" for k, v in kw.items())
+    )
+    return base.with_overrides(**kw)
+
+
 def _pick_model(models: Any, wanted: str | None, url: str) -> tuple[str, int | None]:
-    """The model to use and its ``max_model_len`` (vLLM lists it), from ``/v1/models``."""
+    """The model to use and the context one request may use, from ``/v1/models``: vLLM's
+    ``max_model_len`` or llama.cpp's ``meta.n_ctx`` (a slot's context)."""
     data = models.get("data") if isinstance(models, dict) else None
     entries = (
         [m for m in data if isinstance(m, dict) and "id" in m] if isinstance(data, list) else []
@@ -392,4 +465,7 @@ def _pick_model(models: Any, wanted: str | None, url: str) -> tuple[str, int | N
     else:
         entry = next((m for m in entries if m["id"] == wanted), {"id": wanted})
     mml = entry.get("max_model_len")
+    meta = entry.get("meta")
+    if mml is None and isinstance(meta, dict):
+        mml = meta.get("n_ctx")
     return str(entry["id"]), mml if isinstance(mml, int) and mml > 0 else None

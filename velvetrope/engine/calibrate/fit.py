@@ -58,6 +58,42 @@ class Fit:
     at_bound: tuple[str, ...] = field(default=())
 
 
+_MEANING = {
+    "step_base_s": "the fixed cost of a step",
+    "per_prefill_token_s": "the cost of a prompt token",
+    "per_decode_seq_s": "the cost of a decoding sequence",
+    "per_context_token_s": "the cost of a token of context",
+    "request_overhead_s": "the per-request overhead",
+    "request_overhead_per_token_s": "the per-prompt-token overhead",
+}
+
+
+def _unidentified(
+    a_s: NDArray[np.float64], names: Sequence[str], rank: int, obs: Sequence[Observation]
+) -> str:
+    """Why a rank-deficient design cannot be fitted, in words: which coefficients the
+    measurements cannot tell apart (those with weight in the design's null space), and what
+    measurement would separate them."""
+    _, _, vt = np.linalg.svd(a_s)
+    null = np.abs(vt[rank:])
+    tangled = [n for j, n in enumerate(names) if null[:, j].max() > 1e-6]
+    kinds = sorted({o.kind for o in obs})
+    said = [_MEANING.get(n, n) for n in tangled]
+    words = said[0] if len(said) == 1 else ", ".join(said[:-1]) + " and " + said[-1]
+    msg = (
+        f"the measurements cannot tell {words} apart: in every usable measurement "
+        f"({', '.join(kinds) or 'none'}) they moved together (rank {rank} of {len(names)})"
+    )
+    if "per_decode_seq_s" in tangled and "batch" not in kinds:
+        msg += (
+            "; only batch probes (several requests decoding at once) vary the number of "
+            "decoding sequences, and none gave a usable window"
+        )
+    elif "per_prefill_token_s" in tangled and "mixed" not in kinds:
+        msg += "; only mixed probes measure a prompt's cost apart from the request overhead"
+    return msg
+
+
 def fit_observations(
     observations: Sequence[Observation], *, jitter_s: float = 1e-3, rel_floor: float = 0.01
 ) -> Fit:
@@ -109,16 +145,7 @@ def fit_observations(
     a_s = a / scale
     rank = int(np.linalg.matrix_rank(a_s))
     if rank < p:
-        flat = [
-            n
-            for n, s in zip(names, np.ptp(x, axis=0), strict=True)
-            if s == 0 and n != "step_base_s"
-        ]
-        raise PolicyError(
-            f"the measurements do not identify every coefficient (rank {rank} < {p}"
-            + (f"; nothing varies {', '.join(flat)}" if flat else "")
-            + ")"
-        )
+        raise PolicyError(_unidentified(a_s, names, rank, obs))
     lower = np.array([1e-12, 0.0, 0.0, 0.0] + [-np.inf] * (p - 4))
     upper = np.full(p, np.inf)
     res = lsq_linear(a_s, rhs, bounds=(lower * scale, upper * scale), method="bvls")
