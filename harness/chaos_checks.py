@@ -165,7 +165,9 @@ def _bounds(shot: Shot, entries: Sequence[JournalEntry]) -> tuple[int, int]:
     if shot.outcome == "hung_up":
         if not entries:  # queued, or dispatched and cancelled before the engine had it
             return 0, p
-        if any(e.end is None for e in entries):
+        if any(e.end is None for e in entries) or not shot.stream:
+            # a killed engine; or a non-streaming answer, whose hang-up is charged the
+            # reservation (the engine may go on generating: nothing relayed says how much)
             return p + shot.chunks, most
         return p + shot.chunks, p + max(e.taken for e in entries)
     if shot.outcome != "answered":
