@@ -134,7 +134,8 @@ def config_check(
 
     A config that no request could pass through (no upstreams, no API keys: an empty file
     is valid YAML and every field has a default) is refused unless --template says it is
-    a starting point.  Exits 2 when the file is refused.
+    a starting point; so is an upstream whose api_key_env is not set here or whose
+    ca_bundle cannot be read.  Exits 2 when the file is refused.
     """
     from velvetrope.config import load_config
     from velvetrope.core import apply_preset
@@ -152,6 +153,10 @@ def config_check(
             missing.append("no upstreams (nothing to send a request to)")
         if not cfg.api_keys:
             missing.append("no api_keys (every request gets 401)")
+        if not template:
+            from velvetrope.gateway.upstream_access import check_access
+
+            check_access(cfg)
         if missing and not template:
             raise ConfigError(
                 f"{path}: " + "; ".join(missing) + " (pass --template to check a template)"

@@ -127,7 +127,11 @@ class Upstream(_Model):
     ``ttl 30`` by default), so a new pod is seen within about 30 s plus one refresh.
     """
 
-    url: str = Field(pattern=r"^https?://", description="base URL, e.g. http://10.0.0.5:8000")
+    url: str = Field(
+        pattern=r"^https?://",
+        description="base URL, e.g. http://10.0.0.5:8000 (a trailing /v1 is dropped: the "
+        "gateway adds /v1/chat/completions, /health and /metrics to the engine's root)",
+    )
     metrics_url: str | None = Field(
         None, pattern=r"^https?://", description="Prometheus endpoint; default url + /metrics"
     )
@@ -143,6 +147,30 @@ class Upstream(_Model):
     engine_metrics: EngineMetrics | None = Field(
         None, description="the gauges to read, for an engine of no known dialect"
     )
+    health_path: str | None = Field(
+        None,
+        pattern=r"^/",
+        description="the liveness check's path (200: alive); unset: /health, or /v1/models "
+        "when the engine answers /health with 404",
+    )
+    api_key_env: str | None = Field(
+        None,
+        min_length=1,
+        description="environment variable holding the engine's API key, sent to it as "
+        "Authorization: Bearer (requests, health checks, metrics)",
+    )
+    ca_bundle: str | None = Field(
+        None, description="https: PEM file of the CA certificates to trust (default: the system's)"
+    )
+    tls_verify: bool = Field(
+        True, description="https: verify the engine's certificate and host name"
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _root(cls, v: str) -> str:
+        root = v.rstrip("/")
+        return root[: -len("/v1")] if root.endswith("/v1") else root
 
     @field_validator("engine")
     @classmethod

@@ -11,7 +11,7 @@ from velvetrope.gateway.httpclient import _Conn
 
 
 def test_a_lost_connection_leaves_no_reference_cycle() -> None:
-    conn = _Conn(("127.0.0.1", 9))
+    conn = _Conn(("127.0.0.1", 9, False))
     conn.data_received(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhel")
     assert conn.head_done and conn.status == 200
     conn.connection_lost(ConnectionResetError("reset by peer"))

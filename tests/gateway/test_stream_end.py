@@ -17,6 +17,7 @@ import pytest
 from velvetrope.gateway.httpclient import HttpClient
 from velvetrope.gateway.proxy import forward
 from velvetrope.gateway.relay import UsageTally
+from velvetrope.gateway.upstream_access import UpstreamAccess
 from velvetrope.openai.sse import DONE
 
 pytestmark = pytest.mark.integration
@@ -93,6 +94,7 @@ async def _relay(split_end: bool) -> tuple[list[tuple[str, bytes]], int, int]:
                 http,
                 f"http://127.0.0.1:{port}/v1/chat/completions",
                 b"{}",
+                UpstreamAccess(),
                 stream=True,
                 client_wants_usage=True,
                 relay=relay,

@@ -253,7 +253,10 @@ class Gateway:
             return 503, f"no healthy upstream in pool {pool!r}", "no_healthy_upstream"
         up = min(live, key=lambda u: u.in_flight)
         try:
-            async with self.session.get(up.url + "/v1/models", timeout=self._timeout) as r:
+            a = up.access
+            async with self.session.get(
+                up.url + "/v1/models", timeout=self._timeout, headers=a.headers, ssl=a.aiohttp_ssl
+            ) as r:
                 raw = await r.read()
                 if r.status != 200:
                     detail = raw[:200].decode("utf-8", "replace")
@@ -366,6 +369,7 @@ class Gateway:
                 self.http,
                 up.url + _UPSTREAM_PATH[kind],
                 body,
+                up.access,
                 stream=stream,
                 client_wants_usage=True,
                 relay=None,  # nothing to settle: the bytes as they come
@@ -434,6 +438,7 @@ class Gateway:
                     self.http,
                     up.url + _UPSTREAM_PATH[kind],
                     body,
+                    up.access,
                     stream=stream,
                     client_wants_usage=parsed.client_wants_usage,
                     relay=tally,

@@ -3,7 +3,8 @@ httptools parsing, true streaming, and immediate close on cancel.
 
 Why not aiohttp or httpx: on this path the client's own per-request Python cost is most of
 what the gateway adds (measured in ``bench/gateway_bench.py``); this client does only what
-proxying to an OpenAI-compatible engine needs.  It speaks plain ``http://`` only.
+proxying to an OpenAI-compatible engine needs.  It speaks ``http://`` and ``https://``
+(HTTP/1.1 over TLS, verified against the context given).
 
 Contract:
 
@@ -27,6 +28,8 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import functools
+import ssl
 from collections import deque
 from collections.abc import AsyncIterator
 from types import TracebackType
@@ -40,10 +43,14 @@ from velvetrope.errors import UpstreamError, UpstreamTimeout, UpstreamUnreachabl
 __all__ = ["HttpClient", "Response"]
 
 
+_Key = tuple[str, int, bool]
+"""``(host, port, tls)``: connections are pooled per key."""
+
+
 class _Conn(asyncio.Protocol):
     """One connection and the response currently arriving on it."""
 
-    def __init__(self, key: tuple[str, int]) -> None:
+    def __init__(self, key: _Key) -> None:
         self.key = key
         self.transport: asyncio.Transport | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -133,6 +140,12 @@ class _Conn(asyncio.Protocol):
         self.closed = True
 
 
+@functools.cache
+def _default_tls() -> ssl.SSLContext:
+    """The system's CA store with host name checks: an ``https://`` URL with no context."""
+    return ssl.create_default_context()
+
+
 def _expire(w: asyncio.Future[None]) -> None:
     if not w.done():
         w.set_exception(TimeoutError())
@@ -219,7 +232,7 @@ class HttpClient:
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.max_idle = max_idle
-        self._idle: dict[tuple[str, int], list[_Conn]] = {}
+        self._idle: dict[_Key, list[_Conn]] = {}
         self._targets: dict[str, tuple[str, int, str]] = {}
         self.stale_retries = 0
         """Requests sent again on a new connection because their pooled one was stale."""
@@ -228,22 +241,34 @@ class HttpClient:
         t = self._targets.get(url)
         if t is None:
             u = urlsplit(url)
-            if u.scheme != "http" or u.hostname is None:
-                raise UpstreamError(f"only http:// upstreams are supported, got {url!r}")
+            if u.scheme not in ("http", "https") or u.hostname is None:
+                raise UpstreamError(f"only http:// and https:// upstreams, got {url!r}")
             path = (u.path or "/") + (f"?{u.query}" if u.query else "")
-            t = self._targets[url] = (u.hostname, u.port or 80, path)
+            port = u.port or (443 if u.scheme == "https" else 80)
+            t = self._targets[url] = (u.hostname, port, path)
         return t
 
-    async def _connect(self, key: tuple[str, int]) -> _Conn:
+    async def _connect(self, key: _Key, tls: ssl.SSLContext | None) -> _Conn:
         loop = asyncio.get_running_loop()
+        host, port, _ = key
         try:
             async with asyncio.timeout(self.connect_timeout):
-                _, proto = await loop.create_connection(lambda: _Conn(key), key[0], key[1])
+                _, proto = await loop.create_connection(
+                    lambda: _Conn(key),
+                    host,
+                    port,
+                    ssl=tls,
+                    server_hostname=host if tls is not None else None,
+                )
         except TimeoutError:
-            raise UpstreamTimeout(f"connecting to {key[0]}:{key[1]} timed out") from None
+            raise UpstreamTimeout(f"connecting to {host}:{port} timed out") from None
+        except ssl.SSLCertVerificationError as e:
+            raise UpstreamUnreachable(
+                f"upstream {host}:{port}: its TLS certificate was refused: {e.verify_message}"
+            ) from None
         except OSError as e:
             raise UpstreamUnreachable(
-                f"cannot connect to upstream {key[0]}:{key[1]}: {e.strerror or e}"
+                f"cannot connect to upstream {host}:{port}: {e.strerror or e}"
             ) from None
         return proto
 
@@ -257,11 +282,22 @@ class HttpClient:
         idle.append(c)
 
     async def post(
-        self, url: str, body: bytes, content_type: bytes = b"application/json"
+        self,
+        url: str,
+        body: bytes,
+        content_type: bytes = b"application/json",
+        *,
+        tls: ssl.SSLContext | None = None,
+        auth: bytes = b"",
     ) -> Response:
-        """Send ``body``; return once the response head arrived."""
+        """Send ``body``; return once the response head arrived.  ``tls``: the context an
+        ``https://`` URL's connection is wrapped in (``None``: the default verification);
+        ``auth``: header lines to add, each ending in CRLF (the engine's API key)."""
         host, port, path = self._target(url)
-        key = (host, port)
+        secure = url.startswith("https:")
+        if secure and tls is None:
+            tls = _default_tls()
+        key = (host, port, secure)
         head = (
             b"POST "
             + path.encode()
@@ -271,12 +307,14 @@ class HttpClient:
             + content_type
             + b"\r\nContent-Length: "
             + str(len(body)).encode()
-            + b"\r\nAccept: */*\r\n\r\n"
+            + b"\r\nAccept: */*\r\n"
+            + auth
+            + b"\r\n"
         )
         c = self._pooled(key)
         fresh = c is None
         if c is None:
-            c = await self._connect(key)
+            c = await self._connect(key, tls)
         while True:
             assert c.transport is not None
             c.transport.write(head + body)
@@ -301,10 +339,10 @@ class HttpClient:
             # failure of the server.  Its siblings in the pool may be as stale, so the
             # request goes again on a new connection, never on another pooled one.
             self.stale_retries += 1
-            c = await self._connect(key)
+            c = await self._connect(key, tls)
             fresh = True
 
-    def _pooled(self, key: tuple[str, int]) -> _Conn | None:
+    def _pooled(self, key: _Key) -> _Conn | None:
         """The most recently returned idle connection to ``key`` that is not known closed."""
         idle = self._idle.get(key)
         while idle:

@@ -22,6 +22,7 @@ from velvetrope.core import Usage
 from velvetrope.errors import UpstreamError
 from velvetrope.gateway.httpclient import HttpClient
 from velvetrope.gateway.relay import UsageTally, body_tokens, relay_events
+from velvetrope.gateway.upstream_access import UpstreamAccess
 from velvetrope.openai.sse import split_complete, usage_of
 
 __all__ = ["UpstreamAnswer", "forward"]
@@ -44,6 +45,7 @@ async def forward(
     client: HttpClient,
     url: str,
     body: bytes,
+    access: UpstreamAccess,
     *,
     stream: bool,
     client_wants_usage: bool,
@@ -54,9 +56,10 @@ async def forward(
     on_first_token: Callable[[], None],
     extra_headers: list[tuple[bytes, bytes]],
 ) -> UpstreamAnswer:
-    """POST ``body`` to ``url``; stream the answer to the client through ``start``/``send``;
-    when the upstream's answer is complete as its last bytes are relayed, they go through
-    ``end``, which also ends the client's response (one write, not two).
+    """POST ``body`` to ``url`` (over ``access``'s TLS, with its API key); stream the
+    answer to the client through ``start``/``send``; when the upstream's answer is complete
+    as its last bytes are relayed, they go through ``end``, which also ends the client's
+    response (one write, not two).
 
     For a non-streaming request nothing is sent to the client: the caller sends
     ``UpstreamAnswer.body``.  Without a ``relay`` this is a plain proxy: the answer is
@@ -67,7 +70,7 @@ async def forward(
     ``UpstreamError`` when it broke off.
     """
     try:
-        resp = await client.post(url, body)
+        resp = await client.post(url, body, tls=access.tls, auth=access.auth_line)
         async with resp:
             ctype = resp.header(b"content-type", b"application/json") or b"application/json"
             if not stream or resp.status != 200:

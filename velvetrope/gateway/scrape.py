@@ -39,6 +39,7 @@ from velvetrope.clock import Clock
 from velvetrope.config import GatewayConfig, Upstream
 from velvetrope.core import EngineSaturation
 from velvetrope.dialects import DIALECTS, Dialect, EngineSample, ScrapeFailure, read_metrics
+from velvetrope.gateway.upstream_access import UpstreamAccess
 from velvetrope.gateway.upstreams import Periodic, UpstreamPools, UpstreamState
 
 __all__ = ["EngineWatch", "Scraper"]
@@ -99,7 +100,7 @@ class Scraper:
         """The config entry of each static URL and of each DNS name (``source``)."""
         for ups in config.upstreams.values():
             for u in ups:
-                self._config[u.url.rstrip("/") if u.discovery == "static" else u.url] = u
+                self._config[u.url] = u
         self.watches: dict[str, EngineWatch] = {}
         self._loop = Periodic()
 
@@ -112,9 +113,16 @@ class Scraper:
             w = self.watches[up.url] = EngineWatch(up.url, up.pool, engine, dialect)
         return w
 
-    async def _fetch(self, session: aiohttp.ClientSession, url: str) -> str | ScrapeFailure:
+    async def _fetch(
+        self, session: aiohttp.ClientSession, url: str, access: UpstreamAccess
+    ) -> str | ScrapeFailure:
         try:
-            async with session.get(url, timeout=aiohttp.ClientTimeout(total=self.interval_s)) as r:
+            async with session.get(
+                url,
+                timeout=aiohttp.ClientTimeout(total=self.interval_s),
+                headers=access.headers,
+                ssl=access.aiohttp_ssl,
+            ) as r:
                 if r.status != 200:
                     return ScrapeFailure("http_status", f"GET {url} answered {r.status}")
                 return await r.text()
@@ -133,7 +141,7 @@ class Scraper:
             if rule is not None:
                 rule.observe(up.url, None, self.clock.now())
             return
-        text = await self._fetch(session, up.metrics_url)
+        text = await self._fetch(session, up.metrics_url, up.access)
         got: EngineSample | ScrapeFailure
         if isinstance(text, ScrapeFailure):
             got = text

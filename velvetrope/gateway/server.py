@@ -32,6 +32,7 @@ import uvicorn
 from velvetrope.config import GatewayConfig
 from velvetrope.errors import ConfigError
 from velvetrope.gateway.app import Gateway
+from velvetrope.gateway.upstream_access import check_access
 from velvetrope.serving.coalesce import HeadHoldingHttpToolsProtocol
 
 __all__ = ["DrainingServer", "serve"]
@@ -94,8 +95,11 @@ def _worker(data: dict[str, Any], sock: socket.socket, log_level: str) -> None:
 def serve(config: GatewayConfig, *, log_level: str = "warning", workers: int = 1) -> None:
     """Serve ``config`` until drained after a signal, in ``workers`` processes.
 
-    Raises :class:`~velvetrope.errors.ConfigError` for ``workers > 1`` without shared state.
+    Raises :class:`~velvetrope.errors.ConfigError` for ``workers > 1`` without shared state,
+    and for an upstream the gateway could not reach as configured (an ``api_key_env`` not
+    set, an unreadable ``ca_bundle``).
     """
+    check_access(config)  # a missing engine key or CA file: refused before listening
     if workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {workers}")
     if workers > 1 and not config.state.shared:

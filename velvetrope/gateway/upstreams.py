@@ -9,7 +9,8 @@ requests in flight finish).  A failed resolution keeps the last answer: a DNS hi
 not empty a pool.
 
 **Health** (liveness).  An upstream is healthy until a request to it fails to connect
-(passive: out at once) or its ``/health`` stops answering 200 within
+(passive: out at once) or its liveness path (``/health``, or what
+:mod:`~velvetrope.gateway.upstream_access` chose) stops answering 200 within
 ``fleet.health_timeout_s`` (active, every ``fleet.health_interval_s``); it rejoins when the
 check passes again.
 
@@ -38,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import socket
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -48,9 +50,12 @@ import aiohttp
 from velvetrope.clock import Clock, SystemClock
 from velvetrope.config import FleetSettings, GatewayConfig, Upstream
 from velvetrope.core import least_loaded
+from velvetrope.gateway.upstream_access import UpstreamAccess, access_for
 from velvetrope.store.breaker import CircuitBreaker
 
 __all__ = ["Periodic", "Resolver", "UpstreamPools", "UpstreamState", "resolve_host"]
+
+log = logging.getLogger("velvetrope.gateway")
 
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 """``(host, port) -> addresses``: how ``discovery: dns`` names are resolved."""
@@ -115,6 +120,10 @@ class UpstreamState:
     """Tenants whose requests it answered 500 since it last answered well."""
     source: str | None = None
     """The DNS name it was discovered from (``None``: listed statically)."""
+    access: UpstreamAccess = field(default_factory=UpstreamAccess)
+    """TLS and the engine's API key, carried by every call to it."""
+    health_path: str = "/health"
+    """The path its liveness check asks (see :mod:`~velvetrope.gateway.upstream_access`)."""
 
     @property
     def breaker_state(self) -> str:
@@ -148,21 +157,24 @@ class UpstreamPools:
         self.resolver: Resolver = resolver or resolve_host
         self.on_change = on_change
         self.pools: dict[str, list[UpstreamState]] = {p: [] for p in config.upstreams}
-        self._dns: list[tuple[str, Upstream]] = []
+        self._dns: list[tuple[str, Upstream, UpstreamAccess]] = []
         self.dns_errors: dict[str, str] = {}
         for pool, ups in config.upstreams.items():
-            for u in ups:
+            for i, u in enumerate(ups):
+                access = access_for(u, f"upstreams.{pool}[{i}] ({u.url})")
                 if u.discovery == "dns":
-                    self._dns.append((pool, u))
+                    self._dns.append((pool, u, access))
                 else:
-                    self.pools[pool].append(self._state(pool, u.url.rstrip("/"), u))
+                    self.pools[pool].append(self._state(pool, u.url, u, access))
         self._rr = itertools.count()
         self._checks = Periodic()
         self._resolves = Periodic()
         self._shape: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
         self._dns_lock = asyncio.Lock()
 
-    def _state(self, pool: str, url: str, u: Upstream, source: str | None = None) -> UpstreamState:
+    def _state(
+        self, pool: str, url: str, u: Upstream, access: UpstreamAccess, source: str | None = None
+    ) -> UpstreamState:
         if u.metrics_url is None:
             metrics = url + "/metrics"
         elif source is None:
@@ -171,7 +183,15 @@ class UpstreamPools:
             metrics = _with_host(u.metrics_url, urlsplit(url).hostname or "")
         s = self.settings
         breaker = CircuitBreaker(self.clock, failures=s.breaker_failures, reset_s=s.breaker_open_s)
-        return UpstreamState(url, pool, metrics, breaker, source=source)
+        return UpstreamState(
+            url,
+            pool,
+            metrics,
+            breaker,
+            source=source,
+            access=access,
+            health_path=access.health_paths[0],
+        )
 
     # -- the pool's view ---------------------------------------------------------------
 
@@ -297,19 +317,37 @@ class UpstreamPools:
     # -- background work ---------------------------------------------------------------
 
     async def _probe(self, session: aiohttp.ClientSession, u: UpstreamState) -> None:
+        """One liveness check of ``u``; an engine that answers its default ``/health`` with
+        404 has no such route: it is checked at the fallback path from then on."""
+        while True:
+            path = u.health_path
+            status = await self._ask(session, u, path)
+            paths = u.access.health_paths
+            if status == 404 and path == paths[0] and len(paths) > 1:
+                u.health_path = paths[1]
+                log.info("upstream %s answered %s with 404: checking %s", u.url, path, paths[1])
+                continue
+            break
+        u.healthy = status == 200
+        if not u.healthy:
+            u.last_error = f"{path} answered {status}" if isinstance(status, int) else status
+
+    async def _ask(self, session: aiohttp.ClientSession, u: UpstreamState, path: str) -> int | str:
+        """The status ``u`` answers ``GET path`` with, or why it did not answer."""
+        a = u.access
         try:
             async with session.get(
-                u.url + "/health",
+                u.url + path,
                 timeout=aiohttp.ClientTimeout(total=self.settings.health_timeout_s),
+                headers=a.headers,
+                ssl=a.aiohttp_ssl,
             ) as r:
                 await r.read()
-                ok = r.status == 200
-                err = None if ok else f"/health answered {r.status}"
+                return r.status
+        except aiohttp.ClientConnectorCertificateError as e:
+            return f"{path} failed: the engine's TLS certificate was refused: {e.certificate_error}"
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
-            ok, err = False, f"/health failed: {type(e).__name__}"
-        u.healthy = ok
-        if err is not None:
-            u.last_error = err
+            return f"{path} failed: {type(e).__name__}"
 
     async def check_once(self, session: aiohttp.ClientSession) -> None:
         """Probe every upstream's ``/health`` once (and notice breakers that half-opened)."""
@@ -324,7 +362,7 @@ class UpstreamPools:
         self.changed()
 
     async def _refresh_dns(self, session: aiohttp.ClientSession) -> None:
-        for pool, u in self._dns:
+        for pool, u, access in self._dns:
             parts = urlsplit(u.url)
             host = parts.hostname or ""
             port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -337,7 +375,7 @@ class UpstreamPools:
             current = self.pools[pool]
             mine = {x.url: x for x in current if x.source == u.url}
             wanted = [_with_host(u.url, a) for a in addresses]
-            new = [self._state(pool, url, u, u.url) for url in wanted if url not in mine]
+            new = [self._state(pool, url, u, access, u.url) for url in wanted if url not in mine]
             await asyncio.gather(*(self._probe(session, x) for x in new))
             keep = set(wanted)
             self.pools[pool] = [x for x in current if x.source != u.url or x.url in keep] + new
@@ -365,6 +403,7 @@ class UpstreamPools:
                 "failures": u.failures,
                 "last_error": u.last_error,
                 "source": u.source,
+                "health_path": u.health_path,
             }
             for ups in self.pools.values()
             for u in ups

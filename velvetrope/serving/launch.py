@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -101,8 +102,11 @@ def start(
     *,
     program: Sequence[str] | None = None,
     env: Mapping[str, str] | None = None,
+    verify: ssl.SSLContext | bool = True,
 ) -> ServerProcess:
-    """Start ``PROGRAM ARGS`` and wait until ``url + ready_path`` answers 200.
+    """Start ``PROGRAM ARGS`` and wait until ``url + ready_path`` answers 200 (an
+    ``https://`` URL's certificate checked against ``verify``: a context, or httpx's
+    default).
 
     ``program`` is ``python -m velvetrope`` (this interpreter) unless given: e.g. the
     ``velvetrope`` console script, or ``python -c CODE``.  ``env`` is added to this
@@ -126,7 +130,7 @@ def start(
             sp.stop()
             raise RuntimeError(f"{' '.join(argv)} exited ({proc.returncode}): {err}")
         try:
-            if httpx.get(url + ready_path, timeout=1.0).status_code == 200:
+            if httpx.get(url + ready_path, timeout=1.0, verify=verify).status_code == 200:
                 return sp
         except httpx.HTTPError:
             pass

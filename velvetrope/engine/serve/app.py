@@ -27,6 +27,7 @@ Endpoints
     The one served model, with its ``max_model_len``.
 ``GET /health``
     200 with an empty body while the engine runs (vLLM's behaviour); 503 once it stops.
+    Absent (404) with ``health_route=False``: an engine with no such route.
 ``GET /metrics``
     Prometheus text with vLLM's metric names (:mod:`velvetrope.engine.serve.metrics`), or
     another engine's (``metrics_dialect``); absent (404) with ``metrics_dialect="none"``.
@@ -63,6 +64,12 @@ whose body carries ``"velvetrope_fault": STATUS`` (an integer from 400 to 599) i
 with that status in OpenAI's error shape after it was parsed and before any work, as a
 request that makes a real engine fail would be (e.g. ``500`` ``internal_error``).  Tests and
 the chaos harness use it to try the gateway's handling of an engine's errors.
+
+API key
+-------
+With ``api_key`` set (``velvetrope engine --api-key``, as vLLM's ``--api-key``), every
+``/v1/`` route answers 401 ``invalid_api_key`` unless the request carries
+``Authorization: Bearer KEY``; ``/health`` and ``/metrics`` stay open.
 
 Errors
 ------
@@ -162,6 +169,11 @@ class EngineConfig:
     journal: str | None = None
     """A file to append each request's start and end to
     (:mod:`velvetrope.engine.serve.journal`)."""
+    api_key: str | None = None
+    """Required as ``Authorization: Bearer KEY`` on ``/v1/`` routes (see the module's
+    docstring)."""
+    health_route: bool = True
+    """Serve ``GET /health`` (``False``: 404, an engine without one)."""
 
     def __post_init__(self) -> None:
         if not (self.speed > 0 and not math.isnan(self.speed)):
@@ -261,6 +273,9 @@ class EngineApp:
         }
         if config.metrics_dialect == "none":
             del self._routes["/metrics"]
+        if not config.health_route:
+            del self._routes["/health"]
+        self._auth = None if config.api_key is None else b"Bearer " + config.api_key.encode()
 
     @property
     def engine(self) -> RealtimeEngine | None:
@@ -314,6 +329,8 @@ class EngineApp:
             if route is None:
                 raise RequestError(f"Unknown path {scope['path']!r}.", status=404, code="not_found")
             method, handler = route
+            if self._auth is not None and scope["path"].startswith("/v1/"):
+                self._authorize(scope)
             if scope["method"] != method:
                 raise RequestError(
                     f"Method {scope['method']} is not allowed on {scope['path']}; use {method}.",
@@ -346,6 +363,13 @@ class EngineApp:
 
     def _unavailable(self) -> RequestError:
         return RequestError("The engine is shutting down.", status=503, code="engine_unavailable")
+
+    def _authorize(self, scope: Scope) -> None:
+        """Raise 401 unless the request carries the engine's API key."""
+        for name, value in scope["headers"]:
+            if name == b"authorization" and value == self._auth:
+                return
+        raise RequestError("Incorrect or missing API key.", status=401, code="invalid_api_key")
 
     async def _health(self, send: Send) -> None:
         if self._stopping or (self._engine is not None and not self._engine.running):

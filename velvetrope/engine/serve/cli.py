@@ -104,6 +104,22 @@ def engine_command(
             "backend), llamacpp; none: no /metrics (404)."
         ),
     ] = "vllm",
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar="VELVETROPE_ENGINE_API_KEY",
+            help="Require 'Authorization: Bearer KEY' on /v1/ routes (as vLLM's --api-key).",
+        ),
+    ] = None,
+    health: Annotated[
+        bool, typer.Option(help="Serve GET /health (--no-health: 404, an engine without it).")
+    ] = True,
+    ssl_certfile: Annotated[
+        str | None, typer.Option(help="Serve HTTPS with this PEM certificate (chain).")
+    ] = None,
+    ssl_keyfile: Annotated[
+        str | None, typer.Option(help="The PEM private key of --ssl-certfile.")
+    ] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "warning",
     journal: Annotated[
         str | None,
@@ -133,6 +149,9 @@ def engine_command(
         raise typer.BadParameter(
             f"must be one of {', '.join(METRICS_DIALECTS)}", param_hint="--metrics-dialect"
         )
+    if (ssl_certfile is None) != (ssl_keyfile is None):
+        raise typer.BadParameter("give both or neither", param_hint="--ssl-certfile/--ssl-keyfile")
+    tls = (ssl_certfile, ssl_keyfile) if ssl_certfile and ssl_keyfile else None
     policy: Literal["fcfs", "priority"] = "priority" if scheduling == "priority" else "fcfs"
     effective_speed = math.inf if instant else speed
     try:
@@ -159,6 +178,9 @@ def engine_command(
             faults=faults,
             metrics_dialect=metrics_dialect,
             journal=journal,
+            api_key=api_key or None,
+            health_route=health,
+            tls=tls,
             on_ready=ready,
             log_level=log_level,
         )

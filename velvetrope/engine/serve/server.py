@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import signal
 import socket
+import ssl
 import sys
 from collections.abc import Callable, Generator
 from typing import Literal
@@ -77,12 +78,15 @@ async def serve_engine(
     *,
     on_ready: Callable[[str], None] | None = None,
     log_level: str = "warning",
+    tls: tuple[str, str] | None = None,
 ) -> None:
     """Serve ``config`` on ``host:port`` in the running loop until SIGINT/SIGTERM.
 
-    ``port=0`` picks a free port.  ``on_ready`` is called once with the base URL
-    (``http://host:port``) when the socket accepts connections.  Raises
-    :class:`~velvetrope.errors.ConfigError` if the address cannot be bound.
+    ``port=0`` picks a free port.  ``tls`` is ``(certfile, keyfile)`` (PEM) to serve
+    HTTPS.  ``on_ready`` is called once with the base URL (``http://host:port`` or
+    ``https://...``) when the socket accepts connections.  Raises
+    :class:`~velvetrope.errors.ConfigError` if the address cannot be bound or the
+    certificate cannot be loaded.
     """
     sock = _bind(host, port)
     app = EngineApp(config)
@@ -96,7 +100,15 @@ async def serve_engine(
         proxy_headers=False,
         server_header=False,
         timeout_graceful_shutdown=5,
+        ssl_certfile=tls[0] if tls else None,
+        ssl_keyfile=tls[1] if tls else None,
     )
+    if tls is not None:
+        try:
+            uv_config.load()  # the certificate is read here: a bad file is a ConfigError
+        except (OSError, ssl.SSLError) as exc:
+            sock.close()
+            raise ConfigError(f"engine: cannot load the TLS certificate or key: {exc}") from None
     server = _Server(uv_config, app)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     try:
@@ -105,7 +117,8 @@ async def serve_engine(
         if server.started and on_ready is not None:
             bound_host, bound_port = sock.getsockname()[:2]
             shown = f"[{bound_host}]" if ":" in bound_host else bound_host
-            on_ready(f"http://{shown}:{bound_port}")
+            scheme = "https" if tls is not None else "http"
+            on_ready(f"{scheme}://{shown}:{bound_port}")
         await task
     finally:
         sock.close()
@@ -125,6 +138,9 @@ def run_engine(
     faults: bool = False,
     metrics_dialect: str = "vllm",
     journal: str | None = None,
+    api_key: str | None = None,
+    health_route: bool = True,
+    tls: tuple[str, str] | None = None,
     on_ready: Callable[[str], None] | None = None,
     log_level: str = "warning",
 ) -> None:
@@ -132,7 +148,9 @@ def run_engine(
 
     ``profile`` and ``tokenizer`` may be given as names (:func:`load_profile`,
     :func:`get_tokenizer`); ``speed=math.inf`` is instant mode; ``journal`` is a file to
-    append each request's start and end to (:mod:`velvetrope.engine.serve.journal`).
+    append each request's start and end to (:mod:`velvetrope.engine.serve.journal`);
+    ``api_key``, ``health_route``: :class:`~velvetrope.engine.serve.app.EngineConfig`'s;
+    ``tls``: ``(certfile, keyfile)`` to serve HTTPS.
     Returns normally after a signal; raises :class:`~velvetrope.errors.ConfigError` /
     :class:`~velvetrope.errors.PolicyError` for a bad configuration before listening.
     """
@@ -147,8 +165,10 @@ def run_engine(
         faults=faults,
         metrics_dialect=metrics_dialect,
         journal=journal,
+        api_key=api_key,
+        health_route=health_route,
     )
-    coro = serve_engine(config, host, port, on_ready=on_ready, log_level=log_level)
+    coro = serve_engine(config, host, port, on_ready=on_ready, log_level=log_level, tls=tls)
     try:
         import uvloop
     except ImportError:  # uvicorn[standard] brings it; fall back to asyncio's loop
