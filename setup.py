@@ -31,6 +31,7 @@ COMPILED = [
     "velvetrope/core/jobheap.py",
     "velvetrope/core/limit.py",
     "velvetrope/core/ordering.py",
+    "velvetrope/core/pool.py",
     "velvetrope/core/predictor.py",
     "velvetrope/core/routing.py",
     "velvetrope/core/saturation.py",

@@ -196,22 +196,18 @@ def serve(
     ),
 ) -> None:
     """Run the admission gateway in front of the configured upstreams."""
-    from velvetrope.config import load_config
+    from velvetrope.config import ConfigSource
     from velvetrope.errors import ConfigError
     from velvetrope.gateway.server import serve as run
 
+    source = ConfigSource(config, host, port)
     try:
-        cfg = load_config(config)
+        cfg = source.load()
     except ConfigError as e:
         typer.echo(f"invalid config: {e}", err=True)
         raise typer.Exit(2) from None
-    if host is not None or port is not None:
-        listen = cfg.listen.model_copy(
-            update={k: v for k, v in (("host", host), ("port", port)) if v is not None}
-        )
-        cfg = cfg.model_copy(update={"listen": listen})
     try:
-        run(cfg, log_level=log_level, workers=workers)
+        run(cfg, log_level=log_level, workers=workers, source=source)
     except ConfigError as e:
         typer.echo(f"invalid config: {e}", err=True)
         raise typer.Exit(2) from None

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -316,6 +317,12 @@ class GatewaySettings(_Model):
         " before the listener closes (SIGINT skips it)",
     )
     metrics_tenant_label: bool = Field(False, description="label metrics by tenant (cardinality!)")
+    reload_watch_s: float | None = Field(
+        None,
+        gt=0,
+        description="reload when the config file's content changes, checked this often (a "
+        "mounted ConfigMap); null: only on SIGHUP and POST /admin/reload",
+    )
     admission: bool = Field(True, description="false: a pure proxy (for benchmarks)")
     fleet: FleetSettings = Field(default_factory=FleetSettings)
 
@@ -460,3 +467,22 @@ def load_config(path: str | Path, environ: dict[str, str] | None = None) -> Gate
     """Read and validate a YAML config file; :class:`ConfigError` names file and field."""
     p = Path(path)
     return parse_config(parse_yaml(read_text(p, _WHAT), str(p)), str(p), environ)
+
+
+@dataclass(frozen=True)
+class ConfigSource:
+    """Where a running gateway's configuration comes from: a file, and the command line's
+    ``--host``/``--port`` (which replace ``listen``'s, at start and at every reload)."""
+
+    path: str
+    host: str | None = None
+    port: int | None = None
+
+    def load(self) -> GatewayConfig:
+        """Read and validate the file, with the overrides; ConfigError as
+        :func:`load_config`."""
+        cfg = load_config(self.path)
+        given = {k: v for k, v in (("host", self.host), ("port", self.port)) if v is not None}
+        if given:
+            cfg = cfg.model_copy(update={"listen": cfg.listen.model_copy(update=given)})
+        return cfg

@@ -83,6 +83,17 @@ class TokenBucket:
             self.level = level if level < self.capacity else self.capacity
         return self.level
 
+    def reshape(self, capacity: float, rate: float, floor: float | None, now: float) -> None:
+        """Take a new capacity, rate and floor (a reloaded policy): the level is refilled to
+        ``now`` at the old rate first; a raised capacity refills from the current level, a
+        lowered one clips it (as the Redis store does, which is given both with each call)."""
+        self.refill(now)
+        self.capacity = float(capacity)
+        self.rate = float(rate)
+        self.floor = -self.capacity if floor is None else float(floor)
+        if self.level > self.capacity:
+            self.level = self.capacity
+
     def wait_for(self, cost: float, now: float) -> float:
         """Seconds until ``cost`` could be reserved (0 if it can be now; inf if never)."""
         if cost > self.capacity:
@@ -232,6 +243,8 @@ class MemoryBuckets:
             b = buckets.get(c.key)
             if b is None:
                 b = self.bucket(c, now)
+            elif b.capacity != c.capacity or b.rate != c.rate:
+                b.reshape(c.capacity, c.rate, c.floor, now)  # the policy was reloaded
             w = b.wait_for(c.amount, now)
             if w > worst:
                 worst, worst_key = w, c.key

@@ -60,6 +60,7 @@ class PoolCapacity:
         "name",
         "per_engine_slots",
         "per_engine_tokens",
+        "probes",
         "signals",
         "tokens",
         "trackers",
@@ -86,7 +87,24 @@ class PoolCapacity:
         self.listeners: list[Callable[[int], None]] = []
         """Told the number of live engines whenever it changes (an adaptive limit)."""
         self.engines = 1
+        self.probes = 0
         self.set_engines(1)
+
+    def reshape(
+        self,
+        max_in_flight: int,
+        max_tokens: int | None,
+        per_engine_slots: int | None,
+        per_engine_tokens: int | None,
+    ) -> None:
+        """Take new limits (a reload), as :meth:`__init__` takes them: those per engine
+        apply to the live engines at once.  Work in flight is kept; a lowered limit holds
+        new dispatches until enough of it ends."""
+        self.max_in_flight = max_in_flight
+        self.max_tokens = max_tokens
+        self.per_engine_slots = per_engine_slots
+        self.per_engine_tokens = per_engine_tokens
+        self.set_engines(self.engines, self.probes)
 
     def set_engines(self, n: int, probes: int = 0) -> None:
         """The pool now has ``n`` live engines, and ``probes`` more that may take one probe
@@ -95,7 +113,7 @@ class PoolCapacity:
         left alone.  The caller dispatches what now fits."""
         old = self.engines
         self.engines = max(0, n)
-        probes = max(0, probes)
+        probes = self.probes = max(0, probes)
         if self.engines != old:
             for tell in self.listeners:
                 tell(self.engines)

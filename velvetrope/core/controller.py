@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, Final, NamedTuple
 
 from velvetrope.clock import Clock
@@ -50,16 +50,17 @@ from velvetrope.core.bucket import (
 )
 from velvetrope.core.capacity import PoolCapacity
 from velvetrope.core.claims import ClaimSpecs
-from velvetrope.core.estimate import DrainMeter, OutputEstimator
+from velvetrope.core.estimate import OutputEstimator
 from velvetrope.core.job import Job, Outcome
 from velvetrope.core.lifecycle import JobState, Reason, Settlement, Usage
 from velvetrope.core.limit import AdaptiveLimit
 from velvetrope.core.policy import PolicyConfig, TenantPolicy
+from velvetrope.core.pool import Pool
 from velvetrope.core.predictor import LengthPredictor, make_estimator
 from velvetrope.core.presets import apply_preset
+from velvetrope.core.reload import orphaned, restart_needed
 from velvetrope.core.routing import Routed, Router
 from velvetrope.core.saturation import EngineSaturation
-from velvetrope.core.scheduler import Scheduler
 from velvetrope.core.tuples import new_tuple
 from velvetrope.errors import LifecycleError, PolicyError, UnknownJobError
 
@@ -108,26 +109,6 @@ class Rejected(NamedTuple):
 Decision = Dispatched | Queued | Rejected
 
 
-class _Pool:
-    __slots__ = ("capacity", "drain", "limit", "name", "sched")
-
-    def __init__(
-        self,
-        name: str,
-        sched: Scheduler,
-        capacity: PoolCapacity,
-        drain: DrainMeter,
-        limit: AdaptiveLimit | None = None,
-    ):
-        self.name = name
-        self.sched = sched
-        self.capacity = capacity
-        self.drain = drain
-        self.limit = limit  # the adaptive in-flight limit, fed with every dispatched job
-        if limit is not None:
-            limit.attach(capacity)
-
-
 class AdmissionController:
     """Every admission decision for one gateway (or one simulated gateway)."""
 
@@ -141,47 +122,13 @@ class AdmissionController:
         observers: list[Callable[[Outcome], None]] | None = None,
     ) -> None:
         config = apply_preset(config)
-        self.config = config
         self.clock = clock
         self.estimator: OutputEstimator = estimator or make_estimator(config.estimator)
-        est = config.estimator
-        self._reserve_max = est.reserve == "max_tokens"
         self.buckets: MemoryBuckets | None = None if external_buckets else MemoryBuckets()
         self.observers: list[Callable[[Outcome], None]] = list(observers or [])
-        self._tenants = {t.name: t for t in config.tenants}
-        self._tier_index = {t.name: i for i, t in enumerate(config.tiers)}
-        self._tier_max_wait = [t.max_wait_s for t in config.tiers]
-        self._specs = ClaimSpecs(config, lambda tenant: self.tenant_policy(tenant).limits)
-        self._bounds: dict[str, int | None] = {}
-        self._max_queued = config.queue.max_queued
-        self._pools: dict[str, _Pool] = {}
-        for p in config.pools:
-            self._pools[p.name] = _Pool(
-                p.name,
-                Scheduler(config, self._weight),
-                PoolCapacity(
-                    p.name,
-                    p.in_flight_ceiling,
-                    p.max_tokens_in_flight,
-                    per_engine_slots=p.max_in_flight_per_engine,
-                    per_engine_tokens=p.max_tokens_in_flight_per_engine,
-                ),
-                DrainMeter(
-                    config.drain_ewma_alpha, config.drain_window_s, p.initial_drain_tokens_per_s
-                ),
-                None
-                if p.max_in_flight is not None or p.max_in_flight_per_engine is not None
-                else AdaptiveLimit(p.adaptive, clock.now()),
-            )
-        self._pool_list = list(self._pools.values())
-        self.router = Router(config)
+        self._pools: dict[str, Pool] = {}
         self._saturation: dict[str, EngineSaturation] = {}
-        if config.saturation.enabled:
-            for name, pool in self._pools.items():
-                rule = EngineSaturation.from_policy(name, config.saturation)
-                pool.capacity.signals.append(rule)
-                pool.capacity.trackers.append(rule)
-                self._saturation[name] = rule
+        self._configure(config)
         self._jobs: dict[str, Job] = {}
         self._deadlines: list[tuple[float, int, Job]] = []
         self._tenant_queued: dict[str, int] = {}
@@ -190,6 +137,54 @@ class AdmissionController:
         self.queued = 0
         self.in_flight = 0
         self.draining = False
+
+    def _configure(self, config: PolicyConfig) -> None:
+        """Build every table ``config`` decides (at start, and at each reload: existing
+        pools keep their queue, drain meter, adaptive limit and saturation rule)."""
+        self.config = config
+        self._reserve_max = config.estimator.reserve == "max_tokens"
+        self._tenants = {t.name: t for t in config.tenants}
+        self._tier_index = {t.name: i for i, t in enumerate(config.tiers)}
+        self._tier_max_wait = [t.max_wait_s for t in config.tiers]
+        self._specs = ClaimSpecs(config, lambda tenant: self.tenant_policy(tenant).limits)
+        self._bounds: dict[str, int | None] = {}
+        self._max_queued = config.queue.max_queued
+        now = self.clock.now()
+        for p in config.pools:
+            pool = self._pools.get(p.name)
+            if pool is not None:
+                pool.retake(p, config)
+            else:
+                pool = self._pools[p.name] = Pool(p, config, self._weight, now)
+                if pool.saturation is not None:
+                    self._saturation[p.name] = pool.saturation
+        self._pool_list = list(self._pools.values())
+        self.router = Router(config)
+
+    def reconfigure(
+        self, config: PolicyConfig, gone_tenants: Collection[str] = ()
+    ) -> list[Outcome]:
+        """Apply ``config`` now, keeping what was learned (:mod:`velvetrope.core.reload`).
+
+        Raises PolicyError, changing nothing, when a setting that needs a restart differs.
+        Queued jobs left with no place (their tenant, tier or pool removed, or their tenant
+        in ``gone_tenants``) are rejected (``removed_by_reload``): their outcomes are
+        returned, for the caller to settle and report.  Queued jobs of renumbered tiers
+        keep their place; jobs in flight finish where they run."""
+        config = apply_preset(config)
+        needs = restart_needed(self.config, config)
+        if needs:
+            raise PolicyError("needs a restart to change: " + ", ".join(needs))
+        now = self.clock.now()
+        queued = [j for j in self._jobs.values() if j.state is _QUEUED]
+        out = [
+            self._end_queued(j, JobState.REJECTED, Reason.REMOVED_BY_RELOAD, now)
+            for j in orphaned(queued, self.config, config, gone_tenants)
+        ]
+        self._configure(config)
+        for job in self._jobs.values():
+            job.band = self._pools[job.pool].sched.band_named(job.tier)
+        return out
 
     # -- configuration lookups -------------------------------------------------------
 
@@ -593,11 +588,11 @@ class AdmissionController:
             raise UnknownJobError(f"no live job {job_id!r}")
         return job
 
-    def _drain_s(self, pool: _Pool, tokens: float) -> float:
+    def _drain_s(self, pool: Pool, tokens: float) -> float:
         s = pool.drain.seconds_for(tokens)
         return _DEFAULT_RETRY_S if s is None else max(_DEFAULT_RETRY_S, s)
 
-    def _start(self, job: Job, pool: _Pool, now: float) -> None:
+    def _start(self, job: Job, pool: Pool, now: float) -> None:
         # ARRIVED or QUEUED -> DISPATCHED: callers hold a job in one of those states
         job.state = _DISPATCHED
         job.dispatched_at = now

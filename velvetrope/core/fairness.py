@@ -62,6 +62,9 @@ class BandQueue:
     def on_complete(self, job: Job, output_tokens: int) -> None:
         """A job of this band, dispatched earlier, completed with ``output_tokens``."""
 
+    def reweigh(self) -> None:
+        """The policy's tenant weights may have changed (a reload): read them again."""
+
     def __len__(self) -> int:
         raise NotImplementedError
 
@@ -140,8 +143,8 @@ class RoundRobin(BandQueue):
 
 
 class _Tenant:
-    """One tenant of a VTC band: its heap, its virtual counter and its weight (read once;
-    a tenant's weight is fixed by the policy)."""
+    """One tenant of a VTC band: its heap, its virtual counter and its weight (read once,
+    and again when the policy is reloaded: :meth:`VirtualTokenCounter.reweigh`)."""
 
     __slots__ = ("counter", "heap", "name", "weight")
 
@@ -183,6 +186,11 @@ class VirtualTokenCounter(BandQueue):
     def counters(self) -> dict[str, float]:
         """Each tenant's counter (of the tenants seen so far), as a new dict."""
         return {t: q.counter for t, q in self._tenants.items()}
+
+    def reweigh(self) -> None:
+        """Read every known tenant's weight again; counters and queues are kept."""
+        for q in self._tenants.values():
+            q.weight = self._weight(q.name)
 
     def _tenant(self, t: str) -> _Tenant:
         q = self._tenants.get(t)

@@ -4,7 +4,7 @@ A :class:`Job` is one inference request as the admission core sees it.  Its stat
 
     ARRIVED ─► REJECTED(reason)
        ├─────► DISPATCHED  (admitted at once)
-       └─────► QUEUED ─► EXPIRED | CANCELLED
+       └─────► QUEUED ─► EXPIRED | CANCELLED | REJECTED (removed by a reload)
                   └────► DISPATCHED ─► COMPLETED | FAILED | CANCELLED
 
 Any other move raises :class:`~velvetrope.errors.LifecycleError`.  A terminal job's record
@@ -27,7 +27,7 @@ __all__ = ["Job", "Outcome"]
 # keyed by the state's value (a str, whose hash is cached); successors compared by identity
 _ALLOWED: dict[str, tuple[JobState, ...]] = {
     "arrived": (JobState.REJECTED, JobState.QUEUED, JobState.DISPATCHED),
-    "queued": (JobState.EXPIRED, JobState.CANCELLED, JobState.DISPATCHED),
+    "queued": (JobState.EXPIRED, JobState.CANCELLED, JobState.DISPATCHED, JobState.REJECTED),
     "dispatched": (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED),
 }
 

@@ -53,6 +53,7 @@ class Reason(enum.Enum):
     NO_HEALTHY_UPSTREAM = ("no_healthy_upstream", 503)
     STATE_UNAVAILABLE = ("state_unavailable", 503)  # shared state unreachable, fail_closed
     UPSTREAM_REJECTED = ("upstream_rejected", 400)  # the engine refused the request as sent
+    REMOVED_BY_RELOAD = ("removed_by_reload", 503)  # queued; its tenant, tier or pool went
 
     __hash__ = object.__hash__  # as JobState's
 

@@ -81,6 +81,7 @@ class Scheduler:
         "_strict",
         "_tier_band",
         "_vtime",
+        "_weight",
         "_weighted",
         "bands",
         "queued",
@@ -90,6 +91,7 @@ class Scheduler:
     def __init__(self, policy: PolicyConfig, weight: Callable[[str], float]) -> None:
         q = policy.queue
         self._mode = q.bands
+        self._weight = weight
         self._ordering = make_ordering(q, deadline_budgets(policy))
         if self._mode == "single":
             bound = q.max_queued
@@ -109,6 +111,48 @@ class Scheduler:
         self._vtime = 0.0
         self.queued = 0
         self.tokens = 0
+
+    def retier(self, policy: PolicyConfig) -> None:
+        """Take ``policy``'s tiers and bounds (a reload; the queue's structure, ``bands``,
+        ``fairness`` and ``ordering``, is unchanged, :mod:`velvetrope.core.reload`).
+
+        A band keeps its queue, counters and credit when its tier keeps its name (in any
+        position); a new tier gets an empty band; a removed tier's band must hold no queued
+        job (the controller rejects them first) and is dropped.  The caller renumbers
+        ``job.band`` of live jobs by tier name (:meth:`band_named`).  New jobs are ordered
+        with the new tiers' deadline budgets; queued ones keep their keys."""
+        q = policy.queue
+        self._ordering = make_ordering(q, deadline_budgets(policy))
+        if self._mode == "single":
+            only = self.bands[0]
+            only.max_queued = q.max_queued
+            only.queue.reweigh()
+            self._tier_band = [0] * len(policy.tiers)
+            return
+        old = {b.name: b for b in self.bands}
+        bands: list[Band] = []
+        for i, t in enumerate(policy.tiers):
+            b = old.pop(t.name, None)
+            if b is None:
+                b = Band(i, t.name, make_band(q, self._weight), t.weight, t.min_share, None)
+            b.index, b.weight, b.min_share, b.max_queued = i, t.weight, t.min_share, t.max_queued
+            b.queue.reweigh()
+            bands.append(b)
+        for b in old.values():
+            assert b.count == 0, f"band {b.name!r} removed while it holds queued jobs"
+        self.bands = bands
+        self._tier_band = list(range(len(bands)))
+        self._others = [[x for x in bands if x is not b] for b in bands]
+        self._shared = [b for b in bands if b.min_share > 0]
+        self._chosen = None
+
+    def band_named(self, tier: str) -> int:
+        """The band number of tier ``tier`` (``-1``: no such band any more, a tier removed
+        by a reload; its jobs in flight end without a band to report to)."""
+        for b in self.bands:
+            if b.name == tier or self._mode == "single":
+                return b.index
+        return -1
 
     def band_of(self, tier_index: int) -> int:
         """The band a tier's jobs queue in."""
@@ -193,7 +237,9 @@ class Scheduler:
         self.bands[job.band].queue.on_start_direct(job)
 
     def on_complete(self, job: Job, output_tokens: int) -> None:
-        self.bands[job.band].queue.on_complete(job, output_tokens)
+        band = job.band
+        if band >= 0:  # -1: its tier was removed by a reload while it ran
+            self.bands[band].queue.on_complete(job, output_tokens)
 
     def ahead(self, band: int) -> tuple[int, float]:
         """``(jobs, tokens)`` a new job in ``band`` would wait behind, at most.

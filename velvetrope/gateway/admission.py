@@ -51,6 +51,9 @@ _DISPATCHED: Final = JobState.DISPATCHED
 _GONE: Final = "gone"
 _EXPIRED: Final = Reason.EXPIRED
 _EXPIRED_MESSAGE: Final = "the request waited past its deadline in the queue"
+_REMOVED_MESSAGE: Final = (
+    "a configuration reload removed the tenant, tier or pool this request was queued for"
+)
 
 
 class Refusal(NamedTuple):
@@ -182,7 +185,10 @@ class Admission:
             waited = await self._wait(job, gone, progress, every_s)
             if waited is not None:
                 if isinstance(waited, Outcome):
-                    return Refusal(_EXPIRED.status, _EXPIRED.code, _EXPIRED_MESSAGE, 1.0)
+                    r = waited.reason
+                    if r is _EXPIRED:
+                        return Refusal(r.status, r.code, _EXPIRED_MESSAGE, 1.0)
+                    return Refusal(r.status, r.code, _REMOVED_MESSAGE, None)
                 return None
         elif gone.done():
             self.abandon(job)
@@ -300,7 +306,12 @@ class Admission:
     def _tick(self) -> None:
         """Settle the expired jobs and wake their waiters (expiries happen only in the
         controller's ``dispatchable`` and ``tick``, and ``tick`` returns them all)."""
-        for o in self.ctl.tick():
+        self.deliver(self.ctl.tick())
+
+    def deliver(self, outcomes: list[Outcome]) -> None:
+        """Settle queued jobs the controller ended on its own (expired; removed by a
+        reload) and wake their waiters with the outcome."""
+        for o in outcomes:
             self._settle(o.job, o.settlement.lines)
             fut = self._waiters.pop(o.job.id, None)
             if fut is not None and not fut.done():

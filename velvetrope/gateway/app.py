@@ -32,7 +32,7 @@ import aiohttp
 import orjson
 
 from velvetrope.clock import Clock, SystemClock
-from velvetrope.config import GatewayConfig, hash_key
+from velvetrope.config import ConfigSource, GatewayConfig, hash_key
 from velvetrope.core import AdmissionController, Job, Reason, Usage
 from velvetrope.core.routing import MAX_TOKENS
 from velvetrope.errors import (
@@ -60,6 +60,7 @@ from velvetrope.gateway.parse import (
 )
 from velvetrope.gateway.proxy import UpstreamAnswer, forward
 from velvetrope.gateway.relay import UsageTally
+from velvetrope.gateway.reload import Reloader
 from velvetrope.gateway.upstreams import Resolver, UpstreamState
 from velvetrope.openai.errors import error_body, error_payload, retry_headers
 from velvetrope.openai.tokenizer import Tokenizer, get_tokenizer
@@ -77,7 +78,11 @@ class Gateway:
     """The ASGI app and everything it owns (controller, upstreams, metrics)."""
 
     def __init__(
-        self, config: GatewayConfig, clock: Clock | None = None, resolver: Resolver | None = None
+        self,
+        config: GatewayConfig,
+        clock: Clock | None = None,
+        resolver: Resolver | None = None,
+        config_source: ConfigSource | None = None,
     ) -> None:
         self.config = config
         self.settings = config.gateway
@@ -115,6 +120,7 @@ class Gateway:
         )
         self.draining = False
         self.watches = DisconnectWatches()
+        self.reloader = Reloader(self, config_source)
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -135,8 +141,10 @@ class Gateway:
             )
             await self.engines.start(self.session, self.admission.pump)
             self.store.start()
+            self.reloader.start(self.settings.reload_watch_s)
 
     async def shutdown(self) -> None:
+        await self.reloader.stop()
         self.watches.close()
         await self.engines.stop()
         await self.store.stop()
@@ -179,6 +187,11 @@ class Gateway:
                 return
             k: Kind = "chat" if path == "/v1/chat/completions" else "completions"
             await self._completion(scope, receive, send, k)
+        elif path == "/admin/reload":
+            if method != "POST":
+                await _error(send, 405, f"{method} not allowed on {path}")
+            else:
+                await self._reload(scope, send)
         elif method != "GET":
             await _error(send, 405, f"{method} not allowed on {path}")
         elif path == "/metrics":
@@ -270,9 +283,30 @@ class Gateway:
             return 502, f"upstream {up.url} listed no models: {e}", "upstream_error"
         return [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
 
-    async def _admin(self, scope: Scope, send: Send) -> None:
+    def _is_admin(self, scope: Scope) -> bool:
         auth = header(scope, b"authorization")
-        if self.admin_token is None or auth != b"Bearer " + self.admin_token.encode():
+        return self.admin_token is not None and auth == b"Bearer " + self.admin_token.encode()
+
+    async def _reload(self, scope: Scope, send: Send) -> None:
+        """``POST /admin/reload``: 200 with what changed, or the reason in OpenAI's error
+        shape (400 ``invalid_config``, 409 ``needs_restart``); the running config stays."""
+        if not self._is_admin(scope):
+            await _unauthorized(send, "the admin token is missing or wrong")
+            return
+        r = self.reloader.reload()
+        if r.result == "ok":
+            body = {
+                "result": "ok",
+                "message": r.message,
+                "changes": list(r.changes),
+                "took_ms": round(r.took_ms, 3),
+            }
+            await respond(send, 200, orjson.dumps(body))
+        else:
+            await _error(send, r.status, r.message, r.code)
+
+    async def _admin(self, scope: Scope, send: Send) -> None:
+        if not self._is_admin(scope):
             await _unauthorized(send, "the admin token is missing or wrong")
             return
         status = self.ctl.status()

@@ -45,6 +45,7 @@ class Engines:
         self.pump: Callable[[], None] = lambda: None
         self.upstreams = UpstreamPools(config, clock, resolver=resolver, on_change=self.follow)
         self.rules: dict[str, EngineSaturation] = {}
+        self._admission = admission
         if admission:
             for pool in config.upstreams:
                 rule = ctl.saturation(pool)
@@ -56,6 +57,21 @@ class Engines:
             if self.rules
             else None
         )
+        self.upstreams.changed()
+
+    def reconfigure(self, config: GatewayConfig) -> None:
+        """Take a reloaded ``config``'s upstreams, after the controller took its policy:
+        new pools get their saturation rules, the scraper its entries, and capacity
+        follows the live engines (:meth:`follow`).  Raises ConfigError as
+        :meth:`UpstreamPools.reconfigure` does, changing nothing."""
+        self.upstreams.reconfigure(config)
+        if self._admission:
+            for pool in config.upstreams:
+                rule = self.ctl.saturation(pool)
+                if rule is not None:
+                    self.rules.setdefault(pool, rule)
+        if self.scraper is not None:
+            self.scraper.reconfigure(config)
         self.upstreams.changed()
 
     def follow(self) -> None:

@@ -310,6 +310,12 @@ class GatewayMetrics:
             "Requests degraded before admission, by tier and action (max_tokens, pool).",
             ["tier", "action"],
         )
+        self.reloads = self._counter(
+            "velvetrope_config_reload",
+            "Configuration reloads by result: ok, invalid (the running one kept), "
+            "needs_restart (a setting that only a restart changes).",
+            ["result"],
+        )
         self._store_children: dict[str, Any] = {}
         self._state_collector = _StateCollector(ctl)
         self.registry.register(self._state_collector)

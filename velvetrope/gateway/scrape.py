@@ -98,11 +98,21 @@ class Scraper:
         self.interval_s = interval_s
         self._config: dict[str, Upstream] = {}
         """The config entry of each static URL and of each DNS name (``source``)."""
-        for ups in config.upstreams.values():
-            for u in ups:
-                self._config[u.url] = u
         self.watches: dict[str, EngineWatch] = {}
+        self.reconfigure(config)
         self._loop = Periodic()
+
+    def reconfigure(self, config: GatewayConfig) -> None:
+        """Take ``config``'s upstreams (a reload, after the upstreams took them): the
+        watch of an upstream whose entry changed or that left is dropped, and made again
+        from its new entry when next seen."""
+        before = self._config
+        self._config = {u.url: u for ups in config.upstreams.values() for u in ups}
+        entries = {u.url: u.source or u.url for ups in self.upstreams.pools.values() for u in ups}
+        for url in list(self.watches):
+            entry = entries.get(url)
+            if entry is None or self._config.get(entry) != before.get(entry):
+                del self.watches[url]
 
     def watch(self, up: UpstreamState) -> EngineWatch:
         """The watch of ``up`` (made at first sight, from its config entry)."""

@@ -29,7 +29,7 @@ from typing import Any
 
 import uvicorn
 
-from velvetrope.config import GatewayConfig
+from velvetrope.config import ConfigSource, GatewayConfig
 from velvetrope.errors import ConfigError
 from velvetrope.gateway.app import Gateway
 from velvetrope.gateway.upstream_access import check_access
@@ -85,15 +85,24 @@ def _uvicorn_config(config: GatewayConfig, gateway: Gateway, log_level: str) -> 
     )
 
 
-def _worker(data: dict[str, Any], sock: socket.socket, log_level: str) -> None:
-    """One worker process: its own gateway on the shared socket."""
+def _worker(
+    data: dict[str, Any], sock: socket.socket, log_level: str, source: ConfigSource | None
+) -> None:
+    """One worker process: its own gateway on the shared socket (reloading ``source``)."""
     config = GatewayConfig.model_validate(data)
-    gateway = Gateway(config)
+    gateway = Gateway(config, config_source=source)
     DrainingServer(_uvicorn_config(config, gateway, log_level), gateway).run(sockets=[sock])
 
 
-def serve(config: GatewayConfig, *, log_level: str = "warning", workers: int = 1) -> None:
-    """Serve ``config`` until drained after a signal, in ``workers`` processes.
+def serve(
+    config: GatewayConfig,
+    *,
+    log_level: str = "warning",
+    workers: int = 1,
+    source: ConfigSource | None = None,
+) -> None:
+    """Serve ``config`` until drained after a signal, in ``workers`` processes; ``source``
+    is where it was read from, reloaded on SIGHUP (:mod:`velvetrope.gateway.reload`).
 
     Raises :class:`~velvetrope.errors.ConfigError` for ``workers > 1`` without shared state,
     and for an upstream the gateway could not reach as configured (an ``api_key_env`` not
@@ -110,7 +119,7 @@ def serve(config: GatewayConfig, *, log_level: str = "warning", workers: int = 1
         )
     where = f"http://{config.listen.host}:{config.listen.port}"
     if workers == 1:
-        gateway = Gateway(config)
+        gateway = Gateway(config, config_source=source)
         server = DrainingServer(_uvicorn_config(config, gateway, log_level), gateway)
         print(f"velvetrope gateway listening on {where}", flush=True)
         server.run()
@@ -120,22 +129,38 @@ def serve(config: GatewayConfig, *, log_level: str = "warning", workers: int = 1
     sock.bind((config.listen.host, config.listen.port))
     sock.listen(2048)
     sock.set_inheritable(True)
-    _supervise(config, sock, workers, log_level, where)
+    _supervise(config, sock, workers, log_level, where, source)
 
 
 def _supervise(
-    config: GatewayConfig, sock: socket.socket, workers: int, log_level: str, where: str
+    config: GatewayConfig,
+    sock: socket.socket,
+    workers: int,
+    log_level: str,
+    where: str,
+    source: ConfigSource | None,
 ) -> None:
-    """Run ``workers`` processes; forward SIGTERM/SIGINT; restart any that die."""
+    """Run ``workers`` processes; forward SIGTERM/SIGINT and SIGHUP; restart any that die
+    (with the last configuration that a SIGHUP found valid)."""
     ctx = multiprocessing.get_context("spawn")
     data = config.model_dump(mode="json")
     procs: list[Any] = []
     stopping: list[int] = []
 
     def spawn() -> Any:
-        p = ctx.Process(target=_worker, args=(data, sock, log_level), daemon=False)
+        p = ctx.Process(target=_worker, args=(data, sock, log_level, source), daemon=False)
         p.start()
         return p
+
+    def on_hup(sig: int, frame: FrameType | None) -> None:
+        nonlocal data
+        if source is not None:
+            with contextlib.suppress(ConfigError):
+                data = source.load().model_dump(mode="json")  # each worker says why not
+        for p in procs:
+            if p.is_alive() and p.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGHUP)
 
     def on_signal(sig: int, frame: FrameType | None) -> None:
         stopping.append(sig)
@@ -147,6 +172,7 @@ def _supervise(
     procs.extend(spawn() for _ in range(workers))
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGHUP, on_hup)
     print(f"velvetrope gateway listening on {where} ({workers} workers)", flush=True)
     while True:
         time.sleep(0.2)

@@ -156,21 +156,42 @@ class UpstreamPools:
         self.clock = clock or SystemClock()
         self.resolver: Resolver = resolver or resolve_host
         self.on_change = on_change
-        self.pools: dict[str, list[UpstreamState]] = {p: [] for p in config.upstreams}
+        self.pools: dict[str, list[UpstreamState]] = {}
         self._dns: list[tuple[str, Upstream, UpstreamAccess]] = []
+        self._listed: dict[tuple[str, str], Upstream] = {}
         self.dns_errors: dict[str, str] = {}
-        for pool, ups in config.upstreams.items():
-            for i, u in enumerate(ups):
-                access = access_for(u, f"upstreams.{pool}[{i}] ({u.url})")
-                if u.discovery == "dns":
-                    self._dns.append((pool, u, access))
-                else:
-                    self.pools[pool].append(self._state(pool, u.url, u, access))
+        self.reconfigure(config)
         self._rr = itertools.count()
         self._checks = Periodic()
         self._resolves = Periodic()
         self._shape: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {}
         self._dns_lock = asyncio.Lock()
+
+    def reconfigure(self, config: GatewayConfig) -> None:
+        """Take ``config``'s upstreams (at start, and at a reload, before :meth:`changed`):
+        an upstream listed as before keeps its state (health, breaker, requests in flight);
+        a new or changed one starts fresh (healthy until its first check says otherwise);
+        one no longer listed leaves its pool (its requests in flight finish).  Addresses
+        found through DNS are kept until the next refresh.  Raises ConfigError as
+        :func:`~velvetrope.gateway.upstream_access.access_for` does, changing nothing."""
+        old, listed = self.pools, self._listed
+        pools: dict[str, list[UpstreamState]] = {}
+        dns: list[tuple[str, Upstream, UpstreamAccess]] = []
+        now_listed: dict[tuple[str, str], Upstream] = {}
+        for pool, ups in config.upstreams.items():
+            states = pools[pool] = []
+            for i, u in enumerate(ups):
+                access = access_for(u, f"upstreams.{pool}[{i}] ({u.url})")
+                if u.discovery == "dns":
+                    dns.append((pool, u, access))
+                    if listed.get((pool, u.url)) == u:
+                        states.extend(x for x in old.get(pool, ()) if x.source == u.url)
+                else:
+                    same = listed.get((pool, u.url)) == u
+                    kept = [x for x in old.get(pool, ()) if x.url == u.url and x.source is None]
+                    states.append(kept[0] if same and kept else self._state(pool, u.url, u, access))
+                now_listed[(pool, u.url)] = u
+        self.pools, self._dns, self._listed = pools, dns, now_listed
 
     def _state(
         self, pool: str, url: str, u: Upstream, access: UpstreamAccess, source: str | None = None

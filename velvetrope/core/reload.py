@@ -1,0 +1,79 @@
+"""What a policy reload may change while the controller runs, and what it removes.
+
+:meth:`~velvetrope.core.controller.AdmissionController.reconfigure` applies a new
+:class:`~velvetrope.core.policy.PolicyConfig` between two events.  Applied at once:
+tenants (added, removed, moved between tiers, their limits, weights and bounds), tiers
+(added, removed, reordered, their weights, shares, bounds, waits, limits, SLOs, degrade
+rules), pools (added; their fixed limits), routes, model limits and the global queue bound.
+What the controller has learned is kept: queued and in-flight jobs, the output predictor,
+each pool's drain rate and adaptive limit, fairness counters and band credits.
+
+A setting whose state would have to be thrown away or rebuilt is refused instead, named by
+:func:`restart_needed`: the estimator (the predictor's state is built for it), the
+saturation rule's settings, the queue's structure (``bands``, ``fairness``, ``ordering``
+and their parameters: the queued jobs' keys were computed with them), the drain meter's
+smoothing, and a pool's switch between a fixed and an adaptive limit or a change of its
+adaptive settings.  A pool that disappears from the policy keeps its jobs in flight; its
+queued jobs, and those of a removed tenant or tier, are rejected with
+:attr:`~velvetrope.core.lifecycle.Reason.REMOVED_BY_RELOAD` (:func:`orphaned`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from velvetrope.core.job import Job
+from velvetrope.core.policy import PolicyConfig
+
+__all__ = ["orphaned", "restart_needed"]
+
+
+def restart_needed(old: PolicyConfig, new: PolicyConfig) -> list[str]:
+    """The settings that differ between ``old`` and ``new`` (both with their preset
+    applied) and cannot change without a restart; empty when ``new`` can be applied."""
+    out: list[str] = []
+    if old.estimator != new.estimator:
+        out.append("policy.estimator")
+    if old.saturation != new.saturation:
+        out.append("policy.saturation")
+    structure = {"max_queued"}
+    if old.queue.model_dump(exclude=structure) != new.queue.model_dump(exclude=structure):
+        out.append("policy.queue (other than max_queued)")
+    if (old.drain_ewma_alpha, old.drain_window_s) != (new.drain_ewma_alpha, new.drain_window_s):
+        out.append("policy.drain_ewma_alpha / drain_window_s")
+    before = {p.name: p for p in old.pools}
+    for p in new.pools:
+        was = before.get(p.name)
+        if was is None:
+            continue
+        if _adaptive(was.max_in_flight, was.max_in_flight_per_engine) != _adaptive(
+            p.max_in_flight, p.max_in_flight_per_engine
+        ):
+            out.append(f"pool {p.name!r}: a switch between a fixed and an adaptive limit")
+        elif was.adaptive != p.adaptive:
+            out.append(f"pool {p.name!r}: adaptive")
+    return out
+
+
+def _adaptive(max_in_flight: int | None, per_engine: int | None) -> bool:
+    return max_in_flight is None and per_engine is None
+
+
+def orphaned(
+    queued: Collection[Job],
+    old: PolicyConfig,
+    new: PolicyConfig,
+    gone_tenants: Collection[str] = (),
+) -> list[Job]:
+    """The queued jobs ``new`` leaves no place for: their pool or tier is gone, or their
+    tenant was listed by ``old`` and is not by ``new``, or is in ``gone_tenants`` (e.g.
+    its last API key was removed)."""
+    pools = {p.name for p in new.pools}
+    tiers = {t.name for t in new.tiers}
+    removed = {t.name for t in old.tenants} - {t.name for t in new.tenants}
+    removed.update(gone_tenants)
+    return [
+        job
+        for job in queued
+        if job.pool not in pools or job.tier not in tiers or job.tenant in removed
+    ]
