@@ -71,7 +71,6 @@ _QUEUED: Final = JobState.QUEUED
 _DISPATCHED: Final = JobState.DISPATCHED
 _COMPLETED: Final = JobState.COMPLETED
 _DONE: Final = Reason.COMPLETED
-_DEFAULT_RETRY_S: Final = 1.0
 _NONE: Final = Settlement(())  # what a job with no claims owes
 _MISSING: Final[Any] = object()
 
@@ -149,6 +148,10 @@ class AdmissionController:
         self._specs = ClaimSpecs(config, lambda tenant: self.tenant_policy(tenant).limits)
         self._bounds: dict[str, int | None] = {}
         self._max_queued = config.queue.max_queued
+        self._shadow_tiers = [not config.enforce or not t.enforce for t in config.tiers]
+        self._any_shadow = any(self._shadow_tiers) or any(not t.enforce for t in config.tenants)
+        if config.default_tenant is not None and not config.default_tenant.enforce:
+            self._any_shadow = True
         now = self.clock.now()
         for p in config.pools:
             pool = self._pools.get(p.name)
@@ -164,13 +167,11 @@ class AdmissionController:
     def reconfigure(
         self, config: PolicyConfig, gone_tenants: Collection[str] = ()
     ) -> list[Outcome]:
-        """Apply ``config`` now, keeping what was learned (:mod:`velvetrope.core.reload`).
-
-        Raises PolicyError, changing nothing, when a setting that needs a restart differs.
-        Queued jobs left with no place (their tenant, tier or pool removed, or their tenant
-        in ``gone_tenants``) are rejected (``removed_by_reload``): their outcomes are
-        returned, for the caller to settle and report.  Queued jobs of renumbered tiers
-        keep their place; jobs in flight finish where they run."""
+        """Apply ``config`` now, keeping what was learned (:mod:`velvetrope.core.reload`);
+        PolicyError, nothing changed, for a setting that needs a restart.  Returns the
+        outcomes of the queued jobs left with no place (their tenant, tier or pool removed,
+        or their tenant in ``gone_tenants``: ``removed_by_reload``), for the caller to
+        settle and report; other jobs keep their place, or run on."""
         config = apply_preset(config)
         needs = restart_needed(self.config, config)
         if needs:
@@ -206,11 +207,6 @@ class AdmissionController:
         if requested is not None and requested in p.allowed_tiers:
             return requested
         return p.tier
-
-    def _tenant_bound(self, tenant: str) -> int | None:
-        """``tenant``'s queue bound, looked up once and cached in ``_bounds``."""
-        b = self._bounds[tenant] = self.tenant_policy(tenant).max_queued
-        return b
 
     def _weight(self, tenant: str) -> float:
         p = self._tenants.get(tenant)
@@ -330,27 +326,18 @@ class AdmissionController:
             if type(reservation) is Grant:
                 job.claims = reservation.claims  # granted elsewhere: the rejection refunds it
             return self._reject(job, Reason.DRAINING, None, "the gateway is draining", now)
+        tenant = job.tenant  # 0. shadow mode (enforce: false): decided, then passed through
+        if self._any_shadow and (
+            self._shadow_tiers[tier] or not self.tenant_policy(tenant).enforce
+        ):
+            return self._arrive_shadow(job, pool, tier, reservation, now)
         # 1. edge buckets
-        tenant = job.tenant
         cost = job.cost
         if not cost:
             cost = self._size(job)
-        buckets = self.buckets
-        if buckets is None:
-            if reservation is None:
-                if self._specs.of(job):
-                    raise PolicyError(f"job {job_id!r}: external buckets need a reservation")
-            elif isinstance(reservation, Denial):
-                return self._deny(job, reservation, now)
-            else:
-                job.claims = reservation.claims
-        else:
-            claims = self._specs.claims_for(job, tenant, tier_name, job.model, cost)
-            if claims:
-                denial = buckets.take(claims, now)
-                if denial is not None:
-                    return self._deny(job, denial, now)
-                job.claims = claims
+        denial = self._take(job, reservation, cost, now)
+        if denial is not None:
+            return self._deny(job, denial, now)
         # 2. start at once when nothing is waiting and capacity allows
         sched = pool.sched
         cap = pool.capacity
@@ -361,44 +348,14 @@ class AdmissionController:
             self._start(job, pool, now)
             sched.on_start_direct(job)
             return new_tuple(Dispatched, (job,))
-        # 3. queue bounds: the tenant's own (429), then the band's and the global one (503)
-        tq = self._tenant_queued.get(tenant, 0)
-        tbound = self._bounds.get(tenant, _MISSING)
-        if tbound is _MISSING:
-            tbound = self._tenant_bound(tenant)
-        if tbound is not None and tq >= tbound:
-            return self._reject(
-                job,
-                Reason.TENANT_QUEUE_FULL,
-                self._drain_s(pool, sched.tokens),
-                f"tenant {tenant!r} already has {tq} requests queued (limit {tbound})",
-                now,
-            )
-        if sched.band_full(band):
-            return self._reject(
-                job,
-                Reason.QUEUE_FULL,
-                self._drain_s(pool, sched.tokens),
-                f"the {sched.bands[band].name!r} band is full",
-                now,
-            )
-        if self.queued >= self._max_queued:
-            return self._reject(
-                job, Reason.QUEUE_FULL, self._drain_s(pool, sched.tokens), "the queue is full", now
-            )
-        # 4. predicted wait against the tier's max_wait
+        # 3-4. queue bounds and the predicted wait against the tier's max_wait
+        shed = self._shed(job, pool, band, tier, tenant)
+        if shed is not None:
+            return self._reject(job, shed[0], shed[1], shed[2], now)
         ahead_n, ahead_tokens = sched.ahead(band)
         eta = pool.drain.seconds_for(ahead_tokens)
         max_wait = self._tier_max_wait[tier]
-        if max_wait is not None and eta is not None and eta > max_wait:
-            return self._reject(
-                job,
-                Reason.WAIT_EXCEEDS_SLO,
-                max(_DEFAULT_RETRY_S, eta - max_wait),
-                f"predicted wait {eta:.2f}s exceeds the {tier_name!r} tier's max_wait "
-                f"{max_wait:g}s",
-                now,
-            )
+        tq = self._tenant_queued.get(tenant, 0)
         # 5. queue (ARRIVED -> QUEUED, checked on entry)
         job.state = _QUEUED
         live[job_id] = job
@@ -412,6 +369,68 @@ class AdmissionController:
         if deadline is not None:
             heapq.heappush(self._deadlines, (deadline, seq, job))
         return new_tuple(Queued, (job, ahead_n, eta))
+
+    def _take(
+        self, job: Job, reservation: Grant | Denial | None, cost: int, now: float
+    ) -> Denial | None:
+        """:meth:`arrive`'s step 1, the edge buckets: the store's denial, or this
+        controller's own buckets' (``None``: granted, ``job.claims`` set to what was
+        reserved)."""
+        buckets = self.buckets
+        if buckets is None:
+            if reservation is None:
+                if self._specs.of(job):
+                    raise PolicyError(f"job {job.id!r}: external buckets need a reservation")
+            elif isinstance(reservation, Denial):
+                return reservation
+            else:
+                job.claims = reservation.claims
+            return None
+        claims = self._specs.claims_for(job, job.tenant, job.tier, job.model, cost)
+        if claims:
+            denial = buckets.take(claims, now)
+            if denial is not None:
+                return denial
+            job.claims = claims
+        return None
+
+    def _shed(
+        self, job: Job, pool: Pool, band: int, tier: int, tenant: str
+    ) -> tuple[Reason, float | None, str] | None:
+        """:meth:`Pool.shed` with this controller's bounds and counts: why a job that cannot
+        start at once may not queue, or ``None``."""
+        tbound = self._bounds.get(tenant, _MISSING)
+        if tbound is _MISSING:  # looked up once per tenant, cached
+            tbound = self._bounds[tenant] = self.tenant_policy(tenant).max_queued
+        tq = self._tenant_queued.get(tenant, 0)
+        wait = self._tier_max_wait[tier]
+        return pool.shed(job, band, wait, tq, tbound, self.queued, self._max_queued)
+
+    def _arrive_shadow(
+        self, job: Job, pool: Pool, tier: int, reservation: Grant | Denial | None, now: float
+    ) -> Dispatched:
+        """Shadow mode (``enforce: false``): decide as :meth:`arrive` would (buckets, start
+        at once or queue, bounds, predicted wait), record it on the job (``shadow``,
+        ``shadow_reason``) and dispatch the job now, whatever it says.  Granted claims are
+        kept and settled when the job ends, with nothing used if the decision was a
+        rejection (enforcement would have refunded them): the buckets see what enforcement
+        would have charged."""
+        denial = self._take(job, reservation, job.cost or self._size(job), now)
+        decision, why = "admitted", ""
+        sched = pool.sched
+        band = job.band = sched.band_of(tier)
+        if denial is not None:
+            decision = "rejected"
+            why = (Reason.REQUEST_TOO_LARGE if denial.never else Reason.RATE_LIMITED).code
+        elif not (sched.queued == 0 and pool.capacity.fits(job, now)):
+            shed = self._shed(job, pool, band, tier, job.tenant)
+            decision, why = ("queued", "capacity") if shed is None else ("rejected", shed[0].code)
+        job.shadow = decision
+        job.shadow_reason = why
+        self._jobs[job.id] = job
+        self._start(job, pool, now)
+        sched.on_start_direct(job)
+        return new_tuple(Dispatched, (job,))
 
     def standing(self, job_id: str) -> tuple[int, float | None] | None:
         """Where a queued job stands: ``(ahead, eta_s)``, at most ``ahead`` jobs before it
@@ -543,19 +562,7 @@ class AdmissionController:
     def status(self) -> dict[str, Any]:
         """Queue by pool, band and tenant; in-flight work; bucket levels."""
         now = self.clock.now()
-        pools: dict[str, Any] = {}
-        for p in self._pool_list:
-            pools[p.name] = {
-                "queued": p.sched.queued,
-                "queued_tokens": p.sched.tokens,
-                "bands": {b.name: {"queued": len(b), "tokens": b.tokens} for b in p.sched.bands},
-                "in_flight": p.capacity.in_flight,
-                "tokens_in_flight": p.capacity.tokens,
-                "max_in_flight": p.capacity.max_in_flight if p.limit is None else p.limit.value,
-                "max_tokens_in_flight": p.capacity.max_tokens,
-                "engines": p.capacity.engines,
-                "drain_tokens_per_s": p.drain.rate,
-            }
+        pools = {p.name: p.status() for p in self._pool_list}
         return {
             "draining": self.draining,
             "queued": self.queued,
@@ -587,10 +594,6 @@ class AdmissionController:
         if job is None:
             raise UnknownJobError(f"no live job {job_id!r}")
         return job
-
-    def _drain_s(self, pool: Pool, tokens: float) -> float:
-        s = pool.drain.seconds_for(tokens)
-        return _DEFAULT_RETRY_S if s is None else max(_DEFAULT_RETRY_S, s)
 
     def _start(self, job: Job, pool: Pool, now: float) -> None:
         # ARRIVED or QUEUED -> DISPATCHED: callers hold a job in one of those states
@@ -682,6 +685,8 @@ class AdmissionController:
             pool.limit.ended(job, now)
         del self._jobs[job.id]
         claims = job.claims  # (self._settlement, inline on this path)
+        if claims and job.shadow == "rejected":
+            total = 0  # enforcement would have refunded what it reserved
         settled = new_tuple(Settlement, (settle_lines(claims, total),)) if claims else _NONE
         return self._emit(job, state, reason, settled, now)
 

@@ -81,6 +81,8 @@ class Job:
     first_token_at: float | None
     finished_at: float | None
     usage: Usage | None
+    shadow: str | None  # shadow mode: "admitted", "queued" or "rejected", as if enforced
+    shadow_reason: str  # why ("" admitted, "capacity" queued, a Reason's code rejected)
 
     def __init__(
         self,
@@ -128,6 +130,8 @@ class Job:
         self.first_token_at = None
         self.finished_at = None
         self.usage = None
+        self.shadow = None
+        self.shadow_reason = ""
 
     def move(self, new: JobState) -> None:
         """Move to ``new``; raise :class:`LifecycleError` if the move is not allowed."""

@@ -163,6 +163,11 @@ class TierPolicy(_Model):
     degrade: DegradePolicy | None = Field(
         None, description="Degrade (cap max_tokens, fall back to a pool) before rejecting."
     )
+    enforce: bool = Field(
+        True,
+        description="false: shadow mode for this tier (decisions computed and counted, "
+        "every request passed through)",
+    )
 
 
 class TenantPolicy(_Model):
@@ -175,6 +180,11 @@ class TenantPolicy(_Model):
     max_queued: int | None = Field(None, ge=0, description="Bound on this tenant's queued jobs.")
     allowed_tiers: tuple[str, ...] = Field(
         (), description="Other tiers this tenant may ask for per request (header/body)."
+    )
+    enforce: bool = Field(
+        True,
+        description="false: shadow mode for this tenant (decisions computed and counted, "
+        "every request passed through)",
     )
     trust_expected_output: bool = Field(
         False,
@@ -458,6 +468,11 @@ class PolicyConfig(_Model):
     estimator: EstimatorPolicy = Field(default_factory=EstimatorPolicy)
     drain_ewma_alpha: float = Field(0.3, gt=0, le=1, description="Smoothing of the drain rate.")
     drain_window_s: float = Field(1.0, gt=0, description="Busy seconds per drain-rate sample.")
+    enforce: bool = Field(
+        True,
+        description="false: shadow mode everywhere: every admission decision is computed "
+        "and counted as if enforced, and every request passes straight through",
+    )
 
     @model_validator(mode="after")
     def _check_refs(self) -> PolicyConfig:

@@ -5,15 +5,20 @@ across reloads (:meth:`Pool.retake`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, Final
 
 from velvetrope.core.capacity import PoolCapacity
 from velvetrope.core.estimate import DrainMeter
+from velvetrope.core.job import Job
+from velvetrope.core.lifecycle import Reason
 from velvetrope.core.limit import AdaptiveLimit
 from velvetrope.core.policy import PolicyConfig, PoolPolicy
 from velvetrope.core.saturation import EngineSaturation
 from velvetrope.core.scheduler import Scheduler
 
 __all__ = ["Pool"]
+
+_DEFAULT_RETRY_S: Final = 1.0
 
 
 class Pool:
@@ -58,3 +63,58 @@ class Pool:
             p.max_tokens_in_flight_per_engine,
         )
         self.sched.retier(config)
+
+    def retry_s(self, tokens: float) -> float:
+        """``Retry-After`` for a job shed behind ``tokens`` of work: their predicted drain,
+        at least one second."""
+        s = self.drain.seconds_for(tokens)
+        return _DEFAULT_RETRY_S if s is None else max(_DEFAULT_RETRY_S, s)
+
+    def shed(
+        self,
+        job: Job,
+        band: int,
+        max_wait: float | None,
+        tenant_queued: int,
+        tenant_bound: int | None,
+        queued: int,
+        max_queued: int,
+    ) -> tuple[Reason, float | None, str] | None:
+        """Why ``job``, which cannot start at once, may not queue in band ``band``: its
+        tenant's bound (429), the band's and the global one (503), the predicted wait
+        against its tier's ``max_wait`` (503); as ``(reason, retry_after_s, message)``, or
+        ``None``: it may queue."""
+        sched = self.sched
+        if tenant_bound is not None and tenant_queued >= tenant_bound:
+            msg = (
+                f"tenant {job.tenant!r} already has {tenant_queued} requests queued "
+                f"(limit {tenant_bound})"
+            )
+            return Reason.TENANT_QUEUE_FULL, self.retry_s(sched.tokens), msg
+        if sched.band_full(band):
+            msg = f"the {sched.bands[band].name!r} band is full"
+            return Reason.QUEUE_FULL, self.retry_s(sched.tokens), msg
+        if queued >= max_queued:
+            return Reason.QUEUE_FULL, self.retry_s(sched.tokens), "the queue is full"
+        eta = self.drain.seconds_for(sched.ahead(band)[1])
+        if max_wait is not None and eta is not None and eta > max_wait:
+            msg = (
+                f"predicted wait {eta:.2f}s exceeds the {job.tier!r} tier's max_wait {max_wait:g}s"
+            )
+            return Reason.WAIT_EXCEEDS_SLO, max(_DEFAULT_RETRY_S, eta - max_wait), msg
+        return None
+
+    def status(self) -> dict[str, Any]:
+        """Its queue by band, work in flight against its limits, engines, drain rate."""
+        cap = self.capacity
+        return {
+            "queued": self.sched.queued,
+            "queued_tokens": self.sched.tokens,
+            "bands": {b.name: {"queued": len(b), "tokens": b.tokens} for b in self.sched.bands},
+            "in_flight": cap.in_flight,
+            "tokens_in_flight": cap.tokens,
+            "max_in_flight": cap.max_in_flight if self.limit is None else self.limit.value,
+            "max_tokens_in_flight": cap.max_tokens,
+            "engines": cap.engines,
+            "drain_tokens_per_s": self.drain.rate,
+        }

@@ -454,6 +454,10 @@ class Gateway:
         told = parsed.max_tokens is not None or MAX_TOKENS in job.degraded
         tally = UsageTally(job.prompt_tokens, job.max_tokens // max(1, job.n) if told else 0)
         extra = admitted_headers(job, ticket.snapshots)
+        if job.shadow is not None:  # shadow mode: what enforcement would have done
+            self.metrics.shadow.labels(job.tier, job.shadow, job.shadow_reason).inc()
+            said = job.shadow if not job.shadow_reason else f"{job.shadow}; {job.shadow_reason}"
+            extra.append((b"x-velvetrope-shadow", said.encode()))
         engines = self.engines
         tried: tuple[str, ...] = ()  # upstreams that could not be reached
         while True:

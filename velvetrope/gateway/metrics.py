@@ -310,6 +310,13 @@ class GatewayMetrics:
             "Requests degraded before admission, by tier and action (max_tokens, pool).",
             ["tier", "action"],
         )
+        self.shadow = self._counter(
+            "velvetrope_shadow_decisions",
+            "Shadow mode (enforce: false): the decision enforcement would have made for a "
+            "request that was passed through (admitted, queued, rejected) and why (a "
+            "rejection's code; 'capacity': it would have waited for a slot).",
+            ["tier", "decision", "reason"],
+        )
         self.reloads = self._counter(
             "velvetrope_config_reload",
             "Configuration reloads by result: ok, invalid (the running one kept), "

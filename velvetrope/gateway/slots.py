@@ -43,7 +43,7 @@ class SlotBrake:
         return not self.lacking
 
     def started(self, job: Job, now: float) -> None:
-        if not self._holds(job.id, self.pool):
+        if job.shadow is None and not self._holds(job.id, self.pool):  # shadow: not held
             self.lacking.add(job.id)
 
     def ended(self, job: Job, now: float) -> None:

@@ -295,6 +295,7 @@ def _records(
     pool: list[str] = []
     route: list[str] = []
     degraded: list[str] = []
+    shadow: list[str] = []
     for job in jobs:
         assert job is not None
         arrival.append(job.arrival)
@@ -308,6 +309,8 @@ def _records(
         pool.append(job.pool)
         route.append(job.route or "")
         degraded.append(",".join(job.degraded))
+        said = job.shadow
+        shadow.append("" if said is None else f"{said} {job.shadow_reason}".rstrip())
     return JobRecords(
         arrival=np.asarray(arrival, dtype=np.float64),
         dispatched=np.asarray(dispatched, dtype=np.float64),
@@ -323,4 +326,5 @@ def _records(
         pool=np.asarray(pool, dtype=np.str_),
         route=np.asarray(route, dtype=np.str_),
         degraded=np.asarray(degraded, dtype=np.str_),
+        shadow=np.asarray(shadow, dtype=np.str_),
     )

@@ -169,6 +169,9 @@ class JobRecords:
     pool: NDArray[np.str_] | None = None
     route: NDArray[np.str_] | None = None
     degraded: NDArray[np.str_] | None = None
+    shadow: NDArray[np.str_] | None = None
+    """Shadow mode (``enforce: false``): ``decision`` or ``decision reason`` as
+    enforcement would have decided (empty: the request was enforced)."""
 
     def __len__(self) -> int:
         return int(self.arrival.size)
@@ -177,6 +180,19 @@ class JobRecords:
     def completed(self) -> NDArray[np.bool_]:
         done: NDArray[np.bool_] = np.equal(self.state, "completed")
         return done
+
+    def shadow_counts(self) -> dict[tuple[str, str, str], int]:
+        """Shadow decisions by ``(tier, decision, reason)`` (the gateway's
+        ``velvetrope_shadow_decisions_total``)."""
+        out: dict[tuple[str, str, str], int] = {}
+        if self.shadow is None:
+            return out
+        for tier, said in zip(self.tier.tolist(), self.shadow.tolist(), strict=True):
+            if said:
+                decision, _, reason = said.partition(" ")
+                key = (tier, decision, reason)
+                out[key] = out.get(key, 0) + 1
+        return out
 
     def ttft(self) -> FloatArray:
         return self.first_token - self.arrival

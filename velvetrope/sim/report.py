@@ -143,6 +143,10 @@ def tier_table(result: SimResult) -> Table:
     lost = rows[-1].outcomes
     if lost:
         notes.append("not completed: " + ", ".join(f"{k} {v:,}" for k, v in sorted(lost.items())))
+    shadow = result.records.shadow_counts()
+    if shadow:
+        said = ", ".join(f"{t} {d} {r or '-'} {n:,}" for (t, d, r), n in sorted(shadow.items()))
+        notes.append(f"shadow (enforce: false, all passed through): {said}")
     t.caption = "\n".join(notes)
     return t
 
