@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-engines llama-server demo install lint typecheck pytest bench chaos fuzz soak clean
+.PHONY: test test-engines llama-server demo install lint typecheck pytest bench chaos fuzz soak clean constraints deploy-bench
 
 # llama.cpp's llama-server, built from the llama-cpp-python sdist (harness/llama_build.py)
 # and kept here between runs: minutes to build on two cores, once per machine
@@ -46,6 +46,15 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/core_bench.py
+
+# deploy/constraints.txt: the image's pinned dependency set, what a base install (no extra)
+# resolves to; run after changing [project] dependencies (tests/test_packaging.py checks it)
+constraints: $(STAMP)
+	$(BIN)/python -m harness.wheelenv constraints
+
+# wheel, base install, serve RSS, chart renders and schema checks: the `deploy:` line
+deploy-bench: $(STAMP)
+	$(BIN)/python bench/deploy_bench.py
 
 # two gateways, one Redis, two engines under load through Redis, engine and gateway faults,
 # both failure policies; ends with one verdict line per policy, exit 0 iff all counters are 0
