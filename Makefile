@@ -20,7 +20,17 @@ $(STAMP): pyproject.toml setup.py $(COMPILED)
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-install: $(STAMP)
+# promtool, for the alert rules' unit tests (tests/test_chart.py): from Debian's
+# `prometheus` package, unpacked (no daemon installed or started); one on PATH is reused
+PROMTOOL := $(BIN)/promtool
+$(PROMTOOL): | $(STAMP)
+	@if command -v promtool >/dev/null; then ln -sf "$$(command -v promtool)" $@; else \
+	  tmp=$$(mktemp -d) && cd $$tmp && \
+	  { apt-get download prometheus 2>/dev/null || { apt-get update -qq && apt-get download prometheus; }; } && \
+	  dpkg-deb -x prometheus_*.deb x && cp x/usr/bin/promtool $(CURDIR)/$@ && rm -rf $$tmp; fi
+	$@ --version | head -1
+
+install: $(STAMP) $(PROMTOOL)
 
 lint: $(STAMP)
 	$(BIN)/ruff check velvetrope tests bench harness
@@ -29,7 +39,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP)
+pytest: $(STAMP) $(PROMTOOL)
 	$(BIN)/python -m pytest -q --ignore=tests/engines
 
 test: lint typecheck pytest
