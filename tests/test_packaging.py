@@ -211,8 +211,6 @@ def test_commands_of_a_missing_extra_exit_2_naming_it(base: BaseInstall) -> None
         (["simulate"], "sim"),
         (["simulate", "--help"], "sim"),
         (["plan", "--profile", "llama3-8b-h100"], "plan"),
-        (["demo", "--quick"], "sim"),
-        (["scenario"], "sim"),
     ):
         out = base.run(*args)
         assert out.returncode == 2, (args, out.stdout, out.stderr)
