@@ -105,6 +105,10 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
     ),
     "grace-too-short": ({"terminationGracePeriodSeconds": 30}, "must exceed"),
     "admin-token-in-values": ({"config": {"admin_token": "x"}}, "config.admin_token"),
+    "rules-without-tiers": (
+        {"prometheusRule": {"enabled": True}, "config": {"policy": {"tiers": []}}},
+        "prometheusRule needs config.policy.tiers",
+    ),
 }
 """Name -> (values, a phrase of the error) the chart must fail to render."""
 

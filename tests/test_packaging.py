@@ -171,7 +171,8 @@ def test_the_base_install_serves_a_completion(base: BaseInstall) -> None:
     assert (base.workdir / "conf" / "scaledobject.yaml").exists()
     check = base.run("config", "check", str(config))
     assert check.returncode == 0 and check.stdout.startswith("ok: "), check.stderr
-    assert base.run("engine", "--help").returncode == 0
+    for command in ("engine", "top"):
+        assert base.run(command, "--help").returncode == 0, command
     again = base.run("init", "conf")
     assert again.returncode == 2 and "--force" in again.stderr
     program = [str(base.bin / "velvetrope")]
