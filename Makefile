@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-engines llama-server demo install lint typecheck pytest bench chaos fuzz soak clean
+.PHONY: test test-engines llama-server demo install lint typecheck pytest bench chaos fuzz soak clean constraints deploy-bench
 
 # llama.cpp's llama-server, built from the llama-cpp-python sdist (harness/llama_build.py)
 # and kept here between runs: minutes to build on two cores, once per machine
@@ -20,7 +20,17 @@ $(STAMP): pyproject.toml setup.py $(COMPILED)
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-install: $(STAMP)
+# promtool, for the alert rules' unit tests (tests/test_chart.py): from Debian's
+# `prometheus` package, unpacked (no daemon installed or started); one on PATH is reused
+PROMTOOL := $(BIN)/promtool
+$(PROMTOOL): | $(STAMP)
+	@if command -v promtool >/dev/null; then ln -sf "$$(command -v promtool)" $@; else \
+	  tmp=$$(mktemp -d) && cd $$tmp && \
+	  { apt-get download prometheus 2>/dev/null || { apt-get update -qq && apt-get download prometheus; }; } && \
+	  dpkg-deb -x prometheus_*.deb x && cp x/usr/bin/promtool $(CURDIR)/$@ && rm -rf $$tmp; fi
+	$@ --version | head -1
+
+install: $(STAMP) $(PROMTOOL)
 
 lint: $(STAMP)
 	$(BIN)/ruff check velvetrope tests bench harness
@@ -29,7 +39,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-pytest: $(STAMP)
+pytest: $(STAMP) $(PROMTOOL)
 	$(BIN)/python -m pytest -q --ignore=tests/engines
 
 test: lint typecheck pytest
@@ -46,6 +56,15 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/core_bench.py
+
+# deploy/constraints.txt: the image's pinned dependency set, what a base install (no extra)
+# resolves to; run after changing [project] dependencies (tests/test_packaging.py checks it)
+constraints: $(STAMP)
+	$(BIN)/python -m harness.wheelenv constraints
+
+# wheel, base install, serve RSS, chart renders and schema checks: the `deploy:` line
+deploy-bench: $(STAMP)
+	$(BIN)/python bench/deploy_bench.py
 
 # two gateways, one Redis, two engines under load through Redis, engine and gateway faults,
 # both failure policies; ends with one verdict line per policy, exit 0 iff all counters are 0

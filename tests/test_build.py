@@ -10,13 +10,13 @@ mypy configuration lets go unresolved.
 
 from __future__ import annotations
 
-import ast
 import re
 import sys
 import tomllib
 from pathlib import Path
 
 from tests.test_structure import closure, externals, modules
+from velvetrope.compiled import compiled_modules as compiled_list
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,14 +31,7 @@ package's, or those of its dependencies)."""
 
 def compiled_modules() -> list[str]:
     """The dotted names of ``setup.py``'s ``COMPILED`` list (read, not imported)."""
-    tree = ast.parse((ROOT / "setup.py").read_text(encoding="utf-8"))
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "COMPILED" for t in node.targets
-        ):
-            paths: list[str] = ast.literal_eval(node.value)
-            return [p.removesuffix(".py").replace("/", ".") for p in paths]
-    raise AssertionError("setup.py has no COMPILED list")
+    return compiled_list(ROOT / "setup.py")
 
 
 def build_environment() -> set[str]:

@@ -5,7 +5,8 @@ block, started with the Dockerfile's command line, and serves one request so tha
 series exists.  Then:
 
 * every YAML and JSON file under ``deploy/`` parses;
-* every metric name in any PromQL expression (dashboard, alerts and their unit tests, KEDA)
+* every metric name in any PromQL expression (dashboard, the chart's alerts and their unit
+  tests, KEDA)
   is a series of the live exposition: ``velvetrope_*`` from the gateway's ``/metrics``,
   ``vllm:*`` from the engine's.  Names resolve by type: a histogram ``F`` provides
   ``F_bucket`` (with ``le``), ``F_count`` and ``F_sum``, never ``F``; a counter ``F``
@@ -16,14 +17,15 @@ series exists.  Then:
 * the chart: its config is valid for ``velvetrope.config``, its probe paths answer on the
   live gateway, the grace period outlasts preStop + drain + uvicorn's shutdown, every
   ``.Values`` path a template reads exists;
-* the Dockerfile agrees with the chart (port, config path, user);
-* with ``promtool`` installed: rule files are valid, the alert unit tests pass, and every
-  dashboard and KEDA expression parses.
+* the Dockerfile agrees with the chart (port, config path, user).
+
+The config and the alert rules are the chart's own, rendered by Helm
+(:func:`harness.chart.render`); ``tests/test_chart.py`` validates the rendered objects and
+runs promtool on the rules, ``tests/test_packaging.py`` the image's install line.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 import shlex
@@ -38,6 +40,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from harness.chart import render
 from velvetrope.config import parse_config
 from velvetrope.core.lifecycle import JobState, Reason
 from velvetrope.serving import launch
@@ -46,7 +49,6 @@ ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 CHART = DEPLOY / "helm" / "velvetrope"
 DOCKERFILE = DEPLOY / "Dockerfile"
-ALERTS = DEPLOY / "prometheus" / "alerts.yaml"
 ALERT_TESTS = DEPLOY / "prometheus" / "alerts.test.yaml"
 DASHBOARD = DEPLOY / "grafana" / "velvetrope-dashboard.json"
 KEDA = DEPLOY / "keda" / "scaledobject.yaml"
@@ -56,7 +58,9 @@ TEST_KEY = "sk-deploy-test-0000"
 # labels Prometheus attaches at scrape time (target labels), not in the exposition
 TARGET_LABELS = frozenset({"instance", "job", "namespace", "pod", "service", "container"})
 # metrics from other exporters, named on purpose (kube-state-metrics for readiness)
-EXTERNAL_METRICS = frozenset({"kube_pod_status_ready"})
+EXTERNAL_METRICS = frozenset(
+    {"kube_deployment_status_replicas_available", "kube_deployment_spec_replicas"}
+)
 REASONS = frozenset(r.code for r in Reason)
 STATES = frozenset(s.value for s in JobState)
 
@@ -80,34 +84,27 @@ def _values() -> dict[str, Any]:
 
 
 def _chart_config() -> dict[str, Any]:
-    """The gateway config the chart renders: values.config + admin_token_env (_helpers.tpl)."""
-    values = _values()
-    cfg: dict[str, Any] = copy.deepcopy(values["config"])
-    if values["adminToken"]["existingSecret"]:
-        cfg["admin_token_env"] = values["adminToken"]["envName"]
-    state = dict(cfg.get("state") or {})
-    if values["redis"]["url"]:
-        state["url"] = values["redis"]["url"]
-    elif values["redis"]["enabled"]:
-        state["url"] = "redis://release-velvetrope-redis:6379/0"
-    if state.get("url", "memory://") != "memory://":
-        state.setdefault("expected_replicas", int(values["replicaCount"]))
-    cfg["state"] = state
+    """The gateway config the chart renders with its defaults (the ConfigMap's gateway.yaml,
+    rendered by Helm: :func:`harness.chart.render`)."""
+    (cm,) = render({}).kind("ConfigMap")
+    cfg: dict[str, Any] = yaml.safe_load(cm["data"]["gateway.yaml"])
     return cfg
 
 
+def _alert_rule() -> dict[str, Any]:
+    """The chart's PrometheusRule, rendered with its defaults and prometheusRule.enabled."""
+    (rule,) = render({"prometheusRule": {"enabled": True}}).kind("PrometheusRule")
+    return rule
+
+
 def test_several_replicas_share_state() -> None:
-    """The chart's defaults run several replicas, so they must render a Redis state.url, and
-    the Deployment refuses to render several replicas without one."""
+    """The chart's defaults run several replicas, so they must render a Redis state.url (and
+    the chart refuses several replicas without one: tests/test_chart.py)."""
     values = _values()
     assert values["replicaCount"] > 1
     assert _chart_config()["state"]["url"].startswith("redis://")
     # before Redis ever answers, fail_open shares limits by the chart's replica count
     assert _chart_config()["state"]["expected_replicas"] == values["replicaCount"]
-    helpers = (CHART / "templates" / "_helpers.tpl").read_text()
-    assert '$_ := set $state "expected_replicas" (int .Values.replicaCount)' in helpers
-    guard = (CHART / "templates" / "deployment.yaml").read_text()
-    assert "(gt (int .Values.replicaCount) 1) (not .Values.redis.enabled)" in guard
 
 
 def _dockerfile() -> dict[str, list[str]]:
@@ -361,7 +358,7 @@ def dashboard_exprs() -> list[Expr]:
 
 def alert_exprs() -> list[Expr]:
     out: list[Expr] = []
-    for g in _yaml(ALERTS)["spec"]["groups"]:
+    for g in _alert_rule()["spec"]["groups"]:
         for r in g["rules"]:
             text = " ".join(r.get("annotations", {}).values())
             shown = set(re.findall(r"\$labels\.(\w+)", text))

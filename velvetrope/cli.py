@@ -21,6 +21,9 @@ import typer
 import typer.core
 import typer.main
 
+from velvetrope.errors import MissingExtra
+from velvetrope.extras import extra_for
+
 if TYPE_CHECKING:
     from typer._click import Command, Context
 
@@ -56,6 +59,33 @@ LAZY_COMMANDS: dict[str, str] = {
 (its parameters declared with ``typer.Option``/``typer.Argument``), imported when first used."""
 
 
+def _missing(command: str | None, exc: ModuleNotFoundError) -> MissingExtra:
+    """The MissingExtra for ``command`` failing on ``exc``; re-raises ``exc`` when no extra
+    brings the module (a broken install, not a choice)."""
+    extra = extra_for(command, exc.name)
+    if extra is None or exc.name is None:
+        raise exc
+    return MissingExtra(f"velvetrope {command or ''}".strip(), exc.name, extra)
+
+
+def _unavailable(name: str, error: MissingExtra) -> Command:
+    """The command ``name`` of an install without its extra: prints ``error``, exits 2."""
+    one = typer.Typer(add_completion=False)
+
+    @one.command(
+        name,
+        # a backslash keeps rich (typer's help screens) from reading [extra] as markup
+        help=f"(not installed: pip install 'velvetrope\\[{error.extra}]')",
+        add_help_option=False,
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    )
+    def unavailable() -> None:
+        typer.echo(str(error), err=True)
+        raise typer.Exit(2)
+
+    return typer.main.get_command(one)
+
+
 def load_command(name: str, spec: str) -> Command:
     """The click command ``name`` built by typer from the function that ``spec``
     (``"module:function"``) names; imports that module."""
@@ -82,10 +112,29 @@ class LazyGroup(typer.core.TyperGroup):
         return [*(n for n in self.lazy if n not in eager), *eager]
 
     def get_command(self, ctx: Context, cmd_name: str) -> Command | None:
-        """The command ``cmd_name``, imported and built on its first lookup; None if unknown."""
+        """The command ``cmd_name``, imported and built on its first lookup; None if unknown.
+
+        When its module needs a package of an extra that is not installed
+        (``velvetrope.extras``), the command is one that says so and exits 2, whatever its
+        arguments (``--help`` included); the group's help lists it with that extra."""
         if cmd_name not in self.commands and cmd_name in self.lazy:
-            self.add_command(load_command(cmd_name, self.lazy[cmd_name]), cmd_name)
+            try:
+                command = load_command(cmd_name, self.lazy[cmd_name])
+            except ModuleNotFoundError as exc:
+                command = _unavailable(cmd_name, _missing(cmd_name, exc))
+            self.add_command(command, cmd_name)
         return super().get_command(ctx, cmd_name)
+
+    def invoke(self, ctx: Context) -> object:
+        """Run the command; a missing optional package exits 2 naming the extra to install."""
+        try:
+            return super().invoke(ctx)
+        except ModuleNotFoundError as exc:
+            error = _missing(ctx.invoked_subcommand, exc)
+        except MissingExtra as exc:
+            error = exc
+        typer.echo(str(error), err=True)
+        raise typer.Exit(2)
 
     def resolve_command(
         self, ctx: Context, args: list[str]
@@ -183,6 +232,39 @@ def config_hash_key(key: str = typer.Argument(..., help="An API key.")) -> None:
     from velvetrope.config import hash_key
 
     typer.echo(hash_key(key))
+
+
+EXAMPLE_FILES = ("gateway.yaml", "scaledobject.yaml")
+"""What ``velvetrope init`` writes: the example gateway config and the KEDA ScaledObject,
+shipped in the wheel (``velvetrope/data/examples/``; in a checkout, ``examples/gateway.yaml``
+and ``deploy/keda/scaledobject.yaml`` are links to them)."""
+
+
+@app.command("init")
+def init(
+    directory: str = typer.Argument(".", help="Where to write the files (created if absent)."),
+    force: bool = typer.Option(False, help="Overwrite files that exist."),
+) -> None:
+    """Write the example gateway config (gateway.yaml) and KEDA ScaledObject
+    (scaledobject.yaml) to DIRECTORY, to edit and deploy.
+
+    Refuses (exit 2) to overwrite an existing file unless --force.
+    """
+    from importlib.resources import files
+    from pathlib import Path
+
+    out = Path(directory)
+    targets = [out / name for name in EXAMPLE_FILES]
+    existing = [str(t) for t in targets if t.exists()]
+    if existing and not force:
+        typer.echo(f"velvetrope init: {', '.join(existing)} exist (--force overwrites)", err=True)
+        raise typer.Exit(2)
+    out.mkdir(parents=True, exist_ok=True)
+    source = files("velvetrope.data").joinpath("examples")
+    for name, target in zip(EXAMPLE_FILES, targets, strict=True):
+        target.write_text(source.joinpath(name).read_text())
+        typer.echo(f"wrote {target}")
+    typer.echo(f"next: velvetrope config check {targets[0]} (add upstreams and api_keys first)")
 
 
 @app.command("serve")

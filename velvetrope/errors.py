@@ -14,7 +14,8 @@
     │   └── UpstreamTimeout         an upstream did not answer in time (504)
     ├── StoreError                  shared state (Redis) misbehaved
     │   └── StoreUnavailable        shared state cannot be reached (503)
-    └── TraceError                  a trace or workload file cannot be read
+    ├── TraceError                  a trace or workload file cannot be read
+    └── MissingExtra                an optional dependency is not installed (names the extra)
 
 Every error carries a human-readable message; the gateway maps each to OpenAI's error shape.
 """
@@ -25,6 +26,7 @@ __all__ = [
     "ClientDisconnected",
     "ConfigError",
     "LifecycleError",
+    "MissingExtra",
     "PolicyError",
     "RequestError",
     "StoreError",
@@ -110,3 +112,19 @@ class StoreUnavailable(StoreError):
 
 class TraceError(VelvetropeError):
     """A trace or workload file cannot be read; the message names the file and line."""
+
+
+class MissingExtra(VelvetropeError):
+    """A command needs a package that only an optional extra installs.
+
+    ``module`` is the missing top-level module, ``extra`` the extra of the ``velvetrope``
+    distribution that brings it; the message says ``install 'velvetrope[extra]'``.
+    """
+
+    def __init__(self, what: str, module: str, extra: str) -> None:
+        super().__init__(
+            f"{what} needs the {module!r} package, which the base install leaves out: "
+            f"install 'velvetrope[{extra}]'"
+        )
+        self.module = module
+        self.extra = extra

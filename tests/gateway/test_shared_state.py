@@ -393,3 +393,46 @@ def test_redis_never_seen_two_gateways_share_the_limit_by_expected_replicas(
         r = httpx.post(gw.url + "/v1/chat/completions", json=body(2), headers=GOLD, timeout=30)
         assert r.status_code == 503 and r.json()["error"]["code"] == "state_unavailable"
         assert "expected_replicas" in r.json()["error"]["message"]
+
+
+def test_a_wrong_redis_password_is_redis_never_seen_and_the_fleet_holds_the_limit(
+    tmp_path: Path, engine: str
+) -> None:
+    """A real Redis that requires a password the gateways do not have (the chart's old
+    defect: a passwordSecret the in-chart Redis did not use) answers every call with an
+    error: Redis is never seen.  Two gateways under fail_open with ``expected_replicas: 2``
+    admit the tenant's limit fleet-wide (within 5 %), and each reports state_up 0."""
+    server = RedisServer(password="the-right-password")
+    server.start()
+    try:
+        cfg = shared_config(
+            engine,
+            server.url,
+            on_store_error="fail_open",
+            expected_replicas=2,
+            password_env="VELVETROPE_TEST_REDIS_PASSWORD",
+        )
+        limit = 40
+        for t in cfg["policy"]["tenants"]:
+            if t["name"] == "gold":
+                t["limits"] = {"requests_per_minute": 1.0, "request_burst": limit}
+        env = {"VELVETROPE_TEST_REDIS_PASSWORD": "a-wrong-password"}
+        admitted: list[int] = []
+        with (
+            launch.start_gateway(cfg, tmp_path, env=env) as a,
+            launch.start_gateway(second(cfg), tmp_path, env=env) as b,
+        ):
+            for gw in (a, b):
+                with httpx.Client(base_url=gw.url, headers=GOLD, timeout=30) as c:
+                    codes = [
+                        c.post("/v1/chat/completions", json=body(2)).status_code
+                        for _ in range(limit)
+                    ]
+                    metrics = c.get("/metrics").text
+                assert set(codes) <= {200, 429}, codes
+                admitted.append(codes.count(200))
+                assert "velvetrope_state_up 0.0" in metrics
+        print(f"wrong password: admitted per gateway {admitted}, limit {limit}")
+        assert abs(sum(admitted) - limit) <= 0.05 * limit, admitted
+    finally:
+        server.stop()

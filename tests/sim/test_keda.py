@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 
 from velvetrope.errors import PolicyError
 from velvetrope.sim.hpa import Behavior, ScalingPolicy, ScalingRules
@@ -225,9 +226,13 @@ class TestManifests:
 def test_the_config_section_matches_the_deploy_file() -> None:
     from velvetrope.config import parse_config
 
+    # the deploy file's query is scoped to one release (namespace, job); the simulator reads
+    # the same metric whatever the scope
+    query = yaml.safe_load(DEPLOY.read_text())["spec"]["triggers"][0]["metadata"]["query"]
     cfg = parse_config(
         {
             "autoscale": {
+                "query": query,
                 "threshold": 16,
                 "min_replicas": 2,
                 "max_replicas": 8,

@@ -27,8 +27,9 @@ __all__ = [
     "tenant_keys",
 ]
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "examples" / "gateway.yaml"
-"""The example config of a source checkout (``examples/gateway.yaml``)."""
+DEFAULT_CONFIG = Path(__file__).resolve().parents[1] / "data" / "examples" / "gateway.yaml"
+"""The example config, shipped in the package (``examples/gateway.yaml`` of a checkout links
+to it; ``velvetrope init`` writes a copy to edit)."""
 
 GATEWAY = "gateway"
 """The run through the gateway."""
@@ -92,7 +93,7 @@ def read_config(path: Path) -> dict[str, Any]:
     if not path.exists():
         raise ConfigError(
             f"{path}: not found; the demo needs the example gateway config "
-            "(examples/gateway.yaml of a source checkout) or --config FILE"
+            "(shipped in the package; `velvetrope init` writes a copy) or --config FILE"
         )
     data = parse_yaml(read_text(path, "gateway config"), str(path))
     if not isinstance(data, dict):

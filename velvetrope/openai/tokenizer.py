@@ -154,6 +154,11 @@ def _load_bpe(encoding: str) -> Any:
             import bpe_openai
 
             return bpe_openai.get_encoding(encoding)
+    except ModuleNotFoundError:
+        raise ConfigError(
+            f"tokenizer {encoding!r}: the 'bpe-openai' package is not installed: "
+            "install 'velvetrope[tokenizers]' (or use tokenizer: approx)"
+        ) from None
     except (KeyError, ValueError, RuntimeError) as exc:  # UnsupportedModelError is a KeyError
         raise ConfigError(f"tokenizer {encoding!r}: bpe-openai cannot load it: {exc}") from None
 
@@ -210,8 +215,8 @@ def _load_hf(path: str) -> Any:
         tokenizers = importlib.import_module("tokenizers")
     except ImportError:
         raise ConfigError(
-            f"tokenizer 'hf:{path}': the 'tokenizers' package is not installed "
-            f"(pip install tokenizers)"
+            f"tokenizer 'hf:{path}': the 'tokenizers' package is not installed: "
+            "install 'velvetrope[tokenizers]'"
         ) from None
     file = Path(path)
     if not file.is_file():

@@ -6,6 +6,7 @@ Registered in :mod:`velvetrope.cli` as ``app.command("engine")(engine_command)``
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import os
 from typing import Annotated, Literal
@@ -63,8 +64,11 @@ def engine_command(
     ),
     tokenizer: Annotated[
         str,
-        typer.Option(help="Prompt token counting: cl100k_base, o200k_base, approx, hf:PATH."),
-    ] = "cl100k_base",
+        typer.Option(
+            help="Prompt token counting: cl100k_base, o200k_base, approx, hf:PATH; auto: "
+            "cl100k_base where bpe-openai is installed (velvetrope[tokenizers]), else approx."
+        ),
+    ] = "auto",
     instant: Annotated[
         bool, typer.Option(help="Zero model time: answer at once (a fast upstream).")
     ] = False,
@@ -154,6 +158,9 @@ def engine_command(
     tls = (ssl_certfile, ssl_keyfile) if ssl_certfile and ssl_keyfile else None
     policy: Literal["fcfs", "priority"] = "priority" if scheduling == "priority" else "fcfs"
     effective_speed = math.inf if instant else speed
+    if tokenizer == "auto":
+        has_bpe = importlib.util.find_spec("bpe_openai") is not None
+        tokenizer = "cl100k_base" if has_bpe else "approx"
     try:
         prof = parse_overrides(load_profile(profile), set_ or [])
         output_policy = OutputPolicy(parse_lengths(outputs), seed)
