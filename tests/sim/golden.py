@@ -150,8 +150,11 @@ def digest(res: SimResult) -> str:
     h = hashlib.sha256()
     h.update(repr(res.decisions).encode())
     for f in dataclasses.fields(res.records):
+        value = getattr(res.records, f.name)
+        if value is None:  # an optional column the run did not fill adds nothing
+            continue
         h.update(f.name.encode())
-        h.update(np.ascontiguousarray(getattr(res.records, f.name)).tobytes())
+        h.update(np.ascontiguousarray(value).tobytes())
     h.update(repr(res.span_s).encode())
     h.update(repr(res.pools).encode())
     for a in res.samples:
@@ -172,9 +175,10 @@ def _fields(obj: Any) -> list[tuple[str, Any]]:
 
 
 def _dtypes(what: str, columns: Sequence[tuple[str, Any]]) -> str:
-    """The dtypes (and shapes) of ``columns``: they are part of the digest's bytes."""
+    """The dtypes (and shapes) of ``columns``: they are part of the digest's bytes (an
+    optional column the run did not fill, ``None``, is left out, as from the digest)."""
     return f"{what}: " + " ".join(
-        f"{n}=None" if a is None else f"{n}={a.dtype.str}{list(a.shape)}" for n, a in columns
+        f"{n}={a.dtype.str}{list(a.shape)}" for n, a in columns if a is not None
     )
 
 

@@ -326,5 +326,5 @@ def _records(
         pool=np.asarray(pool, dtype=np.str_),
         route=np.asarray(route, dtype=np.str_),
         degraded=np.asarray(degraded, dtype=np.str_),
-        shadow=np.asarray(shadow, dtype=np.str_),
+        shadow=np.asarray(shadow, dtype=np.str_) if any(shadow) else None,
     )
