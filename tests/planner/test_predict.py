@@ -236,3 +236,23 @@ def test_bursty_arrivals_against_the_simulator() -> None:
     assert old.wait_p99_s < 0.2 * sim.wait_p99_s
     assert pred.wait_p99_s == pytest.approx(sim.wait_p99_s, rel=0.2)
     assert pred.e2e_p99_s == pytest.approx(sim.e2e_p99_s, rel=0.2)
+
+
+# --------------------------------------------------------------------------- scheduler
+
+
+def test_multi_step_scheduling_delays_the_first_token_only_on_a_busy_replica() -> None:
+    """A vLLM V0 profile with ``num_scheduler_steps = k`` admits every ``k``-th iteration:
+    a request that finds its replica busy waits for the window's end as well."""
+    grid = list(range(1, 17))
+    rates = [n * 2.0 for n in grid]
+    one = curve_from_measurements(PROFILE, [400], [60], grid, rates)
+    v0 = PROFILE.with_overrides(scheduler="vllm-v0", num_scheduler_steps=10)
+    ten = curve_from_measurements(v0, [400], [60], grid, rates)
+    busy = 0.7 * 2 * one.throughput(16)
+    a, b = predict(one, busy, 2, 16), predict(ten, busy, 2, 16)
+    assert b.ttft_p50_s > a.ttft_p50_s and b.ttft_p99_s > a.ttft_p99_s
+    assert (b.wait_p99_s, b.e2e_p99_s) == (a.wait_p99_s, a.e2e_p99_s)  # only the admission
+    idle = 1e-4  # a replica that is almost never busy admits at once
+    a, b = predict(one, idle, 2, 16), predict(ten, idle, 2, 16)
+    assert b.ttft_p50_s == pytest.approx(a.ttft_p50_s, rel=1e-3)

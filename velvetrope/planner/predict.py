@@ -57,6 +57,9 @@ The model (assumptions stated)
    progress at dispatch (work added during an iteration waits for the next one; long
    when another request's prefill is running, see :func:`_residual_step`), then ``f_i``
    prefill iterations of mean length ``τ`` plus the request's own prefill compute.
+   With multi-step scheduling (a ``vllm-v0`` profile's ``num_scheduler_steps = k > 1``)
+   a request dispatched to a busy replica also waits for the next admission window:
+   ``U·τ`` more, ``U`` uniform on ``0 .. k−1`` (the iterations left in the window).
 6. **Quantiles** of end-to-end and TTFT average the wait's tail over the length mix:
    ``P(W + S > t) = mean_i P(W > t − S_i)``, inverted by bisection.
 
@@ -466,6 +469,11 @@ def _first_token(
     res_v, res_w = _residual_step(
         tau, lam_replica, prof.per_prefill_token_s, pv, mix.prompt_weights, p_busy
     )
+    k = prof.num_scheduler_steps
+    if k > 1:  # busy: the rest of the admission window too (res_v[0] is the idle share)
+        busy_v = (res_v[1:, None] + tau * np.arange(k)[None, :]).ravel()
+        res_v = np.concatenate((res_v[:1], busy_v))
+        res_w = np.concatenate((res_w[:1], np.repeat(res_w[1:] / k, k)))
     first = (own[:, None] + res_v[None, :]).ravel()
     first_w = (mix.prompt_weights[:, None] * res_w[None, :]).ravel()
     return first, first_w
