@@ -35,8 +35,10 @@ def small(profile: EngineProfile, **kw: Any) -> EngineProfile:
     return profile.with_overrides(**{**base, **kw})
 
 
-PROFILES = [load_profile(name) for name in list_profiles()]
-SMALL = [small(p) for p in PROFILES]
+# the built-ins of distinct shapes: the V1-mode ones and the vLLM 0.6 (V0, multi-step) ones;
+# the *-vllm-v1 profiles differ from the first only in their numbers
+PROFILES = [load_profile(name) for name in list_profiles() if not name.endswith("-vllm-v1")]
+SMALL = [small(p) for p in PROFILES if p.scheduler == "vllm-v1"]
 # tensor-parallel terms: a constant and a per-token part in every step's duration
 TP = small(PROFILES[0], tensor_parallel_size=4, tp_allreduce_s=0.0016, tp_per_token_s=3e-7)
 
