@@ -12,7 +12,12 @@ from hypothesis import strategies as st
 from velvetrope.engine import load_profile
 from velvetrope.errors import PolicyError
 from velvetrope.planner import queueing as q
-from velvetrope.planner.predict import fleet_departure_rates, mixture_quantile, predict
+from velvetrope.planner.predict import (
+    _seen_iterations,
+    fleet_departure_rates,
+    mixture_quantile,
+    predict,
+)
 from velvetrope.planner.service import (
     ServiceCurve,
     analytic_service_curve,
@@ -199,8 +204,9 @@ def test_pattern_wait_is_the_gdc_replay() -> None:
 
 
 def test_pattern_quantiles_against_monte_carlo() -> None:
-    # The stated model, sampled: W from the replay; a request that did not wait runs at τ,
-    # one that waited at τ_w = (τ + R(K)/E[w])/2.
+    # The stated model, sampled: W from the replay; a request that did not wait runs at the
+    # iteration time of the concurrency it found (_seen_iterations), one that waited at
+    # τ_w = (τ + R(K)/E[w])/2.
     curve = conv_like()
     n, k = 2, 8
     lam = 0.6 * n * curve.throughput(k)
@@ -213,7 +219,11 @@ def test_pattern_quantiles_against_monte_carlo() -> None:
     m = 400_000
     w = p.wait_sample[rng.integers(0, p.wait_sample.size, m)]
     work = curve.mix.work[rng.integers(0, len(curve.mix), m)]
-    e2e = w + work * np.where(w > 0, tau_w, p.per_iteration_s)
+    arrivals = pattern / lam
+    waits = q.gdc_waits(arrivals, n * k, curve.residence(k))
+    taus, _ = _seen_iterations(curve, arrivals, waits, p.service_mean_s, n)
+    assert taus.min() >= p.per_iteration_s * 0.5 and taus.max() > p.per_iteration_s
+    e2e = w + work * np.where(w > 0, tau_w, taus[rng.integers(0, taus.size, m)])
     for q_, got in ((0.5, p.e2e_p50_s), (0.99, p.e2e_p99_s)):
         assert got == pytest.approx(float(np.quantile(e2e, q_)), rel=0.02)
     assert p.e2e_mean_s == pytest.approx(float(e2e.mean()), rel=0.01)
