@@ -74,9 +74,8 @@ arrival pattern at the design rate, the real admission core and batchers, 20,000
 * code trace (bursty: ``C_a²`` 51 inside minutes, 173 over the whole trace), default plan
   (``velvetrope plan --trace azure_code --verify``: 2 replicas × 64 slots): p99 wait
   −20.3 % at 2 replicas, −6.4 % at 1; p99 TTFT −28.8 % and −6.6 %; p99 end-to-end −7.6 %
-  and −0.9 % (−27.0 % at 2 replicas before requests that did not wait ran at the
-  concurrency they found).  Before the G/D/c replay the model predicted a p99 wait of 0 s
-  here;
+  and −0.9 % (−27.0 % at 2 replicas with every request that did not wait at ``τ``; a
+  Poisson-wait model predicts a p99 wait of 0 s here);
 * conversation trace, 50 req/s, ``--slo-metric e2e --slo-p99 10s``: p99 end-to-end +4.0 %
   at 5 replicas, +5.4 % at 4; p99 TTFT −12 % and −16 %; no wait in either;
 * the issue's example (``llama3-70b-4xh100``, conversation trace, 50 req/s): p99 end-to-end
