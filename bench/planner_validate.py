@@ -11,7 +11,8 @@ Last line::
   linear throughput curve ``X(n) = n·μ``, which is M/M/c).  Points whose exact value is
   below the smallest normal double (about 2.2e-308) are skipped and counted: a subnormal
   result keeps only absolute accuracy.  Target ≤ 1e-9.
-* ``f``, ``g`` — for the Azure conversation and code traces on ``llama3-8b-h100``, the
+* ``f``, ``g`` — for the Azure conversation and code traces on ``llama3-8b-h100`` (or
+  ``--profile``), the
   largest relative error of the planner's p99 (wait, time to first token, end-to-end)
   against the simulator's, over the rows whose simulated p99 is at least 0.5 s (below
   that a relative error says little; those rows are printed too).  Each trace is
@@ -128,9 +129,11 @@ def _err(pred: float, sim: float) -> float | None:
     return (pred - sim) / sim if sim >= MIN_P99_S and math.isfinite(pred) else None
 
 
-def check_trace(name: str, design_rps: float, slo: P99Target, tier: str) -> tuple[float, int]:
+def check_trace(
+    name: str, design_rps: float, slo: P99Target, tier: str, profile_name: str
+) -> tuple[float, int]:
     """Plan for the compressed trace, print both checks; (largest error, replicas over min)."""
-    profile = load_profile("llama3-8b-h100")
+    profile = load_profile(profile_name)
     raw = load_trace(name)
     p99_minute = float(np.percentile(one_minute_rates([r.t for r in raw]), 99))
     trace = rescale_time(raw, design_rps / p99_minute)
@@ -202,6 +205,7 @@ def main() -> None:
     ap.add_argument("--code-rps", type=float, default=20.0, help="code: p99 one-minute rate")
     ap.add_argument("--skip-sim", action="store_true", help="compute e only")
     ap.add_argument("--skip-e", action="store_true", help="skip the Erlang C grid")
+    ap.add_argument("--profile", default="llama3-8b-h100", help="engine profile of f and g")
     args = ap.parse_args()
 
     t0 = time.perf_counter()
@@ -217,8 +221,9 @@ def main() -> None:
             f"planner: erlang_c_max_rel_err={e:.3g} conv_err=nan code_err=nan replicas_over_min=nan"
         )
         return
-    f, over = check_trace("azure_conv", args.conv_rps, P99Target("e2e", 9.0), "interactive")
-    g, _ = check_trace("azure_code", args.code_rps, P99Target("wait", 4.0), "interactive")
+    prof = args.profile
+    f, over = check_trace("azure_conv", args.conv_rps, P99Target("e2e", 9.0), "interactive", prof)
+    g, _ = check_trace("azure_code", args.code_rps, P99Target("wait", 4.0), "interactive", prof)
     line = (
         f"erlang_c_max_rel_err={e:.3g} conv_err={f:.3f} code_err={g:.3f} replicas_over_min={over}"
     )

@@ -35,8 +35,10 @@ def small(profile: EngineProfile, **kw: Any) -> EngineProfile:
     return profile.with_overrides(**{**base, **kw})
 
 
-PROFILES = [load_profile(name) for name in list_profiles()]
-SMALL = [small(p) for p in PROFILES]
+# the built-ins of distinct shapes: the V1-mode ones and the vLLM 0.6 (V0, multi-step) ones;
+# the *-vllm-v1 profiles differ from the first only in their numbers
+PROFILES = [load_profile(name) for name in list_profiles() if not name.endswith("-vllm-v1")]
+SMALL = [small(p) for p in PROFILES if p.scheduler == "vllm-v1"]
 # tensor-parallel terms: a constant and a per-token part in every step's duration
 TP = small(PROFILES[0], tensor_parallel_size=4, tp_allreduce_s=0.0016, tp_per_token_s=3e-7)
 
@@ -73,6 +75,7 @@ def snapshot(b: Batcher) -> dict[str, Any]:
         "steps": b.num_steps,
         "preemptions": b.num_preemptions,
         "order": b._order,
+        "anchor": b._anchor,
         "pool": pool,
         "pc": (b.prefix_cache_queries, b.prefix_cache_hits),
         "spec": (b.spec_draft_tokens, b.spec_accepted_tokens, b._rng.getstate()),
@@ -82,10 +85,10 @@ def snapshot(b: Batcher) -> dict[str, Any]:
 class Pair:
     """A stepped batcher and a fast-forwarded one, driven through the same program."""
 
-    def __init__(self, profile: EngineProfile, priority: bool, first: bool = False) -> None:
+    def __init__(self, profile: EngineProfile, priority: bool) -> None:
         kw: dict[str, Any] = {"priority": priority, "token_events": False, "seed": 7}
-        self.ref = Batcher(profile, prefill_first=first, **kw)
-        self.ff = Batcher(profile, prefill_first=first, **kw)
+        self.ref = Batcher(profile, **kw)
+        self.ff = Batcher(profile, **kw)
         self.t = 0.0
         self.seen: Counter[str] = Counter()
 
@@ -170,10 +173,8 @@ _run = st.tuples(st.just("run"), st.floats(0.0, 1.0))
 _ops = st.lists(st.one_of(_add, _add, _abort, _run, _run, _run, _run), min_size=5, max_size=60)
 
 
-def play(
-    profile: EngineProfile, priority: bool, ops: list[tuple[Any, ...]], first: bool = False
-) -> Pair:
-    pair = Pair(profile, priority, first)
+def play(profile: EngineProfile, priority: bool, ops: list[tuple[Any, ...]]) -> Pair:
+    pair = Pair(profile, priority)
     for n, op in enumerate(ops):
         if op[0] == "add":
             pair.add(f"s{n}", op[1], op[2], op[3], op[4])
@@ -202,15 +203,18 @@ def test_decode_runs_equal_step_by_step(
 
 
 @pytest.mark.parametrize("priority", [False, True])
+@pytest.mark.parametrize("steps", [1, 3])
 @pytest.mark.parametrize("profile", SMALL, ids=lambda p: p.name)
 @settings(max_examples=40, deadline=None)
 @given(ops=_ops)
-def test_decode_runs_equal_step_by_step_prefill_first(
-    profile: EngineProfile, priority: bool, ops: list[tuple[Any, ...]]
+def test_decode_runs_equal_step_by_step_v0(
+    profile: EngineProfile, steps: int, priority: bool, ops: list[tuple[Any, ...]]
 ) -> None:
     """vLLM V0's order (waiting prompts first, whole) checks admission before the running
-    sequences take their blocks."""
-    play(profile, priority, ops, first=True)
+    sequences take their blocks; with multi-step scheduling only every ``steps``-th step
+    tries, counted by the step count a run advances."""
+    v0 = profile.with_overrides(scheduler="vllm-v0", num_scheduler_steps=steps)
+    play(v0, priority, ops)
 
 
 @pytest.mark.parametrize("priority", [False, True])
@@ -249,7 +253,8 @@ def test_seeded_programs_cover_every_kind_of_run(profile: EngineProfile) -> None
     preemptions = 0
     for seed in range(6):
         for priority in (False, True):
-            pair = play(profile, priority, program(seed, 300), first=seed % 2 == 1)
+            v0 = profile.with_overrides(scheduler="vllm-v0", num_scheduler_steps=1 + seed % 3)
+            pair = play(v0 if seed % 2 else profile, priority, program(seed, 300))
             seen += pair.seen
             preemptions += pair.ref.num_preemptions
     kinds = ["run", "no run", "cut", "whole", "finishes", "block-limited", "block boundary"]

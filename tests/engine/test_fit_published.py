@@ -57,7 +57,7 @@ def _point(**kw: object) -> PublishedPoint:
         "max_num_seqs": 64,
         "max_num_batched_tokens": 256,
         "scheduler_steps": 1,
-        "scheduler": "v1",
+        "scheduler": "vllm-v1",
         "metric": "ttft",
         "stat": "mean",
         "value": 1.0,
@@ -88,9 +88,17 @@ def test_the_shipped_table_covers_every_profile_from_enough_sources() -> None:
     pts = read_default_table()
     assert len(pts) >= 20
     assert len({p.source for p in pts}) >= 4
-    assert {p.profile for p in pts} == {"llama3-8b-h100", "llama3-8b-a100", "llama3-70b-4xh100"}
+    assert {p.profile for p in pts} == {
+        "llama3-8b-h100-vllm-v0",
+        "llama3-8b-a100-vllm-v0",
+        "llama3-70b-4xh100-vllm-v0",
+        "llama3-8b-h100-vllm-v1",
+        "llama3-70b-4xh100-vllm-v1",
+    }
     assert {p.profile for p in pts} <= set(list_profiles())
-    for metric in ("throughput", "ttft", "tpot"):
+    for p in pts:  # every row runs in the scheduler of the profile it names
+        assert p.scheduler == load_profile(p.profile).scheduler, p.id
+    for metric in ("throughput", "ttft", "tpot", "e2e"):
         assert any(p.metric == metric for p in pts)
     assert all(p.note for p in pts), "every row says where its number comes from"
 
@@ -110,6 +118,10 @@ def test_the_shipped_profiles_reproduce_the_table_within_the_stated_error() -> N
     assert errors["throughput"] <= 0.10, summary_line(preds)
     assert errors["ttft"] <= 0.10, summary_line(preds)
     assert errors["tpot"] <= 0.10, summary_line(preds)
+    # the vLLM V1 rows (E2E latency, one source, only the step floor fitted) miss the 0.10
+    # target: the published curves' knees beyond ~55 req/s (8B) and ~25 req/s (70B) are
+    # sharper than the model's (bench/fidelity_bench.py: e2e_mape=0.172)
+    assert errors["e2e"] <= 0.20, summary_line(preds)
 
 
 # -- reading tables ------------------------------------------------------------------------
@@ -194,19 +206,40 @@ def test_throughput_counts_the_stated_unit_over_the_whole_run() -> None:
     assert [p.value for p in preds] == pytest.approx([2 / span, 6 / span, 22 / span])
 
 
+V0 = TINY.with_overrides(name="tiny-v0", scheduler="vllm-v0")
+
+
 def test_multi_step_scheduling_admits_a_newcomer_only_at_a_window_boundary() -> None:
-    pts = [_point(scheduler_steps=4)]
-    first = TINY.step_time(8, 0, 8)
+    pts = [_point(scheduler_steps=4, scheduler="vllm-v0")]
+    first = V0.step_time(8, 0, 8)
     # the second request arrives during the first decode step (step 2 of the window)
-    (pred,) = replay(_scenario(pts, [8, 8], [20, 1], [0.0, first + 0.001]), TINY)
-    steps = [first] + [TINY.step_time(0, 1, 8 + i) for i in range(1, 4)]
-    join = TINY.step_time(8, 1, 12 + 8)  # step 5: the first sequence decodes, the newcomer fills
+    (pred,) = replay(_scenario(pts, [8, 8], [20, 1], [0.0, first + 0.001]), V0)
+    steps = [first] + [V0.step_time(0, 1, 8 + i) for i in range(1, 4)]
+    join = V0.step_time(8, 0, 8)  # step 5: the newcomer's prompt runs alone (V0)
     ttft_second = sum(steps) + join - (first + 0.001)
     assert pred.value == pytest.approx(1000 * (first + ttft_second) / 2)
 
 
+def test_multi_step_scheduling_lives_in_the_batcher() -> None:
+    b = Batcher(V0.with_overrides(num_scheduler_steps=3))
+    b.add("a", 8, 20, 0.0)
+    t = b.step(0.0).end  # step 1: a's prompt (nothing was running: admits at once)
+    b.add("b", 8, 20, t)
+    for _ in range(2):  # steps 2 and 3 of the window: b waits
+        r = b.step(t)
+        assert (r.prefill_tokens, r.decode_seqs) == (0, 1)
+        t = r.end
+    assert b.step(t).prefill_tokens == 8  # step 4 opens the next window
+
+
+def test_a_row_of_another_scheduler_is_refused() -> None:
+    pts = [_point(scheduler="vllm-v0")]
+    with pytest.raises(PolicyError, match="models vllm-v1"):
+        replay(_scenario(pts, [8], [3], [0.0]), TINY)
+
+
 def test_v0_prefill_first_runs_prompts_in_steps_of_their_own() -> None:
-    b = Batcher(TINY, prefill_first=True)
+    b = Batcher(V0)
     b.add("a", 8, 10, 0.0)
     t = b.step(0.0).end
     b.add("b", 8, 10, t)

@@ -13,7 +13,16 @@ from hypothesis import strategies as st
 from velvetrope.engine import EngineProfile, list_profiles, load_profile, profile_to_yaml
 from velvetrope.errors import ConfigError, PolicyError
 
-BUILTINS = ("llama3-8b-h100", "llama3-70b-4xh100", "llama3-8b-a100")
+BUILTINS = (
+    "llama3-8b-h100",
+    "llama3-70b-4xh100",
+    "llama3-8b-a100",
+    "llama3-8b-h100-vllm-v0",
+    "llama3-70b-4xh100-vllm-v0",
+    "llama3-8b-a100-vllm-v0",
+    "llama3-8b-h100-vllm-v1",
+    "llama3-70b-4xh100-vllm-v1",
+)
 
 VALID_YAML = """\
 name: tiny
@@ -158,6 +167,9 @@ def test_loading_a_path_with_a_yml_suffix(tmp_path: Path) -> None:
         (_replace_line("max_model_len", "1025"), "max_model_len"),
         (_replace_line("max_num_batched_tokens", "4"), "max_num_batched_tokens"),
         (_replace_line("name", '""'), "name"),
+        (VALID_YAML + "scheduler: sglang\n", "scheduler"),
+        (VALID_YAML + "num_scheduler_steps: 4\n", "num_scheduler_steps"),
+        (VALID_YAML + "scheduler: vllm-v0\nnum_scheduler_steps: 0\n", "num_scheduler_steps"),
     ],
 )
 def test_bad_field_errors_name_the_file_and_the_field(
@@ -246,3 +258,17 @@ def test_step_time_is_linear_in_each_term(a: int, b: int, c: int, x: int, y: int
     separate = (p.step_time(a, b, c) - base) + (p.step_time(x, y, z) - base)
     assert combined == pytest.approx(separate, rel=1e-12, abs=1e-15)
     assert p.step_time(a, b, c) >= base
+
+
+def test_each_engine_version_s_profile_names_its_scheduler() -> None:
+    """The scheduler is part of a profile; the unsuffixed profiles keep the default."""
+    for name in list_profiles():
+        p = load_profile(name)
+        if name.endswith("-vllm-v0"):
+            assert (p.scheduler, p.num_scheduler_steps) == ("vllm-v0", 10), name
+        else:
+            assert (p.scheduler, p.num_scheduler_steps) == ("vllm-v1", 1), name
+    v0 = load_profile("llama3-8b-h100-vllm-v0")
+    assert v0.with_overrides(num_scheduler_steps=1).num_scheduler_steps == 1
+    with pytest.raises(PolicyError, match="num_scheduler_steps"):
+        v0.with_overrides(scheduler="vllm-v1")  # multi-step is V0's

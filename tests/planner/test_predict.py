@@ -12,7 +12,12 @@ from hypothesis import strategies as st
 from velvetrope.engine import load_profile
 from velvetrope.errors import PolicyError
 from velvetrope.planner import queueing as q
-from velvetrope.planner.predict import fleet_departure_rates, mixture_quantile, predict
+from velvetrope.planner.predict import (
+    _seen_iterations,
+    fleet_departure_rates,
+    mixture_quantile,
+    predict,
+)
 from velvetrope.planner.service import (
     ServiceCurve,
     analytic_service_curve,
@@ -199,8 +204,9 @@ def test_pattern_wait_is_the_gdc_replay() -> None:
 
 
 def test_pattern_quantiles_against_monte_carlo() -> None:
-    # The stated model, sampled: W from the replay; a request that did not wait runs at τ,
-    # one that waited at τ_w = (τ + R(K)/E[w])/2.
+    # The stated model, sampled: W from the replay; a request that did not wait runs at the
+    # iteration time of the concurrency it found (_seen_iterations), one that waited at
+    # τ_w = (τ + R(K)/E[w])/2.
     curve = conv_like()
     n, k = 2, 8
     lam = 0.6 * n * curve.throughput(k)
@@ -213,7 +219,11 @@ def test_pattern_quantiles_against_monte_carlo() -> None:
     m = 400_000
     w = p.wait_sample[rng.integers(0, p.wait_sample.size, m)]
     work = curve.mix.work[rng.integers(0, len(curve.mix), m)]
-    e2e = w + work * np.where(w > 0, tau_w, p.per_iteration_s)
+    arrivals = pattern / lam
+    waits = q.gdc_waits(arrivals, n * k, curve.residence(k))
+    taus, _ = _seen_iterations(curve, arrivals, waits, p.service_mean_s, n)
+    assert taus.min() >= p.per_iteration_s * 0.5 and taus.max() > p.per_iteration_s
+    e2e = w + work * np.where(w > 0, tau_w, taus[rng.integers(0, taus.size, m)])
     for q_, got in ((0.5, p.e2e_p50_s), (0.99, p.e2e_p99_s)):
         assert got == pytest.approx(float(np.quantile(e2e, q_)), rel=0.02)
     assert p.e2e_mean_s == pytest.approx(float(e2e.mean()), rel=0.01)
@@ -236,3 +246,23 @@ def test_bursty_arrivals_against_the_simulator() -> None:
     assert old.wait_p99_s < 0.2 * sim.wait_p99_s
     assert pred.wait_p99_s == pytest.approx(sim.wait_p99_s, rel=0.2)
     assert pred.e2e_p99_s == pytest.approx(sim.e2e_p99_s, rel=0.2)
+
+
+# --------------------------------------------------------------------------- scheduler
+
+
+def test_multi_step_scheduling_delays_the_first_token_only_on_a_busy_replica() -> None:
+    """A vLLM V0 profile with ``num_scheduler_steps = k`` admits every ``k``-th iteration:
+    a request that finds its replica busy waits for the window's end as well."""
+    grid = list(range(1, 17))
+    rates = [n * 2.0 for n in grid]
+    one = curve_from_measurements(PROFILE, [400], [60], grid, rates)
+    v0 = PROFILE.with_overrides(scheduler="vllm-v0", num_scheduler_steps=10)
+    ten = curve_from_measurements(v0, [400], [60], grid, rates)
+    busy = 0.7 * 2 * one.throughput(16)
+    a, b = predict(one, busy, 2, 16), predict(ten, busy, 2, 16)
+    assert b.ttft_p50_s > a.ttft_p50_s and b.ttft_p99_s > a.ttft_p99_s
+    assert (b.wait_p99_s, b.e2e_p99_s) == (a.wait_p99_s, a.e2e_p99_s)  # only the admission
+    idle = 1e-4  # a replica that is almost never busy admits at once
+    a, b = predict(one, idle, 2, 16), predict(ten, idle, 2, 16)
+    assert b.ttft_p50_s == pytest.approx(a.ttft_p50_s, rel=1e-3)

@@ -1,4 +1,4 @@
-"""A sans-IO continuous batcher: vLLM v1's scheduler over a paged KV cache, stepped by time.
+"""A sans-IO continuous batcher: vLLM's schedulers over a paged KV cache, stepped by time.
 
 The :class:`Batcher` holds sequences and, each time :meth:`Batcher.step` is called with a
 timestamp, schedules one engine iteration, advances every scheduled sequence and reports
@@ -16,6 +16,11 @@ model samples one token: ``generated += 1``.  So a prefill computes the prompt (
 the step's token budget is smaller) and ends by emitting the first token; each decode
 iteration then computes the last sampled token and emits the next one.  The last token is
 never cached, exactly like vLLM.
+
+The scheduler is the profile's (``profile.scheduler``, see
+:mod:`velvetrope.engine.profile`): every user of a profile gets the same behaviour.  The
+steps below are ``vllm-v1``'s (chunked prefill, prompt chunks batched with decodes);
+``vllm-v0`` differs in two places, described after them.
 
 One :meth:`~Batcher.step`:
 
@@ -43,6 +48,13 @@ One :meth:`~Batcher.step`:
    sampled token, otherwise its ``new`` tokens count as prefill tokens (this includes the
    recompute of a preempted sequence); ``context_tokens`` sums ``computed + new`` over the
    batch (the KV length each sequence attends to).
+
+**vLLM V0** (``scheduler: vllm-v0``, no chunked prefill): a step that admits waiting
+prompts runs only them, each whole (never split across steps unless it alone exceeds the
+whole budget), and the running sequences wait; a step that admits none runs phase 1 as
+above.  With ``num_scheduler_steps = k > 1`` (multi-step scheduling) admission is tried
+only on every ``k``-th step counted from the last step that found nothing running (an
+engine with nothing running admits at once).
 
 **Automatic prefix caching** (``profile.enable_prefix_caching``): a sequence added with a
 ``prefix_id`` shares the full blocks of its first ``prefix_tokens`` prompt tokens with
@@ -117,13 +129,13 @@ class Batcher:
     (everything else is unchanged): a simulator that needs only first-token and finish
     times saves about 40% of :meth:`step`'s cost.  ``seed`` seeds the acceptance draws of
     speculative decoding (unused otherwise), so runs are reproducible.
-    ``prefill_first=True`` is vLLM V0's scheduler without chunked prefill: a step that can
-    admit waiting prompts runs only them (whole, never split) and running sequences wait;
-    it exists to replay results published for V0 engines.  Not thread-safe; all methods
-    are synchronous and cheap.
+    The scheduler (vLLM V1 or V0, multi-step or not) is the profile's.  Not thread-safe;
+    all methods are synchronous and cheap.
     """
 
     __slots__ = (
+        "_anchor",
+        "_every",
         "_kv",
         "_n_waiting",
         "_order",
@@ -151,10 +163,11 @@ class Batcher:
         priority: bool = False,
         token_events: bool = True,
         seed: int = 0,
-        prefill_first: bool = False,
     ) -> None:
         self._profile = profile
-        self._prefill_first = prefill_first
+        self._prefill_first = profile.scheduler == "vllm-v0"
+        self._every = profile.num_scheduler_steps
+        self._anchor = 0
         self._priority = priority
         self._token_events = token_events
         self._pc: PrefixCachingAllocator | None = None
@@ -461,18 +474,18 @@ class Batcher:
             budget -= new
         return budget
 
-    def step(self, now: float, *, admit: bool = True) -> StepResult:
+    def step(self, now: float) -> StepResult:
         """Schedule and run one iteration starting at ``now``; see the module docstring.
 
         ``now`` should not be earlier than the previous step's end (not checked: the caller
         owns the clock).  Returns a zero-length, event-free result when there is no work.
-        ``admit=False`` skips phase 2 (no waiting sequence joins the batch this step): a
-        driver emulating vLLM 0.6's multi-step scheduling admits only every ``k`` steps.
-        With nothing running it makes an empty, zero-length step.
         """
         running = self._running
         if not running and not self._n_waiting:
             return StepResult(now, 0.0, [], 0, 0, 0)
+        if not running:
+            self._anchor = self._steps
+        admit = (self._steps - self._anchor) % self._every == 0
         self._steps += 1
         stamp = self._steps
         kv = self._kv

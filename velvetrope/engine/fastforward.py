@@ -37,9 +37,10 @@ A stretch starting at ``now`` is planned only when, for each of its steps,
   prefix caching) the head's first chunk does not fit after the first step's block
   requests (before them with ``prefill_first``, whose steps try the waiting prompts
   first); free blocks only decrease until the last step, so it never fits later;
-* the batcher reports no per-token events (``token_events=False``), and each step would be
-  ``step(now)`` with admission on (a driver that calls ``step(now, admit=False)`` on some
-  steps does not plan runs).
+* the batcher reports no per-token events (``token_events=False``).  With multi-step
+  scheduling (``num_scheduler_steps > 1``) fewer steps try to admit, so the conditions
+  above still hold; the batcher's step count, which decides which steps try, advances by
+  the steps applied.
 
 Block boundaries are not stretch ends: a sequence with ``c`` computed tokens takes a new
 block at step ``j`` exactly when ``c + j - 1`` is a multiple of ``block_size``, and the

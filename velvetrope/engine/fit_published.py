@@ -12,11 +12,12 @@ are chosen to minimise the squared relative errors between the model and the tab
 
     sum_i  w_i * rho((model_i(theta) / published_i - 1) ** 2)
 
-where ``w_i = 1 / n_m``, ``n_m`` the number of rows of the row's metric (throughput, TTFT
-and TPOT weigh the same in total, however many rows each has), halved for rows marked
-``approx`` (read from a plot).  The tensor-parallel terms (``tp_allreduce_s``,
+where ``w_i = 1 / n_m``, ``n_m`` the number of rows of the row's metric (throughput, TTFT,
+TPOT and E2E latency weigh the same in total, however many rows each has), halved for rows
+marked ``approx`` (read from a plot).  The tensor-parallel terms (``tp_allreduce_s``,
 ``tp_per_token_s``) are not fitted: they are fixed from hardware figures in the profile, and
-the fitted coefficients are what remains beyond them.
+the fitted coefficients are what remains beyond them.  Every row is replayed in the
+profile's own scheduler (``profile.scheduler``), the one every user of the profile runs.
 
 ``max_num_seqs`` is the engine's real batch limit: rows that publish it run with it; when
 some rows do not (a blog post that gives the command line but not every default it
@@ -66,7 +67,7 @@ __all__ = [
 
 FloatArray = NDArray[np.float64]
 
-METRICS: tuple[Metric, ...] = ("throughput", "ttft", "tpot")
+METRICS: tuple[Metric, ...] = ("throughput", "ttft", "tpot", "e2e")
 _FLOOR = 1e-5  # step_base_s must stay > 0
 
 
@@ -95,13 +96,22 @@ def mape(predictions: Sequence[Prediction]) -> dict[str, float]:
     return out
 
 
-def summary_line(predictions: Sequence[Prediction]) -> str:
-    """``fidelity: points=<n> throughput_mape=<a> ttft_mape=<b> tpot_mape=<c>``."""
+def summary_line(
+    predictions: Sequence[Prediction], heldout: Sequence[Prediction] | None = None
+) -> str:
+    """``fidelity: points=<n> throughput_mape=<a> ttft_mape=<b> tpot_mape=<c>``; with
+    ``heldout`` predictions, ``heldout_points=<h>`` after ``points`` and the held-out
+    ``heldout_<metric>_mape`` figures at the end.  ``nan`` for a metric with no row."""
+    shown = ("throughput", "ttft", "tpot")
     m = mape(predictions)
-    return (
-        f"fidelity: points={len(predictions)} throughput_mape={m['throughput']:.3f} "
-        f"ttft_mape={m['ttft']:.3f} tpot_mape={m['tpot']:.3f}"
-    )
+    cells = [f"fidelity: points={len(predictions)}"]
+    if heldout is not None:
+        cells.append(f"heldout_points={len(heldout)}")
+    cells += [f"{k}_mape={m[k]:.3f}" for k in shown]
+    if heldout is not None:
+        h = mape(heldout)
+        cells += [f"heldout_{k}_mape={h[k]:.3f}" for k in shown]
+    return " ".join(cells)
 
 
 def predict(

@@ -15,7 +15,13 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from velvetrope.engine.fit_published import TableFit, fit_profile, mape, summary_line
+from velvetrope.engine.fit_published import (
+    METRICS,
+    TableFit,
+    fit_profile,
+    mape,
+    summary_line,
+)
 from velvetrope.engine.profile import COEFFICIENTS, EngineProfile, load_profile, profile_to_yaml
 from velvetrope.engine.published import PublishedPoint, load_table, read_default_table
 from velvetrope.engine.replay import Prediction
@@ -45,16 +51,24 @@ def parse_fixed(items: Sequence[str]) -> dict[str, float]:
     return out
 
 
-def render_predictions(predictions: Sequence[Prediction], worst: int = 8) -> str:
-    """MAPE per source and metric, then the ``worst`` rows, then the ``fidelity:`` line."""
-    by_source: dict[str, list[Prediction]] = defaultdict(list)
-    for p in predictions:
-        by_source[p.point.source].append(p)
-    lines = ["source                rows  throughput_mape  ttft_mape  tpot_mape"]
-    for source, preds in sorted(by_source.items()):
-        m = mape(preds)
-        cells = "  ".join(f"{m[k]:>9.3f}" if m[k] == m[k] else f"{'-':>9}" for k in m)
-        lines.append(f"{source:<20} {len(preds):>5}  {cells}")
+def render_predictions(
+    predictions: Sequence[Prediction],
+    worst: int = 8,
+    heldout: Sequence[Prediction] | None = None,
+) -> str:
+    """MAPE per source and metric (fitted, and held out when ``heldout`` is given), then the
+    ``worst`` rows, then the E2E line when a row is an E2E latency, then the ``fidelity:``
+    line (:func:`~velvetrope.engine.fit_published.summary_line`)."""
+    header = "  ".join(f"{k + '_mape':>9}" for k in METRICS)
+    lines = [f"{'source':<20} {'':<8} {'rows':>5}  {header}"]
+    for label, group in (("fitted", predictions), ("held out", heldout or ())):
+        by_source: dict[str, list[Prediction]] = defaultdict(list)
+        for p in group:
+            by_source[p.point.source].append(p)
+        for source, preds in sorted(by_source.items()):
+            m = mape(preds)
+            cells = "  ".join(f"{m[k]:>9.3f}" if m[k] == m[k] else f"{'-':>9}" for k in METRICS)
+            lines.append(f"{source:<20} {label:<8} {len(preds):>5}  {cells}")
     lines.append("worst rows (model vs published):")
     for p in sorted(predictions, key=lambda q: -abs(q.rel_error))[:worst]:
         flag = " (approx)" if p.point.approx else ""
@@ -62,7 +76,14 @@ def render_predictions(predictions: Sequence[Prediction], worst: int = 8) -> str
             f"  {p.point.id:<46} {p.point.metric:<10} {p.value:>10.4g} vs "
             f"{p.point.value:<10.4g} {p.rel_error:+.1%}{flag}"
         )
-    lines.append(summary_line(predictions))
+    e2e = [p for p in predictions if p.point.metric == "e2e"]
+    if e2e:
+        held_e2e = [p for p in heldout or () if p.point.metric == "e2e"]
+        line = f"e2e: points={len(e2e)} e2e_mape={mape(e2e)['e2e']:.3f}"
+        if held_e2e:
+            line += f" heldout_points={len(held_e2e)} heldout_e2e_mape={mape(held_e2e)['e2e']:.3f}"
+        lines.append(line)
+    lines.append(summary_line(predictions, heldout))
     return "\n".join(lines) + "\n"
 
 

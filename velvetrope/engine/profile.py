@@ -27,6 +27,21 @@ Optional terms (all default to "off", so older files load unchanged):
 * **Automatic prefix caching** (``enable_prefix_caching``): KV blocks of shared prompt
   prefixes are reused across sequences (:mod:`velvetrope.engine.prefix_cache`).
 
+**Scheduling is part of the profile** (:data:`SCHEDULERS`): ``scheduler`` names the engine
+scheduler the coefficients were fitted under and that every user of the profile (the
+simulator, the engine server, the planner, calibration) runs, through the one
+:class:`~velvetrope.engine.batcher.Batcher`:
+
+* ``vllm-v1`` (the default): vLLM V1, chunked prefill, prompt chunks batched with decodes;
+* ``vllm-v0``: vLLM 0.5-0.6 (V0) without chunked prefill: admitted prompts run whole in
+  steps of their own while the running sequences wait; with ``num_scheduler_steps = k >
+  1`` (vLLM 0.6's ``--num-scheduler-steps``, multi-step scheduling) waiting prompts join
+  only every ``k`` steps while sequences are running.
+
+``max_num_seqs`` and ``max_num_batched_tokens`` are the engine's seat count and per-step
+token budget (vLLM's flags of those names); ``num_scheduler_steps`` is 1 except with
+``vllm-v0``.
+
 The built-in profiles (``profiles/*.yaml``, listed by :func:`list_profiles`) are fitted to
 published vLLM benchmark results (``velvetrope/engine/data/published_vllm.csv``, see
 :mod:`velvetrope.engine.fit_published`); each file says which source fixed which
@@ -35,7 +50,8 @@ coefficient.  Fit your own from a benchmark of your engine for serious planning.
 Profiles load from YAML (:func:`load_profile`) and dump back (:func:`profile_to_yaml`)
 losslessly.  Every profile is validated on construction: numbers finite, coefficients
 non-negative, ``step_base_s > 0``, sizes ``>= 1``, ``max_num_batched_tokens >=
-max_num_seqs`` and ``max_model_len <= block_size * num_gpu_blocks`` (like vLLM, which
+max_num_seqs``, ``num_scheduler_steps == 1`` unless ``scheduler`` is ``vllm-v0``, and
+``max_model_len <= block_size * num_gpu_blocks`` (like vLLM, which
 refuses to start when one full-length sequence cannot fit its KV cache).  A bad file raises
 :class:`~velvetrope.errors.ConfigError` naming the file and the field; bad values passed in
 code, or an unknown built-in name, raise :class:`~velvetrope.errors.PolicyError`.
@@ -47,7 +63,7 @@ import dataclasses
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -66,7 +82,15 @@ from pydantic import (
 from velvetrope.errors import ConfigError, PolicyError
 from velvetrope.yaml_config import describe, load_model, read_text, reject_bool
 
-__all__ = ["COEFFICIENTS", "EngineProfile", "list_profiles", "load_profile", "profile_to_yaml"]
+__all__ = [
+    "COEFFICIENTS",
+    "SCHEDULERS",
+    "EngineProfile",
+    "Scheduler",
+    "list_profiles",
+    "load_profile",
+    "profile_to_yaml",
+]
 
 _PROFILE_DIR = "profiles"
 _SUFFIXES = (".yaml", ".yml")
@@ -75,6 +99,10 @@ _SUFFIXES = (".yaml", ".yml")
 _Seconds = Annotated[float, BeforeValidator(reject_bool), Field(ge=0.0, allow_inf_nan=False)]
 _Count = Annotated[StrictInt, Field(ge=1)]
 _Fraction = Annotated[float, BeforeValidator(reject_bool), Field(ge=0.0, le=1.0)]
+
+Scheduler = Literal["vllm-v1", "vllm-v0"]
+SCHEDULERS: tuple[Scheduler, ...] = ("vllm-v1", "vllm-v0")
+"""The engine schedulers a profile can model (see the module docstring)."""
 
 
 class _ProfileModel(BaseModel):
@@ -100,6 +128,19 @@ class _ProfileModel(BaseModel):
     spec_tokens: Annotated[StrictInt, Field(ge=0, le=16)] = 0
     spec_acceptance: _Fraction = 0.0
     spec_draft_step_s: _Seconds = 0.0
+    scheduler: Scheduler = "vllm-v1"
+    num_scheduler_steps: _Count = 1
+
+    @field_validator("num_scheduler_steps")
+    @classmethod
+    def _multistep_is_v0(cls, value: int, info: ValidationInfo) -> int:
+        scheduler = info.data.get("scheduler")
+        if value > 1 and scheduler is not None and scheduler != "vllm-v0":
+            raise ValueError(
+                f"multi-step scheduling (num_scheduler_steps > 1) is vLLM V0's; "
+                f"scheduler is {scheduler!r}"
+            )
+        return value
 
     @field_validator("max_num_batched_tokens")
     @classmethod
@@ -170,6 +211,8 @@ class EngineProfile:
     spec_tokens: int = 0
     spec_acceptance: float = 0.0
     spec_draft_step_s: float = 0.0
+    scheduler: Scheduler = "vllm-v1"
+    num_scheduler_steps: int = 1
 
     def __post_init__(self) -> None:
         try:

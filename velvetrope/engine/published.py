@@ -16,12 +16,14 @@ Columns (every row; empty means "not stated"):
 at once, a rate of "inf" or an offline batch; ``poisson``: at ``rate_rps``),
 ``max_num_seqs`` (empty: not published; the fit finds it), ``max_num_batched_tokens``,
 ``scheduler_steps`` (vLLM's multi-step
-scheduling, 1 = off), ``scheduler`` (``v0``: vLLM V0 without chunked prefill, prompts run in
-steps of their own; ``v1``: prompt chunks mixed with decodes), ``metric`` (``throughput``,
-``ttft`` or ``tpot``), ``stat`` (``mean``, ``median``, ``max``; ``total`` for throughput),
-``value``, ``unit`` (``ms`` for latencies; ``req_s``, ``out_tok_s`` or ``total_tok_s`` for
-throughput), ``approx`` (1 when read from a
-plot or otherwise inferred) and ``note`` (where exactly the number comes from).
+scheduling, 1 = off), ``scheduler`` (the engine's scheduler, one of
+:data:`~velvetrope.engine.profile.SCHEDULERS`: ``vllm-v0`` is vLLM V0 without chunked
+prefill, prompts run in steps of their own; ``vllm-v1`` mixes prompt chunks with decodes;
+it must be the scheduler of the row's profile), ``metric`` (``throughput``,
+``ttft``, ``tpot`` or ``e2e``: a request's latency from send to last token), ``stat``
+(``mean``, ``median``, ``max``; ``total`` for throughput), ``value``, ``unit`` (``ms``
+for latencies; ``req_s``, ``out_tok_s`` or ``total_tok_s`` for throughput), ``approx`` (1
+when read from a plot or otherwise inferred) and ``note`` (where exactly the number comes from).
 
 ShareGPT workloads draw ``(prompt, output)`` pairs from ``sharegpt_lengths.csv``: the
 per-request token counts of a published 320-request ShareGPT run (LambdaLabsML
@@ -43,6 +45,7 @@ from typing import Literal, cast
 import numpy as np
 from numpy.typing import NDArray
 
+from velvetrope.engine.profile import SCHEDULERS, Scheduler
 from velvetrope.errors import ConfigError
 
 __all__ = [
@@ -56,7 +59,7 @@ __all__ = [
     "sharegpt_sample",
 ]
 
-Metric = Literal["throughput", "ttft", "tpot"]
+Metric = Literal["throughput", "ttft", "tpot", "e2e"]
 IntArray = NDArray[np.int64]
 FloatArray = NDArray[np.float64]
 
@@ -68,8 +71,14 @@ _METRIC_UNITS = {
     "throughput": ("req_s", "out_tok_s", "total_tok_s"),
     "ttft": ("ms",),
     "tpot": ("ms",),
+    "e2e": ("ms",),
 }
-_STATS = {"throughput": ("total",), "ttft": ("mean", "median", "max"), "tpot": ("mean", "median")}
+_STATS = {
+    "throughput": ("total",),
+    "ttft": ("mean", "median", "max"),
+    "tpot": ("mean", "median"),
+    "e2e": ("mean", "median"),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +102,7 @@ class PublishedPoint:
     max_num_seqs: int | None
     max_num_batched_tokens: int
     scheduler_steps: int
-    scheduler: Literal["v0", "v1"]
+    scheduler: Scheduler
     metric: Metric
     stat: str
     value: float
@@ -177,7 +186,7 @@ def _parse_row(row: dict[str, str]) -> PublishedPoint:
         frontend=cast(
             Literal["offline", "http"], _choice(row["frontend"], "frontend", ("offline", "http"))
         ),
-        scheduler=cast(Literal["v0", "v1"], _choice(row["scheduler"], "scheduler", ("v0", "v1"))),
+        scheduler=cast(Scheduler, _choice(row["scheduler"], "scheduler", SCHEDULERS)),
         workload=cast(Literal["fixed", "sharegpt"], workload),
         prompt_tokens=prompt,
         output_tokens=output,

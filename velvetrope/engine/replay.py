@@ -10,19 +10,19 @@ exactly as ``benchmark_serving`` computes it:
 * **TTFT** of a request: first-token time minus send time;
 * **TPOT** of a request: ``(last token - first token) / (output - 1)``, over requests with
   more than one output token;
+* **E2E** latency of a request: last-token time minus send time;
 * **throughput**: requests (or output tokens, or all tokens) over the time from the first
   send to the last completion;
 
 then the row's statistic over requests (mean, median as numpy's, max).
 
-**vLLM's multi-step scheduling** (``scheduler_steps = k > 1``, vLLM 0.6's
-``--num-scheduler-steps``) is emulated by the driver: while sequences are running, waiting
-ones join the batch only every ``k`` steps (``Batcher.step(admit=False)`` in between); an
-engine with nothing running admits at once.
-
-**vLLM V0's scheduler** (``scheduler = "v0"``: no chunked prefill) runs admitted prompts in
-steps of their own while running sequences wait (``Batcher(prefill_first=True)``); ``v1``
-mixes prompt chunks with decodes, the batcher's default.
+**Scheduling is the profile's.**  The batcher runs the profile's scheduler
+(``profile.scheduler``, the mode every other user of the profile runs); a row names the
+scheduler its source ran, and a row whose scheduler is not the profile's raises
+:class:`~velvetrope.errors.PolicyError` (it belongs to another profile).  What the row
+changes is the engine's configuration, as a user sets it in the profile: the seat count
+(``max_num_seqs``, when the source published it), the token budget and multi-step
+scheduling's ``num_scheduler_steps``.
 
 **Linear forms.**  For a fixed schedule (which sequences each step holds) every step lasts
 ``theta . f + c`` where ``theta = (step_base_s, per_prefill_token_s, per_decode_seq_s,
@@ -50,6 +50,7 @@ from numpy.typing import NDArray
 from velvetrope.engine.batcher import Batcher, Finished, FirstToken
 from velvetrope.engine.profile import COEFFICIENTS, EngineProfile
 from velvetrope.engine.published import PublishedPoint, Scenario
+from velvetrope.errors import PolicyError
 
 __all__ = [
     "LinearForm",
@@ -109,11 +110,19 @@ def theta_of(profile: EngineProfile) -> FloatArray:
 
 
 def engine_for(profile: EngineProfile, p: PublishedPoint) -> EngineProfile:
-    """``profile`` configured as the row's source ran it (its budget, and its
-    ``max_num_seqs`` when published, else the profile's); no prefix caching or speculation."""
+    """``profile`` configured as the row's source ran it: its budget, its multi-step
+    setting and its ``max_num_seqs`` when published (else the profile's); no prefix caching
+    or speculation.  The scheduler stays the profile's: a row of another scheduler raises
+    :class:`~velvetrope.errors.PolicyError`."""
+    if p.scheduler != profile.scheduler:
+        raise PolicyError(
+            f"row {p.id!r} ran the {p.scheduler} scheduler; profile {profile.name!r} models "
+            f"{profile.scheduler}"
+        )
     return profile.with_overrides(
         max_num_seqs=p.max_num_seqs if p.max_num_seqs is not None else profile.max_num_seqs,
         max_num_batched_tokens=p.max_num_batched_tokens,
+        num_scheduler_steps=p.scheduler_steps,
         enable_prefix_caching=False,
         spec_tokens=0,
     )
@@ -163,10 +172,8 @@ class _Trace:
         return LinearForm(rest.const + phi * float(self.fixed[sp]), rest.grad + phi * self.f[sp])
 
 
-def _simulate(
-    s: Scenario, prof: EngineProfile, k: int, scheduler: str, theta: FloatArray
-) -> _Trace:
-    b = Batcher(prof, token_events=False, prefill_first=scheduler == "v0")
+def _simulate(s: Scenario, prof: EngineProfile, theta: FloatArray) -> _Trace:
+    b = Batcher(prof, token_events=False)
     prompts, outputs, arrivals = s.prompts, s.outputs, s.arrivals
     n = len(prompts)
     rows: list[tuple[int, int, int]] = []
@@ -175,7 +182,7 @@ def _simulate(
     ends: list[float] = []
     first = np.full(n, -1, dtype=np.int64)
     finish = np.full(n, -1, dtype=np.int64)
-    nxt, now, since = 0, float(arrivals[0]), 0
+    nxt, now = 0, float(arrivals[0])
     tp_fixed = prof.tp_allreduce_s
     tp_tok = prof.tp_per_token_s
     fixed: list[float] = []
@@ -183,14 +190,10 @@ def _simulate(
         if not b.has_work:
             now = max(now, float(arrivals[nxt]))
             anchors.append(now)
-            since = 0
         while nxt < n and arrivals[nxt] <= now:
             b.add(str(nxt), int(prompts[nxt]), int(outputs[nxt]), float(arrivals[nxt]))
             nxt += 1
-        if not b.num_running:
-            since = 0
-        r = b.step(now, admit=since % k == 0)
-        since += 1
+        r = b.step(now)
         idx = len(rows)
         rows.append((r.prefill_tokens, r.decode_seqs, r.context_tokens))
         fixed.append(tp_fixed + tp_tok * (r.prefill_tokens + r.decode_seqs))
@@ -249,7 +252,7 @@ def replay(scenario: Scenario, profile: EngineProfile) -> list[Prediction]:
     p0 = scenario.first
     prof = engine_for(profile, p0)
     theta = theta_of(prof)
-    tr = _simulate(scenario, prof, p0.scheduler_steps, p0.scheduler, theta)
+    tr = _simulate(scenario, prof, theta)
     arrivals, outputs, prompts = scenario.arrivals, scenario.outputs, scenario.prompts
     out: list[Prediction] = []
     for p in scenario.points:
@@ -269,6 +272,8 @@ def replay(scenario: Scenario, profile: EngineProfile) -> list[Prediction]:
                 fi = int(tr.first[i])
                 if p.metric == "ttft":
                     forms.append(tr.wait(float(arrivals[i]), fi))
+                elif p.metric == "e2e":
+                    forms.append(tr.wait(float(arrivals[i]), int(tr.finish[i])))
                 elif outputs[i] > 1:
                     sp = tr.span(fi, int(tr.finish[i]))
                     n = float(outputs[i] - 1)

@@ -15,9 +15,11 @@ A continuous-batching engine runs iterations ("steps"); one step lasts ::
                        + per_decode_seq_s    * decode_seqs
                        + per_context_token_s * context_tokens
 
-(:meth:`EngineProfile.step_time`).  What a step holds follows vLLM v1's scheduler as
-modelled by :mod:`velvetrope.engine.batcher`: running sequences first (a decoder costs one
-token of the ``max_num_batched_tokens`` budget), then prompt chunks with what is left;
+(:meth:`EngineProfile.step_time`).  What a step holds follows the base profile's scheduler
+(``profile.scheduler``) as modelled by :mod:`velvetrope.engine.batcher`, and the fitted
+profile keeps that scheduler.  With ``vllm-v1`` (the default): running sequences first (a
+decoder costs one token of the ``max_num_batched_tokens`` budget), then prompt chunks with
+what is left (``vllm-v0``: admitted prompts in steps of their own);
 ``context_tokens`` sums, over the scheduled sequences, the KV length each attends to
 *after* the step (``computed + new``).  A decoder emits one token per step, and the step
 that emits token ``c+1`` of a request (chunk ``c``, 0-based, ``c >= 1``) has that
@@ -47,8 +49,8 @@ guest with a long prompt ``G`` and one output token is sent)
 The TTFT and mixed features (step counts, prefill chunking, chunk contexts) come from
 stepping a real :class:`~velvetrope.engine.batcher.Batcher` with the base profile's
 scheduler limits and the token counts the server reported, so the regression model is
-exactly what our engine schedules.  Assumptions about a real engine: FCFS, chunked
-prefill with the base profile's budget, no preemption during the sweep (the plan stays
+exactly what our engine schedules.  Assumptions about a real engine: FCFS, the base
+profile's scheduler and budget, no preemption during the sweep (the plan stays
 under half the base profile's KV capacity), **no prefix-cache hits** (every prompt starts
 with a unique tag), one token per streamed chunk (no speculative decoding; such streams
 fall back to their first and last chunk, or are skipped for batch windows).
