@@ -136,7 +136,7 @@ class _Answer:
 class InstantUpstream:
     """The gateway's HTTP client, answering every POST at once with :data:`ANSWER`."""
 
-    async def post(self, url: str, data: bytes) -> _Answer:
+    async def post(self, url: str, data: bytes, **_access: object) -> _Answer:
         await asyncio.sleep(0)  # one turn of the loop, as a reply would take
         if b'"stream":true' not in data:
             return _Answer()
