@@ -233,7 +233,6 @@ def wait_ready(gw: str, timeout_s: float = 20.0) -> None:
     raise AssertionError(f"/readyz never 200: {last and last.text}")
 
 
-
 # -- the settings alone --------------------------------------------------------------------
 
 
