@@ -32,6 +32,7 @@ COMPILED = [
     "velvetrope/core/limit.py",
     "velvetrope/core/ordering.py",
     "velvetrope/core/predictor.py",
+    "velvetrope/core/prefix_routing.py",
     "velvetrope/core/routing.py",
     "velvetrope/core/saturation.py",
     "velvetrope/core/scheduler.py",
