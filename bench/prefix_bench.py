@@ -20,8 +20,12 @@ p50 / p99, throughput; then the fewest replicas that hold TTFT p99 within ``--sl
 seconds for least-loaded and for affinity (``gpus_saved`` is the difference, searched
 from ``--min-replicas`` up to ``--max-replicas``).
 
-``--minutes`` replays only the trace's first minutes (the full hour takes a few minutes per
-run on two cores).  Ends with::
+The affinity index holds as many 512-token blocks as the fleet's KV caches
+(``index_blocks``), the other prefix settings are the defaults.  ``--kv-scale K`` is a
+what-if: engines whose prefix cache holds ``K`` × the GPU's KV blocks (a host-memory tier,
+as vLLM's KV offloading or LMCache add; hits from it are modelled as free as GPU hits,
+which flatters them).  ``--minutes`` replays only the trace's first minutes (the full hour
+takes one to two minutes a run on two shared cores).  Ends with::
 
     prefix: hit_rate_least_loaded=a hit_rate_affinity=b ttft_p99_ratio=c gpus_saved=d
 
@@ -57,13 +61,13 @@ MODES = {
 """Label -> (the pool's ``routing``, the simulator's ``router``)."""
 
 
-def policy(routing: str) -> PolicyConfig:
-    return PolicyConfig.model_validate(
-        {
-            "pools": [{"name": "default", "max_in_flight": 100_000, "routing": routing}],
-            "saturation": {"enabled": False},
-        }
-    )
+def policy(routing: str, replicas: int, prof: EngineProfile) -> PolicyConfig:
+    """One pool, no admission queueing; the affinity index sized to the fleet's KV cache in
+    the trace's 512-token blocks (so that it forgets about what the engines evicted)."""
+    index = max(16, replicas * prof.num_gpu_blocks * prof.block_size // 512)
+    pool = {"name": "default", "max_in_flight": 100_000, "routing": routing}
+    pool["prefix"] = {"index_blocks": index}
+    return PolicyConfig.model_validate({"pools": [pool], "saturation": {"enabled": False}})
 
 
 def run(
@@ -71,7 +75,8 @@ def run(
 ) -> tuple[SimResult, float]:
     routing, router = MODES[label]
     t0 = time.perf_counter()
-    res = run_simulation(policy(routing), work, replicas, prof, router=router, label=label)
+    cfg = policy(routing, replicas, prof)
+    res = run_simulation(cfg, work, replicas, prof, router=router, label=label)
     return res, time.perf_counter() - t0
 
 
@@ -106,15 +111,26 @@ def main() -> None:
     ap.add_argument("--slo-ttft", type=float, default=10.0, help="TTFT p99 bound, seconds")
     ap.add_argument("--min-replicas", type=int, default=3)
     ap.add_argument("--max-replicas", type=int, default=10)
+    ap.add_argument(
+        "--kv-scale",
+        type=float,
+        default=1.0,
+        help="what-if: engines whose KV cache holds this x the GPU's blocks "
+        "(a host-memory tier, as vLLM's KV offloading or LMCache add)",
+    )
     args = ap.parse_args()
     work = [r for r in load_trace("mooncake_conv") if r.t < args.minutes * 60.0]
-    prof = load_profile("llama3-8b-h100").with_overrides(
-        enable_prefix_caching=True, max_model_len=131_072
+    base = load_profile("llama3-8b-h100")
+    prof = base.with_overrides(
+        enable_prefix_caching=True,
+        max_model_len=131_072,
+        num_gpu_blocks=round(base.num_gpu_blocks * args.kv_scale),
     )
     span = work[-1].t if work else 0.0
     print(
         f"mooncake_conv: {len(work)} requests over {span / 60:.1f} min, "
-        f"{sum(r.prompt_tokens for r in work):,} prompt tokens; {args.replicas} x {prof.name}"
+        f"{sum(r.prompt_tokens for r in work):,} prompt tokens; {args.replicas} x {prof.name}, "
+        f"{prof.num_gpu_blocks * prof.block_size:,} KV tokens each (kv_scale {args.kv_scale:g})"
     )
     results: dict[str, SimResult] = {}
     print(f"{'routing':16s} {'hit_rate':>8s} {'ttft_p50':>9s} {'ttft_p99':>9s} "

@@ -262,13 +262,19 @@ class PrefixRoutingPolicy(_Model):
     index_blocks: int = Field(
         65_536,
         ge=16,
-        description="prefix_affinity: block entries the index keeps (least recently used go).",
+        description="prefix_affinity: block entries the index keeps (least recently used go); "
+        "about the pool's prefix-cache capacity in blocks, so that it forgets what the "
+        "engines evicted.",
     )
     index_ways: int = Field(
-        4, ge=1, le=64, description="prefix_affinity: engines remembered per block, at most."
+        16,
+        ge=1,
+        le=256,
+        description="prefix_affinity: engines remembered per block, at most (keep it at or "
+        "above the pool's engines: a block every engine holds must list them all).",
     )
     balance_abs: int = Field(
-        8,
+        4,
         ge=0,
         description="prefix_affinity: the matched engine is passed over when its jobs in "
         "flight exceed the pool's least-loaded by more than this ...",
