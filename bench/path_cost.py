@@ -155,7 +155,7 @@ class _Answer:
 class InstantUpstream:
     """The gateway's HTTP client, answering every POST at once with :data:`ANSWER`."""
 
-    async def post(self, url: str, data: bytes) -> _Answer:
+    async def post(self, url: str, data: bytes, **_access: object) -> _Answer:
         await asyncio.sleep(0)  # one turn of the loop, as a reply would take
         if b'"stream":true' not in data:
             return _Answer()
@@ -196,7 +196,8 @@ def gateway(mode: str, redis_url: str | None) -> Gateway:
     cfg["upstreams"]["default"] = [
         {"url": f"http://127.0.0.1:{9 + i}"} for i in range(SETUP["upstreams"])
     ]
-    cfg["policy"]["pools"][0]["routing"] = SETUP["routing"]
+    if SETUP["routing"] != "least_loaded":  # (unset: the default, and older configs)
+        cfg["policy"]["pools"][0]["routing"] = SETUP["routing"]
     # the upstream here is never scraped: trust it with all it is sent, as a read engine
     # with room would be (the saturation rule's per-request accounting still runs)
     cfg["policy"]["saturation"] = {"initial_capacity": 1 << 20}

@@ -8,7 +8,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from velvetrope.cli import app
 from velvetrope.core import PolicyConfig
 from velvetrope.engine import Batcher, load_profile
 from velvetrope.errors import PolicyError, TraceError
@@ -124,3 +126,14 @@ def test_routing_on_the_hashes_keeps_conversations_on_warm_engines() -> None:
     assert affinity > 0.6 and least < 0.5
     assert hashed > 0.6
     assert oracle >= affinity - 0.02
+
+
+def test_simulate_replays_a_mooncake_file_with_prefix_caching(tmp_path: Path) -> None:
+    trace = write(
+        tmp_path / "m.jsonl", [{**r, "timestamp": 100 * i} for i, r in enumerate(LINES * 4)]
+    )
+    out = tmp_path / "out"
+    args = ["simulate", "--trace", str(trace), "--replicas", "2", "--out", str(out)]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    assert "prefix caching on" in res.output and "report:" in res.output
