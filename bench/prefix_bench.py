@@ -30,7 +30,7 @@ takes one to two minutes a run on two shared cores).  Ends with::
     prefix: hit_rate_least_loaded=a hit_rate_affinity=b ttft_p99_ratio=c gpus_saved=d
 
 (``ttft_p99_ratio`` = affinity / least-loaded.)  Run: ``.venv/bin/python
-bench/prefix_bench.py [--minutes 60] [--replicas 6] [--slo-ttft 10]``.
+bench/prefix_bench.py [--minutes 60] [--replicas 4] [--slo-ttft 4] [--kv-scale 1]``.
 """
 
 from __future__ import annotations
@@ -107,10 +107,10 @@ def fewest(
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--minutes", type=float, default=60.0, help="replay the first minutes")
-    ap.add_argument("--replicas", type=int, default=6)
-    ap.add_argument("--slo-ttft", type=float, default=10.0, help="TTFT p99 bound, seconds")
+    ap.add_argument("--replicas", type=int, default=4)
+    ap.add_argument("--slo-ttft", type=float, default=4.0, help="TTFT p99 bound, seconds")
     ap.add_argument("--min-replicas", type=int, default=3)
-    ap.add_argument("--max-replicas", type=int, default=10)
+    ap.add_argument("--max-replicas", type=int, default=6)
     ap.add_argument(
         "--kv-scale",
         type=float,

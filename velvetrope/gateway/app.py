@@ -428,7 +428,8 @@ class Gateway:
         extra = admitted_headers(job, ticket.snapshots)
         engines = self.engines
         tried: tuple[str, ...] = ()  # upstreams that could not be reached
-        hashes = engines.prefix_hashes(job.pool, parsed.body)  # (): not routed by prefix
+        # the prefix identity, once, for a prefix-routed pool only (else: nothing to do)
+        hashes = engines.prefix_hashes(job.pool, parsed.body) if engines.prefix else ()
         while True:
             up = engines.pick(job.pool, tried, hashes)
             if up is None:

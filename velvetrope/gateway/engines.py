@@ -100,7 +100,7 @@ class Engines:
         no more than their readings allow while another can take the work.  In a
         prefix-routed pool the choice among them is its router's, on ``hashes``."""
         rule = self.rules.get(pool)
-        prefix = self.prefix.get(pool)
+        prefix = self.prefix.get(pool) if self.prefix else None
         if prefix is not None and len(self.upstreams.pools.get(pool, ())) > 1:
             bt = prefix.settings.block_tokens
             if rule is None:
