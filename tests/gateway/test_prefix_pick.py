@@ -76,3 +76,16 @@ def test_the_prefix_identity_is_computed_only_for_a_prefix_routed_pool() -> None
     routed = Gateway(parse_config(config("prefix_affinity")))
     got = routed.engines.prefix_hashes("default", body("x"))
     assert got == prefix_hashes(body("y"), 128, 64)  # the system prompt's blocks
+
+
+def test_an_upstream_that_leaves_the_pool_is_forgotten_by_the_index() -> None:
+    gw = Gateway(parse_config(config("prefix_affinity")))
+    engines = gw.engines
+    router = engines.prefix["default"]
+    hs = engines.prefix_hashes("default", body("x"))
+    up = engines.pick("default", (), hs)
+    assert up is not None and router.index.depths(hs, {up.url: 0}) == {up.url: len(hs)}
+    ups = engines.upstreams.pools["default"]
+    engines.upstreams.pools["default"] = [u for u in ups if u is not up]  # as DNS drops it
+    engines.follow()
+    assert router.index.depths(hs, {up.url: 0}) == {} and len(router.index) == 0

@@ -12,7 +12,8 @@ scrape yet; and it picks the upstream of each request (:meth:`Engines.pick`), pr
 engines the saturation rule gives room.  A pool routed ``prefix_affinity`` or ``prefix_hash``
 has its core :class:`~velvetrope.core.prefix_routing.PrefixRouter` here
 (:attr:`Engines.prefix`); :meth:`Engines.prefix_hashes` computes a request's prefix identity
-for it, once per request and only for such a pool.
+for it, once per request and only for such a pool; an upstream that leaves the pool (DNS)
+is forgotten by its index.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class Engines:
         self.ctl = ctl
         self.prefix: dict[str, PrefixRouter] = prefix_routers(ctl.config)
         """Per prefix-routed pool, its router (least-loaded pools have none)."""
+        self._prefix_urls: dict[str, set[str]] = {pool: set() for pool in self.prefix}
         self._chars_per_token = chars_per_token
         self._clock = clock
         self.pump: Callable[[], None] = lambda: None
@@ -78,6 +80,11 @@ class Engines:
             rule = self.rules.get(pool)
             if rule is not None:
                 rule.set_engines([u.url for u in (*live, *probing)])
+        for pool, router in self.prefix.items():  # an upstream gone from the pool (DNS):
+            urls = {u.url for u in self.upstreams.pools.get(pool, ())}  # its index entries go
+            for gone in self._prefix_urls[pool] - urls:
+                router.index.forget(gone)
+            self._prefix_urls[pool] = urls
         self.pump()
 
     def prefix_hashes(self, pool: str, body: dict[str, Any]) -> tuple[int, ...]:
