@@ -33,6 +33,7 @@ COMPILED = [
     "velvetrope/core/ordering.py",
     "velvetrope/core/pool.py",
     "velvetrope/core/predictor.py",
+    "velvetrope/core/prefix_routing.py",
     "velvetrope/core/routing.py",
     "velvetrope/core/saturation.py",
     "velvetrope/core/scheduler.py",

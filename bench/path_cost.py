@@ -25,8 +25,14 @@ Ends with (``path_stream:`` with ``--stream``)::
     path: passthrough_us=<p> admission_us=<a> redis_us=<r> admission_ratio=<a/p>
           redis_extra_us=<r-a> [passthrough_kinstr=.. admission_kinstr=.. redis_kinstr=..]
 
+The replica choice: ``--upstreams N`` gives the pool N upstreams (default 1, whose choice
+is trivial) and ``--routing`` its ``routing`` (``least_loaded``, the default, or
+``prefix_affinity`` / ``prefix_hash``, which hash the prompt's leading blocks);
+``--system-chars N`` puts a system message of N characters before the user's (a prompt
+with blocks to hash: 512 characters a block at the default 128 tokens a block).
+
 Run: ``.venv/bin/python bench/path_cost.py [--stream] [--requests 6400] [--rounds 3]
-[--instructions]``.
+[--instructions] [--upstreams 4 --routing prefix_affinity --system-chars 8192]``.
 """
 
 from __future__ import annotations
@@ -64,6 +70,19 @@ ANSWER = (
     b'"total_tokens":28}}'
 )
 MODES = ("passthrough", "admission", "redis")
+SETUP: dict[str, Any] = {"routing": "least_loaded", "upstreams": 1, "system_chars": 0}
+"""The pool's routing, its upstreams and the system prompt's length (set from the flags)."""
+
+
+def request_body(stream: bool) -> bytes:
+    """The benchmark's request, with a system message of ``SETUP["system_chars"]``."""
+    data = body(stream)
+    n = SETUP["system_chars"]
+    if not n:
+        return data
+    system = ("You are a careful assistant. " * (n // 29 + 1))[:n]
+    msg = orjson.dumps({"role": "system", "content": system})
+    return data.replace(b'"messages":[', b'"messages":[' + msg + b",", 1)
 
 
 def headers(data: bytes) -> list[tuple[bytes, bytes]]:
@@ -150,7 +169,7 @@ async def one(gw: Gateway, never: asyncio.Future[None], stream: bool = False) ->
     """One request through the ASGI app; the client stays connected until it is answered."""
     first = True
     sent = 0
-    data = body(stream)
+    data = request_body(stream)
 
     async def receive() -> dict[str, Any]:
         nonlocal first
@@ -174,6 +193,11 @@ async def one(gw: Gateway, never: asyncio.Future[None], stream: bool = False) ->
 
 def gateway(mode: str, redis_url: str | None) -> Gateway:
     cfg = config("http://127.0.0.1:9", mode != "passthrough")
+    cfg["upstreams"]["default"] = [
+        {"url": f"http://127.0.0.1:{9 + i}"} for i in range(SETUP["upstreams"])
+    ]
+    if SETUP["routing"] != "least_loaded":  # (unset: the default, and older configs)
+        cfg["policy"]["pools"][0]["routing"] = SETUP["routing"]
     # the upstream here is never scraped: trust it with all it is sent, as a read engine
     # with room would be (the saturation rule's per-request accounting still runs)
     cfg["policy"]["saturation"] = {"initial_capacity": 1 << 20}
@@ -231,6 +255,8 @@ def instructions(mode: str, redis_url: str | None, n: int, stream: bool) -> floa
         cmd += ["--redis-url", redis_url]
     if stream:
         cmd.append("--stream")
+    cmd += ["--routing", SETUP["routing"], "--upstreams", str(SETUP["upstreams"])]
+    cmd += ["--system-chars", str(SETUP["system_chars"])]
     subprocess.run(cmd, check=True, capture_output=True)
     for line in out.read_text().splitlines():
         if line.startswith("totals:"):
@@ -248,7 +274,16 @@ def main() -> None:
     ap.add_argument("--stream", action="store_true", help="streamed requests (SSE)")
     ap.add_argument("--one", choices=MODES, help=argparse.SUPPRESS)  # under callgrind
     ap.add_argument("--redis-url", help=argparse.SUPPRESS)
+    ap.add_argument("--upstreams", type=int, default=1, help="upstreams in the pool")
+    ap.add_argument(
+        "--routing",
+        default="least_loaded",
+        choices=("least_loaded", "prefix_affinity", "prefix_hash"),
+        help="the pool's replica choice",
+    )
+    ap.add_argument("--system-chars", type=int, default=0, help="a system message's length")
     args = ap.parse_args()
+    SETUP.update(routing=args.routing, upstreams=args.upstreams, system_chars=args.system_chars)
     if args.one:
         uvloop.run(measure(args.one, args.redis_url, args.requests, True, args.stream))
         return
@@ -265,6 +300,9 @@ def main() -> None:
         for mode in MODES:
             print(f"  {mode:12s} {best[mode]:7.1f} µs CPU per request (best of {args.rounds})")
         p, a, r = best["passthrough"], best["admission"], best["redis"]
+        print(
+            f"  routing={args.routing} upstreams={args.upstreams} system_chars={args.system_chars}"
+        )
         line = (
             f"{'path_stream' if args.stream else 'path'}: passthrough_us={p:.1f} "
             f"admission_us={a:.1f} redis_us={r:.1f} "

@@ -96,7 +96,7 @@ def test_unknown_builtin_and_format(tmp_path: Path) -> None:
         load_trace(tmp_path / "trace.parquet")
     with pytest.raises(TraceError, match="unknown trace format"):
         load_trace("azure_chat")
-    assert set(BUILTIN_TRACES) == {"azure_conv", "azure_code"}
+    assert set(BUILTIN_TRACES) == {"azure_conv", "azure_code", "mooncake_conv"}
 
 
 # --------------------------------------------------------------------------- Azure CSV

@@ -21,7 +21,9 @@ __all__ = [
     "EstimatorPolicy",
     "PolicyConfig",
     "PoolPolicy",
+    "PrefixRoutingPolicy",
     "QueuePolicy",
+    "ReplicaRouting",
     "RouteRule",
     "SaturationPolicy",
     "SloPolicy",
@@ -252,6 +254,57 @@ class AdaptiveLimitPolicy(_Model):
         return self
 
 
+ReplicaRouting = Literal["least_loaded", "prefix_affinity", "prefix_hash"]
+"""How a pool picks the engine of each job (see :mod:`velvetrope.core.prefix_routing`)."""
+
+
+class PrefixRoutingPolicy(_Model):
+    """The prefix-aware replica choice of a pool (``routing: prefix_affinity`` or
+    ``prefix_hash``; ignored under ``least_loaded``).  See
+    :mod:`velvetrope.core.prefix_routing` for the rules these numbers feed."""
+
+    block_tokens: int = Field(
+        128, ge=1, le=65_536, description="Tokens per prefix block the gateway hashes."
+    )
+    max_blocks: int = Field(
+        64, ge=1, le=4096, description="Leading blocks of a prompt hashed and matched, at most."
+    )
+    index_blocks: int = Field(
+        65_536,
+        ge=16,
+        description="prefix_affinity: block entries the index keeps (least recently used go); "
+        "about the pool's prefix-cache capacity in blocks, so that it forgets what the "
+        "engines evicted.",
+    )
+    index_ways: int = Field(
+        16,
+        ge=1,
+        le=256,
+        description="prefix_affinity: engines remembered per block, at most (keep it at or "
+        "above the pool's engines: a block every engine holds must list them all).",
+    )
+    balance_abs: int = Field(
+        4,
+        ge=0,
+        description="prefix_affinity: the matched engine is passed over when its jobs in "
+        "flight exceed the pool's least-loaded by more than this ...",
+    )
+    balance_rel: float = Field(
+        1.5, ge=1, description="prefix_affinity: ... and exceed this × the least-loaded's."
+    )
+    hash_tokens: int = Field(
+        1024,
+        ge=1,
+        description="prefix_hash: leading tokens (whole blocks, at least one) that key a job.",
+    )
+    load_factor: float = Field(
+        1.25,
+        gt=1,
+        description="prefix_hash: an engine takes a job while its load stays within this × "
+        "the pool's mean (consistent hashing with bounded loads).",
+    )
+
+
 class PoolPolicy(_Model):
     """A pool of upstreams and its capacity as the admission core sees it.
 
@@ -288,6 +341,16 @@ class PoolPolicy(_Model):
         gt=0,
         description="Prior for the drain rate before one is measured; without it, "
         "wait-based shedding starts once a rate has been measured.",
+    )
+    routing: ReplicaRouting = Field(
+        "least_loaded",
+        description="The engine of each job: least_loaded, prefix_affinity (an index of "
+        "which engine served which prompt blocks, bounded load) or prefix_hash (rendezvous "
+        "hashing of the leading blocks, bounded load; replicas agree without sharing state).",
+    )
+    prefix: PrefixRoutingPolicy = Field(
+        default_factory=PrefixRoutingPolicy,
+        description="Settings of the prefix-aware routing modes.",
     )
 
     @model_validator(mode="after")

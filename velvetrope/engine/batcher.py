@@ -93,6 +93,7 @@ per event and no per-token allocation otherwise.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 from velvetrope.engine.events import (
     EngineEvent,
@@ -104,7 +105,7 @@ from velvetrope.engine.events import (
     Tokens,
 )
 from velvetrope.engine.kvcache import BlockAllocator
-from velvetrope.engine.prefix_cache import PrefixCachingAllocator, block_hashes
+from velvetrope.engine.prefix_cache import PrefixCachingAllocator, block_hashes, expand_blocks
 from velvetrope.engine.profile import EngineProfile
 from velvetrope.engine.queues import GONE, RUNNING, WAITING, FifoQueue, PriorityQueue, SeqRecord
 from velvetrope.errors import PolicyError
@@ -282,13 +283,19 @@ class Batcher:
         *,
         prefix_id: str | None = None,
         prefix_tokens: int = 0,
+        block_ids: Sequence[int] = (),
+        block_tokens: int = 0,
     ) -> None:
         """Queue a sequence that arrived at ``now`` and will produce ``output_tokens`` tokens.
 
         ``priority`` matters only with ``priority=True`` (lower is served first; ties by
         arrival, then by call order).  ``prefix_id``/``prefix_tokens``: the first
         ``prefix_tokens`` prompt tokens are the shared prefix ``prefix_id`` (used only with
-        prefix caching).  Raises :class:`~velvetrope.errors.PolicyError` if either count is
+        prefix caching).  ``block_ids``/``block_tokens`` instead give the prompt's leading
+        blocks of ``block_tokens`` tokens as chained hashes (a Mooncake trace's
+        ``hash_ids``; :func:`~velvetrope.engine.prefix_cache.expand_blocks` maps them onto
+        the engine's blocks; used only with prefix caching, and then they take precedence
+        over ``prefix_id``).  Raises :class:`~velvetrope.errors.PolicyError` if either count is
         below 1, ``prompt + output > max_model_len``, ``prefix_tokens`` is not in
         ``[0, prompt_tokens]`` or ``seq_id`` is already live.  A sequence that passes always
         fits the KV cache on its own: a profile guarantees ``max_model_len <=
@@ -315,7 +322,14 @@ class Batcher:
                 f"(got {prefix_tokens})"
             )
         hashes: tuple[int, ...] = ()
-        if self._pc is not None and prefix_id is not None:
+        if self._pc is not None and block_ids:
+            try:
+                hashes = expand_blocks(
+                    block_ids, block_tokens, p.block_size, prompt_tokens // p.block_size
+                )
+            except ValueError as e:
+                raise PolicyError(f"sequence {seq_id!r}: {e}") from None
+        elif self._pc is not None and prefix_id is not None:
             hashes = block_hashes(prefix_id, prefix_tokens // p.block_size)
         seq = SeqRecord(seq_id, prompt_tokens, output_tokens, priority, now, self._order, hashes)
         self._order += 1

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 
 from velvetrope.engine.kvcache import BlockPool
 
-__all__ = ["PrefixCachingAllocator", "block_hashes"]
+__all__ = ["PrefixCachingAllocator", "block_hashes", "expand_blocks"]
 
 _ROOT = 0x5EED
 _CHAINS: dict[str, list[int]] = {}
@@ -68,6 +68,32 @@ def block_hashes(prefix_id: str, n: int) -> tuple[int, ...]:
         parent = _digest(parent, prefix_id, len(chain))
         chain.append(parent)
     return tuple(chain[:n])
+
+
+def expand_blocks(
+    ids: Sequence[int], block_tokens: int, engine_block: int, limit: int
+) -> tuple[int, ...]:
+    """The engine-block hash chain of a prompt given as hashes of coarser blocks.
+
+    ``ids[i]`` identifies the prompt's tokens up to the end of its block ``i`` of
+    ``block_tokens`` tokens (chained, like Mooncake's ``hash_ids`` or the gateway's prefix
+    hashes), so sub-block ``j`` of it (``engine_block`` tokens) is identified by
+    ``(ids[i], j)``, mapped to the negative integer ``-(ids[i] * sub + j) - 1`` (``sub =
+    block_tokens // engine_block``), which never equals a :func:`block_hashes` digest (those
+    are non-negative).  At most ``limit`` hashes (the prompt's full engine blocks).  Raises
+    ``ValueError`` unless ``engine_block`` divides ``block_tokens``.
+    """
+    if engine_block < 1 or block_tokens < engine_block or block_tokens % engine_block:
+        raise ValueError(
+            f"the engine's block size {engine_block} must divide the trace's block size "
+            f"{block_tokens}"
+        )
+    sub = block_tokens // engine_block
+    n = min(len(ids) * sub, limit)
+    out: list[int] = []
+    for k in range(n):
+        out.append(-((ids[k // sub] & 0xFFFFFFFFFFFFFFFF) * sub + k % sub) - 1)
+    return tuple(out)
 
 
 class PrefixCachingAllocator(BlockPool):

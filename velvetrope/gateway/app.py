@@ -63,7 +63,7 @@ from velvetrope.gateway.relay import UsageTally
 from velvetrope.gateway.reload import Reloader
 from velvetrope.gateway.upstreams import Resolver, UpstreamState
 from velvetrope.openai.errors import error_body, error_payload, retry_headers
-from velvetrope.openai.tokenizer import Tokenizer, get_tokenizer
+from velvetrope.openai.tokenizer import ApproxTokenizer, Tokenizer, get_tokenizer
 from velvetrope.serving.asgi import Receive, Scope, Send, header, read_body, respond, serve_lifespan
 from velvetrope.store.open import open_store
 
@@ -97,14 +97,20 @@ class Gateway:
         )
         self.metrics.attach_store(self.store)
         self.admission = Admission(self.ctl, self.store, self.metrics.on_route)
+        self.tokenizer: Tokenizer = get_tokenizer(self.settings.tokenizer)
+        cpt = self.tokenizer.chars_per_token if isinstance(self.tokenizer, ApproxTokenizer) else 4
         self.engines = Engines(
-            config, self.ctl, self.clock, resolver=resolver, admission=self.settings.admission
+            config,
+            self.ctl,
+            self.clock,
+            resolver=resolver,
+            admission=self.settings.admission,
+            chars_per_token=cpt,
         )
         self.upstreams = self.engines.upstreams
         self.metrics.attach_engines(self.engines)
         self.keys = {k.digest: k.tenant for k in config.api_keys}
         self.admin_token = config.resolved_admin_token()
-        self.tokenizer: Tokenizer = get_tokenizer(self.settings.tokenizer)
         self._priority_header = self.settings.priority_header.lower().encode()
         self._strict = self.settings.unknown_parameters == "refuse"
         self._timeout = aiohttp.ClientTimeout(
@@ -460,8 +466,10 @@ class Gateway:
             extra.append((b"x-velvetrope-shadow", said.encode()))
         engines = self.engines
         tried: tuple[str, ...] = ()  # upstreams that could not be reached
+        # the prefix identity, once, for a prefix-routed pool only (else: nothing to do)
+        hashes = engines.prefix_hashes(job.pool, parsed.body) if engines.prefix else ()
         while True:
-            up = engines.pick(job.pool, exclude=tried)
+            up = engines.pick(job.pool, tried, hashes)
             if up is None:
                 ticket.fail(Reason.NO_HEALTHY_UPSTREAM)
                 msg = f"no healthy upstream in pool {job.pool!r}"

@@ -9,7 +9,11 @@ dispatched.  It also counts each request on its way to an engine and back
 (:meth:`Engines.sent`, :meth:`Engines.returned`): the upstream's in-flight count that
 least-loaded picking reads, and the saturation rule's count of work it has not seen in a
 scrape yet; and it picks the upstream of each request (:meth:`Engines.pick`), preferring the
-engines the saturation rule gives room.
+engines the saturation rule gives room.  A pool routed ``prefix_affinity`` or ``prefix_hash``
+has its core :class:`~velvetrope.core.prefix_routing.PrefixRouter` here
+(:attr:`Engines.prefix`); :meth:`Engines.prefix_hashes` computes a request's prefix identity
+for it, once per request and only for such a pool; an upstream that leaves the pool (DNS)
+is forgotten by its index.
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ import aiohttp
 from velvetrope.clock import Clock
 from velvetrope.config import GatewayConfig
 from velvetrope.core import AdmissionController, EngineSaturation, Job
+from velvetrope.core.prefix_routing import PrefixRouter, prefix_routers
 from velvetrope.gateway.scrape import Scraper
 from velvetrope.gateway.upstreams import Resolver, UpstreamPools, UpstreamState
+from velvetrope.openai.prefix import CHARS_PER_TOKEN, prefix_hashes
 
 __all__ = ["Engines"]
 
@@ -39,8 +45,13 @@ class Engines:
         *,
         resolver: Resolver | None = None,
         admission: bool = True,
+        chars_per_token: float = CHARS_PER_TOKEN,
     ) -> None:
         self.ctl = ctl
+        self.prefix: dict[str, PrefixRouter] = prefix_routers(ctl.config)
+        """Per prefix-routed pool, its router (least-loaded pools have none)."""
+        self._prefix_urls: dict[str, set[str]] = {pool: set() for pool in self.prefix}
+        self._chars_per_token = chars_per_token
         self._clock = clock
         self.pump: Callable[[], None] = lambda: None
         self.upstreams = UpstreamPools(config, clock, resolver=resolver, on_change=self.follow)
@@ -85,15 +96,41 @@ class Engines:
             rule = self.rules.get(pool)
             if rule is not None:
                 rule.set_engines([u.url for u in (*live, *probing)])
+        for pool, router in self.prefix.items():  # an upstream gone from the pool (DNS):
+            urls = {u.url for u in self.upstreams.pools.get(pool, ())}  # its index entries go
+            for gone in self._prefix_urls[pool] - urls:
+                router.index.forget(gone)
+            self._prefix_urls[pool] = urls
         self.pump()
 
-    def pick(self, pool: str, exclude: tuple[str, ...] = ()) -> UpstreamState | None:
+    def prefix_hashes(self, pool: str, body: dict[str, Any]) -> tuple[int, ...]:
+        """The prefix identity of a request with ``body`` going to ``pool``: the chained hashes
+        of its leading blocks (:func:`~velvetrope.openai.prefix.prefix_hashes`) when the pool
+        routes by prefix, else ``()`` at the cost of one dictionary lookup."""
+        router = self.prefix.get(pool)
+        if router is None:
+            return ()
+        s = router.settings
+        return prefix_hashes(body, s.block_tokens, s.max_blocks, self._chars_per_token)
+
+    def pick(
+        self, pool: str, exclude: tuple[str, ...] = (), hashes: tuple[int, ...] = ()
+    ) -> UpstreamState | None:
         """The upstream of ``pool`` that takes the next request: the least-loaded one its
         saturation rule gives room (:meth:`EngineSaturation.has_room`: a blind or stale
         engine always has), else the least-loaded of all (:meth:`UpstreamPools.pick`).  So
         in a pool that mixes engines read and engines not read, the ones read still take
-        no more than their readings allow while another can take the work."""
+        no more than their readings allow while another can take the work.  In a
+        prefix-routed pool the choice among them is its router's, on ``hashes``."""
         rule = self.rules.get(pool)
+        prefix = self.prefix.get(pool) if self.prefix else None
+        if prefix is not None and len(self.upstreams.pools.get(pool, ())) > 1:
+            bt = prefix.settings.block_tokens
+            if rule is None:
+                return self.upstreams.pick(pool, exclude, None, prefix, hashes, bt)
+            now = self._clock.now()
+            room = lambda url: rule.has_room(url, now)  # noqa: E731
+            return self.upstreams.pick(pool, exclude, room, prefix, hashes, bt)
         if rule is None or len(self.upstreams.pools.get(pool, ())) < 2:  # nothing to prefer
             return self.upstreams.pick(pool, exclude)
         now = self._clock.now()

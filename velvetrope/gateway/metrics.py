@@ -22,6 +22,16 @@ dialect (:meth:`~velvetrope.gateway.scrape.Scraper.families`); per pool: live en
 capacity (per engine × live engines), the saturation rule's room, pending dispatches and
 holds; and counters of routing decisions (``pool``, ``rule``) and degradations (``tier``,
 ``action``).
+
+A prefix-routed pool (``routing: prefix_affinity`` or ``prefix_hash``) adds, read from its
+core :class:`~velvetrope.core.prefix_routing.PrefixRouter` at scrape time:
+``velvetrope_prefix_routing_total{pool, outcome}`` (``kept``: the engine its prefix points
+to took the request; ``overridden``: passed over for load; ``miss``: no engine matched),
+``velvetrope_prefix_hashed_blocks_total`` and ``velvetrope_prefix_expected_hit_blocks_total``
+(prompt blocks hashed, and those the chosen engine was expected to hold: the expected hit
+rate is their ratio, ``prefix_affinity`` only), the same ratio as the gauge
+``velvetrope_prefix_expected_hit_ratio`` and ``velvetrope_prefix_index_blocks`` (entries in
+the index).
 """
 
 from __future__ import annotations
@@ -110,7 +120,60 @@ def _engine_families(engines: Any, now: float) -> list[GaugeMetricFamily | Count
         pending.add_metric([pool], float(rule.pending))
         held.add_metric([pool], float(rule.holds))
     scraper = engines.scraper.families(now) if engines.scraper is not None else []
-    return [breaker, up_flight, age, learned, projected, live, room, pending, held, *scraper]
+    prefix = _prefix_families(engines.prefix)
+    return [
+        breaker,
+        up_flight,
+        age,
+        learned,
+        projected,
+        live,
+        room,
+        pending,
+        held,
+        *scraper,
+        *prefix,
+    ]
+
+
+def _prefix_families(routers: Any) -> list[GaugeMetricFamily | CounterMetricFamily]:
+    """Counters of the prefix-routed pools' choices (none without such a pool)."""
+    if not routers:
+        return []
+    outcomes = CounterMetricFamily(
+        "velvetrope_prefix_routing",
+        "Prefix-routed requests by outcome: kept (the engine the prefix points to), "
+        "overridden (passed over for load), miss (no engine matched).",
+        labels=["pool", "outcome"],
+    )
+    hashed = CounterMetricFamily(
+        "velvetrope_prefix_hashed_blocks",
+        "Prompt blocks hashed for prefix routing.",
+        labels=["pool"],
+    )
+    hits = CounterMetricFamily(
+        "velvetrope_prefix_expected_hit_blocks",
+        "Prompt blocks the chosen engine was expected to hold (prefix_affinity's index).",
+        labels=["pool"],
+    )
+    ratio = GaugeMetricFamily(
+        "velvetrope_prefix_expected_hit_ratio",
+        "Expected prefix-cache hit rate: expected hit blocks over hashed blocks.",
+        labels=["pool"],
+    )
+    size = GaugeMetricFamily(
+        "velvetrope_prefix_index_blocks", "Block entries in the prefix index.", labels=["pool"]
+    )
+    for pool, r in routers.items():
+        outcomes.add_metric([pool, "kept"], float(r.kept))
+        outcomes.add_metric([pool, "overridden"], float(r.overridden))
+        outcomes.add_metric([pool, "miss"], float(r.missed))
+        hashed.add_metric([pool], float(r.hashed_blocks))
+        hits.add_metric([pool], float(r.matched_blocks))
+        if r.expected_hit_rate is not None:
+            ratio.add_metric([pool], r.expected_hit_rate)
+        size.add_metric([pool], float(len(r.index)))
+    return [outcomes, hashed, hits, ratio, size]
 
 
 class _StateCollector(Collector):

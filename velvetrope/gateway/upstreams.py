@@ -31,7 +31,10 @@ engines and the fleet gate follow the fleet.
 **Choice.**  :meth:`UpstreamPools.pick` is the core's
 :func:`~velvetrope.core.routing.least_loaded` over the healthy upstreams whose breaker lets
 a request through, ties rotated; those the saturation rule gives room first, when asked
-(:meth:`~velvetrope.gateway.engines.Engines.pick`).
+(:meth:`~velvetrope.gateway.engines.Engines.pick`).  A pool routed ``prefix_affinity`` or
+``prefix_hash`` asks the core's :class:`~velvetrope.core.prefix_routing.PrefixRouter`
+instead, with the request's prefix hashes, the upstreams' URLs as their names and their
+requests in flight as their loads, over the same upstreams, and records what it used.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ import contextlib
 import itertools
 import logging
 import socket
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
@@ -50,6 +53,7 @@ import aiohttp
 from velvetrope.clock import Clock, SystemClock
 from velvetrope.config import FleetSettings, GatewayConfig, Upstream
 from velvetrope.core import least_loaded
+from velvetrope.core.prefix_routing import PrefixRouter
 from velvetrope.gateway.upstream_access import UpstreamAccess, access_for
 from velvetrope.store.breaker import CircuitBreaker
 
@@ -237,12 +241,17 @@ class UpstreamPools:
         pool: str,
         exclude: Iterable[str] = (),
         room: Callable[[str], bool] | None = None,
+        prefix: PrefixRouter | None = None,
+        hashes: Sequence[int] = (),
+        block_tokens: int = 0,
     ) -> UpstreamState | None:
         """The least-loaded upstream of ``pool`` that may take a request now (healthy, not
         in ``exclude``, breaker closed, or half-open with no probe out: picking it sends the
         probe), or ``None``.  With ``room`` (an upstream URL → whether its engine can take
         one more, the saturation rule's say) the least-loaded of those with room is
-        preferred; none with room: the least-loaded of all."""
+        preferred; none with room: the least-loaded of all.  With ``prefix`` (the pool's
+        prefix-aware router) the same candidates go to ``prefix.choose`` with the request's
+        ``hashes`` (blocks of ``block_tokens`` tokens) instead of least-loaded picking."""
         ups = self.pools.get(pool)
         if not ups:
             return None
@@ -256,18 +265,48 @@ class UpstreamPools:
             u = ups[i]
             return i not in banned and u.healthy and u.url not in skip and u.breaker.state != "open"
 
-        def roomy(i: int) -> bool:
+        def roomy_(i: int) -> bool:
             return eligible(i) and room is not None and room(ups[i].url)
 
+        roomy = roomy_ if room is not None else None
+
+        if prefix is not None:
+            return self._pick_prefix(ups, prefix, hashes, block_tokens, eligible, roomy, banned)
         start = next(self._rr) % len(ups)
         while True:
             loads = [u.in_flight for u in ups]
-            i = least_loaded(loads, start, roomy) if room is not None else -1
+            i = least_loaded(loads, start, roomy) if roomy is not None else -1
             if i < 0:
                 i = least_loaded(loads, start, eligible)
             if i < 0:
                 return None
             if ups[i].breaker.allow():
+                return ups[i]
+            banned.add(i)  # half-open with its probe already out
+
+    @staticmethod
+    def _pick_prefix(
+        ups: list[UpstreamState],
+        prefix: PrefixRouter,
+        hashes: Sequence[int],
+        block_tokens: int,
+        eligible: Callable[[int], bool],
+        roomy: Callable[[int], bool] | None,
+        banned: set[int],
+    ) -> UpstreamState | None:
+        names = [u.url for u in ups]
+        while True:
+            loads = [u.in_flight for u in ups]
+            choice = None
+            if roomy is not None:
+                choice = prefix.choose(hashes, block_tokens, names, loads, roomy)
+            if choice is None or choice.at < 0:
+                choice = prefix.choose(hashes, block_tokens, names, loads, eligible)
+            i = choice.at
+            if i < 0:
+                return None
+            if ups[i].breaker.allow():
+                prefix.commit(choice, hashes, names[i])
                 return ups[i]
             banned.add(i)  # half-open with its probe already out
 

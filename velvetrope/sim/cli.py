@@ -131,7 +131,9 @@ def simulate_command(
     profile: Annotated[str, typer.Option(help="Engine profile (built-in or YAML).")] = (
         "llama3-8b-h100"
     ),
-    router: Annotated[str, typer.Option(help="least_loaded or round_robin.")] = "least_loaded",
+    router: Annotated[
+        str, typer.Option(help="least_loaded, round_robin or prefix_oracle (a yardstick).")
+    ] = "least_loaded",
     lengths: Annotated[
         str, typer.Option(help="Output lengths known to the core: oracle, estimator, noisy:TAU.")
     ] = "estimator",
@@ -245,6 +247,9 @@ def simulate_command(
             from velvetrope.sim.prefixes import with_system_prompts
 
             workload = with_system_prompts(workload, system_prompt)
+            prof = prof.with_overrides(enable_prefix_caching=True)
+        elif not prof.enable_prefix_caching and any(r.block_hashes for r in workload):
+            typer.echo("the trace names its prompts' blocks (Mooncake): prefix caching on")
             prof = prof.with_overrides(enable_prefix_caching=True)
         for line in describe_routing(policy, workload, mix):
             typer.echo(line)

@@ -6,6 +6,11 @@ pool's replicas are a contiguous range.  Routers (:data:`ROUTERS`):
 
 ``round_robin``
     each pool cycles through its replicas, one dispatch each.
+``prefix_oracle``
+    the pool's prefix-affinity rule (:mod:`velvetrope.core.prefix_routing`, with the pool's
+    ``prefix`` settings) told by an oracle how many leading blocks of each job every replica's
+    prefix cache holds right now, instead of by the rule's approximate index: what perfect
+    knowledge of the engines' caches would buy (a yardstick; no gateway can route so).
 ``least_loaded``
     the replica of the pool with the fewest outstanding jobs (dispatched to it and not yet
     finished, aborted or failed); ties go to the lowest-numbered replica.  This is the
@@ -13,6 +18,13 @@ pool's replicas are a contiguous range.  Routers (:data:`ROUTERS`):
     replica (the gateway rotates where ties start).  With a saturation rule the loop routes
     through :meth:`velvetrope.sim.scrape.EngineScrapes.route`, which prefers the replicas the
     rule gives room, as the gateway does.
+
+Whatever the router, a pool whose policy says ``routing: prefix_affinity`` or ``prefix_hash``
+routes by the jobs' prefix hashes (:attr:`Fleet.prefix`, the core's
+:class:`~velvetrope.core.prefix_routing.PrefixRouter`, called by
+:meth:`velvetrope.sim.scrape.EngineScrapes.route`), naming replica ``k`` ``names[k]``
+(``str(k)`` unless given: the gateway names its engines by URL, and the rendezvous order
+follows the names).
 
 The fleet also keeps the busy-time accounting the report needs: a replica is *busy* from the
 moment work is added to an idle replica until its batcher runs out of work.  The event loop
@@ -28,15 +40,18 @@ among a pool's enabled replicas in number order, so a fixed fleet routes as befo
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from velvetrope.core.policy import PolicyConfig
+from velvetrope.core.prefix_routing import PrefixRouter, prefix_routers
 from velvetrope.core.routing import least_loaded
 from velvetrope.engine import Batcher, EngineProfile
+from velvetrope.engine.prefix_cache import expand_blocks
 from velvetrope.errors import PolicyError
 
 __all__ = ["ROUTERS", "Fleet", "PoolStats", "pool_replicas"]
 
-ROUTERS = ("least_loaded", "round_robin")
+ROUTERS = ("least_loaded", "round_robin", "prefix_oracle")
 
 
 def pool_replicas(pools: Sequence[str], replicas: int | Mapping[str, int]) -> dict[str, int]:
@@ -68,6 +83,9 @@ class PoolStats:
     ``busy_fraction`` is the mean over its replicas of busy time / ``span_s`` (the share of
     wall-clock time a GPU had a batch to run); ``steps`` and ``preemptions`` are summed.
     ``replicas`` counts every replica the pool had (those added while the run went on too).
+    ``prefix_queries`` / ``prefix_hits``: prompt tokens looked up in, and found in, the
+    replicas' prefix caches (vLLM's ``vllm:prefix_cache_queries`` / ``_hits``; 0 without
+    prefix caching); :attr:`prefix_hit_rate` is their ratio.
     """
 
     pool: str
@@ -75,6 +93,13 @@ class PoolStats:
     busy_fraction: float
     steps: int
     preemptions: int
+    prefix_queries: int = field(default=0, repr=False)  # (the pinned goldens print the rest)
+    prefix_hits: int = field(default=0, repr=False)
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """Prefix-cache hits over queries, in tokens (0.0 with no query)."""
+        return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
 
 
 class Fleet:
@@ -89,8 +114,10 @@ class Fleet:
         "busy_since",
         "load",
         "members",
+        "names",
         "pool_names",
         "pool_of",
+        "prefix",
         "profile",
         "ranges",
         "router",
@@ -103,6 +130,8 @@ class Fleet:
         router: str = "least_loaded",
         *,
         token_events: bool = False,
+        policy: PolicyConfig | None = None,
+        names: Sequence[str] | None = None,
     ) -> None:
         if router not in ROUTERS:
             raise PolicyError(f"unknown router {router!r}; known: {', '.join(ROUTERS)}")
@@ -126,6 +155,42 @@ class Fleet:
         self.members: list[list[int]] = [list(range(a, b)) for a, b in self.ranges]
         """Per pool, the replicas that take work, in number order."""
         self._next = [0] * len(self.ranges)
+        if names is not None and len(names) != lo:
+            raise PolicyError(f"{len(names)} engine names for {lo} replicas")
+        self.names = list(names) if names is not None else [str(k) for k in range(lo)]
+        """Replica ``k``'s name, what prefix-aware routing keys it by."""
+        self.prefix: list[PrefixRouter | None] = [None] * len(self.ranges)
+        """Per pool, its prefix-aware router (``None``: the fleet's router)."""
+        if policy is not None:
+            by_pool = {p.name: p for p in policy.pools}
+            routers = prefix_routers(policy)
+            for j, name in enumerate(self.pool_names):
+                if router == "prefix_oracle":
+                    self.prefix[j] = PrefixRouter(
+                        "prefix_affinity", by_pool[name].prefix, self._cached_depths
+                    )
+                else:
+                    self.prefix[j] = routers.get(name)
+
+    def _cached_depths(
+        self, hashes: Sequence[int], block_tokens: int, engines: Mapping[str, int]
+    ) -> dict[str, int]:
+        """The oracle: per replica named in ``engines``, the leading blocks of ``hashes``
+        its prefix cache holds now (engines without prefix caching hold none)."""
+        out: dict[str, int] = {}
+        bs = self.profile.block_size
+        if block_tokens < bs or block_tokens % bs:
+            return out
+        sub = block_tokens // bs
+        expanded = expand_blocks(hashes, block_tokens, bs, len(hashes) * sub)
+        index = {n: k for k, n in enumerate(self.names)}
+        for name in engines:
+            pc = self.batchers[index[name]].prefix_caching
+            if pc is not None:
+                d = len(pc.lookup(expanded)) // sub
+                if d:
+                    out[name] = d
+        return out
 
     def __len__(self) -> int:
         return len(self.batchers)
@@ -139,6 +204,7 @@ class Fleet:
         self.busy_since.append(0.0)
         self.busy_s.append(0.0)
         self.pool_of.append(pool)
+        self.names.append(str(k))
         return k
 
     def enable(self, k: int) -> None:
@@ -193,6 +259,8 @@ class Fleet:
                     busy_fraction=busy / len(ks),
                     steps=sum(self.batchers[k].num_steps for k in ks),
                     preemptions=sum(self.batchers[k].num_preemptions for k in ks),
+                    prefix_queries=sum(self.batchers[k].prefix_cache_queries for k in ks),
+                    prefix_hits=sum(self.batchers[k].prefix_cache_hits for k in ks),
                 )
             )
         return out

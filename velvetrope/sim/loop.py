@@ -149,6 +149,7 @@ def run_simulation(
     record_engines: bool = False,
     fast_forward: bool = True,
     autoscale: AutoscaleSpec | None = None,
+    engine_names: Sequence[str] | None = None,
 ) -> SimResult:
     """Replay ``workload`` (sorted by ``t``) through ``config`` on a modelled fleet.
 
@@ -156,7 +157,11 @@ def run_simulation(
     every replica runs ``profile``.  ``load``: rescale arrivals first so that the offered load
     is ``load`` × the fleet's capacity (:mod:`velvetrope.sim.capacity`: per-replica
     saturation throughput on this workload's length mix × all replicas).  ``router``:
-    ``least_loaded`` or ``round_robin``.  ``lengths``: what the core knows of output lengths
+    ``least_loaded``, ``round_robin`` or ``prefix_oracle`` (:mod:`velvetrope.sim.fleet`); a
+    pool whose policy routes ``prefix_affinity`` or ``prefix_hash`` routes so on the
+    requests' ``block_hashes``, naming its replicas ``engine_names`` (one per replica, pool
+    by pool; default ``"0"``, ``"1"``...: give the gateway's upstream URLs to replay its
+    choices).  ``lengths``: what the core knows of output lengths
     (:mod:`velvetrope.sim.lengths`); ``estimator`` replaces the core's default estimator.
     Pools come from the policy's ``routes`` (the gateway's rules, on model, tier and
     predicted output).  ``slos`` per tier
@@ -199,7 +204,7 @@ def run_simulation(
         if scaled not in counts:
             raise PolicyError(f"autoscale pool {scaled!r} is not in the policy's pools")
         counts[scaled] = max(1, autoscale.scaled_object.min_replicas)
-    fleet = Fleet(profile, counts, router)
+    fleet = Fleet(profile, counts, router, policy=policy, names=engine_names)
     scrapes = EngineScrapes(ctl, fleet, record=record_engines)
     capacity: Capacity | None = None
     if load is not None:
@@ -237,6 +242,8 @@ def run_simulation(
         templates=[r.prefix_id for r in workload], pool_index={p: i for i, p in
         enumerate(pool_names)}, max_len=profile.max_model_len,
         prefix_tokens=[r.prefix_tokens for r in workload],
+        blocks=[r.block_hashes for r in workload],
+        block_tokens=[r.block_tokens for r in workload],
     )  # fmt: skip
     attached = None
     if autoscale is not None:

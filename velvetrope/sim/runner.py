@@ -129,7 +129,8 @@ class Inputs:
     """Per-request inputs, prepared once (aligned lists, in workload order).  ``outputs`` is
     updated in place when a degraded job's ``max_tokens`` cuts what its engine generates.
     ``templates`` are the requests' shared-prefix ids (the core's template, the engine's
-    prefix id) and ``prefix_tokens`` the tokens of that prefix."""
+    prefix id) and ``prefix_tokens`` the tokens of that prefix; ``blocks`` the requests'
+    prefix block hashes and ``block_tokens`` their blocks' sizes (empty, 0: none)."""
 
     times: list[float]
     tenants: list[str]
@@ -143,6 +144,8 @@ class Inputs:
     pool_index: dict[str, int]
     max_len: int
     prefix_tokens: list[int]
+    blocks: list[tuple[int, ...]]
+    block_tokens: list[int]
 
 
 @dataclass(slots=True)
@@ -182,6 +185,7 @@ def drive(
     n = len(inp.times)
     times, prompts, outputs = inp.times, inp.prompts, inp.outputs
     templates, prefix_tokens = inp.templates, inp.prefix_tokens
+    blocks, block_tokens = inp.blocks, inp.block_tokens
     tenants, tiers, caps, preds, models = inp.tenants, inp.tiers, inp.caps, inp.preds, inp.models
     max_len = inp.max_len
     pool_index = inp.pool_index
@@ -237,7 +241,8 @@ def drive(
                 ctl.fail(job.id, Reason.UPSTREAM_ERROR)  # too long, or no engine to take it
                 failed = True
                 continue
-            k = route(pool, now)
+            hashes = blocks[idx]
+            k = route(pool, now, hashes, block_tokens[idx])
             if runs[k] is not None:
                 settle(k, now, by)
             batchers[k].add(
@@ -247,6 +252,8 @@ def drive(
                 now,
                 prefix_id=templates[idx],
                 prefix_tokens=prefix_tokens[idx],
+                block_ids=hashes,
+                block_tokens=block_tokens[idx],
             )
             sent(job, k)
             fresh[k] += 1

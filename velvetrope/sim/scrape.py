@@ -115,16 +115,37 @@ class EngineScrapes:
                 if r is rule:
                     self._rules[i] = (rule, list(present))
 
-    def route(self, pool: int, now: float) -> int:
+    def route(
+        self, pool: int, now: float, hashes: Sequence[int] = (), block_tokens: int = 0
+    ) -> int:
         """The replica that takes the next job of pool number ``pool`` (which must have an
         enabled replica): the fleet's router, except that with ``least_loaded`` and a
         saturation rule the least-loaded replica *the rule gives room*
         (:meth:`~velvetrope.core.saturation.EngineSaturation.has_room`) is preferred, as the
         gateway's :meth:`~velvetrope.gateway.engines.Engines.pick` does; none with room:
-        the least-loaded of all."""
+        the least-loaded of all.  A pool with a prefix-aware router
+        (:attr:`~velvetrope.sim.fleet.Fleet.prefix`) gives it the job's prefix ``hashes``
+        (of ``block_tokens`` tokens a block) and the replicas' names and loads, those with
+        room first as above, and records the choice
+        (:meth:`~velvetrope.core.prefix_routing.PrefixRouter.commit`): the gateway's
+        :meth:`~velvetrope.gateway.upstreams.UpstreamPools.pick` does the same."""
         fleet = self._fleet
         rule = self._pool_rule[pool]
         m = fleet.members[pool]
+        prefix = fleet.prefix[pool]
+        if prefix is not None and len(m) > 1:
+            names = [fleet.names[k] for k in m]
+            loads = [fleet.load[k] for k in m]
+            choice = None
+            if rule is not None:
+                ids = self._ids
+                choice = prefix.choose(
+                    hashes, block_tokens, names, loads, lambda j: rule.has_room(ids[m[j]], now)
+                )
+            if choice is None or choice.at < 0:
+                choice = prefix.choose(hashes, block_tokens, names, loads)
+            prefix.commit(choice, hashes, names[choice.at])
+            return m[choice.at]
         if rule is None or len(m) == 1 or fleet.router != "least_loaded":
             return fleet.route(pool)
         ids = self._ids

@@ -23,7 +23,9 @@ Required keys: ``t`` (seconds, a finite number ``>= 0``), ``tenant`` (non-empty 
 (non-empty string or null), ``max_tokens`` (integer ``>= output_tokens`` and ``>= 1``, or
 null), ``prefix_id`` (string or null) and ``prefix_tokens`` (integer ``<= prompt_tokens``:
 the shared prompt prefix of :class:`~velvetrope.sim.workload.TraceRequest`), ``model``
-(non-empty string or null: the requested model, which routing rules see).  Unknown or
+(non-empty string or null: the requested model, which routing rules see), ``block_hashes``
+(a list of integers: the chained hashes of the prompt's leading blocks) with
+``block_tokens`` (integer ``>= 1``, the tokens a block).  Unknown or
 repeated keys and wrong types are errors.  ``t`` must be non-decreasing
 from line to line: an unsorted JSONL file is *rejected*, not sorted, since it is the format
 we write (:func:`write_jsonl` always writes sorted output) and disorder there means a broken
@@ -32,9 +34,13 @@ producer.  Times are kept as written (not rebased), so a write/read round trip i
 Every problem with a file raises :class:`~velvetrope.errors.TraceError` whose message starts
 with ``<file>:<line>:`` and says what is wrong.
 
-Built-in traces, by short name (:data:`BUILTIN_TRACES`): ``azure_conv`` and ``azure_code``,
-shipped as package data (see ``velvetrope/data/traces/README.md`` for their source and
-license).  :func:`load_trace` takes a built-in name or a path.
+**Mooncake** (``.jsonl`` whose first record has ``timestamp`` and ``hash_ids``): the
+prefix-sharing traces of Mooncake (FAST 2025), read by
+:func:`~velvetrope.sim.mooncake.read_mooncake`.
+
+Built-in traces, by short name (:data:`BUILTIN_TRACES`): ``azure_conv``, ``azure_code`` and
+``mooncake_conv``, shipped as package data (see ``velvetrope/data/traces/README.md`` for
+their source and license).  :func:`load_trace` takes a built-in name or a path.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ from pathlib import Path
 from typing import Any, TextIO, TypeAlias
 
 from velvetrope.errors import PolicyError, TraceError
+from velvetrope.sim.mooncake import is_mooncake_record, read_mooncake
 from velvetrope.sim.workload import TraceRequest
 
 __all__ = [
@@ -71,6 +78,7 @@ PathLike: TypeAlias = str | os.PathLike[str]
 BUILTIN_TRACES: Mapping[str, str] = {
     "azure_code": "azure_llm_2023_code.csv",
     "azure_conv": "azure_llm_2023_conv.csv",
+    "mooncake_conv": "mooncake_conversation_trace.jsonl.gz",
 }
 """Short name -> file name under ``velvetrope/data/traces/``."""
 
@@ -89,16 +97,20 @@ def builtin_trace(name: str) -> Traversable:
 
 
 def load_trace(source: PathLike) -> list[TraceRequest]:
-    """Read a trace: a built-in name (``azure_conv``, ``azure_code``) or a file path.
+    """Read a trace: a built-in name (``azure_conv``, ``azure_code``, ``mooncake_conv``) or a
+    file path.
 
     Paths dispatch on suffix: ``.csv`` / ``.csv.gz`` to :func:`read_azure_csv`, ``.jsonl`` /
-    ``.jsonl.gz`` to :func:`read_jsonl`; anything else raises
-    :class:`~velvetrope.errors.TraceError`.
+    ``.jsonl.gz`` to :func:`read_jsonl`, or to
+    :func:`~velvetrope.sim.mooncake.read_mooncake` when the first record is Mooncake's;
+    anything else raises :class:`~velvetrope.errors.TraceError`.
     """
     if isinstance(source, str) and source in BUILTIN_TRACES:
         with resources.as_file(builtin_trace(source)) as path:
-            return read_azure_csv(path)
+            return load_trace(path)
     path = Path(source)
+    if path.name.lower().endswith((".jsonl", ".jsonl.gz")) and _first_is_mooncake(path):
+        return read_mooncake(path)
     name = path.name.lower()
     if name.endswith((".csv", ".csv.gz")):
         return read_azure_csv(path)
@@ -112,6 +124,22 @@ def load_trace(source: PathLike) -> list[TraceRequest]:
 
 
 # --------------------------------------------------------------------------- file access
+
+
+def _first_is_mooncake(path: Path) -> bool:
+    """Whether the first non-blank line of ``path`` is a Mooncake record (unreadable or
+    not JSON: no, and the JSONL reader says what is wrong)."""
+    try:
+        with _open_lines(path) as lines:
+            for raw in lines:
+                if raw.strip():
+                    try:
+                        return is_mooncake_record(json.loads(raw))
+                    except ValueError:
+                        return False
+    except (OSError, EOFError, TraceError):
+        return False
+    return False
 
 
 @contextmanager
@@ -244,7 +272,9 @@ def read_azure_csv(path: PathLike) -> list[TraceRequest]:
 # --------------------------------------------------------------------------- JSONL
 
 _REQUIRED = frozenset({"t", "tenant", "prompt_tokens", "output_tokens"})
-_OPTIONAL = frozenset({"tier", "max_tokens", "prefix_id", "prefix_tokens", "model"})
+_OPTIONAL = frozenset(
+    {"tier", "max_tokens", "prefix_id", "prefix_tokens", "model", "block_hashes", "block_tokens"}
+)
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -301,10 +331,16 @@ def _parse_record(obj: object) -> TraceRequest:
     model = obj.get("model")
     if model is not None and not isinstance(model, str):
         raise ValueError(f"'model' must be a string or null, got {model!r}")
+    hashes = obj.get("block_hashes", [])
+    if not isinstance(hashes, list) or not all(_is_int(h) for h in hashes):
+        raise ValueError(f"'block_hashes' must be a list of integers, got {hashes!r}")
+    block_tokens = obj.get("block_tokens", 0)
+    if not _is_int(block_tokens):
+        raise ValueError(f"'block_tokens' must be an integer, got {block_tokens!r}")
     try:
         return TraceRequest(
             t, obj["prompt_tokens"], obj["output_tokens"], obj["tenant"], tier, max_tokens,
-            prefix_id, prefix_tokens, model,
+            prefix_id, prefix_tokens, model, tuple(hashes), block_tokens,
         )  # fmt: skip
     except PolicyError as e:
         raise ValueError(str(e)) from None
@@ -366,6 +402,9 @@ def _record(r: TraceRequest) -> dict[str, object]:
         obj["prefix_tokens"] = r.prefix_tokens
     if r.model is not None:
         obj["model"] = r.model
+    if r.block_hashes:
+        obj["block_hashes"] = list(r.block_hashes)
+        obj["block_tokens"] = r.block_tokens
     return obj
 
 

@@ -101,6 +101,10 @@ class TraceRequest:
     prefix ``prefix_id`` (a system prompt; reused by an engine with prefix caching);
     ``0 <= prefix_tokens <= prompt_tokens``, and a positive count needs an id.  ``model`` is
     the requested model (``None``: unnamed; routing rules on models see it).
+    ``block_hashes``/``block_tokens``: the prompt's leading blocks of ``block_tokens`` tokens
+    each, as chained hashes (equal hash at the same position: the same prefix up to the end
+    of that block, as in Mooncake's ``hash_ids``); prefix-aware routing keys on them and an
+    engine with prefix caching reuses them.  Hashes need ``block_tokens >= 1``.
 
     Construction validates and normalises (numpy scalars become ``int``/``float``); a bad field
     raises :class:`~velvetrope.errors.PolicyError`.
@@ -115,6 +119,8 @@ class TraceRequest:
     prefix_id: str | None = None
     prefix_tokens: int = 0
     model: str | None = None
+    block_hashes: tuple[int, ...] = ()
+    block_tokens: int = 0
 
     def __post_init__(self) -> None:
         t = self.t
@@ -150,6 +156,13 @@ class TraceRequest:
                 f"and need a non-empty prefix_id (got {self.prefix_id!r})"
             )
         object.__setattr__(self, "prefix_tokens", shared)
+        if self.block_hashes or self.block_tokens:
+            hashes = self.block_hashes
+            if not isinstance(hashes, tuple) or not all(
+                isinstance(h, int) and not isinstance(h, bool) for h in hashes
+            ):
+                raise PolicyError(f"block_hashes must be a tuple of integers, got {hashes!r}")
+            checks.count("block_tokens", self.block_tokens, 1 if hashes else 0)
 
 
 def _columns(requests: Sequence[TraceRequest]) -> tuple[FloatArray, IntArray, IntArray]:

@@ -43,6 +43,15 @@ engine adds).  The output length is decided up front by the
 :class:`~velvetrope.engine.outputs.OutputPolicy` (deterministic per prompt and choice).
 The text is deterministic filler (:mod:`.bodies`).
 
+Prefix caching
+--------------
+With a profile that enables automatic prefix caching (``--set enable_prefix_caching=true``),
+each prompt is hashed into the engine's blocks (``block_size`` tokens of the tokenizer's
+characters a block, :func:`~velvetrope.openai.prefix.prefix_hashes`; chained, so a block
+is shared exactly when every byte before it is), and the batcher reuses the blocks an
+earlier request computed: requests that share a system prompt hit, and the hits appear in
+``vllm:prefix_cache_queries_total`` / ``vllm:prefix_cache_hits_total`` as in vLLM.
+
 Extension: the model's own predictions
 --------------------------------------
 The non-streaming body, and the final usage chunk of a stream (only sent with
@@ -112,6 +121,7 @@ from velvetrope.engine.serve.metrics import EngineMetrics
 from velvetrope.engine.serve.realtime import EngineClosed, EngineRequest, RealtimeEngine
 from velvetrope.errors import ClientDisconnected, ConfigError, PolicyError, RequestError
 from velvetrope.openai.errors import error_json, invalid_value
+from velvetrope.openai.prefix import CHARS_PER_TOKEN, prefix_hashes
 from velvetrope.openai.request import (
     COMPLETIONS_DEFAULT_MAX_TOKENS,
     CompletionRequest,
@@ -120,7 +130,7 @@ from velvetrope.openai.request import (
     parse,
 )
 from velvetrope.openai.sse import SSE_HEADERS, error_event
-from velvetrope.openai.tokenizer import Tokenizer, get_tokenizer
+from velvetrope.openai.tokenizer import ApproxTokenizer, Tokenizer, get_tokenizer
 from velvetrope.serving.asgi import (
     Message,
     Receive,
@@ -237,6 +247,8 @@ class EngineApp:
         self._model = config.model_name
         self._model_json = orjson.dumps(config.model_name)
         self._tok = config.tokenizer
+        tok = config.tokenizer
+        self._cpt = tok.chars_per_token if isinstance(tok, ApproxTokenizer) else CHARS_PER_TOKEN
         self._outputs = config.outputs
         self._speed = config.speed
         self._clock: Clock = SystemClock()
@@ -446,6 +458,10 @@ class EngineApp:
         )
         request_id = req.body.get("request_id")  # vLLM's: the caller's id, for the journal
         c.request_id = request_id if isinstance(request_id, str) else None
+        if self._profile.enable_prefix_caching:  # the prompt's blocks, for its prefix cache
+            bs = self._profile.block_size
+            c.block_ids = prefix_hashes(req.body, bs, prompt_tokens // bs, self._cpt)
+            c.block_tokens = bs
         await self._run(c, receive, send)
 
     def _decide(
@@ -539,7 +555,13 @@ class EngineApp:
                 sid = c.rid if i == 0 else f"{c.rid}.{i}"
                 rs.append(
                     engine.submit(
-                        sid, c.prompt_tokens, d.tokens, priority=c.priority, arrived_at=c.arrived
+                        sid,
+                        c.prompt_tokens,
+                        d.tokens,
+                        priority=c.priority,
+                        arrived_at=c.arrived,
+                        block_ids=c.block_ids,
+                        block_tokens=c.block_tokens,
                     )
                 )
         except PolicyError as exc:  # pre-checked: a duplicate id or a profile limit

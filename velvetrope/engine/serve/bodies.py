@@ -82,6 +82,10 @@ class Completion:
     """Clock reading when the HTTP request reached the app."""
     request_id: str | None = None
     """The caller's id for it (the body's ``request_id``, vLLM's name), if any."""
+    block_ids: tuple[int, ...] = ()
+    """The prompt's leading blocks as chained hashes (``block_tokens`` tokens each), for
+    the engine model's prefix cache (empty: prefix caching is off)."""
+    block_tokens: int = 0
 
     @classmethod
     def new(

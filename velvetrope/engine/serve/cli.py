@@ -19,16 +19,21 @@ from velvetrope.errors import VelvetropeError
 
 __all__ = ["engine_command", "parse_overrides"]
 
+_BOOLS = {"true": True, "1": True, "yes": True, "on": True}
+_BOOLS.update({"false": False, "0": False, "no": False, "off": False})
+
 
 def parse_overrides(profile: EngineProfile, items: list[str]) -> EngineProfile:
     """Apply ``FIELD=VALUE`` overrides (``--set``) to ``profile``, typed by field.
 
-    Raises :class:`~velvetrope.errors.PolicyError` for an unknown field or a bad value.
+    A boolean field takes ``true``/``false`` (also ``1``/``0``, ``yes``/``no``,
+    ``on``/``off``), e.g. ``--set enable_prefix_caching=true``.  Raises
+    :class:`~velvetrope.errors.PolicyError` for an unknown field or a bad value.
     """
     if not items:
         return profile
     types = {f.name: f.type for f in dataclasses.fields(profile)}
-    kw: dict[str, float | int | str] = {}
+    kw: dict[str, float | int | str | bool] = {}
     for item in items:
         name, eq, raw = item.partition("=")
         name = name.strip()
@@ -36,7 +41,12 @@ def parse_overrides(profile: EngineProfile, items: list[str]) -> EngineProfile:
             raise typer.BadParameter(f"expected FIELD=VALUE, got {item!r}", param_hint="--set")
         kind = types.get(name)
         try:
-            if kind in ("int", int):
+            if kind in ("bool", bool):
+                word = raw.strip().lower()
+                if word not in _BOOLS:
+                    raise ValueError(raw)
+                kw[name] = _BOOLS[word]
+            elif kind in ("int", int):
                 kw[name] = int(raw)
             elif kind in ("float", float):
                 kw[name] = float(raw)

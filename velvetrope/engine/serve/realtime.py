@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Final
 
 from velvetrope.clock import Clock, SystemClock
@@ -380,8 +380,13 @@ class RealtimeEngine:
         *,
         priority: int = 0,
         arrived_at: float | None = None,
+        block_ids: Sequence[int] = (),
+        block_tokens: int = 0,
     ) -> EngineRequest:
         """Add a sequence; returns its :class:`EngineRequest`.
+
+        ``block_ids``/``block_tokens``: the prompt's leading blocks as chained hashes, which
+        the batcher's prefix cache reuses (:meth:`~velvetrope.engine.batcher.Batcher.add`).
 
         ``arrived_at`` is the clock reading when the request reached the server (default:
         now); the time spent since (reading, parsing, tokenizing) counts as waiting, as in
@@ -399,7 +404,10 @@ class RealtimeEngine:
         if self._busy:
             ma = self._m0 + (aw - self._w0) * k
             arrival = ma if ma < self._m else self._m
-            self._b.add(seq_id, prompt_tokens, output_tokens, arrival, priority)
+            self._b.add(
+                seq_id, prompt_tokens, output_tokens, arrival, priority,
+                block_ids=block_ids, block_tokens=block_tokens,
+            )  # fmt: skip
         else:
             # Idle: re-anchor the timeline at this moment (drops any lag); the next step
             # starts now, and the request arrived a little earlier.
@@ -409,7 +417,10 @@ class RealtimeEngine:
             arrival = m_now - (w - aw) * k
             if arrival < self._m:
                 arrival = self._m
-            self._b.add(seq_id, prompt_tokens, output_tokens, arrival, priority)
+            self._b.add(
+                seq_id, prompt_tokens, output_tokens, arrival, priority,
+                block_ids=block_ids, block_tokens=block_tokens,
+            )  # fmt: skip
             self._w0, self._m0, self._m = w, m_now, m_now
             self._busy = True
             assert self._wake is not None
