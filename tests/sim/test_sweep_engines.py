@@ -29,8 +29,11 @@ def _digest(result: SweepResult) -> str:
         h.update(repr(sorted(params.items())).encode())
         h.update(repr(res.span_s).encode())
         for f in dataclasses.fields(res.records):
+            value = getattr(res.records, f.name)
+            if value is None:  # an optional column the run did not fill
+                continue
             h.update(f.name.encode())
-            h.update(np.ascontiguousarray(getattr(res.records, f.name)).tobytes())
+            h.update(np.ascontiguousarray(value).tobytes())
     return h.hexdigest()
 
 
