@@ -14,6 +14,7 @@ import asyncio
 
 import pytest
 
+from tests.support.raw_http import read_request
 from velvetrope.gateway.httpclient import HttpClient
 
 pytestmark = pytest.mark.integration
@@ -23,16 +24,6 @@ ANSWER = (
     b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: keep-alive\r\n"
     b"content-length: %d\r\n\r\n%s" % (len(BODY), BODY)
 )
-
-
-async def _read_request(reader: asyncio.StreamReader) -> None:
-    head = await reader.readuntil(b"\r\n\r\n")
-    length = next(
-        int(line.split(b":")[1])
-        for line in head.split(b"\r\n")
-        if line.lower().startswith(b"content-length")
-    )
-    await reader.readexactly(length)
 
 
 async def _stale_pool(concurrent: int, sequential: int) -> tuple[list[bytes], int, int]:
@@ -46,13 +37,13 @@ async def _stale_pool(concurrent: int, sequential: int) -> tuple[list[bytes], in
         nonlocal accepted
         accepted += 1
         try:
-            await _read_request(reader)
+            await read_request(reader)
             if accepted >= concurrent:
                 gate.set()
             await gate.wait()
             writer.write(ANSWER)
             await writer.drain()
-            await _read_request(reader)  # the next request: closed on, unanswered
+            await read_request(reader)  # the next request: closed on, unanswered
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:

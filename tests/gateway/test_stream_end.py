@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.raw_http import read_request
 from velvetrope.gateway.httpclient import HttpClient
 from velvetrope.gateway.proxy import forward
 from velvetrope.gateway.relay import UsageTally
@@ -47,13 +48,7 @@ async def _relay(split_end: bool) -> tuple[list[tuple[str, bytes]], int, int]:
         accepted += 1
         try:
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = next(
-                    int(line.split(b":")[1])
-                    for line in head.split(b"\r\n")
-                    if line.lower().startswith(b"content-length")
-                )
-                await reader.readexactly(length)
+                await read_request(reader)
                 if split_end:
                     writer.write(HEAD + _chunk(EVENTS))
                     await writer.drain()
