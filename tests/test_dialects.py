@@ -11,11 +11,13 @@ from velvetrope.dialects import (
     DIALECT_NAMES,
     DIALECTS,
     EngineSample,
+    PrefixCacheSample,
     ScrapeFailure,
     custom_dialect,
     parse_gauge,
     read_metrics,
 )
+from velvetrope.gateway.scrape import PrefixTally
 
 VLLM = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -330,3 +332,36 @@ def test_a_custom_dialect_reads_percent_kv_as_a_ratio() -> None:
     got = read_metrics(text, [d], detected=False)
     assert isinstance(got, EngineSample)
     assert (got.dialect, got.reading()) == ("custom", EngineReading(3.0, 2.0, 0.85))
+
+
+def test_prefix_cache_counters_are_read_where_the_engine_reports_them() -> None:
+    text = VLLM + (
+        "# TYPE vllm:prefix_cache_queries_total counter\n"
+        'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000.0\n'
+        'vllm:prefix_cache_queries_total{engine="1",model_name="m"} 500.0\n'
+        "# TYPE vllm:prefix_cache_hits_total counter\n"
+        'vllm:prefix_cache_hits_total{engine="0",model_name="m"} 600.0\n'
+        'vllm:prefix_cache_hits_total{engine="1",model_name="m"} 100.0\n'
+    )
+    assert sample(text).prefix == PrefixCacheSample(1500.0, 700.0, None)
+    assert sample(VLLM).prefix is None  # not reported: nothing claimed
+    old = VLLM_OLD + 'vllm:gpu_prefix_cache_hit_rate{model_name="llama-2-7b"} 0.42\n'
+    assert sample(old).prefix == PrefixCacheSample(None, None, 0.42)
+    sg = SGLANG + (
+        'sglang:cached_tokens_total{model_name="q",cache_source="device"} 300.0\n'
+        'sglang:cached_tokens_total{model_name="q",cache_source="host"} 50.0\n'
+    )
+    assert sample(sg).prefix == PrefixCacheSample(812890.0, 350.0, 0.0075)
+
+
+def test_the_gateways_tally_counts_increments_and_survives_an_engine_restart() -> None:
+    tally = PrefixTally()
+    tally.add(PrefixCacheSample(100.0, 40.0, None))  # the first reading is the baseline
+    assert (tally.queries, tally.hits) == (0.0, 0.0)
+    tally.add(PrefixCacheSample(300.0, 140.0, None))
+    assert (tally.queries, tally.hits) == (200.0, 100.0)
+    tally.add(PrefixCacheSample(50.0, 10.0, None))  # restarted: counts from zero again
+    assert (tally.queries, tally.hits) == (250.0, 110.0)
+    tally.add(PrefixCacheSample(None, None, 0.5))  # only a rate: no baseline
+    tally.add(PrefixCacheSample(80.0, 20.0, None))  # a new baseline, nothing counted
+    assert (tally.queries, tally.hits) == (250.0, 110.0)

@@ -21,7 +21,12 @@ requests waiting in the engine's own queue, and KV-cache usage as a ratio 0..1. 
   ``llamacpp:requests_deferred``, ``llamacpp:kv_cache_usage_ratio`` (absent from recent
   builds).
 
-Preemptions, where the engine counts them: vLLM's ``vllm:num_preemptions_total``.  Every
+Preemptions, where the engine counts them: vLLM's ``vllm:num_preemptions_total``.  Prefix
+caching, where the engine counts it (re-exported by the gateway, not used by the rule):
+prompt tokens looked up and found cached, vLLM's ``vllm:prefix_cache_queries_total`` and
+``vllm:prefix_cache_hits_total`` [1], SGLang's ``sglang:prompt_tokens_total`` and
+``sglang:cached_tokens_total`` [3]; or only a hit-rate gauge, vLLM V0's
+``vllm:gpu_prefix_cache_hit_rate`` and older SGLang's ``sglang:cache_hit_rate``.  Every
 KV gauge above is a ratio (vLLM's "perc" gauges included: "1 means 100 percent usage");
 :attr:`Gauge.scale` normalises a gauge given in percent (``engine_metrics`` with
 ``kv_unit: percent``).
@@ -75,6 +80,7 @@ __all__ = [
     "Dialect",
     "EngineSample",
     "Gauge",
+    "PrefixCacheSample",
     "ScrapeFailure",
     "custom_dialect",
     "parse_gauge",
@@ -105,7 +111,10 @@ class Gauge:
 @dataclass(frozen=True, slots=True)
 class Dialect:
     """Where one engine family reports its load: candidate gauges per quantity, the first
-    present wins.  ``kv_usage`` and ``preemptions`` may be empty (the engine has none)."""
+    present wins.  Every quantity but ``running`` and ``waiting`` may be empty (the engine
+    has none).  ``prefix_queries`` and ``prefix_hits`` are counters of prompt tokens looked
+    up in and found in the prefix cache; ``prefix_hit_rate`` a gauge 0..1, for engines that
+    report only that."""
 
     name: str
     engine: str
@@ -114,6 +123,9 @@ class Dialect:
     waiting: tuple[Gauge, ...]
     kv_usage: tuple[Gauge, ...] = ()
     preemptions: tuple[Gauge, ...] = ()
+    prefix_queries: tuple[Gauge, ...] = ()
+    prefix_hits: tuple[Gauge, ...] = ()
+    prefix_hit_rate: tuple[Gauge, ...] = ()
 
     def gauges(self) -> Iterable[Gauge]:
         """Every gauge the dialect may read."""
@@ -121,6 +133,9 @@ class Dialect:
         yield from self.waiting
         yield from self.kv_usage
         yield from self.preemptions
+        yield from self.prefix_queries
+        yield from self.prefix_hits
+        yield from self.prefix_hit_rate
 
 
 def _g(name: str, **labels: str) -> Gauge:
@@ -138,6 +153,9 @@ DIALECTS: Final[tuple[Dialect, ...]] = (
         (_g("vllm:num_requests_waiting"),),
         (_g("vllm:kv_cache_usage_perc"), _g("vllm:gpu_cache_usage_perc")),
         (_g("vllm:num_preemptions_total"),),
+        (_g("vllm:prefix_cache_queries_total"),),
+        (_g("vllm:prefix_cache_hits_total"),),
+        (_g("vllm:gpu_prefix_cache_hit_rate"),),
     ),
     Dialect(
         "sglang",
@@ -145,6 +163,9 @@ DIALECTS: Final[tuple[Dialect, ...]] = (
         (_g("sglang:num_running_reqs"),),
         (_g("sglang:num_queue_reqs"),),
         (_g("sglang:token_usage"),),
+        prefix_queries=(_g("sglang:prompt_tokens_total"),),
+        prefix_hits=(_g("sglang:cached_tokens_total"),),
+        prefix_hit_rate=(_g("sglang:cache_hit_rate"),),
     ),
     Dialect("tgi", "TGI", (_g("tgi_batch_current_size"),), (_g("tgi_queue_size"),)),
     Dialect(
@@ -215,6 +236,17 @@ class ScrapeFailure(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
+class PrefixCacheSample:
+    """An engine's prefix cache as it reports it: prompt tokens looked up and found cached
+    (cumulative counters, summed over label sets; ``None`` when not reported), and its own
+    hit rate 0..1 where it gives one (a gauge; ``None`` otherwise)."""
+
+    queries: float | None
+    hits: float | None
+    hit_rate: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class EngineSample:
     """An engine's load as read through a dialect (:func:`read_metrics`)."""
 
@@ -228,6 +260,8 @@ class EngineSample:
     """``(quantity, gauge as spelled)`` for each quantity read."""
     also: tuple[str, ...] = ()
     """Other dialects whose running and waiting gauges the text also has."""
+    prefix: PrefixCacheSample | None = None
+    """The engine's prefix-cache counters (``None``: it reports neither counters nor a rate)."""
 
     def reading(self) -> EngineReading:
         """The core's reading: running, waiting, KV usage (0 when not reported)."""
@@ -306,4 +340,19 @@ def read_metrics(
         None if pre is None else sum(pre[1]),
         tuple(gauges),
         tuple(x[0].name for x in found[1:]),
+        _prefix(d, samples),
+    )
+
+
+def _prefix(
+    d: Dialect, samples: dict[str, list[tuple[dict[str, str], float]]]
+) -> PrefixCacheSample | None:
+    """``d``'s prefix-cache counters in ``samples`` (sums; the rate: the largest)."""
+    q, h, r = (_first(g, samples) for g in (d.prefix_queries, d.prefix_hits, d.prefix_hit_rate))
+    if q is None and h is None and r is None:
+        return None
+    return PrefixCacheSample(
+        None if q is None else sum(q[1]),
+        None if h is None else sum(h[1]),
+        None if r is None else max(r[1]),
     )

@@ -63,9 +63,10 @@ class Engines:
                 if rule is not None:
                     self.rules[pool] = rule
         sat = ctl.config.saturation
+        also = frozenset(self.prefix)  # prefix-routed: read for their prefix-cache counters
         self.scraper = (
-            Scraper(config, self.upstreams, self.rules, clock, sat.scrape_interval_s)
-            if self.rules
+            Scraper(config, self.upstreams, self.rules, clock, sat.scrape_interval_s, also)
+            if self.rules or also
             else None
         )
         self.upstreams.changed()
@@ -172,9 +173,10 @@ class Engines:
 
     def upstream_status(self, now: float) -> list[dict[str, object]]:
         """:meth:`UpstreamPools.status` with each upstream's ``engine``: the dialect its
-        metrics are read in, its saturation state (``on``, ``blind``, ``stale``) and the
-        last scrape's failure, if any (:meth:`Scraper.status`; ``None``: its pool has no
-        saturation rule, or it was not scraped yet)."""
+        metrics are read in, its saturation state (``on``, ``blind``, ``stale``; ``off``: a
+        prefix-routed pool without the rule, read for its prefix-cache counters), the last
+        scrape's failure, if any, and its prefix cache (:meth:`Scraper.status`; ``None``:
+        its pool is not scraped, or it was not scraped yet)."""
         out = self.upstreams.status()
         scraper = self.scraper
         for u in out:

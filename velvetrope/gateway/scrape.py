@@ -23,6 +23,15 @@ and the dialect it is read in are logged once at the first round and again whene
 change (``blind`` and ``stale`` as warnings: the engine is then served without saturation,
 held by the in-flight limit only, until readings return), exported as gauges, and shown
 per upstream in ``/admin/status`` with the reason (:meth:`Scraper.status`).
+
+**Prefix caching.**  The pools the scraper reads are those with a saturation rule and those
+routed by prefix (``also``).  Where an engine reports its prefix cache
+(:class:`~velvetrope.dialects.PrefixCacheSample`), the gateway re-exports it per upstream
+(:meth:`Scraper.families`) and keeps, per upstream, the prompt tokens looked up and found
+cached *since it first read them* (:class:`PrefixTally`: increments of the engine's
+counters, a counter that went down, an engine restart, counts from zero again), from which
+``velvetrope_prefix_observed_hit_ratio{pool}`` is the pool's hit rate as its engines saw it
+— beside ``velvetrope_prefix_expected_hit_ratio``, what the router expected.
 """
 
 from __future__ import annotations
@@ -38,16 +47,47 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from velvetrope.clock import Clock
 from velvetrope.config import GatewayConfig, Upstream
 from velvetrope.core import EngineSaturation
-from velvetrope.dialects import DIALECTS, Dialect, EngineSample, ScrapeFailure, read_metrics
+from velvetrope.dialects import (
+    DIALECTS,
+    Dialect,
+    EngineSample,
+    PrefixCacheSample,
+    ScrapeFailure,
+    read_metrics,
+)
 from velvetrope.gateway.upstream_access import UpstreamAccess
 from velvetrope.gateway.upstreams import Periodic, UpstreamPools, UpstreamState
 
-__all__ = ["EngineWatch", "Scraper"]
+__all__ = ["EngineWatch", "PrefixTally", "Scraper"]
 
 log = logging.getLogger("velvetrope.gateway")
 
 STATES = ("on", "blind", "stale")
 """The saturation states of an upstream (:meth:`EngineSaturation.state`)."""
+
+
+@dataclass(slots=True)
+class PrefixTally:
+    """Prompt tokens an engine looked up in its prefix cache and found there, counted from
+    the first reading on (:meth:`add` takes each reading of its cumulative counters)."""
+
+    queries: float = 0.0
+    hits: float = 0.0
+    _last: tuple[float, float] | None = None
+
+    def add(self, sample: PrefixCacheSample) -> None:
+        """Count the increments since the last reading; a counter that went down (the
+        engine restarted) counts its whole value.  A reading without both counters is
+        skipped (the next one that has them starts a new baseline)."""
+        q, h = sample.queries, sample.hits
+        if q is None or h is None:
+            self._last = None
+            return
+        if self._last is not None:
+            lq, lh = self._last
+            self.queries += q - lq if q >= lq else q
+            self.hits += h - lh if h >= lh else h
+        self._last = (q, h)
 
 
 @dataclass(slots=True, eq=False)
@@ -68,6 +108,8 @@ class EngineWatch:
     """Failed scrapes by reason (cumulative)."""
     told: tuple[str, str | None] | None = None
     """The last (state, dialect) logged."""
+    prefix: PrefixTally = field(default_factory=PrefixTally)
+    """Its prefix cache's lookups and hits since the first reading."""
 
     @property
     def spoken(self) -> str | None:
@@ -91,9 +133,13 @@ class Scraper:
         rules: Mapping[str, EngineSaturation],
         clock: Clock,
         interval_s: float,
+        also: frozenset[str] = frozenset(),
     ) -> None:
+        """Read the upstreams of the pools in ``rules`` (feeding each pool's rule) and of
+        the pools in ``also`` (for their prefix-cache counters only)."""
         self.upstreams = upstreams
         self.rules = rules
+        self.also = also
         self.clock = clock
         self.interval_s = interval_s
         self._config: dict[str, Upstream] = {}
@@ -167,13 +213,16 @@ class Scraper:
             w.failure = None
             w.sample = got
             reading = got.reading()
+            if got.prefix is not None:
+                w.prefix.add(got.prefix)
         if rule is not None:
             rule.observe(up.url, reading, self.clock.now())
 
     async def scrape_once(self, session: aiohttp.ClientSession) -> None:
         """Read every healthy upstream of every pool with a rule, once; then log the
         upstreams whose state changed, and forget those no longer in a pool."""
-        present = [u for pool in self.rules for u in self.upstreams.pools.get(pool, ())]
+        pools = [*self.rules, *(p for p in sorted(self.also) if p not in self.rules)]
+        present = [u for pool in pools for u in self.upstreams.pools.get(pool, ())]
         ups = [u for u in present if u.healthy]
         await asyncio.gather(*(self._one(session, u) for u in ups))
         now = self.clock.now()
@@ -189,7 +238,10 @@ class Scraper:
         return "off" if rule is None else rule.state(w.url, now)
 
     def _tell(self, w: EngineWatch, now: float) -> None:
-        """Log ``w``'s state if it changed since it was last logged."""
+        """Log ``w``'s state if it changed since it was last logged (pools without a
+        saturation rule have none to tell)."""
+        if w.pool not in self.rules:
+            return
         state = self.state(w, now)
         key = (state, w.spoken)  # not the reason: a failure that changes its kind each
         if key == w.told:  # scrape (404, then a timeout...) is one state, said once
@@ -270,6 +322,7 @@ class Scraper:
             "gauges": None if s is None else dict(s.gauges),
             "kv_usage_read": None if s is None else s.kv_usage is not None,
             "preemptions": None if s is None else s.preemptions,
+            "prefix_cache": _prefix_status(w),
             "scrape_errors": dict(w.errors),
         }
 
@@ -305,9 +358,10 @@ class Scraper:
         for w in self.watches.values():
             for reason, n in w.errors.items():
                 errors.add_metric([w.url, reason], float(n))
-            st = self.state(w, now)
-            for name in STATES:
-                state.add_metric([w.pool, w.url, name], 1.0 if name == st else 0.0)
+            if w.pool in self.rules:
+                st = self.state(w, now)
+                for name in STATES:
+                    state.add_metric([w.pool, w.url, name], 1.0 if name == st else 0.0)
             s = w.sample
             if s is None:
                 continue
@@ -317,4 +371,67 @@ class Scraper:
                 v = values.get(quantity)
                 if v is not None:
                     scraped.add_metric([w.pool, w.url, gauge], v)
-        return [errors, state, dialect, scraped]
+        return [errors, state, dialect, scraped, *self._prefix_families()]
+
+    def _prefix_families(self) -> list[GaugeMetricFamily | CounterMetricFamily]:
+        """The engines' prefix caches: their own counters and rate as last read, per
+        upstream, and per pool the hit rate over what was counted since each engine was
+        first read (only series that have a reading)."""
+        queries = CounterMetricFamily(
+            "velvetrope_engine_prefix_cache_queries",
+            "Prompt tokens the engine looked up in its prefix cache (its own counter, as "
+            "last read: vllm:prefix_cache_queries_total, sglang:prompt_tokens_total).",
+            labels=["pool", "upstream"],
+        )
+        hits = CounterMetricFamily(
+            "velvetrope_engine_prefix_cache_hits",
+            "Prompt tokens the engine found in its prefix cache (its own counter, as last "
+            "read: vllm:prefix_cache_hits_total, sglang:cached_tokens_total).",
+            labels=["pool", "upstream"],
+        )
+        rate = GaugeMetricFamily(
+            "velvetrope_engine_prefix_cache_hit_rate",
+            "The engine's own prefix-cache hit rate gauge, where it reports one "
+            "(vllm:gpu_prefix_cache_hit_rate, sglang:cache_hit_rate).",
+            labels=["pool", "upstream"],
+        )
+        observed = GaugeMetricFamily(
+            "velvetrope_prefix_observed_hit_ratio",
+            "The pool's prefix-cache hit rate as its engines counted it since the gateway "
+            "first read them: prompt tokens found cached over prompt tokens looked up.",
+            labels=["pool"],
+        )
+        per_pool: dict[str, tuple[float, float]] = {}
+        for w in self.watches.values():
+            p = None if w.sample is None else w.sample.prefix
+            if p is None:
+                continue
+            if p.queries is not None:
+                queries.add_metric([w.pool, w.url], p.queries)
+            if p.hits is not None:
+                hits.add_metric([w.pool, w.url], p.hits)
+            if p.hit_rate is not None:
+                rate.add_metric([w.pool, w.url], p.hit_rate)
+            q, h = per_pool.get(w.pool, (0.0, 0.0))
+            per_pool[w.pool] = (q + w.prefix.queries, h + w.prefix.hits)
+        for pool, (q, h) in sorted(per_pool.items()):
+            if q > 0:
+                observed.add_metric([pool], h / q)
+        return [queries, hits, rate, observed]
+
+
+def _prefix_status(w: EngineWatch) -> dict[str, float | None] | None:
+    """The ``prefix_cache`` field of an upstream in ``/admin/status``: the engine's counters
+    and rate as last read and the lookups and hits counted since it was first read
+    (``None``: it reports no prefix cache)."""
+    p = None if w.sample is None else w.sample.prefix
+    if p is None:
+        return None
+    seen = w.prefix
+    return {
+        "queries": p.queries,
+        "hits": p.hits,
+        "hit_rate": p.hit_rate,
+        "queries_seen": seen.queries,
+        "hits_seen": seen.hits,
+    }
