@@ -20,8 +20,9 @@ p50 / p99, throughput; then the fewest replicas that hold TTFT p99 within ``--sl
 seconds for least-loaded and for affinity (``gpus_saved`` is the difference, searched
 from ``--min-replicas`` up to ``--max-replicas``).
 
-The affinity index holds as many 512-token blocks as the fleet's KV caches
-(``index_blocks``), the other prefix settings are the defaults.  ``--kv-scale K`` is a
+The modes, the engine and the policy are study (l)'s (``experiments/l_prefix/run.py``): the
+affinity index holds as many 512-token blocks as the fleet's KV caches (``index_blocks``),
+the other prefix settings are the defaults.  ``--kv-scale K`` is a
 what-if: engines whose prefix cache holds ``K`` × the GPU's KV blocks (a host-memory tier,
 as vLLM's KV offloading or LMCache add; hits from it are modelled as free as GPU hits,
 which flatters them).  ``--minutes`` replays only the trace's first minutes (the full hour
@@ -45,29 +46,12 @@ from numpy.typing import NDArray
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from velvetrope.core import PolicyConfig
-from velvetrope.engine import EngineProfile, load_profile
+from experiments.l_prefix.run import MODES, mooncake_profile, routing_policy
+from velvetrope.engine import EngineProfile
 from velvetrope.sim.loop import run_simulation
 from velvetrope.sim.result import SimResult
 from velvetrope.sim.traces import load_trace
 from velvetrope.sim.workload import TraceRequest
-
-MODES = {
-    "least_loaded": ("least_loaded", "least_loaded"),
-    "prefix_affinity": ("prefix_affinity", "least_loaded"),
-    "prefix_hash": ("prefix_hash", "least_loaded"),
-    "oracle": ("least_loaded", "prefix_oracle"),
-}
-"""Label -> (the pool's ``routing``, the simulator's ``router``)."""
-
-
-def policy(routing: str, replicas: int, prof: EngineProfile) -> PolicyConfig:
-    """One pool, no admission queueing; the affinity index sized to the fleet's KV cache in
-    the trace's 512-token blocks (so that it forgets about what the engines evicted)."""
-    index = max(16, replicas * prof.num_gpu_blocks * prof.block_size // 512)
-    pool = {"name": "default", "max_in_flight": 100_000, "routing": routing}
-    pool["prefix"] = {"index_blocks": index}
-    return PolicyConfig.model_validate({"pools": [pool], "saturation": {"enabled": False}})
 
 
 def run(
@@ -75,7 +59,7 @@ def run(
 ) -> tuple[SimResult, float]:
     routing, router = MODES[label]
     t0 = time.perf_counter()
-    cfg = policy(routing, replicas, prof)
+    cfg = routing_policy(routing, replicas, prof)
     res = run_simulation(cfg, work, replicas, prof, router=router, label=label)
     return res, time.perf_counter() - t0
 
@@ -120,12 +104,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     work = [r for r in load_trace("mooncake_conv") if r.t < args.minutes * 60.0]
-    base = load_profile("llama3-8b-h100")
-    prof = base.with_overrides(
-        enable_prefix_caching=True,
-        max_model_len=131_072,
-        num_gpu_blocks=round(base.num_gpu_blocks * args.kv_scale),
-    )
+    prof = mooncake_profile(args.kv_scale)
     span = work[-1].t if work else 0.0
     print(
         f"mooncake_conv: {len(work)} requests over {span / 60:.1f} min, "

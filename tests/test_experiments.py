@@ -29,6 +29,7 @@ from experiments.f_overload import run as f
 from experiments.g_predicted_split import run as g
 from experiments.h_saturation import run as h
 from experiments.i_degradation import run as i
+from experiments.l_prefix import run as l_prefix
 from velvetrope.sim.traces import load_trace
 from velvetrope.sim.workload import TenantMix, TraceRequest, head
 
@@ -248,3 +249,33 @@ def test_j_multi_template_workload_and_helpers() -> None:
     assert math.isnan(fifo.tau) and -1 <= ad.tau <= 1
     assert j.gain(fifo, fifo) == 0.0
     assert j.kept(fifo, fifo, ad) != j.kept(fifo, fifo, ad)  # no oracle gain: nan
+
+
+def test_l_prefix_sharing_workload_ceiling_and_routing(conv: list[TraceRequest]) -> None:
+    work = l_prefix.shared_workload(conv[:2000])
+    support = [r for r in work if r.tenant == "support"]
+    assert abs(len(support) / len(work) - l_prefix.SHARE) < 0.05
+    assert all(r.prefix_id == "system:support" for r in support)
+    assert all(r.prefix_id is None for r in work if r.tenant == "other")
+    # the unbounded cache: a block hits only when it and every block before it were seen
+    reqs = [
+        TraceRequest(
+            t=0.0, prompt_tokens=1000, output_tokens=1, block_hashes=(1, 2), block_tokens=512
+        ),
+        TraceRequest(
+            t=1.0, prompt_tokens=1000, output_tokens=1, block_hashes=(1, 3), block_tokens=512
+        ),
+        TraceRequest(
+            t=2.0, prompt_tokens=600, output_tokens=1, block_hashes=(9, 2), block_tokens=512
+        ),
+    ]
+    assert l_prefix.unbounded_hit_rate(reqs) == pytest.approx(512 / 2600)
+    moon = l_prefix.mooncake(2.0)
+    prof = l_prefix.mooncake_profile(1.0)
+    rows = {m: l_prefix.run_routing(m, moon, 2, prof) for m in ("least_loaded", "oracle")}
+    assert rows["least_loaded"].done == rows["oracle"].done == len(moon)
+    assert rows["oracle"].hit_rate >= rows["least_loaded"].hit_rate > 0
+    tiered = l_prefix.run_routing(
+        "prefix_affinity", l_prefix.with_tiers(moon, 2.0), 2, prof, tiers=True
+    )
+    assert set(tiered.tier_ttft_p99) == {"interactive", "standard", "batch"}
