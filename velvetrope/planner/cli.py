@@ -7,6 +7,14 @@ Registered in :mod:`velvetrope.cli` as ``app.command("plan")(plan_command)``::
     velvetrope plan --workload workload.yaml --json --plot plan.png --verify
     velvetrope plan --worker-rps 12 --peak-rps 50 --tier interactive        # no profile
     velvetrope plan --worker-tps 24000 --trace azure_conv --concurrency 32  # tokens/s
+    velvetrope plan --trace azure_conv --prefix-hit-rate 0.3 \\
+        --spec-tokens 4 --spec-accepted-per-step 2.3 --verify
+
+With speculative decoding (``--spec-tokens`` with ``--spec-acceptance`` or the measured
+``--spec-accepted-per-step``) or prefix caching (``--prefix-hit-rate``), either service
+model sizes with them, ``--verify`` simulates them, and the plan ends with how each changes
+the service time: mean, coefficient of variation and p99, with and without
+(:mod:`velvetrope.planner.features`).
 
 The output explains every number in one line; ``--json`` prints the same plan as JSON
 (:func:`velvetrope.planner.sizing.plan_to_dict`, plus ``verify`` rows when asked).  Errors
@@ -28,8 +36,13 @@ import typer
 from velvetrope.errors import PolicyError, VelvetropeError
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from velvetrope.engine.profile import EngineProfile
+    from velvetrope.planner.features import FeatureEffect
     from velvetrope.planner.measured import MeasuredPlan
     from velvetrope.planner.predict import Metric
+    from velvetrope.planner.service import ServiceCurve
     from velvetrope.planner.sizing import Plan
     from velvetrope.planner.verify import VerifyRow
     from velvetrope.planner.workload import PlanWorkload
@@ -352,6 +365,56 @@ def _measured_plan(
     )  # fmt: skip
 
 
+def _feature_settings(prof: EngineProfile, hit_rate: float) -> dict[str, float | int]:
+    """The speculative decoding and prefix caching the plan assumed, for ``--json``."""
+    from velvetrope.engine.speculative import expected_tokens_per_step
+
+    out: dict[str, float | int] = {"prefix_hit_rate": hit_rate}
+    if prof.spec_tokens:
+        k, a = prof.spec_tokens, prof.spec_acceptance
+        out |= {
+            "spec_tokens": k,
+            "spec_acceptance": a,
+            "spec_tokens_per_step": expected_tokens_per_step(k, a),
+            "spec_draft_ms": prof.spec_draft_step_s * 1e3,
+        }
+    return out
+
+
+def _feature_effects(
+    plan: Plan,
+    base: EngineProfile,
+    spec_only: EngineProfile,
+    hit_rate: float,
+    method: str,
+    replan: Callable[[ServiceCurve], Plan],
+) -> list[FeatureEffect]:
+    """Each feature on its own and, when both are on, both: against neither."""
+    from velvetrope.engine.speculative import expected_tokens_per_step
+    from velvetrope.planner.engine_options import prefix_caching_profile
+    from velvetrope.planner.features import build_curve, feature_effects
+
+    w = plan.workload
+    variants: list[tuple[str, ServiceCurve]] = []
+    spec_label = prefix_label = ""
+    if spec_only.spec_tokens:
+        k, a = spec_only.spec_tokens, spec_only.spec_acceptance
+        spec_label = (
+            f"speculative decoding k={k} ({expected_tokens_per_step(k, a):.2f} tokens/step)"
+        )
+    if hit_rate > 0:
+        prefix_label = f"prefix cache {hit_rate:.0%}"
+    if spec_label and prefix_label:
+        pc = prefix_caching_profile(base, hit_rate)
+        variants.append((spec_label, build_curve(spec_only, w.prompt, w.output, method, 0.0)))
+        variants.append((prefix_label, build_curve(pc, w.prompt, w.output, method, hit_rate)))
+        variants.append((f"{spec_label} + {prefix_label}", plan.curve))
+    else:
+        variants.append((spec_label or prefix_label, plan.curve))
+    baseline = build_curve(base, w.prompt, w.output, method, 0.0)
+    return feature_effects(plan, variants, baseline, replan)
+
+
 def plan_command(
     profile: Annotated[
         str | None,
@@ -421,8 +484,16 @@ def plan_command(
         int, typer.Option(min=0, help="Speculative decoding: draft tokens per step (0: off).")
     ] = 0,
     spec_acceptance: Annotated[
-        float, typer.Option(help="Speculative decoding: per-token acceptance rate.")
-    ] = 0.7,
+        float | None,
+        typer.Option(help="Speculative decoding: per-token acceptance rate [0.7]."),
+    ] = None,
+    spec_accepted_per_step: Annotated[
+        float | None,
+        typer.Option(
+            help="Speculative decoding: measured tokens per verification step (vLLM's mean "
+            "acceptance length), 1 to --spec-tokens + 1; instead of --spec-acceptance."
+        ),
+    ] = None,
     spec_draft_ms: Annotated[
         float, typer.Option(help="Speculative decoding: draft model ms per draft token.")
     ] = 0.0,
@@ -458,7 +529,7 @@ def plan_command(
         prefix_caching_profile,
         with_speculation,
     )
-    from velvetrope.planner.service import analytic_service_curve, measure_service_curve
+    from velvetrope.planner.features import build_curve
     from velvetrope.planner.sizing import P99Target, make_plan, plan_to_dict
     from velvetrope.planner.workload import load_workload, workload_from_trace
 
@@ -491,15 +562,12 @@ def plan_command(
         features: str | None = None
         if not measured:
             base = load_profile(profile if profile is not None else "llama3-8b-h100")
-            prof = with_speculation(base, spec_tokens, spec_acceptance, spec_draft_ms)
-            prof = prefix_caching_profile(prof, prefix_hit_rate)
+            spec_only = with_speculation(
+                base, spec_tokens, spec_acceptance, spec_draft_ms,
+                accepted_per_step=spec_accepted_per_step,
+            )  # fmt: skip
+            prof = prefix_caching_profile(spec_only, prefix_hit_rate)
             features = describe(prof, prefix_hit_rate)
-            if features and service_model != "closed-loop":
-                raise PolicyError("speculation and prefix caching need --service-model closed-loop")
-            if verify and prefix_hit_rate > 0:
-                raise PolicyError(
-                    "--verify does not simulate shared prefixes; drop --prefix-hit-rate"
-                )
         if trace is not None:
             wl = workload_from_trace(trace, design_rps=peak_rps)
         elif workload is not None:
@@ -537,16 +605,20 @@ def plan_command(
         if bound is None:
             raise PolicyError(f"give --slo-p99 (no default for tier {tier!r})")
         slo = P99Target(metric, parse_duration(bound))
-        if service_model == "closed-loop":
-            curve = measure_service_curve(
-                prof, full.prompt, full.output, prefix_hit_rate=prefix_hit_rate
-            )
-        else:
-            curve = analytic_service_curve(prof, full.prompt, full.output)
+        curve = build_curve(prof, full.prompt, full.output, service_model, prefix_hit_rate)
         plan = make_plan(
             full, curve, slo, tier=tier, rho_target=rho, concurrency=concurrency,
             gpus=gpus_per_replica,
         )  # fmt: skip
+        effects: list[FeatureEffect] = []
+        if features:
+            effects = _feature_effects(
+                plan, base, spec_only, prefix_hit_rate, service_model,
+                lambda c: make_plan(
+                    full, c, slo, tier=tier, rho_target=rho, concurrency=concurrency,
+                    gpus=gpus_per_replica,
+                ),
+            )  # fmt: skip
         start_lines = _startup_lines(
             plan, spike, spike_duration, startup, top_share, lower_max_wait, scaled_object,
             json_out, verify, seed,
@@ -575,12 +647,20 @@ def plan_command(
             doc["plot"] = str(written)
         if features:
             doc["engine_features"] = features
+            doc["engine_feature_settings"] = _feature_settings(prof, prefix_hit_rate)
+            doc["engine_feature_effects"] = [e.to_dict() for e in effects]
         typer.echo(json.dumps(doc, indent=2, allow_nan=False))
         return
     for line in format_plan(plan):
         typer.echo(line)
     if features:
+        typer.echo("")
         typer.echo(f"engine features: {features}")
+        typer.echo(
+            "  service time without → with (the model, on the plan's fleet at the design rate):"
+        )
+        for e in effects:
+            typer.echo(f"  {e.line()}")
     for line in start_lines or []:
         typer.echo(line)
     if rows is not None:
@@ -588,6 +668,11 @@ def plan_command(
         typer.echo(
             f"verify: simulated {verify_requests:,} requests at {_n(full.design_rps)} req/s "
             "(stationary, FCFS, first 10% left out) with the real admission core and batchers"
+            + (
+                f"; every prompt's first {prefix_hit_rate:.0%} one shared prefix"
+                if prefix_hit_rate > 0
+                else ""
+            )
         )
         head = f"  {'replicas':<9} {'metric':<7} {'predicted p99':>14} {'simulated p99':>14}"
         typer.echo(f"{head}  error")

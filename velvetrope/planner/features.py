@@ -1,0 +1,183 @@
+"""What speculative decoding and prefix caching do to service time: with and without.
+
+A feature that cuts work does two things the planner should show: the mean service time
+falls (each replica serves more), and the *spread* of service times changes, which moves the
+p99 by more or less than the mean.  :func:`feature_effects` answers both for a plan sized
+with features: for each feature on its own and, when both are on, for the two together, it
+evaluates the model (:func:`velvetrope.planner.predict.predict`) on the plan's fleet at the
+design rate on the service curve with the feature and on the curve without it, and sizes the
+fleet again without it (:func:`velvetrope.planner.sizing.make_plan`).
+
+Per request, the model's service time is ``S_i = w_i·τ`` (iterations times the mean
+iteration time at the operating point; :mod:`velvetrope.planner.predict`, assumption 5):
+:class:`ServiceStats` holds the mean ``E[S]`` (Little's law on the slots), and the
+coefficient of variation and p99 of the distribution the model uses for requests that did
+not wait (``Prediction.service_values``/``service_weights``).  The planner sizes one class
+(one tier), so there is one row per feature, not one per class.  Units: seconds, req/s.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from velvetrope.engine.profile import EngineProfile
+from velvetrope.errors import PolicyError
+from velvetrope.planner.predict import Prediction, predict
+from velvetrope.planner.service import (
+    ServiceCurve,
+    analytic_service_curve,
+    measure_service_curve,
+)
+from velvetrope.planner.sizing import Plan
+
+__all__ = [
+    "FeatureEffect",
+    "ServiceStats",
+    "build_curve",
+    "feature_effects",
+    "service_stats",
+]
+
+
+def build_curve(
+    profile: EngineProfile, prompt: Any, output: Any, method: str, prefix_hit_rate: float
+) -> ServiceCurve:
+    """The service curve by ``method`` (``closed-loop`` or ``analytic``)."""
+    if method == "closed-loop":
+        return measure_service_curve(profile, prompt, output, prefix_hit_rate=prefix_hit_rate)
+    if method == "analytic":
+        return analytic_service_curve(profile, prompt, output, prefix_hit_rate=prefix_hit_rate)
+    raise PolicyError(f"--service-model must be closed-loop or analytic (got {method!r})")
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceStats:
+    """One configuration on one fleet at the design rate (see the module docstring).
+
+    ``mean_s``, ``cv`` and ``p99_s`` describe the service time (``nan`` when the fleet is
+    overloaded: ``mean_s`` is then ``inf``); ``e2e_p99_s`` is the predicted p99 end-to-end
+    latency (``inf`` when overloaded); ``max_throughput_rps`` one replica's saturated
+    throughput; ``replicas`` the fewest replicas meeting the SLO (``None``: not met at any).
+    """
+
+    mean_s: float
+    cv: float
+    p99_s: float
+    e2e_p99_s: float
+    max_throughput_rps: float
+    replicas: int | None
+
+    def to_dict(self) -> dict[str, float | int | None]:
+        """JSON-safe (a non-finite number becomes ``None``)."""
+        return {
+            k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in (
+                ("service_mean_s", self.mean_s),
+                ("service_cv", self.cv),
+                ("service_p99_s", self.p99_s),
+                ("e2e_p99_s", self.e2e_p99_s),
+                ("max_throughput_rps", self.max_throughput_rps),
+                ("replicas", self.replicas),
+            )
+        }
+
+
+def service_stats(pred: Prediction, curve: ServiceCurve, replicas: int | None) -> ServiceStats:
+    """:class:`ServiceStats` of the prediction ``pred`` made on ``curve``."""
+    x = curve.max_throughput_rps
+    if not pred.stable:
+        return ServiceStats(math.inf, math.nan, math.nan, math.inf, x, replicas)
+    v = np.asarray(pred.service_values, dtype=np.float64)
+    w = np.asarray(pred.service_weights, dtype=np.float64)
+    w = w / float(w.sum())
+    mean = float(np.dot(v, w))
+    sd = math.sqrt(max(float(np.dot(w, (v - mean) ** 2)), 0.0))
+    order = np.argsort(v, kind="stable")
+    cum = np.cumsum(w[order])
+    p99 = float(v[order][min(int(np.searchsorted(cum, 0.99)), v.size - 1)])
+    return ServiceStats(pred.service_mean_s, sd / mean, p99, pred.p99("e2e"), x, replicas)
+
+
+@dataclass(frozen=True, slots=True)
+class FeatureEffect:
+    """``feature`` (a label such as ``prefix cache 30%``) without and with, on the plan's
+    fleet (``replicas`` × ``concurrency``) at the design rate."""
+
+    feature: str
+    replicas: int
+    concurrency: int
+    without: ServiceStats
+    with_: ServiceStats
+
+    def line(self) -> str:
+        """``prefix cache 30%: mean service 1.84 s → 1.21 s (−34%), CV 0.92 → 0.71, …``."""
+        a, b = self.without, self.with_
+        if not math.isfinite(a.mean_s):
+            mean = f"overloaded at {self.replicas} replicas without it → {b.mean_s:.3g} s"
+            return (
+                f"{self.feature}: mean service {mean}; replicas needed "
+                f"{_r(a.replicas)} → {_r(b.replicas)}"
+            )
+        return (
+            f"{self.feature}: mean service {a.mean_s:.3g} s → {b.mean_s:.3g} s "
+            f"({_pct(a.mean_s, b.mean_s)}), CV {a.cv:.2f} → {b.cv:.2f}, p99 service "
+            f"{a.p99_s:.3g} s → {b.p99_s:.3g} s ({_pct(a.p99_s, b.p99_s)}); at {self.replicas} "
+            f"replicas × {self.concurrency} slots p99 end-to-end {a.e2e_p99_s:.3g} s → "
+            f"{b.e2e_p99_s:.3g} s ({_pct(a.e2e_p99_s, b.e2e_p99_s)}); saturated throughput "
+            f"{a.max_throughput_rps:.3g} → {b.max_throughput_rps:.3g} req/s per replica "
+            f"({_pct(a.max_throughput_rps, b.max_throughput_rps)}); replicas needed "
+            f"{_r(a.replicas)} → {_r(b.replicas)}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form: ``feature``, the fleet, and ``without``/``with`` stats."""
+        return {
+            "feature": self.feature,
+            "replicas": self.replicas,
+            "concurrency": self.concurrency,
+            "without": self.without.to_dict(),
+            "with": self.with_.to_dict(),
+        }
+
+
+def _pct(a: float, b: float) -> str:
+    if not (math.isfinite(a) and math.isfinite(b)) or a == 0:
+        return "—"
+    return f"{(b - a) / a:+.0%}".replace("-", "−")
+
+
+def _r(n: int | None) -> str:
+    return "none meets the SLO" if n is None else str(n)
+
+
+def feature_effects(
+    plan: Plan,
+    variants: list[tuple[str, ServiceCurve]],
+    baseline: ServiceCurve,
+    replan: Callable[[ServiceCurve], Plan],
+) -> list[FeatureEffect]:
+    """One :class:`FeatureEffect` per ``(label, curve with the feature)`` in ``variants``,
+    against ``baseline`` (the curve with no feature), on ``plan``'s fleet at its design
+    rate.  ``replan(curve)`` sizes the workload on ``curve`` (raising
+    :class:`~velvetrope.errors.PolicyError` when the SLO cannot be met)."""
+    w = plan.workload
+    n, k = plan.replicas, plan.concurrency
+
+    def stats(curve: ServiceCurve) -> ServiceStats:
+        pred = predict(
+            curve, w.design_rps, n, k, arrival_scv=w.arrival_scv,
+            arrival_pattern=w.arrival_pattern,
+        )  # fmt: skip
+        try:
+            needed: int | None = replan(curve).replicas
+        except PolicyError:
+            needed = None
+        return service_stats(pred, curve, needed)
+
+    without = stats(baseline)
+    return [FeatureEffect(label, n, k, without, stats(c)) for label, c in variants]
