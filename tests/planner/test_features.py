@@ -14,7 +14,7 @@ from velvetrope.cli import app
 from velvetrope.engine import load_profile, profile_to_yaml
 from velvetrope.engine.speculative import acceptance_for_tokens_per_step
 from velvetrope.planner.engine_options import prefix_caching_profile
-from velvetrope.planner.features import FeatureEffect, ServiceStats
+from velvetrope.planner.features import FeatureEffect, ServiceStats, predicted_service
 from velvetrope.planner.service import analytic_service_curve
 from velvetrope.planner.sizing import P99Target, make_plan
 from velvetrope.planner.verify import stationary_workload, verify_plan
@@ -150,6 +150,10 @@ def test_verify_simulates_shared_prefixes(wfile: Path, tmp_path: Path) -> None:
             assert got[f"{metric}_p99_s"]["simulated"] == m.simulated.p99(metric)
             pred = m.predicted.p99(metric)
             assert got[f"{metric}_p99_s"]["predicted"] == pred
+        mean, cv = predicted_service(m.predicted)
+        assert got["service_mean_s"] == {"predicted": mean, "simulated": m.simulated.service_mean_s}
+        assert got["service_cv"] == {"predicted": cv, "simulated": m.simulated.service_cv}
+        assert m.simulated.service_mean_s > 0 and m.simulated.service_cv > 0
 
 
 def test_an_overloaded_fleet_without_the_feature_is_said_so() -> None:

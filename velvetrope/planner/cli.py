@@ -286,13 +286,24 @@ def _startup_lines(
 
 
 def _verify_dict(rows: list[VerifyRow]) -> list[dict[str, Any]]:
+    from velvetrope.planner.features import predicted_service
+
+    def finite(x: float) -> float | None:
+        return x if math.isfinite(x) else None
+
     out = []
     for r in rows:
         p, s = r.predicted, r.simulated
+        mean, cv = predicted_service(p)
         out.append(
             {
                 "replicas": s.replicas,
                 "completed_fraction": s.completed_fraction,
+                "service_mean_s": {
+                    "predicted": finite(mean),
+                    "simulated": finite(s.service_mean_s),
+                },
+                "service_cv": {"predicted": finite(cv), "simulated": finite(s.service_cv)},
                 **{
                     f"{m}_p99_s": {
                         "predicted": p.p99(m) if math.isfinite(p.p99(m)) else None,
@@ -685,6 +696,15 @@ def plan_command(
                     else "—"
                 )
                 typer.echo(f"  {r.simulated.replicas:<9} {m:<7} {_s(p):>14} {_s(s):>14}  {err}")
+        from velvetrope.planner.features import predicted_service
+
+        for r in rows:
+            mean, cv = predicted_service(r.predicted)
+            sim = r.simulated
+            typer.echo(
+                f"  service time at {sim.replicas} replicas: predicted mean {_s(mean)}, CV "
+                f"{cv:.2f}; simulated mean {_s(sim.service_mean_s)}, CV {sim.service_cv:.2f}"
+            )
     if written is not None:
         typer.echo("")
         typer.echo(f"plot: {written} — predicted latency vs utilisation, the plan marked")

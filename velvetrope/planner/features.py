@@ -40,6 +40,7 @@ __all__ = [
     "ServiceStats",
     "build_curve",
     "feature_effects",
+    "predicted_service",
     "service_stats",
 ]
 
@@ -87,11 +88,8 @@ class ServiceStats:
         }
 
 
-def service_stats(pred: Prediction, curve: ServiceCurve, replicas: int | None) -> ServiceStats:
-    """:class:`ServiceStats` of the prediction ``pred`` made on ``curve``."""
-    x = curve.max_throughput_rps
-    if not pred.stable:
-        return ServiceStats(math.inf, math.nan, math.nan, math.inf, x, replicas)
+def _distribution(pred: Prediction) -> tuple[float, float, float]:
+    """Mean, standard deviation and p99 of the model's service-time distribution."""
     v = np.asarray(pred.service_values, dtype=np.float64)
     w = np.asarray(pred.service_weights, dtype=np.float64)
     w = w / float(w.sum())
@@ -100,6 +98,23 @@ def service_stats(pred: Prediction, curve: ServiceCurve, replicas: int | None) -
     order = np.argsort(v, kind="stable")
     cum = np.cumsum(w[order])
     p99 = float(v[order][min(int(np.searchsorted(cum, 0.99)), v.size - 1)])
+    return mean, sd, p99
+
+
+def predicted_service(pred: Prediction) -> tuple[float, float]:
+    """``(E[S], CV)`` of the service time under ``pred`` (``(inf, nan)`` when overloaded)."""
+    if not pred.stable:
+        return math.inf, math.nan
+    mean, sd, _ = _distribution(pred)
+    return pred.service_mean_s, sd / mean
+
+
+def service_stats(pred: Prediction, curve: ServiceCurve, replicas: int | None) -> ServiceStats:
+    """:class:`ServiceStats` of the prediction ``pred`` made on ``curve``."""
+    x = curve.max_throughput_rps
+    if not pred.stable:
+        return ServiceStats(math.inf, math.nan, math.nan, math.inf, x, replicas)
+    mean, sd, p99 = _distribution(pred)
     return ServiceStats(pred.service_mean_s, sd / mean, p99, pred.p99("e2e"), x, replicas)
 
 

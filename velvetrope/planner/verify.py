@@ -131,7 +131,9 @@ def fifo_policy(max_in_flight: int, max_queued: int) -> PolicyConfig:
 @dataclass(frozen=True, slots=True)
 class SimulatedLatency:
     """What the simulator measured: p50/p99 of wait, TTFT and e2e (s) over the completed
-    requests after warm-up, and the fraction of all requests that completed."""
+    requests after warm-up, and the fraction of all requests that completed;
+    ``service_mean_s``/``service_cv`` the mean and coefficient of variation of the time
+    each of them spent in an engine (end-to-end minus queue wait)."""
 
     replicas: int
     completed_fraction: float
@@ -141,6 +143,8 @@ class SimulatedLatency:
     ttft_p99_s: float
     e2e_p50_s: float
     e2e_p99_s: float
+    service_mean_s: float
+    service_cv: float
 
     def p99(self, metric: str) -> float:
         """The p99 of ``wait``, ``ttft`` or ``e2e``."""
@@ -182,7 +186,10 @@ def simulate_fleet(
     w = q(rec.queue_wait())
     t = q(rec.ttft())
     e = q(rec.e2e())
-    return SimulatedLatency(replicas, done, w[0], w[1], t[0], t[1], e[0], e[1])
+    service = (rec.e2e() - rec.queue_wait())[keep]
+    mean = float(service.mean()) if service.size else math.nan
+    cv = float(service.std()) / mean if service.size and mean > 0 else math.nan
+    return SimulatedLatency(replicas, done, w[0], w[1], t[0], t[1], e[0], e[1], mean, cv)
 
 
 @dataclass(frozen=True, slots=True)
