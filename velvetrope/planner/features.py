@@ -8,12 +8,15 @@ evaluates the model (:func:`velvetrope.planner.predict.predict`) on the plan's f
 design rate on the service curve with the feature and on the curve without it, and sizes the
 fleet again without it (:func:`velvetrope.planner.sizing.make_plan`).
 
-Per request, the model's service time is ``S_i = w_i·τ`` (iterations times the mean
-iteration time at the operating point; :mod:`velvetrope.planner.predict`, assumption 5):
-:class:`ServiceStats` holds the mean ``E[S]`` (Little's law on the slots), and the
-coefficient of variation and p99 of the distribution the model uses for requests that did
-not wait (``Prediction.service_values``/``service_weights``).  The planner sizes one class
-(one tier), so there is one row per feature, not one per class.  Units: seconds, req/s.
+Per request, the model's service time is ``S_i = w_i·τ`` (iterations times the iteration
+time the request runs at; :mod:`velvetrope.planner.predict`, assumptions 5): with an
+arrival pattern ``τ`` is the iteration time of the concurrency a request that did not wait
+finds, and ``τ_w`` for one that waited.  :class:`ServiceStats` holds the mean, coefficient of
+variation and p99 of that distribution (``Prediction.service_values`` and
+``waited_service_values``, mixed by the probability of waiting); the mean is the
+per-request mean, ``E[e2e] − E[W]``, which with bursty arrivals exceeds the time-average
+``E[S]`` of Little's law (a burst's requests run in a fuller batch).  The planner sizes one
+class (one tier), so there is one row per feature, not one per class.  Units: seconds, req/s.
 """
 
 from __future__ import annotations
@@ -89,10 +92,16 @@ class ServiceStats:
 
 
 def _distribution(pred: Prediction) -> tuple[float, float, float]:
-    """Mean, standard deviation and p99 of the model's service-time distribution."""
+    """Mean, standard deviation and p99 of the model's service-time distribution: requests
+    that did not wait (``service_values``) and, with an arrival pattern, those that did
+    (``waited_service_values``, aligned with the same weights), mixed by ``p_wait``."""
     v = np.asarray(pred.service_values, dtype=np.float64)
     w = np.asarray(pred.service_weights, dtype=np.float64)
     w = w / float(w.sum())
+    waited = np.asarray(pred.waited_service_values, dtype=np.float64)
+    if waited.size:
+        v = np.concatenate((v, waited))
+        w = np.concatenate(((1.0 - pred.p_wait) * w, pred.p_wait * w))
     mean = float(np.dot(v, w))
     sd = math.sqrt(max(float(np.dot(w, (v - mean) ** 2)), 0.0))
     order = np.argsort(v, kind="stable")
@@ -102,11 +111,12 @@ def _distribution(pred: Prediction) -> tuple[float, float, float]:
 
 
 def predicted_service(pred: Prediction) -> tuple[float, float]:
-    """``(E[S], CV)`` of the service time under ``pred`` (``(inf, nan)`` when overloaded)."""
+    """The mean and CV of the service time under ``pred`` (``(inf, nan)`` when overloaded;
+    see the module docstring)."""
     if not pred.stable:
         return math.inf, math.nan
     mean, sd, _ = _distribution(pred)
-    return pred.service_mean_s, sd / mean
+    return mean, sd / mean
 
 
 def service_stats(pred: Prediction, curve: ServiceCurve, replicas: int | None) -> ServiceStats:
@@ -115,7 +125,7 @@ def service_stats(pred: Prediction, curve: ServiceCurve, replicas: int | None) -
     if not pred.stable:
         return ServiceStats(math.inf, math.nan, math.nan, math.inf, x, replicas)
     mean, sd, p99 = _distribution(pred)
-    return ServiceStats(pred.service_mean_s, sd / mean, p99, pred.p99("e2e"), x, replicas)
+    return ServiceStats(mean, sd / mean, p99, pred.p99("e2e"), x, replicas)
 
 
 @dataclass(frozen=True, slots=True)
