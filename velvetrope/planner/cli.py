@@ -36,13 +36,9 @@ import typer
 from velvetrope.errors import PolicyError, VelvetropeError
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from velvetrope.engine.profile import EngineProfile
     from velvetrope.planner.features import FeatureEffect
     from velvetrope.planner.measured import MeasuredPlan
     from velvetrope.planner.predict import Metric
-    from velvetrope.planner.service import ServiceCurve
     from velvetrope.planner.sizing import Plan
     from velvetrope.planner.verify import VerifyRow
     from velvetrope.planner.workload import PlanWorkload
@@ -376,56 +372,6 @@ def _measured_plan(
     )  # fmt: skip
 
 
-def _feature_settings(prof: EngineProfile, hit_rate: float) -> dict[str, float | int]:
-    """The speculative decoding and prefix caching the plan assumed, for ``--json``."""
-    from velvetrope.engine.speculative import expected_tokens_per_step
-
-    out: dict[str, float | int] = {"prefix_hit_rate": hit_rate}
-    if prof.spec_tokens:
-        k, a = prof.spec_tokens, prof.spec_acceptance
-        out |= {
-            "spec_tokens": k,
-            "spec_acceptance": a,
-            "spec_tokens_per_step": expected_tokens_per_step(k, a),
-            "spec_draft_ms": prof.spec_draft_step_s * 1e3,
-        }
-    return out
-
-
-def _feature_effects(
-    plan: Plan,
-    base: EngineProfile,
-    spec_only: EngineProfile,
-    hit_rate: float,
-    method: str,
-    replan: Callable[[ServiceCurve], Plan],
-) -> list[FeatureEffect]:
-    """Each feature on its own and, when both are on, both: against neither."""
-    from velvetrope.engine.speculative import expected_tokens_per_step
-    from velvetrope.planner.engine_options import prefix_caching_profile
-    from velvetrope.planner.features import build_curve, feature_effects
-
-    w = plan.workload
-    variants: list[tuple[str, ServiceCurve]] = []
-    spec_label = prefix_label = ""
-    if spec_only.spec_tokens:
-        k, a = spec_only.spec_tokens, spec_only.spec_acceptance
-        spec_label = (
-            f"speculative decoding k={k} ({expected_tokens_per_step(k, a):.2f} tokens/step)"
-        )
-    if hit_rate > 0:
-        prefix_label = f"prefix cache {hit_rate:.0%}"
-    if spec_label and prefix_label:
-        pc = prefix_caching_profile(base, hit_rate)
-        variants.append((spec_label, build_curve(spec_only, w.prompt, w.output, method, 0.0)))
-        variants.append((prefix_label, build_curve(pc, w.prompt, w.output, method, hit_rate)))
-        variants.append((f"{spec_label} + {prefix_label}", plan.curve))
-    else:
-        variants.append((spec_label or prefix_label, plan.curve))
-    baseline = build_curve(base, w.prompt, w.output, method, 0.0)
-    return feature_effects(plan, variants, baseline, replan)
-
-
 def plan_command(
     profile: Annotated[
         str | None,
@@ -540,7 +486,7 @@ def plan_command(
         prefix_caching_profile,
         with_speculation,
     )
-    from velvetrope.planner.features import build_curve
+    from velvetrope.planner.features import build_curve, effects_of, feature_settings
     from velvetrope.planner.sizing import P99Target, make_plan, plan_to_dict
     from velvetrope.planner.workload import load_workload, workload_from_trace
 
@@ -623,7 +569,7 @@ def plan_command(
         )  # fmt: skip
         effects: list[FeatureEffect] = []
         if features:
-            effects = _feature_effects(
+            effects = effects_of(
                 plan, base, spec_only, prefix_hit_rate, service_model,
                 lambda c: make_plan(
                     full, c, slo, tier=tier, rho_target=rho, concurrency=concurrency,
@@ -658,7 +604,7 @@ def plan_command(
             doc["plot"] = str(written)
         if features:
             doc["engine_features"] = features
-            doc["engine_feature_settings"] = _feature_settings(prof, prefix_hit_rate)
+            doc["engine_feature_settings"] = feature_settings(prof, prefix_hit_rate)
             doc["engine_feature_effects"] = [e.to_dict() for e in effects]
         typer.echo(json.dumps(doc, indent=2, allow_nan=False))
         return

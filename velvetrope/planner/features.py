@@ -29,7 +29,9 @@ from typing import Any
 import numpy as np
 
 from velvetrope.engine.profile import EngineProfile
+from velvetrope.engine.speculative import expected_tokens_per_step
 from velvetrope.errors import PolicyError
+from velvetrope.planner.engine_options import prefix_caching_profile
 from velvetrope.planner.predict import Prediction, predict
 from velvetrope.planner.service import (
     ServiceCurve,
@@ -42,7 +44,9 @@ __all__ = [
     "FeatureEffect",
     "ServiceStats",
     "build_curve",
+    "effects_of",
     "feature_effects",
+    "feature_settings",
     "predicted_service",
     "service_stats",
 ]
@@ -206,3 +210,52 @@ def feature_effects(
 
     without = stats(baseline)
     return [FeatureEffect(label, n, k, without, stats(c)) for label, c in variants]
+
+
+def feature_settings(prof: EngineProfile, hit_rate: float) -> dict[str, float | int]:
+    """The speculative decoding and prefix caching ``prof`` and ``hit_rate`` stand for, as
+    the plan's ``--json`` gives them."""
+
+    out: dict[str, float | int] = {"prefix_hit_rate": hit_rate}
+    if prof.spec_tokens:
+        k, a = prof.spec_tokens, prof.spec_acceptance
+        out |= {
+            "spec_tokens": k,
+            "spec_acceptance": a,
+            "spec_tokens_per_step": expected_tokens_per_step(k, a),
+            "spec_draft_ms": prof.spec_draft_step_s * 1e3,
+        }
+    return out
+
+
+def effects_of(
+    plan: Plan,
+    base: EngineProfile,
+    spec_only: EngineProfile,
+    hit_rate: float,
+    method: str,
+    replan: Callable[[ServiceCurve], Plan],
+) -> list[FeatureEffect]:
+    """:func:`feature_effects` for ``plan``, sized on ``base`` with speculation as in
+    ``spec_only`` and prefix hit rate ``hit_rate``: each feature on its own and, when both
+    are on, both, against neither (each curve by ``method``)."""
+
+    w = plan.workload
+    variants: list[tuple[str, ServiceCurve]] = []
+    spec_label = prefix_label = ""
+    if spec_only.spec_tokens:
+        k, a = spec_only.spec_tokens, spec_only.spec_acceptance
+        spec_label = (
+            f"speculative decoding k={k} ({expected_tokens_per_step(k, a):.2f} tokens/step)"
+        )
+    if hit_rate > 0:
+        prefix_label = f"prefix cache {hit_rate:.0%}"
+    if spec_label and prefix_label:
+        pc = prefix_caching_profile(base, hit_rate)
+        variants.append((spec_label, build_curve(spec_only, w.prompt, w.output, method, 0.0)))
+        variants.append((prefix_label, build_curve(pc, w.prompt, w.output, method, hit_rate)))
+        variants.append((f"{spec_label} + {prefix_label}", plan.curve))
+    else:
+        variants.append((spec_label or prefix_label, plan.curve))
+    baseline = build_curve(base, w.prompt, w.output, method, 0.0)
+    return feature_effects(plan, variants, baseline, replan)
