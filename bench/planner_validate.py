@@ -2,7 +2,8 @@
 
 Last line::
 
-    planner: erlang_c_max_rel_err=<e> conv_err=<f> code_err=<g> replicas_over_min=<k>
+    planner: erlang_c_max_rel_err=<e> conv_err=<f> code_err=<g> replicas_over_min=<k> \
+        prefix_err=<h> spec_err=<s>
 
 * ``e`` — the largest relative error of Erlang C over c = 1..200 × ρ = 0.01..0.99 (step
   0.01) against a 50-digit mpmath evaluation of the factorial-sum formula, taken over both
@@ -32,8 +33,13 @@ Last line::
   Target ≤ 0.20.
 * ``k`` — for the conversation trace, the recommended replicas minus the smallest count
   whose *simulated* replay p99 end-to-end meets the SLO (searched downwards).  Target 0 or 1.
+* ``h``, ``s`` — the conversation trace as for ``f``, planned with an engine feature on
+  (``h``: prefix caching, every prompt's first 30 % one shared prefix; ``s``: speculative
+  decoding with 4 draft tokens, 2.3 tokens per verification step measured, 0.5 ms per
+  draft token), the *design point* check only: the largest relative error of the p99s over
+  the rows whose simulated p99 is at least 0.5 s.  Target ≤ 0.20.
 
-Run: ``.venv/bin/python bench/planner_validate.py`` (about 30 s; ``--skip-sim`` for
+Run: ``.venv/bin/python bench/planner_validate.py`` (about a minute; ``--skip-sim`` for
 ``e`` alone, ``--skip-e`` for the rest).  Deterministic.
 """
 
@@ -47,7 +53,8 @@ import time
 import mpmath
 import numpy as np
 
-from velvetrope.engine import load_profile
+from velvetrope.engine import EngineProfile, load_profile
+from velvetrope.planner.engine_options import prefix_caching_profile, with_speculation
 from velvetrope.planner.predict import Metric, Prediction, mixture_quantile, predict
 from velvetrope.planner.queueing import erlang_c
 from velvetrope.planner.service import (
@@ -58,7 +65,7 @@ from velvetrope.planner.service import (
 from velvetrope.planner.sizing import P99Target, make_plan
 from velvetrope.planner.verify import simulate_fleet, verify_plan
 from velvetrope.planner.workload import MINUTE_S, one_minute_rates, workload_from_trace
-from velvetrope.sim import load_trace, rescale_time
+from velvetrope.sim import TraceRequest, load_trace, rescale_time
 
 C_MAX = 200
 RHOS = [k / 100 for k in range(1, 100)]
@@ -129,21 +136,55 @@ def _err(pred: float, sim: float) -> float | None:
     return (pred - sim) / sim if sim >= MIN_P99_S and math.isfinite(pred) else None
 
 
+def _compressed(name: str, design_rps: float) -> tuple[list[TraceRequest], float]:
+    """The trace time-compressed so that its p99 one-minute rate is ``design_rps``."""
+    raw = load_trace(name)
+    p99_minute = float(np.percentile(one_minute_rates([r.t for r in raw]), 99))
+    return rescale_time(raw, design_rps / p99_minute), design_rps / p99_minute
+
+
+def check_feature(
+    label: str, name: str, design_rps: float, slo: P99Target, profile: EngineProfile, hit: float
+) -> float:
+    """Plan the compressed trace with an engine feature on and check the design point in the
+    simulator (whose engines run the feature); the largest relative error."""
+    trace, factor = _compressed(name, design_rps)
+    wl = workload_from_trace(name, requests=trace)
+    curve = measure_service_curve(profile, wl.prompt, wl.output, prefix_hit_rate=hit)
+    plan = make_plan(wl, curve, slo, tier="interactive")
+    print(
+        f"\n{label}: {name} compressed x{factor:.3f}, SLO {slo}: plan {plan.replicas} replicas "
+        f"x {plan.concurrency} slots (saturated {curve.max_throughput_rps:.2f} req/s per replica)"
+    )
+    worst = 0.0
+    for r in verify_plan(plan, requests=20_000, seed=0):
+        for metric in METRICS:
+            pred, sim = r.predicted.p99(metric), r.simulated.p99(metric)
+            e = _err(pred, sim)
+            if e is not None:
+                worst = max(worst, abs(e))
+            shown = "-" if e is None else f"{e:+.1%}"
+            print(
+                f"  design point  {r.simulated.replicas:>2} replicas  {metric:<5} "
+                f"plan {pred:7.2f} s  sim {sim:7.2f} s  {shown}"
+            )
+    print(f"  largest error {worst:.3f}")
+    return worst
+
+
 def check_trace(
     name: str, design_rps: float, slo: P99Target, tier: str, profile_name: str
 ) -> tuple[float, int]:
     """Plan for the compressed trace, print both checks; (largest error, replicas over min)."""
     profile = load_profile(profile_name)
-    raw = load_trace(name)
-    p99_minute = float(np.percentile(one_minute_rates([r.t for r in raw]), 99))
-    trace = rescale_time(raw, design_rps / p99_minute)
+    trace, factor = _compressed(name, design_rps)
     wl = workload_from_trace(name, requests=trace)
     t1 = time.perf_counter()
     curve = measure_service_curve(profile, wl.prompt, wl.output)
     plan = make_plan(wl, curve, slo, tier=tier)
     n, k = plan.replicas, plan.concurrency
     print(
-        f"\n{name} ({len(trace)} requests) compressed x{design_rps / p99_minute:.3f}: p99 "
+        f"\n{name} ({len(trace)} requests) compressed x{factor:.3f}: p99 "
         f"one-minute rate {wl.design_rps:.1f} req/s (mean {wl.mean_rps:.1f}; C_a^2 "
         f"{wl.arrival_scv:.3g} inside minutes, {wl.whole_trace_scv:.3g} overall); {profile.name}"
     )
@@ -218,14 +259,27 @@ def main() -> None:
     )
     if args.skip_sim:
         print(
-            f"planner: erlang_c_max_rel_err={e:.3g} conv_err=nan code_err=nan replicas_over_min=nan"
+            f"planner: erlang_c_max_rel_err={e:.3g} conv_err=nan code_err=nan "
+            "replicas_over_min=nan prefix_err=nan spec_err=nan"
         )
         return
     prof = args.profile
     f, over = check_trace("azure_conv", args.conv_rps, P99Target("e2e", 9.0), "interactive", prof)
     g, _ = check_trace("azure_code", args.code_rps, P99Target("wait", 4.0), "interactive", prof)
+    base = load_profile(prof)
+    conv_slo = P99Target("e2e", 9.0)
+    h = check_feature(
+        "prefix caching 30%", "azure_conv", args.conv_rps, conv_slo,
+        prefix_caching_profile(base, 0.3), 0.3,
+    )  # fmt: skip
+    spec = with_speculation(base, 4, None, 0.5, accepted_per_step=2.3)
+    sp = check_feature(
+        "speculative decoding k=4, 2.3 tokens/step", "azure_conv", args.conv_rps, conv_slo,
+        spec, 0.0,
+    )  # fmt: skip
     line = (
         f"erlang_c_max_rel_err={e:.3g} conv_err={f:.3f} code_err={g:.3f} replicas_over_min={over}"
+        f" prefix_err={h:.3f} spec_err={sp:.3f}"
     )
     print(f"planner: {line}")
 

@@ -8,9 +8,11 @@ import pytest
 
 from velvetrope.engine import Batcher, EngineProfile, Finished, FirstToken, Tokens
 from velvetrope.engine.speculative import (
+    acceptance_for_tokens_per_step,
     decode_time_pmf,
     expected_tokens_per_step,
     mean_steps,
+    steps_moments,
     steps_pmf,
     tokens_per_step_pmf,
 )
@@ -86,11 +88,38 @@ def test_decode_time_pmf_scales_the_step_distribution() -> None:
         lambda: tokens_per_step_pmf(2, 1.5),
         lambda: steps_pmf(-3, 2, 0.5),
         lambda: decode_time_pmf(3, 2, 0.5, 0.0),
+        lambda: acceptance_for_tokens_per_step(0, 1.0),
+        lambda: acceptance_for_tokens_per_step(4, 0.99),
+        lambda: acceptance_for_tokens_per_step(4, 5.01),
+        lambda: steps_moments(-1, 2, 0.5),
     ],
 )
 def test_bad_arguments_are_policy_errors(call: object) -> None:
     with pytest.raises(PolicyError):
         call()  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(("k", "alpha"), [(1, 0.3), (3, 0.7), (4, 0.0), (5, 1.0), (2, 0.95)])
+def test_steps_moments_are_the_pmf_moments(k: int, alpha: float) -> None:
+    mean, second, drafts = steps_moments(40, k, alpha)
+    for t in (0, 1, 2, 3, 7, 40):
+        pmf = steps_pmf(t, k, alpha)
+        assert mean[t] == pytest.approx(sum(s * p for s, p in enumerate(pmf)), abs=1e-12)
+        assert second[t] == pytest.approx(sum(s * s * p for s, p in enumerate(pmf)), abs=1e-10)
+    # drafts: min(k, left - 1) at every step, so with alpha == 0 one step per token
+    if alpha == 0.0:
+        assert drafts[7] == sum(min(k, r - 1) for r in range(1, 8))
+    assert drafts[1] == 0.0 and mean[1] == 1.0
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_acceptance_for_tokens_per_step_inverts_the_mean(k: int) -> None:
+    for tokens in (1.0, 1.3, (k + 2) / 2, k + 0.9, k + 1.0):
+        alpha = acceptance_for_tokens_per_step(k, tokens)
+        assert 0.0 <= alpha <= 1.0
+        assert expected_tokens_per_step(k, alpha) == pytest.approx(tokens, abs=1e-9)
+    assert acceptance_for_tokens_per_step(k, 1.0) == 0.0
+    assert acceptance_for_tokens_per_step(k, k + 1.0) == 1.0
 
 
 # -- the batcher ---------------------------------------------------------------------------

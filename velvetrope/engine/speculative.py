@@ -27,9 +27,11 @@ from __future__ import annotations
 from velvetrope.errors import PolicyError
 
 __all__ = [
+    "acceptance_for_tokens_per_step",
     "decode_time_pmf",
     "expected_tokens_per_step",
     "mean_steps",
+    "steps_moments",
     "steps_pmf",
     "tokens_per_step_pmf",
 ]
@@ -56,6 +58,58 @@ def expected_tokens_per_step(k: int, alpha: float) -> float:
     if alpha == 1.0:
         return float(k + 1)
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def acceptance_for_tokens_per_step(k: int, tokens_per_step: float) -> float:
+    """The per-token acceptance rate ``alpha`` whose :func:`expected_tokens_per_step` is
+    ``tokens_per_step`` (what vLLM reports as the mean acceptance length: accepted drafts
+    plus the one token the target model samples, per verification step).
+
+    ``k >= 1`` and ``1 <= tokens_per_step <= k + 1``; the mean is strictly increasing in
+    ``alpha``, so the answer is unique (found by bisection to within 1e-12).
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise PolicyError(f"draft length k must be an int >= 1 (got {k!r})")
+    m = float(tokens_per_step)
+    if not 1.0 <= m <= k + 1:
+        raise PolicyError(f"tokens per step must be in [1, {k + 1}] for k={k} (got {m!r})")
+    lo, hi = 0.0, 1.0
+    while hi - lo > 1e-12:
+        mid = 0.5 * (lo + hi)
+        if expected_tokens_per_step(k, mid) < m:
+            lo = mid
+        else:
+            hi = mid
+    return 0.0 if m == 1.0 else 1.0 if m == k + 1 else 0.5 * (lo + hi)
+
+
+def steps_moments(
+    max_tokens: int, k: int, alpha: float
+) -> tuple[list[float], list[float], list[float]]:
+    """For ``r = 0 … max_tokens`` tokens to emit: the mean and the second moment of the
+    verification steps it takes (the first two moments of :func:`steps_pmf`), and the mean
+    draft tokens proposed on the way (``min(k, r' - 1)`` at a step with ``r'`` left, as the
+    batcher drafts).  O(max_tokens * k) by first-step analysis, exact.
+    """
+    _check(k, alpha)
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 0:
+        raise PolicyError(f"max_tokens must be an int >= 0 (got {max_tokens!r})")
+    per = tokens_per_step_pmf(k, alpha)
+    mean = [0.0] * (max_tokens + 1)
+    second = [0.0] * (max_tokens + 1)
+    drafts = [0.0] * (max_tokens + 1)
+    for r in range(1, max_tokens + 1):
+        e1 = e2 = d = 0.0
+        for m, p in enumerate(per, start=1):
+            if m >= r:
+                break
+            e1 += p * mean[r - m]
+            e2 += p * second[r - m]
+            d += p * drafts[r - m]
+        mean[r] = 1.0 + e1
+        second[r] = 1.0 + 2.0 * e1 + e2
+        drafts[r] = min(k, r - 1) + d
+    return mean, second, drafts
 
 
 def steps_pmf(tokens: int, k: int, alpha: float) -> list[float]:

@@ -7,6 +7,14 @@ Registered in :mod:`velvetrope.cli` as ``app.command("plan")(plan_command)``::
     velvetrope plan --workload workload.yaml --json --plot plan.png --verify
     velvetrope plan --worker-rps 12 --peak-rps 50 --tier interactive        # no profile
     velvetrope plan --worker-tps 24000 --trace azure_conv --concurrency 32  # tokens/s
+    velvetrope plan --trace azure_conv --prefix-hit-rate 0.3 \\
+        --spec-tokens 4 --spec-accepted-per-step 2.3 --verify
+
+With speculative decoding (``--spec-tokens`` with ``--spec-acceptance`` or the measured
+``--spec-accepted-per-step``) or prefix caching (``--prefix-hit-rate``), either service
+model sizes with them, ``--verify`` simulates them, and the plan ends with how each changes
+the service time: mean, coefficient of variation and p99, with and without
+(:mod:`velvetrope.planner.features`).
 
 The output explains every number in one line; ``--json`` prints the same plan as JSON
 (:func:`velvetrope.planner.sizing.plan_to_dict`, plus ``verify`` rows when asked).  Errors
@@ -28,6 +36,7 @@ import typer
 from velvetrope.errors import PolicyError, VelvetropeError
 
 if TYPE_CHECKING:
+    from velvetrope.planner.features import FeatureEffect
     from velvetrope.planner.measured import MeasuredPlan
     from velvetrope.planner.predict import Metric
     from velvetrope.planner.sizing import Plan
@@ -273,13 +282,24 @@ def _startup_lines(
 
 
 def _verify_dict(rows: list[VerifyRow]) -> list[dict[str, Any]]:
+    from velvetrope.planner.features import predicted_service
+
+    def finite(x: float) -> float | None:
+        return x if math.isfinite(x) else None
+
     out = []
     for r in rows:
         p, s = r.predicted, r.simulated
+        mean, cv = predicted_service(p)
         out.append(
             {
                 "replicas": s.replicas,
                 "completed_fraction": s.completed_fraction,
+                "service_mean_s": {
+                    "predicted": finite(mean),
+                    "simulated": finite(s.service_mean_s),
+                },
+                "service_cv": {"predicted": finite(cv), "simulated": finite(s.service_cv)},
                 **{
                     f"{m}_p99_s": {
                         "predicted": p.p99(m) if math.isfinite(p.p99(m)) else None,
@@ -421,8 +441,16 @@ def plan_command(
         int, typer.Option(min=0, help="Speculative decoding: draft tokens per step (0: off).")
     ] = 0,
     spec_acceptance: Annotated[
-        float, typer.Option(help="Speculative decoding: per-token acceptance rate.")
-    ] = 0.7,
+        float | None,
+        typer.Option(help="Speculative decoding: per-token acceptance rate [0.7]."),
+    ] = None,
+    spec_accepted_per_step: Annotated[
+        float | None,
+        typer.Option(
+            help="Speculative decoding: measured tokens per verification step (vLLM's mean "
+            "acceptance length), 1 to --spec-tokens + 1; instead of --spec-acceptance."
+        ),
+    ] = None,
     spec_draft_ms: Annotated[
         float, typer.Option(help="Speculative decoding: draft model ms per draft token.")
     ] = 0.0,
@@ -458,7 +486,7 @@ def plan_command(
         prefix_caching_profile,
         with_speculation,
     )
-    from velvetrope.planner.service import analytic_service_curve, measure_service_curve
+    from velvetrope.planner.features import build_curve, effects_of, feature_settings
     from velvetrope.planner.sizing import P99Target, make_plan, plan_to_dict
     from velvetrope.planner.workload import load_workload, workload_from_trace
 
@@ -491,15 +519,12 @@ def plan_command(
         features: str | None = None
         if not measured:
             base = load_profile(profile if profile is not None else "llama3-8b-h100")
-            prof = with_speculation(base, spec_tokens, spec_acceptance, spec_draft_ms)
-            prof = prefix_caching_profile(prof, prefix_hit_rate)
+            spec_only = with_speculation(
+                base, spec_tokens, spec_acceptance, spec_draft_ms,
+                accepted_per_step=spec_accepted_per_step,
+            )  # fmt: skip
+            prof = prefix_caching_profile(spec_only, prefix_hit_rate)
             features = describe(prof, prefix_hit_rate)
-            if features and service_model != "closed-loop":
-                raise PolicyError("speculation and prefix caching need --service-model closed-loop")
-            if verify and prefix_hit_rate > 0:
-                raise PolicyError(
-                    "--verify does not simulate shared prefixes; drop --prefix-hit-rate"
-                )
         if trace is not None:
             wl = workload_from_trace(trace, design_rps=peak_rps)
         elif workload is not None:
@@ -537,16 +562,20 @@ def plan_command(
         if bound is None:
             raise PolicyError(f"give --slo-p99 (no default for tier {tier!r})")
         slo = P99Target(metric, parse_duration(bound))
-        if service_model == "closed-loop":
-            curve = measure_service_curve(
-                prof, full.prompt, full.output, prefix_hit_rate=prefix_hit_rate
-            )
-        else:
-            curve = analytic_service_curve(prof, full.prompt, full.output)
+        curve = build_curve(prof, full.prompt, full.output, service_model, prefix_hit_rate)
         plan = make_plan(
             full, curve, slo, tier=tier, rho_target=rho, concurrency=concurrency,
             gpus=gpus_per_replica,
         )  # fmt: skip
+        effects: list[FeatureEffect] = []
+        if features:
+            effects = effects_of(
+                plan, base, spec_only, prefix_hit_rate, service_model,
+                lambda c: make_plan(
+                    full, c, slo, tier=tier, rho_target=rho, concurrency=concurrency,
+                    gpus=gpus_per_replica,
+                ),
+            )  # fmt: skip
         start_lines = _startup_lines(
             plan, spike, spike_duration, startup, top_share, lower_max_wait, scaled_object,
             json_out, verify, seed,
@@ -575,12 +604,20 @@ def plan_command(
             doc["plot"] = str(written)
         if features:
             doc["engine_features"] = features
+            doc["engine_feature_settings"] = feature_settings(prof, prefix_hit_rate)
+            doc["engine_feature_effects"] = [e.to_dict() for e in effects]
         typer.echo(json.dumps(doc, indent=2, allow_nan=False))
         return
     for line in format_plan(plan):
         typer.echo(line)
     if features:
+        typer.echo("")
         typer.echo(f"engine features: {features}")
+        typer.echo(
+            "  service time without → with (the model, on the plan's fleet at the design rate):"
+        )
+        for e in effects:
+            typer.echo(f"  {e.line()}")
     for line in start_lines or []:
         typer.echo(line)
     if rows is not None:
@@ -588,6 +625,11 @@ def plan_command(
         typer.echo(
             f"verify: simulated {verify_requests:,} requests at {_n(full.design_rps)} req/s "
             "(stationary, FCFS, first 10% left out) with the real admission core and batchers"
+            + (
+                f"; every prompt's first {prefix_hit_rate:.0%} one shared prefix"
+                if prefix_hit_rate > 0
+                else ""
+            )
         )
         head = f"  {'replicas':<9} {'metric':<7} {'predicted p99':>14} {'simulated p99':>14}"
         typer.echo(f"{head}  error")
@@ -600,6 +642,15 @@ def plan_command(
                     else "—"
                 )
                 typer.echo(f"  {r.simulated.replicas:<9} {m:<7} {_s(p):>14} {_s(s):>14}  {err}")
+        from velvetrope.planner.features import predicted_service
+
+        for r in rows:
+            mean, cv = predicted_service(r.predicted)
+            sim = r.simulated
+            typer.echo(
+                f"  service time at {sim.replicas} replicas: predicted mean {_s(mean)}, CV "
+                f"{cv:.2f}; simulated mean {_s(sim.service_mean_s)}, CV {sim.service_cv:.2f}"
+            )
     if written is not None:
         typer.echo("")
         typer.echo(f"plot: {written} — predicted latency vs utilisation, the plan marked")

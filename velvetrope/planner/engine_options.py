@@ -1,36 +1,70 @@
 """Engine features the planner can size with: speculative decoding and prefix caching.
 
 Both change the service rate, and both are modelled where the service curve comes from:
-the closed-loop runs of the engine model (:func:`~velvetrope.planner.service.
-measure_service_curve`).  :func:`with_speculation` turns speculative decoding on in the
-profile (the batcher then samples how many tokens each verification step emits, so the
-service time of a request is a distribution, not a constant); :func:`prefix_caching_profile`
-turns automatic prefix caching on, and the closed loop gives every request a shared prefix
-of ``hit_rate`` of its prompt (one system prompt for the whole workload), so that share of
-prompt tokens is served from the cache and its KV blocks are held once.  The analytic
-service model knows neither and refuses them.  :func:`describe` says, in one line, what
-was assumed.  Bad values raise :class:`~velvetrope.errors.PolicyError`.
+the length mix (:class:`~velvetrope.planner.service.LengthMix`), which both service models
+(the closed-loop runs of the engine model and the analytic formula) take them from.
+:func:`with_speculation` turns speculative decoding on in the profile (the batcher then
+samples how many tokens each verification step emits, so the service time of a request is a
+distribution, not a constant), from a per-token acceptance rate or from the measured
+accepted tokens per step (vLLM's mean acceptance length);
+:func:`prefix_caching_profile` turns automatic prefix caching on, and every request gets a
+shared prefix of ``hit_rate`` of its prompt (one system prompt for the whole workload), so
+that share of prompt tokens is served from the cache and its KV blocks are held once.
+:func:`describe` says, in one line, what was assumed.  Bad values raise
+:class:`~velvetrope.errors.PolicyError` naming the option.
 """
 
 from __future__ import annotations
 
 from velvetrope.engine.profile import EngineProfile
-from velvetrope.engine.speculative import expected_tokens_per_step
+from velvetrope.engine.speculative import (
+    acceptance_for_tokens_per_step,
+    expected_tokens_per_step,
+)
 from velvetrope.errors import PolicyError
 
-__all__ = ["describe", "prefix_caching_profile", "with_speculation"]
+__all__ = ["DEFAULT_ACCEPTANCE", "describe", "prefix_caching_profile", "with_speculation"]
+
+DEFAULT_ACCEPTANCE = 0.7
+"""The per-token acceptance rate assumed when neither it nor the accepted tokens per step
+is given."""
 
 
 def with_speculation(
-    profile: EngineProfile, tokens: int, acceptance: float, draft_ms: float = 0.0
+    profile: EngineProfile,
+    tokens: int,
+    acceptance: float | None = None,
+    draft_ms: float = 0.0,
+    *,
+    accepted_per_step: float | None = None,
 ) -> EngineProfile:
     """``profile`` drafting ``tokens`` tokens per step, each accepted with ``acceptance``.
 
-    ``draft_ms`` is the draft model's cost per draft token and step (milliseconds).
-    ``tokens == 0`` returns ``profile`` unchanged (speculation off).
+    ``accepted_per_step`` instead gives the measured mean tokens emitted per verification
+    step (accepted drafts plus the target model's own token, vLLM's mean acceptance
+    length), in ``[1, tokens + 1]``; it is turned into the acceptance rate with that mean
+    (:func:`~velvetrope.engine.speculative.acceptance_for_tokens_per_step`).  The two are
+    mutually exclusive; with neither, :data:`DEFAULT_ACCEPTANCE`.  ``draft_ms`` is the draft
+    model's cost per draft token and step (milliseconds).  ``tokens == 0`` returns
+    ``profile`` unchanged (speculation off).
     """
     if tokens < 0 or tokens > 16:
         raise PolicyError(f"--spec-tokens must be in [0, 16] (got {tokens})")
+    if acceptance is not None and accepted_per_step is not None:
+        raise PolicyError(
+            "--spec-acceptance and --spec-accepted-per-step are mutually exclusive: give one"
+        )
+    if accepted_per_step is not None:
+        if tokens == 0:
+            raise PolicyError("--spec-accepted-per-step needs --spec-tokens >= 1")
+        if not 1.0 <= accepted_per_step <= tokens + 1:
+            raise PolicyError(
+                f"--spec-accepted-per-step must be in [1, {tokens + 1}] (1 to --spec-tokens + 1) "
+                f"(got {accepted_per_step:g})"
+            )
+        acceptance = acceptance_for_tokens_per_step(tokens, accepted_per_step)
+    elif acceptance is None:
+        acceptance = DEFAULT_ACCEPTANCE
     if not 0.0 <= acceptance <= 1.0:
         raise PolicyError(f"--spec-acceptance must be in [0, 1] (got {acceptance})")
     if draft_ms < 0.0:
@@ -55,7 +89,7 @@ def describe(profile: EngineProfile, hit_rate: float) -> str | None:
     if profile.spec_tokens:
         k, a = profile.spec_tokens, profile.spec_acceptance
         parts.append(
-            f"speculative decoding k={k} acceptance={a:g}: "
+            f"speculative decoding k={k} acceptance={a:.3g}: "
             f"{expected_tokens_per_step(k, a):.2f} tokens per verification step on average, "
             f"draft {profile.spec_draft_step_s * 1e3:g} ms per draft token"
         )

@@ -34,6 +34,11 @@ the grid ``n ∈ {1, 2, 4, …, max_num_seqs}`` (:func:`concurrency_grid`).  Two
   limit; it serves as an independent cross-check of the measurement (the tests hold the two
   within a few percent below the KV limit) and as a fast model for property tests.
 
+Speculative decoding (in the profile) and a prefix hit rate enter both methods the same way,
+through the :class:`LengthMix`: a request needs fewer (verification) iterations, computes
+fewer prompt tokens and holds fewer private KV blocks; the closed loop runs them in the
+batcher, the formula costs the mix's means.
+
 Measured curves are *regularised*: ``X`` is replaced by the least concave majorant of the
 points ``(0, 0), (n, X(n))`` and then made non-decreasing (a flat top), which removes
 sampling noise without moving a well-measured point by more than the noise.  A concave
@@ -75,6 +80,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from velvetrope.engine.batcher import Batcher, Finished
 from velvetrope.engine.profile import EngineProfile
+from velvetrope.engine.speculative import steps_moments
 from velvetrope.errors import PolicyError
 
 __all__ = [
@@ -113,15 +119,33 @@ class LengthMix:
 
     Built by :meth:`fit`.  ``output >= 1`` (the engine always emits a token) and
     ``prompt + output <= max_model_len`` (a longer request is cut to fit: the prompt keeps
-    what the output leaves, as a client truncating its context would).  ``work[i]`` is
-    the number of iterations request ``i`` is scheduled in: ``ceil(P/B)`` prefill
-    iterations (``B = max_num_batched_tokens``), the last of which emits the first token,
-    then ``O − 1`` decode iterations.  ``first[i] = ceil(P/B)`` is the iterations until
-    the first token.  ``kv_tokens[i]`` is the sum over its iterations of the KV tokens it
-    attends to (``P`` per prefill, ``P + k`` at decode ``k``).  ``work_values`` /
-    ``work_weights`` and ``prompt_values`` / ``prompt_weights`` are the distinct values of
-    ``work`` and ``prompt`` with their frequencies (what quantile computations iterate over).
-    ``clipped`` counts the pairs cut to fit.  Arrays are read-only.
+    what the output leaves, as a client truncating its context would).
+
+    The engine's features are part of the mix, because they change how many iterations a
+    request needs and what each one computes (the one place both service models, the
+    closed loop and the formula, take them from):
+
+    * **prefix caching** (``prefix_hit_rate = h``, used when the profile enables prefix
+      caching): the first ``prefix[i] = int(h·P)`` tokens of every prompt are one shared
+      prefix (one system prompt for the whole workload); at steady state the cache serves
+      its full blocks, ``cached[i] = min(⌊prefix/bs⌋, ⌊(P−1)/bs⌋)·bs`` tokens (the engine
+      always computes the last prompt token), so ``prefill[i] = P − cached`` tokens are
+      computed and the cached blocks are held once for all sequences;
+    * **speculative decoding** (the profile's ``spec_tokens = k``, ``spec_acceptance``):
+      the ``O − 1`` tokens after the first take ``steps[i]`` verification steps on average
+      (:func:`~velvetrope.engine.speculative.steps_moments`, exact), with variance
+      ``steps_var[i]``, proposing ``draft[i]`` draft tokens in all.  Without it
+      ``steps = O − 1``, ``steps_var = draft = 0``.
+
+    ``work[i]`` is the (mean) number of iterations request ``i`` is scheduled in:
+    ``first[i] = ceil(prefill/B)`` prefill iterations (``B = max_num_batched_tokens``), the
+    last of which emits the first token, then ``steps[i]`` decode iterations.
+    ``kv_tokens[i]`` is the mean sum over its iterations of the KV tokens it attends to
+    (``P`` per prefill, about ``P + O/2`` per decode step, plus its drafts; exact without
+    speculation).  ``work_values`` / ``work_weights`` and ``prompt_values`` /
+    ``prompt_weights`` are the distinct values of ``work`` and of ``prefill`` with their
+    frequencies (what quantile computations iterate over).  ``clipped`` counts the pairs
+    cut to fit.  Arrays are read-only.
     """
 
     prompt: IntArray
@@ -134,33 +158,68 @@ class LengthMix:
     work_weights: FloatArray
     prompt_values: IntArray
     prompt_weights: FloatArray
+    prefix_hit_rate: float
+    prefix: IntArray
+    cached: IntArray
+    steps: FloatArray
+    steps_var: FloatArray
+    draft: FloatArray
 
     @classmethod
-    def fit(cls, prompt: ArrayLike, output: ArrayLike, profile: EngineProfile) -> LengthMix:
-        """Fit raw ``prompt``/``output`` lengths (tokens) to ``profile``'s limits."""
+    def fit(
+        cls,
+        prompt: ArrayLike,
+        output: ArrayLike,
+        profile: EngineProfile,
+        prefix_hit_rate: float = 0.0,
+    ) -> LengthMix:
+        """Fit raw ``prompt``/``output`` lengths (tokens) to ``profile``'s limits and
+        features; ``prefix_hit_rate`` in ``[0, 1)`` (see the class docstring)."""
         p = np.asarray(prompt, dtype=np.int64)
         o = np.asarray(output, dtype=np.int64)
         if p.ndim != 1 or p.shape != o.shape or p.size == 0:
             raise PolicyError("prompt and output must be aligned, non-empty 1-D arrays")
         if int(p.min()) < 1 or int(o.min()) < 0:
             raise PolicyError("prompt lengths must be >= 1 and output lengths >= 0")
+        h = float(prefix_hit_rate)
+        if not 0.0 <= h < 1.0:
+            raise PolicyError(f"prefix hit rate must be in [0, 1) (got {prefix_hit_rate!r})")
         cap = profile.max_model_len
         o2 = np.clip(o, 1, cap - 1)
         p2 = np.minimum(p, cap - o2)
         clipped = int(np.count_nonzero((p2 != p) | (o2 != o)))
-        budget = profile.max_num_batched_tokens
-        first = np.ceil(p2 / budget).astype(np.float64)
-        work = first + (o2 - 1).astype(np.float64)
+        bs = profile.block_size
+        prefix = np.floor(h * p2.astype(np.float64)).astype(np.int64)
+        if profile.enable_prefix_caching and h > 0:
+            cached = np.minimum(prefix // bs, (p2 - 1) // bs) * bs
+        else:
+            cached = np.zeros_like(p2)
+        prefill = p2 - cached
+        first = np.ceil(prefill / profile.max_num_batched_tokens).astype(np.float64)
         pf = p2.astype(np.float64)
         of = o2.astype(np.float64)
-        kv = first * pf + (of - 1.0) * pf + (of - 1.0) * of / 2.0
+        k = profile.spec_tokens
+        if k:
+            mean, second, drafts = steps_moments(int(o2.max()) - 1, k, profile.spec_acceptance)
+            m1 = np.asarray(mean)[o2 - 1]
+            steps = m1
+            steps_var = np.maximum(np.asarray(second)[o2 - 1] - m1 * m1, 0.0)
+            draft = np.asarray(drafts)[o2 - 1]
+        else:
+            steps = of - 1.0
+            steps_var = np.zeros_like(of)
+            draft = np.zeros_like(of)
+        work = first + steps
+        kv = first * pf + steps * (pf + of / 2.0) + draft
         wv, wc = np.unique(work, return_counts=True)
-        pv, pc = np.unique(p2, return_counts=True)
+        pv, pc = np.unique(prefill, return_counts=True)
         ww = wc / float(work.size)
         pw = pc / float(p2.size)
-        for a in (p2, o2, work, first, kv, wv, ww, pv, pw):
+        arrays = (p2, o2, work, first, kv, wv, ww, pv, pw, prefix, cached, steps, steps_var, draft)
+        for a in arrays:
             a.setflags(write=False)
-        return cls(p2, o2, work, first, kv, clipped, wv, ww, pv, pw)
+        return cls(p2, o2, work, first, kv, clipped, wv, ww, pv, pw, h, prefix, cached,
+                   steps, steps_var, draft)  # fmt: skip
 
     def __len__(self) -> int:
         return int(self.prompt.size)
@@ -172,9 +231,13 @@ class LengthMix:
 
     @property
     def work_scv(self) -> float:
-        """``C_s²`` of the iterations per request (variance / mean²): the service-time SCV."""
+        """``C_s²`` of the iterations per request (variance / mean²): the service-time SCV.
+
+        The variance is over the mix plus, with speculative decoding, the mean variance of
+        a request's own steps (how many drafts each step accepts is random)."""
         m = float(self.work.mean())
-        return float(self.work.var()) / (m * m)
+        within = float(self.steps_var.mean())
+        return (float(self.work.var()) + within) / (m * m)
 
     @property
     def mean_tokens(self) -> float:
@@ -340,20 +403,22 @@ def _closed_loop(
     n: int,
     warmup: int,
     measure: int,
-    shared: float = 0.0,
 ) -> tuple[float, float, float]:
     """Throughput (req/s), mean step (s) and preemptions per request at concurrency ``n``.
 
     Draw ``k`` is the mix's request at quantile ``frac(offset + k·φ)`` of the work-sorted
     mix (a golden-ratio, low-discrepancy sequence): every window of consecutive draws has
     almost exactly the mix's length distribution, so a few hundred completions estimate
-    the throughput as well as tens of thousands drawn at random.  ``shared``: the share of
-    every prompt that is one common prefix (prefix caching, when the profile has it on).
+    the throughput as well as tens of thousands drawn at random.  With a prefix hit rate
+    every request's ``mix.prefix`` leading prompt tokens are one common prefix (served from
+    the cache when the profile has prefix caching on).
     """
     b = Batcher(profile, token_events=False)
     by_work = np.argsort(mix.work, kind="stable")
     prompts = mix.prompt[by_work].tolist()
     outputs = mix.output[by_work].tolist()
+    prefixes = mix.prefix[by_work].tolist()
+    shared = mix.prefix_hit_rate > 0
     size = len(prompts)
     nxt = 0
 
@@ -362,7 +427,7 @@ def _closed_loop(
         i = int(((offset + nxt * _PHI) % 1.0) * size)
         if shared:
             b.add(str(nxt), prompts[i], outputs[i], now, prefix_id="shared",
-                  prefix_tokens=int(shared * prompts[i]))  # fmt: skip
+                  prefix_tokens=prefixes[i])  # fmt: skip
         else:
             b.add(str(nxt), prompts[i], outputs[i], now)
         nxt += 1
@@ -418,10 +483,9 @@ def measure_service_curve(
     and the curve is flat beyond the last point measured.  Deterministic.
     ``grid`` defaults to :func:`concurrency_grid` of ``max_num_seqs``.
     ``prefix_hit_rate``: the first ``prefix_hit_rate`` of every prompt is one shared prefix
-    (served from the prefix cache when the profile enables it;
-    :mod:`velvetrope.planner.engine_options`).
+    (served from the prefix cache when the profile enables it; :class:`LengthMix`).
     """
-    mix = LengthMix.fit(prompt, output, profile)
+    mix = LengthMix.fit(prompt, output, profile, prefix_hit_rate)
     g = _check_grid(grid, profile)
     if min_completions < 1 or completions_per_slot < 0 or saturation_gain < 0:
         raise PolicyError(
@@ -440,7 +504,6 @@ def measure_service_curve(
             n,
             max(2 * n, 100),
             max(min_completions, completions_per_slot * n),
-            prefix_hit_rate,
         )
         ns.append(n)
         xs.append(x)
@@ -460,38 +523,51 @@ def analytic_service_curve(
     output: ArrayLike,
     *,
     grid: Sequence[int] | None = None,
+    prefix_hit_rate: float = 0.0,
 ) -> ServiceCurve:
     """``X(n)`` from the profile's linear step-time model (see the module docstring).
 
     Per slot-iteration averages are length-biased (a request holds its slot for ``w_i``
-    iterations): prefill tokens ``ΣP/Σw``, decodes ``Σ(O−1)/Σw``, attended KV tokens
-    ``ΣC/Σw``.  The usable concurrency is capped by ``max_num_seqs``, by the KV cache
-    (``num_gpu_blocks·block_size`` over the mean KV footprint of a running sequence,
-    rounded up to whole blocks) and by the token budget (``max_num_batched_tokens`` over
-    the mean tokens scheduled per sequence and iteration); beyond the cap ``X`` is flat.
+    iterations): computed prefill tokens ``Σ(P−cached)/Σw``, decode steps ``Σsteps/Σw``,
+    verified draft tokens ``Σdraft/Σw``, attended KV tokens ``ΣC/Σw`` (the
+    :class:`LengthMix` of ``prefix_hit_rate`` and the profile's speculative decoding).  Each
+    is costed as :meth:`~velvetrope.engine.profile.EngineProfile.step_time` costs it (tensor
+    parallel terms included; a speculative step pays the draft model once).  The usable
+    concurrency is capped by ``max_num_seqs``, by the KV cache (the cached prefix blocks
+    held once, then ``num_gpu_blocks·block_size`` over the mean private KV footprint of a
+    running sequence, rounded up to whole blocks) and by the token budget
+    (``max_num_batched_tokens`` over the mean tokens scheduled per sequence and iteration);
+    beyond the cap ``X`` is flat.
     """
-    mix = LengthMix.fit(prompt, output, profile)
+    mix = LengthMix.fit(prompt, output, profile, prefix_hit_rate)
     g = _check_grid(grid, profile)
     sw = float(mix.work.sum())
-    prefill = float(mix.prompt.sum()) / sw
-    decode = float((mix.output - 1).sum()) / sw
+    prefill = float((mix.prompt - mix.cached).sum()) / sw
+    decode = float(mix.steps.sum()) / sw
+    verify = float(mix.draft.sum()) / sw
     ctx = float(mix.kv_tokens.sum()) / sw
+    shared = float((mix.cached * mix.work).sum()) / sw  # cached tokens per slot-iteration
+    token = profile.per_prefill_token_s + profile.tp_per_token_s
     per_seq = (
-        profile.per_prefill_token_s * prefill
-        + profile.per_decode_seq_s * decode
+        token * (prefill + verify)
+        + (profile.per_decode_seq_s + profile.tp_per_token_s) * decode
         + profile.per_context_token_s * ctx
     )
-    kv_footprint = ctx + profile.block_size / 2.0
+    fixed = profile.step_base_s + profile.tp_allreduce_s
+    if profile.spec_tokens:
+        fixed += profile.spec_tokens * profile.spec_draft_step_s
+    kv_footprint = ctx - shared + profile.block_size / 2.0
+    kv_free = profile.kv_capacity_tokens() - float(mix.cached.max())
     cap = min(
         float(profile.max_num_seqs),
-        profile.kv_capacity_tokens() / kv_footprint,
-        profile.max_num_batched_tokens / (prefill + decode),
+        kv_free / kv_footprint,
+        profile.max_num_batched_tokens / (prefill + decode + verify),
     )
     ew = mix.mean_work
     xs, steps = [], []
     for n in g:
         m = min(float(n), cap)
-        t = profile.step_base_s + m * per_seq
+        t = fixed + m * per_seq
         xs.append(m / (ew * t))
         steps.append(t)
     return _curve(profile, mix, "analytic", g, xs, steps, [0.0] * len(g))

@@ -22,11 +22,12 @@ import numpy as np
 
 from velvetrope.core.policy import PolicyConfig
 from velvetrope.planner.startup import WARMUP_S, StartupPlan
+from velvetrope.planner.verify import mix_requests
 from velvetrope.sim.autoscale import AutoscaleSpec
 from velvetrope.sim.loop import run_simulation
 from velvetrope.sim.replicas import StartupDelay
 from velvetrope.sim.traffic import DayCycle, Spike
-from velvetrope.sim.workload import TenantMix, TraceRequest
+from velvetrope.sim.workload import TenantMix
 
 __all__ = ["StartupCheck", "verify_startup"]
 
@@ -73,13 +74,7 @@ def verify_startup(sp: StartupPlan, seed: int = 0) -> StartupCheck:
         rng, duration=duration
     )
     idx = rng.integers(0, len(curve.mix), size=times.size)
-    work = [
-        TraceRequest(t, p, o)
-        for t, p, o in zip(
-            times.tolist(), curve.mix.prompt[idx].tolist(), curve.mix.output[idx].tolist(),
-            strict=True,
-        )
-    ]  # fmt: skip
+    work = mix_requests(curve, times, idx)
     mix = TenantMix([("top", "top", sp.top_share), ("lower", "lower", 1.0 - sp.top_share)])
     if sp.top_share < 1.0:
         work = mix.assign(work, seed + 1)

@@ -14,7 +14,11 @@ Gamma-renewal sample (:mod:`velvetrope.planner.workload`) — repeated as often 
 request count needs (without a pattern: Poisson when ``C_a² = 1``, else a Gamma renewal
 process with the workload's inter-arrival CV, deterministic when ``C_a² = 0``), each
 request's (prompt, output) drawn independently from the workload's length mix as fitted to
-the engine (:class:`~velvetrope.planner.service.LengthMix`).  The model sees the same
+the engine (:class:`~velvetrope.planner.service.LengthMix`); with a prefix hit rate each
+request's first ``int(h·P)`` prompt tokens are one shared prefix (the same rule the
+closed-loop service curve uses, ``LengthMix.prefix``), which the simulated engines' prefix
+caches serve, and with speculative decoding the simulated engines speculate (the profile
+carries both).  The model sees the same
 arrivals, so the check tests the fleet model (slots, service, waits), not the arrivals.
 The policy is the one the model assumes: the ``fifo`` preset (FCFS, one band, no
 fairness), one pool with ``max_in_flight = N·K``, an unbounded queue, no shedding and no
@@ -43,12 +47,14 @@ __all__ = [
     "SimulatedLatency",
     "VerifyRow",
     "fifo_policy",
+    "mix_requests",
     "simulate_fleet",
     "stationary_workload",
     "verify_plan",
 ]
 
 FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
 
 
 def stationary_workload(
@@ -80,9 +86,23 @@ def stationary_workload(
         times = GammaRenewal(rate_rps, cv).times(seed, count=requests)
     rng = np.random.default_rng(seed + 1)
     idx = rng.integers(0, len(curve.mix), size=requests)
-    prompts = curve.mix.prompt[idx].tolist()
-    outputs = curve.mix.output[idx].tolist()
-    return [TraceRequest(t, p, o) for t, p, o in zip(times.tolist(), prompts, outputs, strict=True)]
+    return mix_requests(curve, times, idx)
+
+
+def mix_requests(curve: ServiceCurve, times: FloatArray, idx: IntArray) -> list[TraceRequest]:
+    """Requests arriving at ``times``, the ``i``-th with the lengths of ``curve.mix``'s
+    request ``idx[i]`` and, with a prefix hit rate, its shared prefix (id ``shared``)."""
+    mix = curve.mix
+    prompts = mix.prompt[idx].tolist()
+    outputs = mix.output[idx].tolist()
+    ts = np.asarray(times, dtype=np.float64).tolist()
+    if mix.prefix_hit_rate <= 0:
+        return [TraceRequest(t, p, o) for t, p, o in zip(ts, prompts, outputs, strict=True)]
+    prefixes = mix.prefix[idx].tolist()
+    return [
+        TraceRequest(t, p, o, prefix_id="shared" if f else None, prefix_tokens=f)
+        for t, p, o, f in zip(ts, prompts, outputs, prefixes, strict=True)
+    ]
 
 
 def _tiled(pattern: FloatArray, count: int) -> FloatArray:
@@ -111,7 +131,9 @@ def fifo_policy(max_in_flight: int, max_queued: int) -> PolicyConfig:
 @dataclass(frozen=True, slots=True)
 class SimulatedLatency:
     """What the simulator measured: p50/p99 of wait, TTFT and e2e (s) over the completed
-    requests after warm-up, and the fraction of all requests that completed."""
+    requests after warm-up, and the fraction of all requests that completed;
+    ``service_mean_s``/``service_cv`` the mean and coefficient of variation of the time
+    each of them spent in an engine (end-to-end minus queue wait)."""
 
     replicas: int
     completed_fraction: float
@@ -121,6 +143,8 @@ class SimulatedLatency:
     ttft_p99_s: float
     e2e_p50_s: float
     e2e_p99_s: float
+    service_mean_s: float
+    service_cv: float
 
     def p99(self, metric: str) -> float:
         """The p99 of ``wait``, ``ttft`` or ``e2e``."""
@@ -162,7 +186,10 @@ def simulate_fleet(
     w = q(rec.queue_wait())
     t = q(rec.ttft())
     e = q(rec.e2e())
-    return SimulatedLatency(replicas, done, w[0], w[1], t[0], t[1], e[0], e[1])
+    service = (rec.e2e() - rec.queue_wait())[keep]
+    mean = float(service.mean()) if service.size else math.nan
+    cv = float(service.std()) / mean if service.size and mean > 0 else math.nan
+    return SimulatedLatency(replicas, done, w[0], w[1], t[0], t[1], e[0], e[1], mean, cv)
 
 
 @dataclass(frozen=True, slots=True)
