@@ -295,7 +295,9 @@ def test_n_engine_priority_helpers() -> None:
     levers = n.gateway(engine_priority=True, adaptive=True, shed_x=2.0)
     assert levers.pools[0].engine_priority and levers.pools[0].max_in_flight is None
     std = {t.name: t for t in levers.tiers}["standard"]
-    assert std.max_wait_s == pytest.approx(2 * {t.name: t for t in gw.tiers}["standard"].max_wait_s)
+    before = {t.name: t for t in gw.tiers}["standard"].max_wait_s
+    assert before is not None and std.max_wait_s == pytest.approx(2 * before)
+    assert levers.pools[0].adaptive.initial == pytest.approx(48.0)  # the example's 96 / 2
     sc = n.conv_scenario(window_s=2.0, load=1.5)
     assert sc.requests and sc.requests[-1].t < 2.0 and sc.bound_s == 2.0 + n.DRAIN_S
     cases = {c.key: c for c in n.CASES}
