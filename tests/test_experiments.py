@@ -30,6 +30,9 @@ from experiments.g_predicted_split import run as g
 from experiments.h_saturation import run as h
 from experiments.i_degradation import run as i
 from experiments.l_prefix import run as l_prefix
+from experiments.m_fintech import run as m
+from experiments.n_engine_priority import run as n
+from velvetrope.core.presets import apply_preset
 from velvetrope.sim.traces import load_trace
 from velvetrope.sim.workload import TenantMix, TraceRequest, head
 
@@ -279,3 +282,58 @@ def test_l_prefix_sharing_workload_ceiling_and_routing(conv: list[TraceRequest])
         "prefix_affinity", l_prefix.with_tiers(moon, 2.0), 2, prof, tiers=True
     )
     assert set(tiered.tier_ttft_p99) == {"interactive", "standard", "batch"}
+
+
+def test_m_fintech_workload_versions_and_search(conv: list[TraceRequest]) -> None:
+    t = np.array([0.0, 37.5, 75.0, 112.5, 140.0])
+    assert m.level(t).tolist() == [0.0, 0.5, 1.0, 0.5, 0.0]
+    wl = m.build_workload(conv, seed=1, scale=0.02)  # 0.8 -> 8 req/s
+    expected = sum(b + (p - b) * 0.5 for _, _, b, p in m.TENANTS) * 0.02 * m.DURATION_S
+    assert 0.7 * expected < len(wl) < 1.3 * expected
+    peak = [r for r in wl if m.PEAK[0] <= r.t < m.PEAK[1]]
+    assert {r.tier for r in peak} == set(m.TIERS)
+    profile = engine_profile()
+    w = m.prompt_weight(profile, conv)
+    assert 0.0 < w < 1.0  # a prompt token costs the GPU less than an output token
+    cfgs = {v: m.config(v, 2, 10.0, 1000.0, w) for v in m.VERSIONS}
+    assert [t.name for t in cfgs[m.V1].tiers] == ["shared"]
+    assert cfgs[m.V3].queue.sjf_prompt_weight == pytest.approx(w)
+    assert cfgs[m.V3_OUT].queue.sjf_prompt_weight == 0.0
+    v2, v3 = apply_preset(cfgs[m.V2]), apply_preset(cfgs[m.V3])
+    assert v2.queue.ordering == "fcfs" and v3.queue.ordering == "sjf_aging"
+    assert v3.queue.sjf_prompt_weight == pytest.approx(w) and v3.queue.short_boost == 3.0
+    assert m.fewest(lambda n: n >= 5, 2, 9) == 5
+    assert m.fewest(lambda n: False, 2, 9) is None
+    assert m.near(lambda n: n >= 5, 8, 2, 9) == 5 and m.near(lambda n: n >= 7, 4, 2, 9) == 7
+    assert m.near(lambda n: False, 4, 2, 9) is None
+    small = m.build_workload(conv, seed=2, scale=0.005)
+    st = m.Study(small, profile, 20.0, 1000.0, w)
+    r3 = st.run(m.V3, 1)
+    assert st.run(m.V3, 1) is r3  # cached
+    assert set(r3.p99) == set(m.TIERS) and 0.0 < r3.busy <= 1.0
+    assert r3.p99["tier-1"] < m.SLA_S  # a light load: tier-1 well inside its SLA
+
+
+def test_n_engine_priority_helpers() -> None:
+    prof = engine_profile()
+    fast = n.at_speed(prof, 3.0)
+    assert fast.step_time(100, 8, 4000) == pytest.approx(prof.step_time(100, 8, 4000) / 3)
+    alone = n.engines_only(True)
+    assert alone.pools[0].engine_priority and not alone.saturation.enabled
+    assert all(t.limits is None for t in alone.tenants)
+    gw = n.gateway()
+    assert not gw.pools[0].engine_priority and gw.pools[0].max_in_flight == 96
+    levers = n.gateway(engine_priority=True, adaptive=True, shed_x=2.0)
+    assert levers.pools[0].engine_priority and levers.pools[0].max_in_flight is None
+    std = {t.name: t for t in levers.tiers}["standard"]
+    before = {t.name: t for t in gw.tiers}["standard"].max_wait_s
+    assert before is not None and std.max_wait_s == pytest.approx(2 * before)
+    assert levers.pools[0].adaptive.initial == pytest.approx(48.0)  # the example's 96 / 2
+    sc = n.conv_scenario(window_s=2.0, load=1.5)
+    assert sc.requests and sc.requests[-1].t < 2.0 and sc.bound_s == 2.0 + n.DRAIN_S
+    cases = {c.key: c for c in n.CASES}
+    ep = n.run_case(sc, cases["eprio"])
+    g = n.run_case(sc, cases["gw"])
+    assert set(ep.tiers) == set(n.TIERS)
+    assert sum(x.offered for x in ep.tiers.values()) == len(sc.requests)
+    assert g.wasted_tokens >= 0 and ep.in_slo <= len(sc.requests)

@@ -352,6 +352,12 @@ class PoolPolicy(_Model):
         default_factory=PrefixRoutingPolicy,
         description="Settings of the prefix-aware routing modes.",
     )
+    engine_priority: bool = Field(
+        False,
+        description="Forward each job's tier band (its index in tiers, 0 = top) to the "
+        "engines as vLLM's request 'priority' (lower is served first), for engines run "
+        "with --scheduling-policy priority.",
+    )
 
     @model_validator(mode="after")
     def _one_capacity(self) -> PoolPolicy:

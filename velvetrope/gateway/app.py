@@ -34,6 +34,7 @@ import orjson
 from velvetrope.clock import Clock, SystemClock
 from velvetrope.config import ConfigSource, GatewayConfig, hash_key
 from velvetrope.core import AdmissionController, Job, Reason, Usage
+from velvetrope.core.engine_priority import EnginePriority
 from velvetrope.core.routing import MAX_TOKENS
 from velvetrope.errors import (
     ClientDisconnected,
@@ -57,6 +58,7 @@ from velvetrope.gateway.parse import (
     expected_tokens,
     job_for,
     parse_request,
+    set_engine_priority,
 )
 from velvetrope.gateway.proxy import UpstreamAnswer, forward
 from velvetrope.gateway.relay import UsageTally
@@ -127,6 +129,8 @@ class Gateway:
         self.draining = False
         self.watches = DisconnectWatches()
         self.reloader = Reloader(self, config_source)
+        self._prio_for = self.ctl.config
+        self._prio = EnginePriority(self._prio_for)
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -379,6 +383,9 @@ class Gateway:
             if isinstance(entry, Ticket):
                 ticket = entry
                 degrade_body(parsed, job)
+                prio = self._engine_priority().of(job.pool, job.tier)
+                if prio is not None:
+                    set_engine_priority(parsed, prio)
                 await self._proxy(kind, ticket, parsed, client, watch)
             elif isinstance(entry, Refusal):
                 await self._refuse(client, entry)
@@ -429,6 +436,13 @@ class Gateway:
             await respond(
                 send, answer.status, answer.body or b"", [(b"content-type", answer.content_type)]
             )
+
+    def _engine_priority(self) -> EnginePriority:
+        """The engine-priority rule of the policy in force (rebuilt after a reload)."""
+        cfg = self.ctl.config
+        if cfg is not self._prio_for:
+            self._prio_for, self._prio = cfg, EnginePriority(cfg)
+        return self._prio
 
     def _progress(self, job: Job, client: ClientStream) -> Callable[[], Awaitable[None]]:
         """The comment a waiting streaming request gets every ``progress_interval_s``."""

@@ -11,7 +11,8 @@ naming its ``param``.
 The upstream sees the body unchanged except where the gateway must change it: a streaming
 request always asks for ``stream_options.include_usage`` (the gateway strips the extra
 chunk if the client did not ask for it), and a client's own ``priority`` field is removed
-(priority comes only from the tenant's config).
+(priority comes only from the tenant's config: a pool with ``engine_priority`` sends its
+job's tier band, :func:`set_engine_priority`).
 
 :func:`job_for` makes the admission core's :class:`~velvetrope.core.job.Job` of a parsed
 request.  This module imports nothing outside the OpenAI protocol and the core, so
@@ -38,6 +39,7 @@ __all__ = [
     "expected_tokens",
     "job_for",
     "parse_request",
+    "set_engine_priority",
 ]
 
 EXPECTED_TOKENS_HEADER = b"x-velvetrope-expected-tokens"
@@ -199,4 +201,11 @@ def degrade_body(parsed: ParsedRequest, job: Job) -> None:
             body["max_tokens"] = cap
     if FALLBACK_POOL in job.degraded and job.model is not None:
         body["model"] = job.model
+    parsed.rewritten = True
+
+
+def set_engine_priority(parsed: ParsedRequest, priority: int) -> None:
+    """Send ``parsed`` upstream with vLLM's ``priority`` field set to ``priority`` (see
+    :class:`~velvetrope.core.engine_priority.EnginePriority`)."""
+    parsed.body["priority"] = priority
     parsed.rewritten = True

@@ -49,9 +49,13 @@ from velvetrope.engine import Batcher, EngineProfile
 from velvetrope.engine.prefix_cache import expand_blocks
 from velvetrope.errors import PolicyError
 
-__all__ = ["ROUTERS", "Fleet", "PoolStats", "pool_replicas"]
+__all__ = ["ROUTERS", "SCHEDULING", "Fleet", "PoolStats", "pool_replicas"]
 
 ROUTERS = ("least_loaded", "round_robin", "prefix_oracle")
+SCHEDULING = ("fcfs", "priority")
+"""The engines' waiting-queue policy (vLLM's ``--scheduling-policy``): ``fcfs``, or
+``priority`` (by each request's ``priority``, lower first; see
+:mod:`velvetrope.core.engine_priority` for what the gateway sends)."""
 
 
 def pool_replicas(pools: Sequence[str], replicas: int | Mapping[str, int]) -> dict[str, int]:
@@ -107,6 +111,7 @@ class Fleet:
 
     __slots__ = (
         "_next",
+        "_priority",
         "_token_events",
         "active",
         "batchers",
@@ -132,9 +137,13 @@ class Fleet:
         token_events: bool = False,
         policy: PolicyConfig | None = None,
         names: Sequence[str] | None = None,
+        scheduling: str = "fcfs",
     ) -> None:
         if router not in ROUTERS:
             raise PolicyError(f"unknown router {router!r}; known: {', '.join(ROUTERS)}")
+        if scheduling not in SCHEDULING:
+            raise PolicyError(f"unknown engine scheduling {scheduling!r}; known: fcfs, priority")
+        self._priority = scheduling == "priority"
         self.profile = profile
         self.router = router
         self.pool_names = list(replicas)
@@ -143,7 +152,9 @@ class Fleet:
         for p in self.pool_names:
             self.ranges.append((lo, lo + replicas[p]))
             lo += replicas[p]
-        self.batchers = [Batcher(profile, token_events=token_events) for _ in range(lo)]
+        self.batchers = [
+            Batcher(profile, token_events=token_events, priority=self._priority) for _ in range(lo)
+        ]
         self.load = [0] * lo
         """Outstanding jobs per replica (maintained by the event loop)."""
         self.active = [False] * lo
@@ -198,7 +209,9 @@ class Fleet:
     def add(self, pool: int) -> int:
         """A new replica in pool number ``pool`` (not taking work until enabled)."""
         k = len(self.batchers)
-        self.batchers.append(Batcher(self.profile, token_events=self._token_events))
+        self.batchers.append(
+            Batcher(self.profile, token_events=self._token_events, priority=self._priority)
+        )
         self.load.append(0)
         self.active.append(False)
         self.busy_since.append(0.0)

@@ -80,6 +80,7 @@ from velvetrope.core import (
     OutputEstimator,
     PolicyConfig,
 )
+from velvetrope.core.engine_priority import EnginePriority
 from velvetrope.core.policy import SloPolicy
 from velvetrope.engine import EngineProfile
 from velvetrope.errors import PolicyError
@@ -150,6 +151,7 @@ def run_simulation(
     fast_forward: bool = True,
     autoscale: AutoscaleSpec | None = None,
     engine_names: Sequence[str] | None = None,
+    engine_scheduling: str = "fcfs",
 ) -> SimResult:
     """Replay ``workload`` (sorted by ``t``) through ``config`` on a modelled fleet.
 
@@ -173,6 +175,9 @@ def run_simulation(
     pure-decode stretches in closed form (the result is the same, bit for bit; it exists for
     the tests that prove it).  ``autoscale`` makes one pool's replicas come and go under
     KEDA's model (:mod:`velvetrope.sim.autoscale`; the result's :attr:`SimResult.autoscale`).
+    ``engine_scheduling``: the engines' waiting-queue policy, ``fcfs`` or ``priority``
+    (vLLM's ``--scheduling-policy``); a job's priority is what the gateway would forward
+    (a pool's ``engine_priority``: the tier's index), else 0.
     Bad parameters raise :class:`~velvetrope.errors.PolicyError`.  The same inputs give the
     same result, bit for bit.
     """
@@ -204,7 +209,9 @@ def run_simulation(
         if scaled not in counts:
             raise PolicyError(f"autoscale pool {scaled!r} is not in the policy's pools")
         counts[scaled] = max(1, autoscale.scaled_object.min_replicas)
-    fleet = Fleet(profile, counts, router, policy=policy, names=engine_names)
+    fleet = Fleet(
+        profile, counts, router, policy=policy, names=engine_names, scheduling=engine_scheduling
+    )
     scrapes = EngineScrapes(ctl, fleet, record=record_engines)
     capacity: Capacity | None = None
     if load is not None:
@@ -244,6 +251,7 @@ def run_simulation(
         prefix_tokens=[r.prefix_tokens for r in workload],
         blocks=[r.block_hashes for r in workload],
         block_tokens=[r.block_tokens for r in workload],
+        engine_priority=EnginePriority(policy).table(),
     )  # fmt: skip
     attached = None
     if autoscale is not None:

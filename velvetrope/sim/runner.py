@@ -63,7 +63,7 @@ from __future__ import annotations
 import gc
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from heapq import heappush
 from typing import Protocol
 
@@ -146,6 +146,9 @@ class Inputs:
     prefix_tokens: list[int]
     blocks: list[tuple[int, ...]]
     block_tokens: list[int]
+    engine_priority: dict[tuple[str, str], int] = field(default_factory=dict)
+    """``(pool, tier)`` → the ``priority`` the job is sent to its engine with
+    (:class:`~velvetrope.core.engine_priority.EnginePriority`; absent: 0)."""
 
 
 @dataclass(slots=True)
@@ -188,6 +191,7 @@ def drive(
     blocks, block_tokens = inp.blocks, inp.block_tokens
     tenants, tiers, caps, preds, models = inp.tenants, inp.tiers, inp.caps, inp.preds, inp.models
     max_len = inp.max_len
+    engine_prio = inp.engine_priority
     pool_index = inp.pool_index
     jobs: list[Job | None] = [None] * n
     replica_of = [-1] * n
@@ -250,6 +254,7 @@ def drive(
                 prompts[idx],
                 outputs[idx],
                 now,
+                priority=engine_prio.get((job.pool, job.tier), 0) if engine_prio else 0,
                 prefix_id=templates[idx],
                 prefix_tokens=prefix_tokens[idx],
                 block_ids=hashes,
