@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-engines llama-server demo install lint typecheck pytest bench chaos fuzz soak clean constraints deploy-bench
+.PHONY: test test-engines llama-server demo install lint typecheck pytest bench chaos fuzz soak clean constraints deploy-bench studies
 
 # llama.cpp's llama-server, built from the llama-cpp-python sdist (harness/llama_build.py)
 # and kept here between runs: minutes to build on two cores, once per machine
@@ -53,6 +53,11 @@ test-engines: llama-server
 
 demo: $(STAMP)
 	$(BIN)/velvetrope demo
+
+# every experiments/*/run.py, two at a time, then experiments/README.md's verdict table; a
+# study that reproduces its committed report leaves it (and its stamp) byte-identical
+studies: $(STAMP)
+	$(BIN)/python -m experiments
 
 bench: $(STAMP)
 	$(BIN)/python bench/core_bench.py

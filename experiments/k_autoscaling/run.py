@@ -178,6 +178,31 @@ def replicas_figure(rows: Sequence[Row], work: Sequence[TraceRequest]) -> Figure
     return fig
 
 
+def _works(r: Row, peak: Row) -> bool:
+    """Fewer GPU-hours than the fleet sized for the spike, every tier's attainment within
+    0.05 points of it."""
+    return r.gpu_hours < peak.gpu_hours and all(
+        a >= b - 0.0005 for a, b in zip(r.attainment, peak.attainment, strict=True)
+    )
+
+
+def _and(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def signal_verdict(peak: Row, signals: Sequence[tuple[str, Row]]) -> str:
+    """Which scaling signals work (``_works``) and which do not, as one clause each."""
+    good = [name for name, r in signals if _works(r, peak)]
+    bad = [name for name, r in signals if not _works(r, peak)]
+    parts = []
+    if good:
+        parts.append(f"{_and(good)} work{'s' if len(good) == 1 else ''}")
+    if bad:
+        parts.append(f"{_and(bad)} do{'es' if len(bad) == 1 else ''} not")
+    text = "; ".join(parts)
+    return text[:1].upper() + text[1:]
+
+
 def report(rows: Sequence[Row], n_requests: int) -> Report:
     by = {r.case.label: r for r in rows}
     peak = by[f"static {STATIC_PEAK} (sized for the spike)"]
@@ -190,8 +215,10 @@ def report(rows: Sequence[Row], n_requests: int) -> Report:
     day1 = by[f"static {MIN_REPLICAS} (sized for the daily peak)"]
     same = qd8.gpu_hours == qd7.gpu_hours and qd8.attainment == qd7.attainment
     lost = sum(v for k, v in day1.rejected.items() if k != "upstream_error")
-    rep.para(
-        f"**Verdict.** On a simulated day ({n_requests:,} requests, mean {MEAN_RPS:g} req/s, "
+    signals = [("queue depth", qd8), ("engine waiting", wait), ("GPU utilisation", gpu)]
+    rep.verdict = (
+        f"**Verdict: {signal_verdict(peak, signals)}.** "
+        f"On a simulated day ({n_requests:,} requests, mean {MEAN_RPS:g} req/s, "
         "4:1 between 14:00 and 02:00, a 3× spike at 10:00 and a 2× one at 19:30; Llama-3-70B "
         "on 4×H100, 128 in flight per replica), KEDA on the gateway's queue depth at the "
         f"seed's 8 used {f1(qd8.gpu_hours)} GPU-hours, {pct(qd8.gpu_hours / peak.gpu_hours)} "

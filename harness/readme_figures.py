@@ -1,0 +1,79 @@
+"""Check the README's figures that come from deterministic commands: ``python -m
+harness.readme_figures`` (``--list`` to print the checks without running them).
+
+A figure is deterministic when its command runs only the simulator or the planner on fixed
+seeds (virtual time, no wall clock, no network): rerun on the same code it prints the same
+line. Each check runs one such command from the repository root, takes the ``key=value``
+tokens of the output line that starts with its prefix, and requires each quoted key's
+``key=value`` to appear verbatim in README.md. Measurements on a shared machine (the
+gateway, Redis and path-cost benches, RSS, wall times) are not checked: they cannot be
+byte-identical. Exit status 1, with the stale figures, when any check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+
+
+@dataclass(frozen=True)
+class Check:
+    """A command, the prefix of its result line, and the keys the README quotes."""
+
+    argv: tuple[str, ...]
+    prefix: str
+    keys: tuple[str, ...]
+
+
+CHECKS = (
+    Check(
+        ("bench/adaptive_bench.py",), "adaptive:", ("knee_err", "converge_s", "throughput_ratio")
+    ),
+    Check(("bench/planner_validate.py",), "planner:", ("conv_err", "code_err")),
+)
+
+
+def tokens(output: str, prefix: str) -> dict[str, str]:
+    """The ``key=value`` tokens of the last line of ``output`` that starts with ``prefix``."""
+    lines = [ln for ln in output.splitlines() if ln.startswith(prefix)]
+    if not lines:
+        return {}
+    pairs = (t.partition("=") for t in lines[-1][len(prefix) :].split() if "=" in t)
+    return {k: v for k, _, v in pairs}
+
+
+def stale(check: Check, output: str, readme: str) -> list[str]:
+    """The ``key=value`` figures ``check``'s output has and the README does not quote."""
+    got = tokens(output, check.prefix)
+    wanted = [f"{k}={got.get(k, '<missing>')}" for k in check.keys]
+    return [w for w in wanted if w not in readme]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m harness.readme_figures", description=__doc__)
+    ap.add_argument("--list", action="store_true", help="print the checks, run nothing")
+    args = ap.parse_args(argv)
+    readme = README.read_text(encoding="utf-8")
+    bad = 0
+    for check in CHECKS:
+        command = " ".join(check.argv)
+        if args.list:
+            print(f"{command}: {check.prefix} {' '.join(check.keys)}")
+            continue
+        proc = subprocess.run(
+            [sys.executable, *check.argv], cwd=ROOT, capture_output=True, text=True, check=False
+        )
+        missing = stale(check, proc.stdout, readme) if proc.returncode == 0 else ["exit"]
+        bad += bool(missing)
+        print(f"{command}: {'ok' if not missing else 'stale: ' + ', '.join(missing)}", flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
