@@ -27,11 +27,13 @@ Ends with::
 cpu_per_run_serial_s=<c> cpu_per_run_parallel_s=<d> cpu_share=<e>
 
 (one line).  Aim: efficiency >= 0.6 on 2 workers.  Run: ``.venv/bin/python
-bench/autoscale_bench.py`` (about 4 minutes on 2 cores).
+bench/autoscale_bench.py`` (about 4 minutes on 2 free cores; ``--sweep-only`` skips the
+day).
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -77,8 +79,8 @@ def burn(n: int) -> float:
     return time.perf_counter() - t0
 
 
-def main() -> None:
-    work = day_workload(MEAN_RPS)
+def day(work: list[TraceRequest]) -> str:
+    """The simulated day under KEDA; returns the ``autoscale:`` line."""
     t0 = time.perf_counter()
     res = run_day(work, autoscale=scaled("queue_depth", SEED_THRESHOLD, 120.0, DAY_S))
     wall = time.perf_counter() - t0
@@ -91,7 +93,16 @@ def main() -> None:
         f"{tr.peak_replicas}, {tr.gpu_hours:.1f} GPU-hours (static at the peak: {static:.1f}), "
         f"{top.tier} {top.good:,}/{top.offered:,} within its SLO"
     )
+    return (
+        f"autoscale: sim_hours={tr.end_s / 3600:.0f} requests={len(work)} wall_s={wall:.1f} "
+        f"gpu_hours_vs_static={tr.gpu_hours / static:.3f} "
+        f"top_tier_slo={top.good / top.offered:.4f}"
+    )
 
+
+def sweep(work: list[TraceRequest]) -> str:
+    """The sweep, serially and on the pool, then the two CPU loops; returns the
+    ``sweep:`` line."""
     part = Shared(time_window(work, *SLICE))
     points = [(part, th, s) for th in THRESHOLDS for s in STARTUPS]
     t1 = time.perf_counter()
@@ -128,12 +139,17 @@ def main() -> None:
         "other (2.00 on two free cores): the sweep's speedup is bounded by what the machine "
         "gives"
     )
-    print(
-        f"autoscale: sim_hours={tr.end_s / 3600:.0f} requests={len(work)} wall_s={wall:.1f} "
-        f"gpu_hours_vs_static={tr.gpu_hours / static:.3f} "
-        f"top_tier_slo={top.good / top.offered:.4f}"
-    )
-    print(timing.line())
+    return timing.line()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sweep-only", action="store_true", help="skip the simulated day")
+    args = ap.parse_args(argv)
+    work = day_workload(MEAN_RPS)
+    lines = [] if args.sweep_only else [day(work)]
+    lines.append(sweep(work))
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":
