@@ -12,13 +12,14 @@
    attainment (requests completed within TTFT ≤ 2 s / offered).
 2. A sweep: the slice 06:00-14:00 of the same day (the morning ramp, the 3× spike at 10:00
    and the afternoon peak) at thresholds 8 and 7 (the planner's) × start-up 60, 90, 120 and
-   180 s: 8 runs of several seconds each, first one after another in this process, then on
-   a local process pool of 2 workers (:func:`velvetrope.cluster.sweep_executor`), the
-   workload shipped once as a :class:`~velvetrope.cluster.Shared`.  The parallel time
-   includes the workers' start-up, which runs this long amortise.  Each run also measures
-   its own CPU seconds, so the line shows whether the workers got their cores
-   (:class:`~velvetrope.cluster.SweepTiming`); then two pure-CPU loops the same way, to show
-   how much of two cores the machine gave in that minute (the machines are shared).
+   180 s: 8 runs of several seconds each, in this process one after another and on a local
+   process pool of 2 workers (:func:`velvetrope.cluster.sweep_executor`), the workload
+   shipped once as a :class:`~velvetrope.cluster.Shared`; in the order serial half A, pool
+   A and B, serial half B, so that a load drifting over the minutes weighs on both alike.
+   The parallel time includes the workers' start-up, which runs this long amortise.  Each
+   run also measures its own CPU seconds, so the line shows whether the workers got their
+   cores (:class:`~velvetrope.cluster.SweepTiming`); then two pure-CPU loops the same way,
+   to show how much of two cores the machine gave in that minute (the machines are shared).
 
 Ends with::
 
@@ -105,14 +106,21 @@ def sweep(work: list[TraceRequest]) -> str:
     ``sweep:`` line."""
     part = Shared(time_window(work, *SLICE))
     points = [(part, th, s) for th in THRESHOLDS for s in STARTUPS]
+    # serial half A, then the pool on A and B, then serial half B: a load that drifts
+    # steadily over the measurement weighs on the serial and the parallel time alike
+    half_a, half_b = points[0::2], points[1::2]
     t1 = time.perf_counter()
-    serial = [slice_point(*p) for p in points]
+    serial_a = [slice_point(*p) for p in half_a]
     serial_s = time.perf_counter() - t1
     t2 = time.perf_counter()
     with sweep_executor(workers=WORKERS) as pool:
         assert pool is not None
-        parallel = list(pool.map(slice_point, *zip(*points, strict=True)))
+        parallel = list(pool.map(slice_point, *zip(*(half_a + half_b), strict=True)))
         parallel_s = time.perf_counter() - t2
+    t3 = time.perf_counter()
+    serial_b = [slice_point(*p) for p in half_b]
+    serial_s += time.perf_counter() - t3
+    serial = serial_a + serial_b
     assert [g for g, _ in parallel] == [g for g, _ in serial], "the pool must give the same"
     timing = SweepTiming(
         runs=len(points),
@@ -131,9 +139,9 @@ def sweep(work: list[TraceRequest]) -> str:
         assert pool is not None
         n = 10_000_000
         one = burn(n) + burn(n)
-        t3 = time.perf_counter()
+        t4 = time.perf_counter()
         list(pool.map(burn, [n, n]))
-        two = time.perf_counter() - t3
+        two = time.perf_counter() - t4
     print(
         f"cores: two pure-CPU loops ran {one / two:.2f}× faster on the pool than one after the "
         "other (2.00 on two free cores): the sweep's speedup is bounded by what the machine "
