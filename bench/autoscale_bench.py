@@ -14,7 +14,7 @@
    and the afternoon peak) at thresholds 8 and 7 (the planner's) × start-up 60, 90, 120 and
    180 s: 8 runs of several seconds each, in this process one after another and on a local
    process pool of 2 workers (:func:`velvetrope.cluster.sweep_executor`), the workload
-   shipped once as a :class:`~velvetrope.cluster.Shared`; in the order serial half A, pool
+   shipped once as a :class:`~velvetrope.sim.shared.Shared`; in the order serial half A, pool
    A and B, serial half B, so that a load drifting over the minutes weighs on both alike.
    The parallel time includes the workers' start-up, which runs this long amortise.  Each
    run also measures its own CPU seconds, so the line shows whether the workers got their
@@ -49,7 +49,8 @@ from experiments.k_autoscaling.day import (
     run_day,
     scaled,
 )
-from velvetrope.cluster import Shared, SweepTiming, sweep_executor
+from velvetrope.cluster import SweepTiming, sweep_executor
+from velvetrope.sim.shared import Shared
 from velvetrope.sim.workload import TraceRequest, time_window
 
 MEAN_RPS = 5.0

@@ -93,7 +93,7 @@ def test_executor_choices() -> None:
 def test_a_shared_input_is_pickled_once_and_unpickled_once_per_process() -> None:
     import pickle
 
-    from velvetrope.cluster import Shared
+    from velvetrope.sim.shared import Shared
 
     value = [{"n": i} for i in range(1000)]
     shared = Shared(value)

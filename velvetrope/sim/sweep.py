@@ -13,7 +13,7 @@ another, or on any :class:`concurrent.futures.Executor` (a local process pool, a
 cluster's executor: :mod:`velvetrope.cluster`): each point is one task, a pure function of
 its inputs, so the results — and the report — are the same bytes whichever runs them.  On an
 executor the workload, which every point shares, travels as a
-:class:`~velvetrope.cluster.Shared`: pickled once, unpickled once per worker process.  The
+:class:`~velvetrope.sim.shared.Shared`: pickled once, unpickled once per worker process.  The
 report has one row per point and, when ``load`` is swept, a latency-versus-load plot with
 one curve per combination of the other keys.
 """
@@ -29,13 +29,13 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from velvetrope.cluster import Shared
 from velvetrope.core import PolicyConfig, preset_names
 from velvetrope.engine import EngineProfile
 from velvetrope.errors import PolicyError
 from velvetrope.sim.loop import run_simulation
 from velvetrope.sim.report import fmt_s, markdown_table, save_figure
 from velvetrope.sim.result import SimResult
+from velvetrope.sim.shared import Shared
 from velvetrope.sim.workload import TraceRequest
 
 __all__ = ["SWEEP_KEYS", "SweepResult", "parse_sweep", "run_sweep"]
