@@ -28,7 +28,7 @@ Ends with::
 cpu_per_run_serial_s=<c> cpu_per_run_parallel_s=<d> cpu_share=<e>
 
 (one line).  Aim: efficiency >= 0.6 on 2 workers.  Run: ``.venv/bin/python
-bench/autoscale_bench.py`` (about 4 minutes on 2 free cores; ``--sweep-only`` skips the
+bench/autoscale_bench.py`` (about 2 minutes on 2 free cores; ``--sweep-only`` skips the
 day).
 """
 
