@@ -20,7 +20,7 @@ from velvetrope.engine.published import (
     read_default_table,
     sharegpt_sample,
 )
-from velvetrope.engine.replay import replay, theta_of
+from velvetrope.engine.replay import engine_for, replay, theta_of
 from velvetrope.errors import ConfigError, PolicyError
 
 TINY = EngineProfile(
@@ -101,6 +101,21 @@ def test_the_shipped_table_covers_every_profile_from_enough_sources() -> None:
     for metric in ("throughput", "ttft", "tpot", "e2e"):
         assert any(p.metric == metric for p in pts)
     assert all(p.note for p in pts), "every row says where its number comes from"
+
+
+def test_every_shipped_row_states_the_seats_its_source_ran() -> None:
+    """No row leaves max_num_seqs to a fit: the v0.6.0 blog's runs used its benchmark
+    suite's --max-num-seqs 512 (the table's note cites it); the others state 256 or V1's
+    1024.  Every replay runs with the row's seats, whatever the profile's default."""
+    pts = read_default_table()
+    assert all(p.max_num_seqs is not None for p in pts)
+    blog = [p for p in pts if p.source == "vllm-blog-060"]
+    assert blog and {p.max_num_seqs for p in blog} == {512}
+    assert all("nightly-tests.json" in p.note for p in blog)
+    for p in blog:
+        profile = load_profile(p.profile)
+        assert profile.max_num_seqs == 256  # vLLM 0.6's default, not what the blog ran
+        assert engine_for(profile, p).max_num_seqs == 512
 
 
 def test_the_sharegpt_sample_is_the_published_one() -> None:

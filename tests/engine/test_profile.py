@@ -272,3 +272,25 @@ def test_each_engine_version_s_profile_names_its_scheduler() -> None:
     assert v0.with_overrides(num_scheduler_steps=1).num_scheduler_steps == 1
     with pytest.raises(PolicyError, match="num_scheduler_steps"):
         v0.with_overrides(scheduler="vllm-v1")  # multi-step is V0's
+
+
+def _vllm_default_seats_and_budget(p: EngineProfile) -> tuple[int, int]:
+    """vLLM's own defaults for the engine version and GPU a built-in profile models.
+
+    V0 (0.5-0.6, no chunked prefill): ``max_num_seqs`` 256 and a budget of
+    ``max(max_model_len, 2048)``.  V1 ``vllm serve``: 1024 / 8192 on a GPU of 70 GiB or more
+    that is not an A100, else 256 / 2048 (the profile files cite vLLM's source).
+    """
+    if p.scheduler == "vllm-v0":
+        return 256, max(p.max_model_len, 2048)
+    if "a100" in p.name:
+        return 256, 2048
+    return 1024, 8192
+
+
+@pytest.mark.parametrize("name", BUILTINS)
+def test_builtin_profiles_default_to_their_engine_version_s_seats_and_budget(name: str) -> None:
+    p = load_profile(name)
+    assert (p.max_num_seqs, p.max_num_batched_tokens) == _vllm_default_seats_and_budget(p)
+    text = resources.files("velvetrope.engine").joinpath(f"profiles/{name}.yaml").read_text()
+    assert "max_num_seqs" in text.split("\nname:")[0], "the header says where the seats come from"

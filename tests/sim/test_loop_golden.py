@@ -7,7 +7,9 @@ hand-rolled loop (the next event as a minimum over five sources, with the fleet'
 and fast-forward) just before the event environment replaced it, except those of the runs
 with the saturation rule on (``conv-overload``, ``code-prefix``, ``routes-degrade-engines``),
 pinned again when the rule held a cold start to a slow-start window and the replica choice
-began to prefer engines with room (issue 33); see
+began to prefer engines with room (issue 33), and ``conv-overload`` and ``code-prefix``
+(the default profile's, rescaled by ``load``) once more when ``llama3-8b-h100`` took vLLM
+V1's default of 1024 seats on an H100 (issue 29); see
 :mod:`tests.sim.golden` for what each scenario exercises and for how to regenerate both
 after a change meant to change decisions (``python -m tests.sim.golden --write``).
 """
@@ -23,8 +25,8 @@ GOLDEN = {
     "stress-least-loaded": "3f9ba03449b9d70e0e85cc980140a70e668ec7e2",
     "stress-round-robin": "66a4c11b417c89b85e9291cbed8b5dd646fae64d",
     "stress-same-instant": "487eb906d11e62740b8687a5e44c7449d73f4fe1",
-    "conv-overload": "46a9807863bbdfa83dc94e1f8d44f2f67de6e4c7",
-    "code-prefix": "b094c8ac04b5864b27d42a8b148bd8313b2cd8f6",
+    "conv-overload": "26fef8d22e17940b079bf4ba0fe2833b47eaeb03",
+    "code-prefix": "8020944ff0d6bc728a5d26349d2998ce66e4418d",
     "routes-degrade-engines": "eb088e7fe06fad5ca215a455b09ce9c322d481f0",
 }
 

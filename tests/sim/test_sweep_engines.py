@@ -88,3 +88,41 @@ def test_executor_choices() -> None:
         pass
     with pytest.raises(PolicyError):
         parse_sweep(["seed=-1"])
+
+
+def test_a_shared_input_is_pickled_once_and_unpickled_once_per_process() -> None:
+    import pickle
+
+    from velvetrope.sim.shared import Shared
+
+    value = [{"n": i} for i in range(1000)]
+    shared = Shared(value)
+    assert shared.get() is value  # in the process that made it: the value itself
+    blob = pickle.dumps(shared)
+    assert len(blob) < shared.nbytes + 200  # one byte string, not a walk over the list
+    first, second = pickle.loads(blob), pickle.loads(blob)  # two tasks in one worker
+    assert first.get() == value and first.get() is not value
+    assert second.get() is first.get()  # unpickled once for both
+    assert Shared([1]).get() == [1] and pickle.loads(pickle.dumps(Shared([1]))).get() == [1]
+
+
+def test_sweep_timing_reports_speedup_efficiency_and_cpu() -> None:
+    from velvetrope.cluster import SweepTiming
+
+    t = SweepTiming(
+        runs=8, workers=2, serial_s=40.0, parallel_s=25.0, serial_cpu_s=38.0, parallel_cpu_s=40.0
+    )
+    assert t.speedup == pytest.approx(1.6)
+    assert t.efficiency == pytest.approx(0.8)
+    assert t.cpu_share == pytest.approx(0.8)
+    assert t.line() == (
+        "sweep: runs=8 workers=2 serial_s=40.0 parallel_s=25.0 speedup=1.60 efficiency=0.80 "
+        "cpu_per_run_serial_s=4.75 cpu_per_run_parallel_s=5.00 cpu_share=0.80"
+    )
+    for bad in ({"workers": 0}, {"parallel_s": 0.0}, {"serial_cpu_s": float("nan")}):
+        kw = {
+            "runs": 1, "workers": 2, "serial_s": 1.0, "parallel_s": 1.0,
+            "serial_cpu_s": 1.0, "parallel_cpu_s": 1.0, **bad,
+        }  # fmt: skip
+        with pytest.raises(PolicyError):
+            SweepTiming(**kw)  # type: ignore[arg-type]

@@ -11,7 +11,9 @@ the others override the matching :func:`~velvetrope.sim.loop.run_simulation` arg
 keys and values were given, with a :mod:`rich` progress bar on stderr.  They run one after
 another, or on any :class:`concurrent.futures.Executor` (a local process pool, a Dask
 cluster's executor: :mod:`velvetrope.cluster`): each point is one task, a pure function of
-its inputs, so the results — and the report — are the same bytes whichever runs them.  The
+its inputs, so the results — and the report — are the same bytes whichever runs them.  On an
+executor the workload, which every point shares, travels as a
+:class:`~velvetrope.sim.shared.Shared`: pickled once, unpickled once per worker process.  The
 report has one row per point and, when ``load`` is swept, a latency-versus-load plot with
 one curve per combination of the other keys.
 """
@@ -33,6 +35,7 @@ from velvetrope.errors import PolicyError
 from velvetrope.sim.loop import run_simulation
 from velvetrope.sim.report import fmt_s, markdown_table, save_figure
 from velvetrope.sim.result import SimResult
+from velvetrope.sim.shared import Shared
 from velvetrope.sim.workload import TraceRequest
 
 __all__ = ["SWEEP_KEYS", "SweepResult", "parse_sweep", "run_sweep"]
@@ -209,6 +212,17 @@ def run_point(
     return run_simulation(cfg, workload, replicas, profile, **kw)
 
 
+def run_shared_point(
+    config: PolicyConfig,
+    workload: Shared[Sequence[TraceRequest]],
+    profile: EngineProfile,
+    params: Mapping[str, str],
+    base: Mapping[str, Any] | None = None,
+) -> SimResult:
+    """:func:`run_point` on a shared workload (what an executor's task runs)."""
+    return run_point(config, workload.get(), profile, params, base)
+
+
 def run_sweep(
     config: PolicyConfig,
     workload: Sequence[TraceRequest],
@@ -247,8 +261,9 @@ def run_sweep(
                 if bar is not None:
                     bar.advance()
         else:
+            shared: Shared[Sequence[TraceRequest]] = Shared(workload)
             futures: dict[Future[SimResult], int] = {
-                executor.submit(run_point, config, workload, profile, params, base): i
+                executor.submit(run_shared_point, config, shared, profile, params, base): i
                 for i, params in enumerate(points)
             }
             if bar is not None:
