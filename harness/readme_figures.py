@@ -35,7 +35,11 @@ CHECKS = (
     Check(
         ("bench/adaptive_bench.py",), "adaptive:", ("knee_err", "converge_s", "throughput_ratio")
     ),
-    Check(("bench/planner_validate.py",), "planner:", ("conv_err", "code_err")),
+    Check(
+        ("bench/planner_validate.py",),
+        "planner:",
+        ("conv_err", "code_err", "prefix_err", "spec_err"),
+    ),
 )
 
 
