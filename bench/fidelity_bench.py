@@ -12,7 +12,11 @@ source in turn is left out, the profile's coefficients are fitted to the other s
 rows from the datasheet-derived coefficients below (no row informed them), and the
 left-out rows are replayed with that fit.  A profile with one source (the vLLM V1 profiles)
 is predicted by the coefficients of the same hardware's vLLM 0.6 profile (fitted to other
-sources only), run in the V1 scheduler.
+sources only), run in the V1 scheduler.  A fold whose training rows do not identify a profile's
+``per_prefill_token_s`` (:mod:`velvetrope.engine.borrow`: no row whose modelled duration
+it dominates, more than half of it at the fit's start) fixes it at the
+same fold's fit of a donor profile on the same GPU (``_BORROW``), scaled by parameters over
+GPUs; the folds print what they borrowed.
 
 Prints the MAPE per source and profile, fitted beside held out, and ends with exactly::
 
@@ -35,6 +39,14 @@ import sys
 import time
 from collections import defaultdict
 
+from velvetrope.engine.borrow import (
+    PARAMETERS,
+    THRESHOLD,
+    Borrow,
+    compute_scale,
+    donor_fits,
+    max_share,
+)
 from velvetrope.engine.fit_published import METRICS, mape, predict, summary_line
 from velvetrope.engine.fit_report import render_predictions
 from velvetrope.engine.holdout import Fold, holdout
@@ -82,6 +94,18 @@ _TRANSFER = {
     "llama3-70b-4xh100-vllm-v1": "llama3-70b-4xh100-vllm-v0",
 }
 
+# A profile whose fold does not identify a coefficient borrows it from a donor on the same
+# GPU model, fitted in the same fold: recipient -> (donor, coefficient, recipient's and
+# donor's PARAMETERS key).  Prefill cost per token ~ FLOPs per token / aggregate compute.
+_BORROW = {
+    "llama3-70b-4xh100-vllm-v0": (
+        "llama3-8b-h100-vllm-v0",
+        "per_prefill_token_s",
+        "llama3-70b",
+        "llama3-8b",
+    ),
+}
+
 
 def _hardware(profile: str) -> str:
     """The ``_BEFORE`` key of a profile: its name without the engine-version suffix."""
@@ -98,20 +122,93 @@ def _replay(points: list[PublishedPoint], profiles: dict[str, EngineProfile]) ->
     return preds
 
 
+def _start(name: str) -> dict[str, float] | None:
+    before = _BEFORE.get(_hardware(name))
+    return None if before is None else {k: float(before[k]) for k in COEFFICIENTS}
+
+
+def _borrow(
+    name: str,
+    rows: list[PublishedPoint],
+    points: list[PublishedPoint],
+    profiles: dict[str, EngineProfile],
+    done: dict[str, list[Fold]],
+) -> Borrow | None:
+    """``name``'s :class:`Borrow`: its donor fitted per held-out source of ``rows``."""
+    if name not in _BORROW:
+        return None
+    donor, coefficient, params, donor_params = _BORROW[name]
+    donor_start = _start(donor)
+    donor_rows = [p for p in points if p.profile == donor]
+    if donor not in profiles or donor_start is None or not donor_rows:
+        return None
+    scale = compute_scale(
+        PARAMETERS[params],
+        profiles[name].tensor_parallel_size,
+        PARAMETERS[donor_params],
+        profiles[donor].tensor_parallel_size,
+    )
+    known = {f.source: f.fitted for f in done.get(donor, []) if f.trained_on and not f.borrowed}
+    fits = donor_fits(
+        donor_rows,
+        profiles[donor],
+        donor_start,
+        sorted({p.source for p in rows}),
+        coefficient,
+        THRESHOLD,
+        fixed=_FIXED.get(donor),
+        known=known,
+    )
+    return Borrow(coefficient, scale, THRESHOLD, donor, fits)
+
+
 def _held_out(points: list[PublishedPoint], profiles: dict[str, EngineProfile]) -> list[Fold]:
-    folds: list[Fold] = []
-    for name in sorted(profiles):
+    done: dict[str, list[Fold]] = {}
+    # donors first, so their folds are reused as the same fold's donor fits
+    donors = {d for d, *_ in _BORROW.values()}
+    for name in sorted(profiles, key=lambda n: (n not in donors, n)):
         rows = [p for p in points if p.profile == name]
-        before = _BEFORE.get(_hardware(name))
-        if not rows or before is None:
+        start = _start(name)
+        if not rows or start is None:
             continue
-        start = {k: float(before[k]) for k in COEFFICIENTS}
         donor = _TRANSFER.get(name)
         fallback = None
         if donor is not None:
             fallback = profiles[donor] if donor in profiles else load_profile(donor)
-        folds += holdout(rows, profiles[name], start, fixed=_FIXED.get(name), fallback=fallback)
-    return folds
+        borrow = _borrow(name, rows, points, profiles, done)
+        done[name] = holdout(
+            rows,
+            profiles[name],
+            start,
+            fixed=_FIXED.get(name),
+            fallback=fallback,
+            borrow=borrow,
+        )
+        if borrow is not None:
+            _report_shares(name, rows, profiles[name], start, borrow)
+    return [f for name in sorted(done) for f in done[name]]
+
+
+def _report_shares(
+    name: str,
+    rows: list[PublishedPoint],
+    profile: EngineProfile,
+    start: dict[str, float],
+    borrow: Borrow,
+) -> None:
+    """Print, per fold, the largest share of ``borrow.coefficient`` among its training
+    rows, the verdict and the donor's scaled value."""
+    check = profile.with_overrides(**{**start, **_FIXED.get(name, {})})
+    for source in sorted({p.source for p in rows}):
+        train = [p for p in rows if p.source != source]
+        share = max_share(train, check, borrow.coefficient) if train else 0.0
+        verdict = "identified" if share > borrow.threshold else "not identified"
+        value = borrow.value(source)
+        donor = f"{value * 1e6:.2f} us" if value is not None else "none"
+        print(
+            f"borrow: {name} without {source}: max {borrow.coefficient} share {share:.3f} "
+            f"({verdict}); {borrow.donor} x {borrow.scale:.4f} = {donor}"
+        )
 
 
 def _cells(m: dict[str, float]) -> str:
@@ -173,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         for f in folds:
             held.extend(f.predictions)
             on = ", ".join(f.trained_on) or f"{_TRANSFER.get(f.profile, '?')} (transfer)"
+            on += "".join(f"; {k} {v * 1e6:.2f} us borrowed" for k, v in f.borrowed)
             print(
                 f"held out: {f.profile:<26} {f.source:<14} {len(f.predictions):>4}  "
                 f"{_cells(mape(f.predictions))}  {on}"

@@ -12,6 +12,12 @@ replayed with the coefficients of ``fallback`` (fitted elsewhere, e.g. the same 
 profile of another engine version, whose rows are other sources by construction), set into
 the profile itself.  Without a fallback such a profile yields no fold.
 
+With a :class:`~velvetrope.engine.borrow.Borrow`, a fold whose training rows do not
+identify the borrowed coefficient (:func:`~velvetrope.engine.borrow.identified`, evaluated
+at the fit's start) fixes it at the donor's value of the same fold times the physical
+scale, and fits the rest; the fold records what it borrowed.  Folds whose rows identify the
+coefficient, and the fitted (not held-out) profiles, are untouched.
+
 Every replay, training or held-out, runs the profile's own scheduler (``profile.scheduler``,
 what every user of the profile gets), configured as each row's source ran it
 (:func:`~velvetrope.engine.replay.engine_for`).  Deterministic; the cost is one fit per
@@ -23,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from velvetrope.engine.borrow import Borrow, identified
 from velvetrope.engine.fit_published import fit_profile, predict
 from velvetrope.engine.profile import COEFFICIENTS, EngineProfile
 from velvetrope.engine.published import PublishedPoint
@@ -42,6 +49,8 @@ class Fold:
     """The sources the predicting coefficients were fitted to (empty for a fallback)."""
     fitted: EngineProfile
     predictions: tuple[Prediction, ...]
+    borrowed: tuple[tuple[str, float], ...] = ()
+    """The coefficients fixed from a donor's fit of the same fold (name, value)."""
 
 
 def _coefficients_of(profile: EngineProfile, donor: EngineProfile) -> EngineProfile:
@@ -55,6 +64,7 @@ def holdout(
     *,
     fixed: Mapping[str, float] | None = None,
     fallback: EngineProfile | None = None,
+    borrow: Borrow | None = None,
     max_iter: int = 8,
     seed: int = 0,
 ) -> list[Fold]:
@@ -64,8 +74,8 @@ def holdout(
     :data:`~velvetrope.engine.profile.COEFFICIENTS`); ``fixed`` the coefficients not to fit
     (as :func:`~velvetrope.engine.fit_published.fit_profile`).  With a single source the
     fold replays it with ``fallback``'s coefficients, or there is no fold when
-    ``fallback`` is ``None``.  Raises :class:`~velvetrope.errors.PolicyError` for rows of
-    another profile or a bad ``start``.
+    ``fallback`` is ``None``.  ``borrow``: see the module docstring.  Raises
+    :class:`~velvetrope.errors.PolicyError` for rows of another profile or a bad ``start``.
     """
     if not points:
         return []
@@ -81,8 +91,18 @@ def holdout(
     for source in sources:
         test = [p for p in points if p.source == source]
         train = [p for p in points if p.source != source]
+        borrowed: tuple[tuple[str, float], ...] = ()
         if train:
-            fit = fit_profile(train, base, fixed=fixed, max_iter=max_iter, seed=seed)
+            fold_fixed = dict(fixed or {})
+            if borrow is not None and borrow.coefficient not in fold_fixed:
+                value = borrow.value(source)
+                check = base.with_overrides(**fold_fixed)
+                if value is not None and not identified(
+                    train, check, borrow.coefficient, borrow.threshold, seed
+                ):
+                    fold_fixed[borrow.coefficient] = value
+                    borrowed = ((borrow.coefficient, value),)
+            fit = fit_profile(train, base, fixed=fold_fixed, max_iter=max_iter, seed=seed)
             used = fit.profile
             trained_on = tuple(s for s in sources if s != source)
         elif fallback is not None:
@@ -90,5 +110,6 @@ def holdout(
             trained_on = ()
         else:
             continue
-        folds.append(Fold(profile.name, source, trained_on, used, tuple(predict(test, used, seed))))
+        preds = tuple(predict(test, used, seed))
+        folds.append(Fold(profile.name, source, trained_on, used, preds, borrowed))
     return folds
