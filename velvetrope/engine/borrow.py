@@ -1,13 +1,13 @@
 """Held-out folds that borrow an unidentified coefficient from another profile's fit.
 
 When a source is held out (:mod:`velvetrope.engine.holdout`), the remaining sources of a
-profile may carry no row that depends on one of its coefficients: the fit then leaves that
-coefficient where it started (a datasheet guess) and the held-out rows that do depend on it
-are predicted by the guess.  A :class:`Borrow` replaces the guess by physics: the same
-coefficient of a *donor* profile (another model on the same kind of GPU), fitted **in the
-same fold** (the same source held out, so nothing of it reaches either fit), times a fixed
-scale; the fold's fit then keeps that coefficient fixed at the scaled value and fits the
-others.
+profile may carry no row dominated by one of its coefficients: the fit then trades that
+coefficient against the others and leaves it near where it started (a datasheet guess), and
+the held-out rows that depend on it are predicted by the guess.  A :class:`Borrow`
+replaces the guess by physics: the same coefficient of a *donor* profile (another model on
+the same kind of GPU), fitted **in the same fold** (the same source held out, so nothing of
+it reaches either fit), times a fixed scale; the fold's fit then keeps that coefficient
+fixed at the scaled value and fits the others.
 
 **The rule ("not identified").**  A coefficient ``k`` is identified by a set of rows when at
 least one of them is *dominated* by it: its term carries more than ``threshold`` (default
