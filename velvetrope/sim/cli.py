@@ -137,6 +137,13 @@ def simulate_command(
     lengths: Annotated[
         str, typer.Option(help="Output lengths known to the core: oracle, estimator, noisy:TAU.")
     ] = "estimator",
+    engine_scheduling: Annotated[
+        str,
+        typer.Option(
+            help="The engines' waiting queue: fcfs, or priority (vLLM's "
+            "--scheduling-policy priority; a pool with engine_priority sends the tier)."
+        ),
+    ] = "fcfs",
     timeout: Annotated[
         float | None, typer.Option(help="Client timeout in seconds (cancel and abort).")
     ] = None,
@@ -257,6 +264,7 @@ def simulate_command(
             "replicas": reps_per_pool,
             "load": load,
             "router": router,
+            "engine_scheduling": engine_scheduling,
             "lengths": lengths,
             "client_timeout_s": timeout,
             "default_max_tokens": max_tokens,

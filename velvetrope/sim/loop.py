@@ -282,6 +282,7 @@ def run_simulation(
         load=load,
         capacity=capacity,
         seed=seed,
+        engine_scheduling=engine_scheduling,
     )
     return SimResult(
         info=info,

@@ -55,10 +55,15 @@ class RunInfo:
     load: float | None
     capacity: Capacity | None
     seed: int
+    engine_scheduling: str = "fcfs"
+    """The engines' waiting-queue policy (``fcfs``, or vLLM's ``priority``)."""
 
     def rows(self) -> list[tuple[str, str]]:
-        """``(parameter, value)`` pairs, formatted deterministically."""
+        """``(parameter, value)`` pairs, formatted deterministically (the engines'
+        scheduling is named only when it is not the default ``fcfs``)."""
         fleet = ", ".join(f"{p}: {n} × {self.profile}" for p, n in self.replicas.items())
+        if self.engine_scheduling != "fcfs":
+            fleet += f", engines scheduling by {self.engine_scheduling}"
         rows = [
             ("workload", f"{self.label} ({self.requests:,} requests)"),
             ("policy", self.policy),
