@@ -23,27 +23,10 @@ from velvetrope.engine.profile import load_profile
 from velvetrope.engine.published import PublishedPoint, read_default_table
 from velvetrope.errors import PolicyError
 
-from .test_fit_published import TINY, _point
-from .test_holdout import START
+from .test_fit_published import TINY
+from .test_holdout import START, _row
 
 PREFILL = "per_prefill_token_s"
-
-
-def _row(
-    pid: str, source: str, metric: str, batch: int, prompt: int, output: int
-) -> PublishedPoint:
-    thr = metric == "throughput"
-    return _point(
-        id=pid,
-        source=source,
-        metric=metric,
-        stat="total" if thr else "mean",
-        unit="total_tok_s" if thr else "ms",
-        num_prompts=batch,
-        prompt_tokens=prompt,
-        output_tokens=output,
-        note="made up",
-    )
 
 
 def _rows() -> list[PublishedPoint]:

@@ -23,7 +23,11 @@ START = {
 }
 
 
-def _row(pid: str, source: str, metric: str, batch: int, length: int) -> PublishedPoint:
+def _row(
+    pid: str, source: str, metric: str, batch: int, length: int, output: int | None = None
+) -> PublishedPoint:
+    """A made-up published row: ``length`` prompt tokens and ``output`` output tokens
+    (``length`` too when not given)."""
     thr = metric == "throughput"
     return _point(
         id=pid,
@@ -33,7 +37,7 @@ def _row(pid: str, source: str, metric: str, batch: int, length: int) -> Publish
         unit="total_tok_s" if thr else "ms",
         num_prompts=batch,
         prompt_tokens=length,
-        output_tokens=length,
+        output_tokens=length if output is None else output,
         note="made up",
     )
 
