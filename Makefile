@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-engines llama-server demo install lint typecheck pytest bench chaos fuzz soak clean constraints deploy-bench studies
+.PHONY: test test-latest lock test-engines llama-server demo install lint typecheck pytest bench chaos fuzz soak clean constraints deploy-bench studies
 
 # llama.cpp's llama-server, built from the llama-cpp-python sdist (harness/llama_build.py)
 # and kept here between runs: minutes to build on two cores, once per machine
@@ -14,11 +14,42 @@ export VELVETROPE_LLAMA_CACHE := $(LLAMA_CACHE)
 # the modules that setup.py compiles with mypyc: edited, they are built again
 COMPILED := $(shell sed -n 's/^ *"\(velvetrope\/[a-z_]*\/[a-z_]*\.py\)",$$/\1/p' setup.py)
 
-$(STAMP): pyproject.toml setup.py $(COMPILED)
+# requirements/dev.txt: every package `make` installs (the dev tools, every extra and the
+# build requirements), resolved once and hashed by pip-compile; `make lock` refreshes it on
+# purpose.  The package itself keeps ranges (pyproject.toml): users install it as a library.
+PIP_VERSION := 26.3
+PIP_TOOLS_VERSION := 7.7.0
+LOCK := requirements/dev.txt
+
+$(STAMP): pyproject.toml setup.py $(LOCK) $(COMPILED)
 	$(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet pip==$(PIP_VERSION)
+	$(BIN)/python -m pip install --quiet --require-hashes -r $(LOCK)
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
+
+# re-resolve the lock to today's newest releases within pyproject.toml's ranges and the
+# image's pins (deploy/constraints.txt: `make constraints` moves those)
+lock:
+	$(PY) -m venv .venv-lock
+	.venv-lock/bin/python -m pip install --quiet pip==$(PIP_VERSION) pip-tools==$(PIP_TOOLS_VERSION)
+	.venv-lock/bin/pip-compile --quiet --upgrade --generate-hashes --allow-unsafe \
+	  --extra dev --all-build-deps --strip-extras --no-emit-index-url --no-emit-find-links \
+	  --constraint deploy/constraints.txt --output-file $(LOCK) pyproject.toml
+	@# dev's own `velvetrope[all]` resolves to this checkout: not a locked package
+	sed -i '/^# WARNING: pip install will require/,/^    # via file:/d' $(LOCK)
+
+# the suite against the newest releases of everything (not the lock), in a venv of its own:
+# drift shows here before it breaks a fresh `make test`.  Not part of .ci/run.
+LATEST := .venv-latest
+test-latest:
+	rm -rf $(LATEST) && $(PY) -m venv $(LATEST)
+	$(LATEST)/bin/python -m pip install --quiet --upgrade pip
+	$(LATEST)/bin/python -m pip install --quiet --upgrade -e '.[dev]'
+	$(LATEST)/bin/ruff check velvetrope tests bench harness
+	$(LATEST)/bin/ruff format --check velvetrope tests bench harness
+	$(LATEST)/bin/mypy
+	$(LATEST)/bin/python -m pytest -q --ignore=tests/engines
 
 # promtool, for the alert rules' unit tests (tests/test_chart.py): from Debian's
 # `prometheus` package, unpacked (no daemon installed or started); one on PATH is reused
@@ -86,4 +117,4 @@ soak: $(STAMP)
 	$(BIN)/python -m harness.soak --seconds $(SOAK_SECONDS)
 
 clean:
-	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .venv-lock $(LATEST) .mypy_cache .pytest_cache .ruff_cache .hypothesis

@@ -82,7 +82,7 @@ def connect(url: str, *, password: str | None, timeout_s: float, max_connections
         if not path:
             raise ConfigError("state.url: a Sentinel URL names the service: .../service_name")
         db = int(path[1]) if len(path) > 1 else 0
-        sentinel = Sentinel(  # type: ignore[no-untyped-call]
+        sentinel = Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
             parse_nodes(parts.netloc, 26379),
             sentinel_kwargs={"socket_timeout": timeout_s},
             password=pw,
