@@ -144,7 +144,7 @@ class AdmissionController:
         self._reserve_max = config.estimator.reserve == "max_tokens"
         self._tenants = {t.name: t for t in config.tenants}
         self._tier_index = {t.name: i for i, t in enumerate(config.tiers)}
-        self._tier_max_wait = [t.max_wait_s for t in config.tiers]
+        self._tier_max_wait = [t.wait_bound_s for t in config.tiers]
         self._specs = ClaimSpecs(config, lambda tenant: self.tenant_policy(tenant).limits)
         self._bounds: dict[str, int | None] = {}
         self._max_queued = config.queue.max_queued
@@ -495,10 +495,8 @@ class AdmissionController:
         if job.state is not _DISPATCHED:
             raise LifecycleError(f"job {job_id!r} is {job.state.value}, not dispatched")
         if job.first_token_at is None:
-            job.first_token_at = self.clock.now()
-            limit = self._pools[job.pool].limit
-            if limit is not None:
-                limit.first_token(job, job.first_token_at)
+            job.first_token_at = now = self.clock.now()
+            self._pools[job.pool].first_token(job, now)
 
     def complete(self, job_id: str, usage: Usage) -> Outcome:
         """A dispatched job finished: settle with ``usage`` and release its capacity."""
@@ -610,8 +608,7 @@ class AdmissionController:
                     t.started(job, now)
                 else:
                     t.started(job, now)
-        if pool.limit is not None:
-            pool.limit.started(job, now)
+        pool.started(job, now)
 
     def _settlement(self, job: Job, actual_tokens: int) -> Settlement:
         claims = job.claims
@@ -681,8 +678,7 @@ class AdmissionController:
                 else:
                     t.ended(job, now)
         pool.sched.on_complete(job, output)
-        if pool.limit is not None:
-            pool.limit.ended(job, now)
+        pool.ended(job, now, output, state is _COMPLETED)
         del self._jobs[job.id]
         claims = job.claims  # (self._settlement, inline on this path)
         if claims and job.shadow == "rejected":

@@ -116,17 +116,10 @@ class _SjfAging(_Sjf):
 
 
 def deadline_budgets(config: PolicyConfig) -> dict[str, float]:
-    """Seconds from arrival to each tier's EDF deadline: ``max_wait_s``, else ``slo.ttft_s``,
-    else ``slo.e2e_s``; tiers with none of them are left out (see the module docstring)."""
-    out: dict[str, float] = {}
-    for t in config.tiers:
-        slo = t.slo
-        budget = t.max_wait_s
-        if budget is None and slo is not None:
-            budget = slo.ttft_s if slo.ttft_s is not None else slo.e2e_s
-        if budget is not None:
-            out[t.name] = budget
-    return out
+    """Seconds from arrival to each tier's EDF deadline, its
+    :attr:`~velvetrope.core.policy.TierPolicy.wait_bound_s`; tiers with none are left out
+    (see the module docstring)."""
+    return {t.name: b for t in config.tiers if (b := t.wait_bound_s) is not None}
 
 
 _INF: Final = float("inf")

@@ -19,6 +19,7 @@ __all__ = [
     "BucketLimits",
     "DegradePolicy",
     "EstimatorPolicy",
+    "LimitMode",
     "PolicyConfig",
     "PoolPolicy",
     "PrefixRoutingPolicy",
@@ -26,6 +27,7 @@ __all__ = [
     "ReplicaRouting",
     "RouteRule",
     "SaturationPolicy",
+    "SloLimitPolicy",
     "SloPolicy",
     "TenantPolicy",
     "TierPolicy",
@@ -33,6 +35,8 @@ __all__ = [
 ]
 
 BandMode = Literal["single", "strict", "weighted"]
+LimitMode = Literal["slo", "adaptive", "fixed"]
+"""How a pool sizes what it holds in flight (see :class:`PoolPolicy`)."""
 
 
 class _Model(BaseModel):
@@ -158,7 +162,8 @@ class TierPolicy(_Model):
         None,
         gt=0,
         description="Shed at arrival when the predicted wait exceeds it; expire queued jobs "
-        "that waited this long.",
+        "that waited this long.  Unset: the tier's SLO says it (slo.ttft_s, else "
+        "slo.e2e_s): a request waits only while it can still meet its objective.",
     )
     limits: BucketLimits | None = Field(None, description="A bucket shared by the whole tier.")
     slo: SloPolicy | None = Field(None, description="Latency objective, for reports and goodput.")
@@ -170,6 +175,18 @@ class TierPolicy(_Model):
         description="false: shadow mode for this tier (decisions computed and counted, "
         "every request passed through)",
     )
+
+    @property
+    def wait_bound_s(self) -> float | None:
+        """How long a job of this tier may wait in the queue: ``max_wait_s``, else the
+        SLO's ``ttft_s`` (a job that has waited that long has missed it), else its
+        ``e2e_s``; ``None`` when the tier states none of them (no bound in time)."""
+        if self.max_wait_s is not None:
+            return self.max_wait_s
+        slo = self.slo
+        if slo is None:
+            return None
+        return slo.ttft_s if slo.ttft_s is not None else slo.e2e_s
 
 
 class TenantPolicy(_Model):
@@ -254,6 +271,46 @@ class AdaptiveLimitPolicy(_Model):
         return self
 
 
+class SloLimitPolicy(_Model):
+    """The pool's limits in ``limit: slo`` mode, derived from the tiers' SLOs and what the
+    engines are measured to do (:mod:`velvetrope.core.tpot_limit`,
+    :mod:`velvetrope.core.headroom`).  The defaults are margins, not capacities: nothing
+    here depends on the model, the GPU or the traffic."""
+
+    tpot_share: float = Field(
+        0.8,
+        gt=0,
+        le=1,
+        description="In flight per engine up to where the measured TPOT reaches this share "
+        "of the tightest TPOT objective among the tiers running (the rest is the spread "
+        "of TPOT between the requests of one batch).",
+    )
+    half_life: float = Field(
+        200.0,
+        gt=0,
+        description="TPOT samples (completed streamed responses) after which an old "
+        "sample's weight in the fit has halved: how fast the limit follows a change.",
+    )
+    min_samples: int = Field(30, ge=2, description="Samples needed before the TPOT limit binds.")
+    min_spread: float = Field(
+        4.0,
+        gt=0,
+        description="Range of in-flight per engine the samples must span before the "
+        "TPOT limit binds (a line through one point says nothing of its slope).",
+    )
+    headroom_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="A job of a tier with a TTFT objective passes the engines' saturation "
+        "brake when the jobs an engine starts before it are started within this share of "
+        "its remaining TTFT (the rest covers its prefill and measurement error).",
+    )
+    start_window_s: float = Field(
+        5.0, gt=0, description="Window over which the engines' start rate is measured."
+    )
+
+
 ReplicaRouting = Literal["least_loaded", "prefix_affinity", "prefix_hash"]
 """How a pool picks the engine of each job (see :mod:`velvetrope.core.prefix_routing`)."""
 
@@ -308,18 +365,32 @@ class PrefixRoutingPolicy(_Model):
 class PoolPolicy(_Model):
     """A pool of upstreams and its capacity as the admission core sees it.
 
-    Capacity is either fixed for the pool (``max_in_flight``, ``max_tokens_in_flight``) or
-    given per engine (``*_per_engine``): then the pool's limit is that × its live engines
-    (healthy, breaker closed), so it follows the fleet as engines join and leave.  With
-    neither ``max_in_flight`` nor ``max_in_flight_per_engine`` the pool's in-flight limit is
-    adaptive (``adaptive``).
+    ``limit`` says how the pool sizes what it holds in flight.  ``slo`` (the default when
+    no fixed capacity is given): from the tiers' SLOs and the engines' measurements, with
+    ``max_in_flight`` (or ``*_per_engine``), when given, as a ceiling (``slo_limit``).
+    ``fixed``: exactly ``max_in_flight`` (the default when it is given, as before ``slo``
+    existed).  ``adaptive``: the knee of the throughput curve (``adaptive``; the default
+    when ``adaptive`` is configured and no fixed capacity is given).  A fixed capacity is
+    either for the pool (``max_in_flight``, ``max_tokens_in_flight``) or per engine
+    (``*_per_engine``): then it is that × the live engines (healthy, breaker closed), so
+    it follows the fleet as engines join and leave.
     """
 
     name: str = Field(min_length=1)
+    limit: LimitMode | None = Field(
+        None,
+        description="slo | fixed | adaptive; unset: fixed when max_in_flight or "
+        "max_in_flight_per_engine is given, adaptive when 'adaptive' is, else slo.",
+    )
+    slo_limit: SloLimitPolicy = Field(
+        default_factory=SloLimitPolicy,
+        description="The limits of 'limit: slo' (TPOT-derived in-flight, TTFT headroom).",
+    )
     max_in_flight: int | None = Field(
         None,
         ge=1,
-        description="Jobs dispatched and not yet finished; unset: the adaptive limit decides.",
+        description="Jobs dispatched and not yet finished: the limit with 'limit: fixed', a "
+        "ceiling with 'slo'; unset with 'slo': no ceiling but the engines' own.",
     )
     adaptive: AdaptiveLimitPolicy = Field(
         default_factory=AdaptiveLimitPolicy,
@@ -374,7 +445,26 @@ class PoolPolicy(_Model):
                 f"pool {self.name!r}: give max_tokens_in_flight or "
                 "max_tokens_in_flight_per_engine, not both"
             )
+        fixed = self.max_in_flight is not None or self.max_in_flight_per_engine is not None
+        if self.limit == "fixed" and not fixed:
+            raise ValueError(
+                f"pool {self.name!r}: limit 'fixed' needs max_in_flight or max_in_flight_per_engine"
+            )
+        if self.limit == "adaptive" and fixed:
+            raise ValueError(
+                f"pool {self.name!r}: limit 'adaptive' replaces max_in_flight; leave it out "
+                "(adaptive.ceiling bounds it)"
+            )
         return self
+
+    @property
+    def limit_mode(self) -> LimitMode:
+        """``limit``, or its default (see the class docstring)."""
+        if self.limit is not None:
+            return self.limit
+        if self.max_in_flight is not None or self.max_in_flight_per_engine is not None:
+            return "fixed"
+        return "adaptive" if "adaptive" in self.model_fields_set else "slo"
 
     @property
     def in_flight_ceiling(self) -> int:

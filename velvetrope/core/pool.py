@@ -9,12 +9,14 @@ from typing import Any, Final
 
 from velvetrope.core.capacity import PoolCapacity
 from velvetrope.core.estimate import DrainMeter
+from velvetrope.core.headroom import TierHeadroom
 from velvetrope.core.job import Job
 from velvetrope.core.lifecycle import Reason
 from velvetrope.core.limit import AdaptiveLimit
 from velvetrope.core.policy import PolicyConfig, PoolPolicy
 from velvetrope.core.saturation import EngineSaturation
 from velvetrope.core.scheduler import Scheduler
+from velvetrope.core.tpot_limit import TpotLimit
 
 __all__ = ["Pool"]
 
@@ -25,7 +27,7 @@ class Pool:
     """A pool's state; ``limit`` is the adaptive in-flight limit (``None`` with a fixed
     one), fed with every dispatched job; ``saturation`` the engines' rule, if enabled."""
 
-    __slots__ = ("capacity", "drain", "limit", "name", "saturation", "sched")
+    __slots__ = ("capacity", "drain", "limit", "name", "saturation", "sched", "tpot_limit")
 
     def __init__(
         self, p: PoolPolicy, config: PolicyConfig, weight: Callable[[str], float], now: float
@@ -42,15 +44,36 @@ class Pool:
         self.drain = DrainMeter(
             config.drain_ewma_alpha, config.drain_window_s, p.initial_drain_tokens_per_s
         )
-        fixed = p.max_in_flight is not None or p.max_in_flight_per_engine is not None
-        self.limit: AdaptiveLimit | None = None if fixed else AdaptiveLimit(p.adaptive, now)
-        if self.limit is not None:
+        mode = p.limit_mode
+        self.limit: AdaptiveLimit | None = None
+        if mode == "adaptive":
+            self.limit = AdaptiveLimit(p.adaptive, now)
             self.limit.attach(self.capacity)
+        self.tpot_limit: TpotLimit | None = None
+        if mode == "slo":
+            s = p.slo_limit
+            tl = self.tpot_limit = TpotLimit(
+                _objectives(config, "tpot_s"),
+                share=s.tpot_share,
+                half_life=s.half_life,
+                min_samples=s.min_samples,
+                min_spread=s.min_spread,
+            )
+            self.capacity.signals.append(tl)
+            self.capacity.listeners.append(tl.engines_changed)
+            tl.engines_changed(self.capacity.engines)
         self.saturation: EngineSaturation | None = None
         if config.saturation.enabled:
             rule = self.saturation = EngineSaturation.from_policy(p.name, config.saturation)
             self.capacity.signals.append(rule)
             self.capacity.trackers.append(rule)
+            if mode == "slo":
+                rule.headroom = TierHeadroom(
+                    _objectives(config, "ttft_s"),
+                    ordered=p.engine_priority,
+                    share=p.slo_limit.headroom_share,
+                    window_s=p.slo_limit.start_window_s,
+                )
 
     def retake(self, p: PoolPolicy, config: PolicyConfig) -> None:
         """Take a reloaded policy's limits and tiers; the queue, counters, drain rate,
@@ -63,6 +86,37 @@ class Pool:
             p.max_tokens_in_flight_per_engine,
         )
         self.sched.retier(config)
+        if self.tpot_limit is not None:
+            self.tpot_limit.retarget(_objectives(config, "tpot_s"))
+        sat = self.saturation
+        if sat is not None and sat.headroom is not None:
+            sat.headroom.retarget(_objectives(config, "ttft_s"))
+
+    def started(self, job: Job, now: float) -> None:
+        """``job`` was dispatched from this pool at ``now`` (its limits count it)."""
+        if self.limit is not None:
+            self.limit.started(job, now)
+        if self.tpot_limit is not None:
+            self.tpot_limit.started(job, now)
+
+    def ended(self, job: Job, now: float, output_tokens: int, completed: bool) -> None:
+        """``job``, dispatched from this pool, ended at ``now`` (any outcome; ``completed``
+        with ``output_tokens``): its limits let it go and take it as a sample."""
+        if self.limit is not None:
+            self.limit.ended(job, now)
+        if self.tpot_limit is not None:
+            self.tpot_limit.ended(job, now, output_tokens, completed)
+
+    def first_token(self, job: Job, now: float) -> None:
+        """``job``, dispatched from this pool, produced its first token at ``now``: the
+        limits that measure it hear of it (the TPOT limit only of streamed responses,
+        whose first token is the engine's)."""
+        if self.limit is not None:
+            self.limit.first_token(job, now)
+        if self.saturation is not None:
+            self.saturation.first_token(job, now)
+        if self.tpot_limit is not None and job.streamed:
+            self.tpot_limit.first_token(job, now)
 
     def retry_s(self, tokens: float) -> float:
         """``Retry-After`` for a job shed behind ``tokens`` of work: their predicted drain,
@@ -118,3 +172,8 @@ class Pool:
             "engines": cap.engines,
             "drain_tokens_per_s": self.drain.rate,
         }
+
+
+def _objectives(config: PolicyConfig, field: str) -> dict[str, float | None]:
+    """Each tier's ``slo.<field>`` (``None`` where the tier states none)."""
+    return {t.name: None if t.slo is None else getattr(t.slo, field) for t in config.tiers}

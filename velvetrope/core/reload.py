@@ -12,10 +12,11 @@ A setting whose state would have to be thrown away or rebuilt is refused instead
 :func:`restart_needed`: the estimator (the predictor's state is built for it), the
 saturation rule's settings, the queue's structure (``bands``, ``fairness``, ``ordering``
 and their parameters: the queued jobs' keys were computed with them), the drain meter's
-smoothing, and a pool's switch between a fixed and an adaptive limit or a change of its
-adaptive settings.  A pool that disappears from the policy keeps its jobs in flight; its
-queued jobs, and those of a removed tenant or tier, are rejected with
-:attr:`~velvetrope.core.lifecycle.Reason.REMOVED_BY_RELOAD` (:func:`orphaned`).
+smoothing, and a pool's switch of ``limit`` mode or a change of its adaptive or
+``slo_limit`` settings (``engine_priority`` too, in ``slo`` mode).  A pool that disappears
+from the policy keeps its jobs in flight; its queued jobs, and those of a removed tenant or
+tier, are rejected with :attr:`~velvetrope.core.lifecycle.Reason.REMOVED_BY_RELOAD`
+(:func:`orphaned`).
 """
 
 from __future__ import annotations
@@ -46,17 +47,15 @@ def restart_needed(old: PolicyConfig, new: PolicyConfig) -> list[str]:
         was = before.get(p.name)
         if was is None:
             continue
-        if _adaptive(was.max_in_flight, was.max_in_flight_per_engine) != _adaptive(
-            p.max_in_flight, p.max_in_flight_per_engine
-        ):
-            out.append(f"pool {p.name!r}: a switch between a fixed and an adaptive limit")
-        elif was.adaptive != p.adaptive:
+        if was.limit_mode != p.limit_mode:
+            out.append(f"pool {p.name!r}: a switch of limit ({was.limit_mode} -> {p.limit_mode})")
+        elif was.limit_mode == "adaptive" and was.adaptive != p.adaptive:
             out.append(f"pool {p.name!r}: adaptive")
+        elif was.limit_mode == "slo" and (
+            was.slo_limit != p.slo_limit or was.engine_priority != p.engine_priority
+        ):
+            out.append(f"pool {p.name!r}: slo_limit / engine_priority")
     return out
-
-
-def _adaptive(max_in_flight: int | None, per_engine: int | None) -> bool:
-    return max_in_flight is None and per_engine is None
 
 
 def orphaned(

@@ -107,7 +107,7 @@ class Router:
         ]
         self._default = config.pools[0].name
         self._degrade = [t.degrade for t in config.tiers]
-        self._max_wait = [t.max_wait_s for t in config.tiers]
+        self._max_wait = [t.wait_bound_s for t in config.tiers]
 
     def match(self, job: Job) -> tuple[str, str]:
         """``(pool, reason code)`` for a sized ``job``: the first rule it matches, else the

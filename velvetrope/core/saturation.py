@@ -66,6 +66,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from velvetrope.core.headroom import TierHeadroom
 from velvetrope.core.job import Job
 from velvetrope.core.policy import SaturationPolicy
 
@@ -122,6 +123,8 @@ class EngineSaturation:
         self._live_ids: list[str] = []
         self._where: dict[str, str | None] = {}
         self._pending = 0
+        self.headroom: TierHeadroom | None = None
+        """Lets jobs with a TTFT objective past the brake (:mod:`velvetrope.core.headroom`)."""
 
     @classmethod
     def from_policy(cls, pool: str, policy: SaturationPolicy) -> EngineSaturation:
@@ -174,6 +177,13 @@ class EngineSaturation:
         """``job`` was dispatched from the pool: pending until :meth:`sent` or its end."""
         self._where[job.id] = None
         self._pending += 1
+        if self.headroom is not None:
+            self.headroom.started(job, now)
+
+    def first_token(self, job: Job, now: float) -> None:
+        """``job`` produced its first token (the headroom rule measures starts)."""
+        if self.headroom is not None:
+            self.headroom.first_token(job, now)
 
     def sent(self, job_id: str, engine: str) -> None:
         """Job ``job_id`` was handed to ``engine`` (again, to another, on a retry).  Ignored
@@ -191,6 +201,8 @@ class EngineSaturation:
 
     def ended(self, job: Job, now: float) -> None:
         """``job`` reached its terminal state: release it from wherever it was counted."""
+        if self.headroom is not None:
+            self.headroom.ended(job, now)
         prev = self._where.pop(job.id, _ABSENT)
         if prev is _ABSENT:
             return
@@ -236,8 +248,12 @@ class EngineSaturation:
         return total - self._pending
 
     def admits(self, job: Job, in_flight: int, tokens_in_flight: int, now: float) -> bool:
-        """True unless the pool's live engines are saturated (counts it in ``holds``)."""
+        """True unless the pool's live engines are saturated and ``job`` gets no headroom
+        (:mod:`velvetrope.core.headroom`); a hold counts in ``holds``."""
         if self.room(now) >= 1.0:
+            return True
+        h = self.headroom
+        if h is not None and h.admits(job, now):
             return True
         self.holds += 1
         return False

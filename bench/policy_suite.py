@@ -1,0 +1,245 @@
+"""The shipped config against the engines' own schedulers, on workloads nobody tuned for.
+
+Each workload is a trace window (Azure 2023 conversation or code, Mooncake conversation)
+with tenants on the example config's three tiers, compressed to an overload of two
+``llama3-8b-a100`` engines' derived capacity at the demo's speed (3×), in the simulator:
+the gateway's own ``AdmissionController`` on the engine model.  Three runs per workload:
+
+* **fcfs**: the engines alone, round-robin, vLLM's FCFS scheduler;
+* **prio**: the engines alone, round-robin, vLLM's priority scheduler with the tier's index
+  as each request's ``priority`` (what a user tries first);
+* **gateway**: ``velvetrope/data/examples/gateway.yaml`` unchanged except, on the
+  tight-TPOT workloads, the tiers' SLOs (an operator's statement, not a tuning knob); the
+  engines in priority mode when the config forwards the tier (``pools[].engine_priority``).
+
+Counted at the bound (window + 12 s drain) with study (n)'s ``measure``: *in SLO* per tier;
+*wasted tokens* = output generated for requests dispatched before the window ended that
+never completed (those dispatched during the drain are cut by the bound, not by policy, and
+are reported apart); *TPOT SLO violations* = completed requests of a tier with a TPOT SLO
+whose TPOT exceeded it.
+
+Ends with one line::
+
+    policy: workloads=N tiers_at_or_above=K/M total_ratio_min=a total_ratio_mean=b \
+wasted_tokens=w tpot_slo_violations=v
+
+where K counts tier × workload pairs in which the gateway is at or above the priority run,
+the ratios are the gateway's total in SLO over the priority run's, and w and v are the
+gateway's.  The aim (issue 39): K = M, a ≥ 1.0, b ≥ 1.15, w = 0, v = 0.
+
+Run: ``.venv/bin/python bench/policy_suite.py`` (``--only NAME`` for one workload,
+``--config PATH`` to measure another config).  About two minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from experiments.n_engine_priority.run import (  # noqa: E402
+    Result,
+    at_speed,
+    measure,
+)
+from velvetrope.core import PolicyConfig  # noqa: E402
+from velvetrope.core.policy import SloPolicy  # noqa: E402
+from velvetrope.demo.settings import DEFAULT_CONFIG, DemoSettings, read_config  # noqa: E402
+from velvetrope.demo.workload import build_workload  # noqa: E402
+from velvetrope.engine import load_profile  # noqa: E402
+from velvetrope.sim.loop import run_simulation  # noqa: E402
+from velvetrope.sim.metrics import JobRecords  # noqa: E402
+
+ENGINES = 2
+DRAIN_S = 12.0
+TIGHT_TPOT_S = 0.05
+"""The tight SLO set: interactive and standard TPOT at 50 ms (the demo's engines decode at
+~15 ms per token alone and ~50 ms in a full batch)."""
+MIX_DEFAULT = "acme:interactive:0.2,globex:standard:0.3,initech:batch:0.5"
+MIX_INTERACTIVE = "acme:interactive:0.4,globex:standard:0.4,initech:batch:0.2"
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    trace: str
+    start_s: float
+    overload: float
+    window_s: float = 30.0
+    mix: str = MIX_DEFAULT
+    seed: int = 7
+    tight_tpot: bool = False
+
+
+WORKLOADS: tuple[Workload, ...] = (
+    Workload("conv-2.0", "azure_conv", 600, 2.0, window_s=20.0),
+    Workload("conv-1.2", "azure_conv", 1800, 1.2, seed=11),
+    Workload("conv-3.0", "azure_conv", 0, 3.0, window_s=20.0, seed=13),
+    Workload("code-1.5", "azure_code", 300, 1.5, seed=17),
+    Workload("mooncake-1.5", "mooncake_conv", 0, 1.5, seed=19),
+    Workload("interactive-heavy-2.0", "azure_conv", 1200, 2.0, mix=MIX_INTERACTIVE, seed=23),
+    Workload("tight-tpot-conv-1.5", "azure_conv", 300, 1.5, seed=29, tight_tpot=True),
+    Workload(
+        "tight-tpot-code-2.5",
+        "azure_code",
+        900,
+        2.5,
+        mix=MIX_INTERACTIVE,
+        seed=31,
+        tight_tpot=True,
+    ),
+)
+TIERS = ("interactive", "standard", "batch")
+
+
+def _policy_mapping(path: Path) -> dict[str, Any]:
+    policy: dict[str, Any] = read_config(path)["policy"]
+    return policy
+
+
+def _tighten(policy: dict[str, Any]) -> dict[str, Any]:
+    """The tight SLO set: every tier that states a TTFT also states a 50 ms TPOT."""
+    tiers = []
+    for t in policy["tiers"]:
+        t = dict(t)
+        slo = dict(t.get("slo") or {})
+        if "ttft_s" in slo:
+            slo["tpot_s"] = TIGHT_TPOT_S
+        t["slo"] = slo
+        tiers.append(t)
+    return {**policy, "tiers": tiers}
+
+
+def engines_alone(policy: Mapping[str, Any], priority: bool) -> PolicyConfig:
+    """No admission: every request goes to an engine at once; the tiers only for the SLOs
+    and, with ``priority``, as the engine's priority."""
+    tiers = [{"name": t["name"], "slo": t.get("slo")} for t in policy["tiers"]]
+    return PolicyConfig.model_validate(
+        {
+            "preset": "fifo",
+            "queue": {"max_queued": 10**9},
+            "tiers": tiers,
+            "tenants": [{"name": t["name"], "tier": t["tier"]} for t in policy["tenants"]],
+            "pools": [{"name": "default", "max_in_flight": 10**9, "engine_priority": priority}],
+            "saturation": {"enabled": False},
+        }
+    )
+
+
+@dataclass(frozen=True)
+class Run:
+    result: Result
+    tpot_violations: int
+
+
+def tpot_violations(rec: JobRecords, slos: Mapping[str, SloPolicy], bound: float) -> int:
+    done = rec.completed & (rec.end <= bound)
+    tpot = rec.tpot()
+    n = 0
+    for name, slo in slos.items():
+        if slo.tpot_s is None:
+            continue
+        sel = done & (rec.tier == name) & ~np.isnan(tpot)
+        n += int((tpot[sel] > slo.tpot_s).sum())
+    return n
+
+
+def run(w: Workload, config: Path) -> dict[str, Run]:
+    s = DemoSettings(
+        live=False,
+        trace=w.trace,
+        trace_start_s=w.start_s,
+        overload=w.overload,
+        window_s=w.window_s,
+        mix=w.mix,
+        seed=w.seed,
+    )
+    requests = build_workload(s).requests
+    profile = at_speed(load_profile(s.profile), s.speed)
+    mapping = _policy_mapping(config)
+    if w.tight_tpot:
+        mapping = _tighten(mapping)
+    gateway = PolicyConfig.model_validate(mapping)
+    forwards = any(p.engine_priority for p in gateway.pools)
+    cases = {
+        "fcfs": (engines_alone(mapping, False), "fcfs", "round_robin"),
+        "prio": (engines_alone(mapping, True), "priority", "round_robin"),
+        "gateway": (gateway, "priority" if forwards else "fcfs", "least_loaded"),
+    }
+    slos = {t.name: t.slo for t in gateway.tiers if t.slo is not None}
+    bound = w.window_s + DRAIN_S
+    out: dict[str, Run] = {}
+    for key, (policy, scheduling, router) in cases.items():
+        res = run_simulation(
+            policy,
+            requests,
+            ENGINES,
+            profile,
+            router=router,
+            seed=w.seed,
+            label=key,
+            engine_scheduling=scheduling,
+        )
+        out[key] = Run(
+            measure(key, res, slos, bound, w.window_s),
+            tpot_violations(res.records, slos, bound),
+        )
+    return out
+
+
+def _tiers(r: Result) -> str:
+    return " ".join(f"{t[:5]} {r.tiers[t].in_slo:>4}/{r.tiers[t].offered:<4}" for t in TIERS)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    ap.add_argument("--only", action="append", default=[], help="run only this workload")
+    args = ap.parse_args()
+    chosen = [w for w in WORKLOADS if not args.only or w.name in args.only]
+    at_or_above = pairs = 0
+    ratios: list[float] = []
+    wasted = violations = 0
+    t0 = time.perf_counter()
+    for w in chosen:
+        runs = run(w, args.config)
+        g, p = runs["gateway"].result, runs["prio"].result
+        print(f"{w.name}  ({w.trace} from {w.start_s:g} s, {w.overload:g}×, {w.window_s:g} s)")
+        for key in ("fcfs", "prio", "gateway"):
+            r = runs[key]
+            x = r.result
+            print(
+                f"  {key:8} in SLO {x.in_slo:>5}  {_tiers(x)}  wasted {x.wasted_tokens:>6} "
+                f"(drain {x.wasted_late:>5})  TPOT p99 {1000 * x.tpot_p99:5.0f} ms  "
+                f"TPOT>SLO {r.tpot_violations}"
+            )
+        marks = []
+        for t in TIERS:
+            pairs += 1
+            ok = g.tiers[t].in_slo >= p.tiers[t].in_slo
+            at_or_above += ok
+            marks.append(f"{t} {g.tiers[t].in_slo}/{p.tiers[t].in_slo}{'' if ok else ' (below)'}")
+        ratios.append(g.in_slo / p.in_slo if p.in_slo else math.inf)
+        wasted += g.wasted_tokens - g.wasted_late
+        violations += runs["gateway"].tpot_violations
+        print(f"  gateway/prio: total {ratios[-1]:.3f}; " + ", ".join(marks))
+    print(f"({time.perf_counter() - t0:.0f} s)")
+    print(
+        f"policy: workloads={len(chosen)} tiers_at_or_above={at_or_above}/{pairs} "
+        f"total_ratio_min={min(ratios):.3f} total_ratio_mean={sum(ratios) / len(ratios):.3f} "
+        f"wasted_tokens={wasted} tpot_slo_violations={violations}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,122 @@
+"""Headroom for tiers with a TTFT objective: dispatch past the saturation brake when the job
+will still start within its own TTFT.
+
+The saturation rule (:mod:`velvetrope.core.saturation`) holds every dispatch while the
+engines queue more than ``max_waiting`` requests of their own: the gateway keeps the backlog
+where it can order, shed and cancel it.  For a job whose tier has a TTFT objective that brake
+can cost the objective: the engines would start it within its TTFT, but the gateway waits for
+a reading that shows room.  :class:`TierHeadroom` is the exception, asked only when the rule
+holds (:meth:`~velvetrope.core.saturation.EngineSaturation.admits`):
+
+* it counts, per band, the jobs dispatched from the pool that have not produced their first
+  token yet (they wait in an engine or are in prefill), and measures the rate at which the
+  pool's jobs reach their first token (the engines' *start rate*, over ``window_s``);
+* a job may go now when the jobs an engine will start before it, plus itself, are started
+  within ``share`` of the TTFT it has left: ``(ahead + 1) / start_rate ≤ share × (arrival +
+  ttft − now)``.  When the engines order their own queue by the tier (``ordered``: the
+  tier is forwarded as the engine's ``priority``, :mod:`velvetrope.core.engine_priority`)
+  only jobs of the same or a higher band are ahead of it; otherwise every job not yet
+  started is.  ``share`` (default ½) leaves the rest of the budget to prefill and to
+  measurement error.
+
+A tier without a TTFT objective never passes the brake (its objective, if any, is end to end
+and waiting in the gateway's queue costs it nothing the engines' queue would not).  Before a
+first token has been seen the start rate is unknown and nothing passes: the saturation
+rule's slow start decides.  Everything is counted from the controller's events (started,
+first token, ended: exactly once each), so nothing can leak.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from typing import Final
+
+from velvetrope.core.job import Job
+
+__all__ = ["TierHeadroom"]
+
+_DEFAULT_SHARE: Final = 0.5
+_DEFAULT_WINDOW_S: Final = 5.0
+
+
+class TierHeadroom:
+    """The headroom rule of one pool; see the module docstring."""
+
+    __slots__ = ("_firsts", "_waiting", "_where", "ordered", "passes", "share", "ttft", "window_s")
+
+    def __init__(
+        self,
+        ttft_by_tier: Mapping[str, float | None],
+        *,
+        ordered: bool,
+        share: float = _DEFAULT_SHARE,
+        window_s: float = _DEFAULT_WINDOW_S,
+    ) -> None:
+        self.ttft = {k: v for k, v in ttft_by_tier.items() if v is not None}
+        self.ordered = ordered
+        self.share = share
+        self.window_s = window_s
+        self.passes = 0
+        """Dispatches let past the saturation brake (cumulative)."""
+        self._waiting: dict[int, int] = {}
+        self._where: dict[str, int] = {}
+        self._firsts: deque[float] = deque()
+
+    def retarget(self, ttft_by_tier: Mapping[str, float | None]) -> None:
+        """Take the tiers' TTFT objectives of a reloaded policy (counts are kept)."""
+        self.ttft = {k: v for k, v in ttft_by_tier.items() if v is not None}
+
+    # -- events ------------------------------------------------------------------------
+
+    def started(self, job: Job, now: float) -> None:
+        """``job`` was dispatched: it waits for its first token in its band."""
+        band = job.band
+        self._where[job.id] = band
+        self._waiting[band] = self._waiting.get(band, 0) + 1
+
+    def first_token(self, job: Job, now: float) -> None:
+        """``job`` produced its first token: it has started; one more start measured."""
+        band = self._where.pop(job.id, None)
+        if band is not None:
+            self._waiting[band] -= 1
+        self._firsts.append(now)
+
+    def ended(self, job: Job, now: float) -> None:
+        """``job`` ended (any outcome); if it never produced a token it stops waiting."""
+        band = self._where.pop(job.id, None)
+        if band is not None:
+            self._waiting[band] -= 1
+
+    # -- the rule ----------------------------------------------------------------------
+
+    def start_rate(self, now: float) -> float:
+        """First tokens per second over the last ``window_s`` (0 before any)."""
+        firsts = self._firsts
+        cut = now - self.window_s
+        while firsts and firsts[0] < cut:
+            firsts.popleft()
+        if not firsts:
+            return 0.0
+        return len(firsts) / self.window_s
+
+    def ahead(self, band: int) -> int:
+        """Dispatched jobs not yet started that an engine starts before a new job of
+        ``band``."""
+        if not self.ordered:
+            return sum(self._waiting.values())
+        return sum(n for b, n in self._waiting.items() if b <= band)
+
+    def admits(self, job: Job, now: float) -> bool:
+        """Whether ``job`` may pass the saturation brake (counts it in ``passes``)."""
+        ttft = self.ttft.get(job.tier)
+        if ttft is None:
+            return False
+        rate = self.start_rate(now)
+        if rate <= 0.0:
+            return False
+        left = job.arrival + ttft - now
+        if (self.ahead(job.band) + 1) / rate > self.share * left:
+            return False
+        self.passes += 1
+        return True
