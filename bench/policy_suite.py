@@ -140,6 +140,29 @@ def engines_alone(policy: Mapping[str, Any], priority: bool) -> PolicyConfig:
 class Run:
     result: Result
     tpot_violations: int
+    hopeless_tokens: int
+    """Of the wasted tokens (dispatched before the window ended, not finished by the
+    bound), those of requests that could no longer meet their SLO at the bound: the first
+    token after the TTFT objective (or none yet, past it), or the bound past the e2e
+    objective.  The rest would have completed within their SLO after the bound."""
+
+
+def hopeless_tokens(
+    rec: JobRecords, slos: Mapping[str, SloPolicy], bound: float, window: float
+) -> int:
+    open_ = (rec.dispatched < window) & ~(rec.end <= bound)
+    lost = np.zeros(rec.arrival.shape, dtype=bool)
+    for name, slo in slos.items():
+        sel = open_ & (rec.tier == name)
+        if slo.ttft_s is not None:
+            late_first = np.where(rec.first_token <= bound, rec.first_token, bound)
+            lost |= sel & (late_first - rec.arrival > slo.ttft_s)
+        if slo.e2e_s is not None:
+            lost |= sel & (bound - rec.arrival > slo.e2e_s)
+    started = lost & (rec.first_token <= bound)
+    first, end, out = rec.first_token[started], rec.end[started], rec.output[started]
+    frac = np.where(end > first, (bound - first) / np.maximum(end - first, 1e-12), 1.0)
+    return int(np.floor(1 + (out - 1) * np.clip(frac, 0.0, 1.0)).sum())
 
 
 def tpot_violations(rec: JobRecords, slos: Mapping[str, SloPolicy], bound: float) -> int:
@@ -193,6 +216,7 @@ def run(w: Workload, config: Path) -> dict[str, Run]:
         out[key] = Run(
             measure(key, res, slos, bound, w.window_s),
             tpot_violations(res.records, slos, bound),
+            hopeless_tokens(res.records, slos, bound, w.window_s),
         )
     return out
 
@@ -209,7 +233,7 @@ def main() -> None:
     chosen = [w for w in WORKLOADS if not args.only or w.name in args.only]
     at_or_above = pairs = 0
     ratios: list[float] = []
-    wasted = violations = 0
+    wasted = violations = hopeless = 0
     t0 = time.perf_counter()
     for w in chosen:
         runs = run(w, args.config)
@@ -220,8 +244,8 @@ def main() -> None:
             x = r.result
             print(
                 f"  {key:8} in SLO {x.in_slo:>5}  {_tiers(x)}  wasted {x.wasted_tokens:>6} "
-                f"(drain {x.wasted_late:>5})  TPOT p99 {1000 * x.tpot_p99:5.0f} ms  "
-                f"TPOT>SLO {r.tpot_violations}"
+                f"(drain {x.wasted_late:>5}, hopeless {r.hopeless_tokens:>6})  "
+                f"TPOT p99 {1000 * x.tpot_p99:5.0f} ms  TPOT>SLO {r.tpot_violations}"
             )
         marks = []
         for t in TIERS:
@@ -232,12 +256,13 @@ def main() -> None:
         ratios.append(g.in_slo / p.in_slo if p.in_slo else math.inf)
         wasted += g.wasted_tokens - g.wasted_late
         violations += runs["gateway"].tpot_violations
+        hopeless += runs["gateway"].hopeless_tokens
         print(f"  gateway/prio: total {ratios[-1]:.3f}; " + ", ".join(marks))
     print(f"({time.perf_counter() - t0:.0f} s)")
     print(
         f"policy: workloads={len(chosen)} tiers_at_or_above={at_or_above}/{pairs} "
         f"total_ratio_min={min(ratios):.3f} total_ratio_mean={sum(ratios) / len(ratios):.3f} "
-        f"wasted_tokens={wasted} tpot_slo_violations={violations}"
+        f"wasted_tokens={wasted} tpot_slo_violations={violations} hopeless_tokens={hopeless}"
     )
 
 

@@ -24,9 +24,12 @@ whose batcher implements vLLM's ``fcfs`` and ``priority`` policies):
   capacity on its mix for a 60 s window, 12 s drain.
 
 Runs: the engines alone (round-robin, as the demo's direct run), FCFS and in priority mode
-with the tier's index as each request's ``priority``; the gateway with
-``examples/gateway.yaml``'s policy (hybrid, 48 slots per engine, saturation rule, shedding
-at ``max_wait_s``); and the gateway's levers: the tier forwarded as the engine's priority
+with the tier's index as each request's ``priority``; the gateway with the example
+config's policy as it was before issue 39 (``gateway_before_39.yaml`` here: hybrid, 48
+slots per engine, saturation rule, shedding at ``max_wait_s``); the gateway with
+``examples/gateway.yaml`` as shipped now (``limit: slo``: limits, queue bounds and headroom
+from the tiers' SLOs; ``bench/policy_suite.py`` measures it on eight more workloads); and
+the levers tried on the earlier config: the tier forwarded as the engine's priority
 (``pools[].engine_priority``), the adaptive in-flight limit instead of the fixed 48 per
 engine, less eager shedding for the standard tier, more in flight per engine, a few
 requests queued in each engine (``saturation.max_waiting``) and a larger band weight for
@@ -57,7 +60,7 @@ from matplotlib.figure import Figure
 
 from experiments.common import UNBOUNDED, Progress, Report, f1, f2, pctl, save_plot
 from velvetrope.core import PolicyConfig
-from velvetrope.core.policy import SloPolicy
+from velvetrope.core.policy import SloPolicy, TierPolicy
 from velvetrope.demo.settings import DEFAULT_CONFIG, DemoSettings, read_config
 from velvetrope.demo.workload import build_workload
 from velvetrope.engine import EngineProfile, load_profile
@@ -85,6 +88,9 @@ DRAIN_S = 12.0
 SEED = 7
 SHED_X = 2.0
 """Less eager shedding: the standard tier's ``max_wait_s`` × this."""
+OLD_PER_ENGINE = 48
+"""The in-flight slots per engine of the example config before ``limit: slo`` (issue 39):
+where the adaptive limit starts."""
 
 
 def at_speed(profile: EngineProfile, k: float) -> EngineProfile:
@@ -100,10 +106,19 @@ def at_speed(profile: EngineProfile, k: float) -> EngineProfile:
 # --------------------------------------------------------------------------- policies
 
 
+BEFORE = OUT / "gateway_before_39.yaml"
+"""The example config this study was written for (fixed slots, bounds in counts)."""
+
+
 def base_policy() -> dict[str, Any]:
-    """``examples/gateway.yaml``'s policy (a deep copy of the mapping)."""
-    policy: dict[str, Any] = read_config(DEFAULT_CONFIG)["policy"]
+    """The policy of the example config before issue 39 (:data:`BEFORE`; a deep copy)."""
+    policy: dict[str, Any] = read_config(BEFORE)["policy"]
     return PolicyConfig.model_validate(policy).model_dump(exclude_unset=True)
+
+
+def shipped() -> PolicyConfig:
+    """The policy of ``examples/gateway.yaml`` as shipped now (``limit: slo``)."""
+    return PolicyConfig.model_validate(read_config(DEFAULT_CONFIG)["policy"])
 
 
 def engines_only(engine_priority: bool) -> PolicyConfig:
@@ -142,16 +157,17 @@ def gateway(
     pool = dict(base["pools"][0])
     pool["engine_priority"] = engine_priority
     if adaptive:
-        slots = pool.pop("max_in_flight")
-        pool["adaptive"] = {"initial": slots / ENGINES}
+        pool.pop("max_in_flight", None)
+        pool["adaptive"] = {"initial": OLD_PER_ENGINE}
     elif per_engine is not None:
         pool["max_in_flight"] = per_engine * ENGINES
+        pool["limit"] = "fixed"
     base["pools"] = [pool]
     tiers = []
     for t in base["tiers"]:
         t = dict(t)
         if t["name"] == "standard":
-            t["max_wait_s"] = t["max_wait_s"] * shed_x
+            t["max_wait_s"] = TierPolicy.model_validate(t).wait_bound_s * shed_x
             if standard_weight is not None:
                 t["weight"] = standard_weight
         tiers.append(t)
@@ -192,7 +208,7 @@ CASES: tuple[Case, ...] = (
         "priority",
         "round_robin",
     ),
-    Case("gw", "gateway (examples/gateway.yaml)", lambda: gateway(), "fcfs"),
+    Case("gw", "gateway (the example before issue 39)", lambda: gateway(), "fcfs"),
     Case(
         "gw+prio",
         "gateway + tier as engine priority",
@@ -242,6 +258,7 @@ CASES: tuple[Case, ...] = (
         lambda: _wide(False, 6.0),
         "fcfs",
     ),
+    Case("gw-slo", "gateway (examples/gateway.yaml now: limit: slo)", shipped, "priority"),
 )
 GATEWAY_CASES = tuple(c.key for c in CASES if c.key.startswith("gw"))
 
@@ -445,7 +462,7 @@ def write(scenarios: Sequence[Scenario], results: Mapping[str, Mapping[str, Resu
     met_any = {}
     for sc in scenarios:
         res = results[sc.name]
-        ep, gw = res["eprio"], res["gw"]
+        ep, gw, now = res["eprio"], res["gw"], res["gw-slo"]
         met = [k for k in GATEWAY_CASES if aim_met(res[k], ep, tpot_bound)]
         met_any[sc.name] = met
         best = max(
@@ -480,13 +497,16 @@ def write(scenarios: Sequence[Scenario], results: Mapping[str, Mapping[str, Resu
             f"({tiers_line(ep)}), {ep.wasted_tokens:,} tokens generated for "
             f"{ep.wasted_requests:,} requests that never completed, TPOT p50/p99 "
             f"{1000 * ep.tpot_p50:.0f}/{1000 * ep.tpot_p99:.0f} ms, "
-            f"{ep.preemptions:,} preemptions; the gateway as configured {gw.in_slo:,} "
-            f"({tiers_line(gw)}), {gw.wasted_tokens:,} tokens wasted ({gw.wasted_late:,} on "
-            "requests dispatched after the window), TPOT "
-            f"{1000 * gw.tpot_p50:.0f}/{1000 * gw.tpot_p99:.0f} ms. "
+            f"{ep.preemptions:,} preemptions; the gateway with the earlier example config "
+            f"{gw.in_slo:,} ({tiers_line(gw)}), {gw.wasted_tokens:,} tokens wasted "
+            f"({gw.wasted_late:,} on requests dispatched after the window), TPOT "
+            f"{1000 * gw.tpot_p50:.0f}/{1000 * gw.tpot_p99:.0f} ms; with the example as "
+            f"shipped now (limit: slo) {now.in_slo:,} ({tiers_line(now)}), "
+            f"{now.wasted_tokens:,} tokens wasted ({now.wasted_late:,} after the window), "
+            f"TPOT {1000 * now.tpot_p50:.0f}/{1000 * now.tpot_p99:.0f} ms. "
             + (
                 f"Aim **met** by {len(met)} of {len(GATEWAY_CASES)} gateway variants, the "
-                f"configured one included: e.g. {LABEL[best]}: {b.in_slo:,} ({tiers_line(b)}), "
+                f"earlier example included: e.g. {LABEL[best]}: {b.in_slo:,} ({tiers_line(b)}), "
                 f"0 wasted, TPOT {1000 * b.tpot_p50:.0f}/{1000 * b.tpot_p99:.0f} ms."
                 if met and "gw" in met
                 else f"Aim **met** by {', '.join(LABEL[k] for k in met)}."
@@ -541,11 +561,11 @@ def write(scenarios: Sequence[Scenario], results: Mapping[str, Mapping[str, Resu
             "each request's `priority` through the same rule the gateway uses "
             "(`pools[].engine_priority`, `velvetrope/core/engine_priority.py`).",
             "Engines: `llama3-8b-a100` at the demo's speed 3 (coefficients / 3), "
-            "max_num_seqs 512. SLOs from `examples/gateway.yaml`: interactive TTFT ≤ 1 s and "
+            "max_num_seqs 512. SLOs from the example config: interactive TTFT ≤ 1 s and "
             "TPOT ≤ 0.1 s, standard TTFT ≤ 5 s, batch e2e ≤ 120 s (longer than the bound: "
             "any completion by the bound counts).",
-            "Levers tried (each an opt-in setting; the example config and every default are "
-            "unchanged): `engine_priority: true` (the tier as the engine's priority, engines "
+            "Levers tried on the earlier example config (each one setting changed): "
+            "`engine_priority: true` (the tier as the engine's priority, engines "
             "in priority mode); the adaptive limit (the pool's `max_in_flight` removed, "
             "started at the example's 48 per engine); the standard tier's `max_wait_s` × "
             f"{SHED_X:g} (5 → {5 * SHED_X:g} s: less eager shedding); {WIDE} slots per "
@@ -554,6 +574,11 @@ def write(scenarios: Sequence[Scenario], results: Mapping[str, Mapping[str, Resu
             "queue a few requests of its own, which its priority scheduler orders; the "
             "example: 2); the standard tier's band weight 4 or 6 (the example: 2; "
             "interactive 10, batch 1).",
+            "The example config as shipped now (`limit: slo`, engines in priority mode): no "
+            "slot count, queue bounds in time from each tier's SLO, the in-flight limit from "
+            "the measured TPOT against the TPOT objectives, and headroom past the "
+            "saturation brake for tiers with a TTFT objective "
+            "(`velvetrope/core/tpot_limit.py`, `velvetrope/core/headroom.py`).",
             "Never completed: dispatched to an engine and not finished by the bound; the "
             "column splits off those dispatched after the window (during the drain), which "
             "any system that keeps dispatching until the bound has: they would complete if "
@@ -645,10 +670,10 @@ def write(scenarios: Sequence[Scenario], results: Mapping[str, Mapping[str, Resu
             "no admission the engines run hundreds of sequences at once, every decode step "
             "is longer, and batch work that will never finish by the bound is started, "
             "generated and cut — the tokens in the 'never completed' column.",
-            "The gateway keeps the engines at a batch size where decode stays fast and "
-            "refuses at arrival what it predicts cannot meet its tier's wait bound; with the "
-            "example's settings its cost is the standard requests it turns away (expired in "
-            "the queue or predicted to wait past 5 s) that an unlimited engine still served "
+            "The earlier gateway config keeps the engines at a batch size where decode stays "
+            "fast and refuses at arrival what it predicts cannot meet its tier's wait bound; "
+            "its cost is the standard requests it turns away (expired in the queue or "
+            "predicted to wait past 5 s) that an unlimited engine still served "
             "within 5 s, because the unlimited engine's throughput is higher (a batch of "
             "hundreds) at four times the per-token latency.",
             "Less eager shedding alone makes it worse: the standard requests it keeps wait "

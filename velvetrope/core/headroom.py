@@ -1,5 +1,6 @@
-"""Headroom for tiers with a TTFT objective: dispatch past the saturation brake when the job
-will still start within its own TTFT.
+"""Headroom for tiers with a TTFT objective: a higher tier never waits for capacity the
+engines could give it now (:class:`TierHeadroom`), and lower tiers dispatch under ceilings
+that tighten while a higher tier's first tokens come late (:class:`LowerTierCeiling`).
 
 The saturation rule (:mod:`velvetrope.core.saturation`) holds every dispatch while the
 engines queue more than ``max_waiting`` requests of their own: the gateway keeps the backlog
@@ -24,6 +25,15 @@ and waiting in the gateway's queue costs it nothing the engines' queue would not
 first token has been seen the start rate is unknown and nothing passes: the saturation
 rule's slow start decides.  Everything is counted from the controller's events (started,
 first token, ended: exactly once each), so nothing can leak.
+
+An engine full of lower-tier work starts a top-tier job only when a running sequence ends
+(vLLM's priority scheduler displaces running sequences only when its KV cache runs out), and
+a long prefill shares each step with every running decode.  :class:`LowerTierCeiling` keeps
+room for the higher tier by measuring what it needs: each higher-tier first token that
+comes late (past ``share`` of its TTFT objective) cuts a ceiling on the lower tiers' jobs in
+flight; each one in time relaxes it (additive increase, multiplicative decrease, as TCP's
+congestion window).  The ceilings and the headroom are the tiers' objectives at work: a
+deployment whose higher tiers meet their TTFT never sees a ceiling.
 """
 
 from __future__ import annotations
@@ -34,7 +44,7 @@ from typing import Final
 
 from velvetrope.core.job import Job
 
-__all__ = ["TierHeadroom"]
+__all__ = ["LowerTierCeiling", "TierHeadroom"]
 
 _DEFAULT_SHARE: Final = 0.5
 _DEFAULT_WINDOW_S: Final = 5.0
@@ -119,4 +129,73 @@ class TierHeadroom:
         if (self.ahead(job.band) + 1) / rate > self.share * left:
             return False
         self.passes += 1
+        return True
+
+
+class LowerTierCeiling:
+    """Ceilings on lower tiers' dispatches that tighten while a higher tier's first tokens
+    come late, and relax while they come in time: the headroom a higher tier needs when the
+    engines are full of lower-tier work (module docstring of :mod:`velvetrope.core.headroom`).
+
+    For each band ``b`` whose tier has a TTFT objective, a ceiling ``L_b`` on the pool's
+    jobs in flight applies to every job of a lower band (a larger index).  Each first token
+    of a band-``b`` job is a sample: late (its TTFT above ``share`` × the objective) cuts
+    ``L_b`` to ``(1 − cut)`` × the jobs then in flight; in time raises it by ``1 / L_b``
+    (additive increase, multiplicative decrease: about one slot per ``L_b`` first tokens in
+    time).  No ceiling before the first late sample, and a ceiling that grows past twice
+    the jobs in flight is dropped (nothing holds it any more)."""
+
+    __slots__ = ("_ceiling", "_in_flight", "cut", "holds", "share", "ttft")
+
+    def __init__(
+        self, ttft_by_tier: Mapping[str, float | None], *, share: float, cut: float = 0.1
+    ) -> None:
+        self.ttft = {k: v for k, v in ttft_by_tier.items() if v is not None}
+        self.share = share
+        self.cut = cut
+        self.holds = 0
+        self._ceiling: dict[int, float] = {}
+        self._in_flight = 0
+
+    def retarget(self, ttft_by_tier: Mapping[str, float | None]) -> None:
+        """Take the tiers' TTFT objectives of a reloaded policy (ceilings are kept)."""
+        self.ttft = {k: v for k, v in ttft_by_tier.items() if v is not None}
+
+    def started(self, job: Job, now: float) -> None:
+        """``job`` was dispatched from the pool."""
+        self._in_flight += 1
+
+    def ended(self, job: Job, now: float) -> None:
+        """``job``, dispatched from the pool, ended (any outcome)."""
+        self._in_flight -= 1
+
+    def first_token(self, job: Job, now: float) -> None:
+        """A first token of ``job``: a sample of its band's TTFT."""
+        ttft = self.ttft.get(job.tier)
+        if ttft is None:
+            return
+        band = job.band
+        ceiling = self._ceiling.get(band)
+        if now - job.arrival > self.share * ttft:
+            cut = (1.0 - self.cut) * self._in_flight
+            self._ceiling[band] = max(1.0, cut if ceiling is None else min(ceiling, cut))
+        elif ceiling is not None:
+            ceiling += 1.0 / ceiling
+            if ceiling > 2.0 * max(1, self._in_flight):
+                del self._ceiling[band]
+            else:
+                self._ceiling[band] = ceiling
+
+    def ceilings(self) -> dict[int, float]:
+        """The ceiling each band's lateness sets on the bands below it."""
+        return dict(self._ceiling)
+
+    def admits(self, job: Job, in_flight: int, tokens_in_flight: int, now: float) -> bool:
+        """Whether ``job`` fits under every ceiling a higher band set (a hold counts in
+        ``holds``)."""
+        band = job.band
+        for b, ceiling in self._ceiling.items():
+            if b < band and in_flight + 1 > ceiling:
+                self.holds += 1
+                return False
         return True

@@ -277,13 +277,12 @@ class SloLimitPolicy(_Model):
     :mod:`velvetrope.core.headroom`).  The defaults are margins, not capacities: nothing
     here depends on the model, the GPU or the traffic."""
 
-    tpot_share: float = Field(
-        0.8,
-        gt=0,
-        le=1,
-        description="In flight per engine up to where the measured TPOT reaches this share "
-        "of the tightest TPOT objective among the tiers running (the rest is the spread "
-        "of TPOT between the requests of one batch).",
+    tpot_margin_sd: float = Field(
+        3.0,
+        ge=0,
+        description="In flight per engine up to where the measured TPOT, plus this many "
+        "standard deviations of the requests' TPOT around the fit, reaches the tightest "
+        "TPOT objective among the tiers running.",
     )
     half_life: float = Field(
         200.0,
@@ -299,7 +298,7 @@ class SloLimitPolicy(_Model):
         "TPOT limit binds (a line through one point says nothing of its slope).",
     )
     headroom_share: float = Field(
-        0.5,
+        0.75,
         gt=0,
         le=1,
         description="A job of a tier with a TTFT objective passes the engines' saturation "

@@ -9,7 +9,7 @@ from typing import Any, Final
 
 from velvetrope.core.capacity import PoolCapacity
 from velvetrope.core.estimate import DrainMeter
-from velvetrope.core.headroom import TierHeadroom
+from velvetrope.core.headroom import LowerTierCeiling, TierHeadroom
 from velvetrope.core.job import Job
 from velvetrope.core.lifecycle import Reason
 from velvetrope.core.limit import AdaptiveLimit
@@ -27,7 +27,16 @@ class Pool:
     """A pool's state; ``limit`` is the adaptive in-flight limit (``None`` with a fixed
     one), fed with every dispatched job; ``saturation`` the engines' rule, if enabled."""
 
-    __slots__ = ("capacity", "drain", "limit", "name", "saturation", "sched", "tpot_limit")
+    __slots__ = (
+        "capacity",
+        "ceiling",
+        "drain",
+        "limit",
+        "name",
+        "saturation",
+        "sched",
+        "tpot_limit",
+    )
 
     def __init__(
         self, p: PoolPolicy, config: PolicyConfig, weight: Callable[[str], float], now: float
@@ -54,7 +63,7 @@ class Pool:
             s = p.slo_limit
             tl = self.tpot_limit = TpotLimit(
                 _objectives(config, "tpot_s"),
-                share=s.tpot_share,
+                z=s.tpot_margin_sd,
                 half_life=s.half_life,
                 min_samples=s.min_samples,
                 min_spread=s.min_spread,
@@ -62,6 +71,12 @@ class Pool:
             self.capacity.signals.append(tl)
             self.capacity.listeners.append(tl.engines_changed)
             tl.engines_changed(self.capacity.engines)
+        self.ceiling: LowerTierCeiling | None = None
+        if mode == "slo":
+            ce = self.ceiling = LowerTierCeiling(
+                _objectives(config, "ttft_s"), share=p.slo_limit.headroom_share
+            )
+            self.capacity.signals.append(ce)
         self.saturation: EngineSaturation | None = None
         if config.saturation.enabled:
             rule = self.saturation = EngineSaturation.from_policy(p.name, config.saturation)
@@ -88,6 +103,8 @@ class Pool:
         self.sched.retier(config)
         if self.tpot_limit is not None:
             self.tpot_limit.retarget(_objectives(config, "tpot_s"))
+        if self.ceiling is not None:
+            self.ceiling.retarget(_objectives(config, "ttft_s"))
         sat = self.saturation
         if sat is not None and sat.headroom is not None:
             sat.headroom.retarget(_objectives(config, "ttft_s"))
@@ -98,6 +115,8 @@ class Pool:
             self.limit.started(job, now)
         if self.tpot_limit is not None:
             self.tpot_limit.started(job, now)
+        if self.ceiling is not None:
+            self.ceiling.started(job, now)
 
     def ended(self, job: Job, now: float, output_tokens: int, completed: bool) -> None:
         """``job``, dispatched from this pool, ended at ``now`` (any outcome; ``completed``
@@ -106,6 +125,8 @@ class Pool:
             self.limit.ended(job, now)
         if self.tpot_limit is not None:
             self.tpot_limit.ended(job, now, output_tokens, completed)
+        if self.ceiling is not None:
+            self.ceiling.ended(job, now)
 
     def first_token(self, job: Job, now: float) -> None:
         """``job``, dispatched from this pool, produced its first token at ``now``: the
@@ -117,6 +138,8 @@ class Pool:
             self.saturation.first_token(job, now)
         if self.tpot_limit is not None and job.streamed:
             self.tpot_limit.first_token(job, now)
+        if self.ceiling is not None:
+            self.ceiling.first_token(job, now)
 
     def retry_s(self, tokens: float) -> float:
         """``Retry-After`` for a job shed behind ``tokens`` of work: their predicted drain,
@@ -136,8 +159,9 @@ class Pool:
     ) -> tuple[Reason, float | None, str] | None:
         """Why ``job``, which cannot start at once, may not queue in band ``band``: its
         tenant's bound (429), the band's and the global one (503), the predicted wait
-        against its tier's ``max_wait`` (503); as ``(reason, retry_after_s, message)``, or
-        ``None``: it may queue."""
+        against its tier's ``max_wait`` (503; not while the engines are in slow start, when
+        the drain rate measured so far understates them: the job's deadline still expires
+        it); as ``(reason, retry_after_s, message)``, or ``None``: it may queue."""
         sched = self.sched
         if tenant_bound is not None and tenant_queued >= tenant_bound:
             msg = (
@@ -151,7 +175,10 @@ class Pool:
         if queued >= max_queued:
             return Reason.QUEUE_FULL, self.retry_s(sched.tokens), "the queue is full"
         eta = self.drain.seconds_for(sched.ahead(band)[1])
+        sat = self.saturation
         if max_wait is not None and eta is not None and eta > max_wait:
+            if sat is not None and sat.warming(job.arrival):  # asked as the job arrives
+                return None  # a rate measured in slow start understates the engines
             msg = (
                 f"predicted wait {eta:.2f}s exceeds the {job.tier!r} tier's max_wait {max_wait:g}s"
             )
@@ -159,7 +186,8 @@ class Pool:
         return None
 
     def status(self) -> dict[str, Any]:
-        """Its queue by band, work in flight against its limits, engines, drain rate."""
+        """Its queue by band, work in flight against its limits, engines, drain rate; in
+        ``limit: slo`` mode the TPOT limit's fit and the headroom's passes."""
         cap = self.capacity
         return {
             "queued": self.sched.queued,
@@ -171,6 +199,13 @@ class Pool:
             "max_tokens_in_flight": cap.max_tokens,
             "engines": cap.engines,
             "drain_tokens_per_s": self.drain.rate,
+            "tpot_limit": None if self.tpot_limit is None else self.tpot_limit.status(),
+            "lower_tier_ceilings": None
+            if self.ceiling is None
+            else {str(b): c for b, c in self.ceiling.ceilings().items()},
+            "headroom_passes": None
+            if self.saturation is None or self.saturation.headroom is None
+            else self.saturation.headroom.passes,
         }
 
 

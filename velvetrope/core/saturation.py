@@ -247,13 +247,32 @@ class EngineSaturation:
                 total += r
         return total - self._pending
 
+    def warming(self, now: float) -> bool:
+        """Whether some live engine with current readings is still in slow start (no
+        reading has shown it queueing, so its capacity is not learned yet)."""
+        stale = self.stale_after_s
+        for e in self._live:
+            if not (e.learned or e.blind or (e.reading is not None and now - e.at > stale)):
+                return True
+        return False
+
+    def _kv_free(self, now: float) -> bool:
+        """Whether some live engine has room in its KV cache by its last reading (or no
+        reading to go by): headroom sends nothing to engines that cannot start it."""
+        max_kv, stale = self.max_kv_usage, self.stale_after_s
+        for e in self._live:
+            r = e.reading
+            if e.blind or r is None or now - e.at > stale or r.kv_usage < max_kv:
+                return True
+        return not self._live
+
     def admits(self, job: Job, in_flight: int, tokens_in_flight: int, now: float) -> bool:
         """True unless the pool's live engines are saturated and ``job`` gets no headroom
         (:mod:`velvetrope.core.headroom`); a hold counts in ``holds``."""
         if self.room(now) >= 1.0:
             return True
         h = self.headroom
-        if h is not None and h.admits(job, now):
+        if h is not None and self._kv_free(now) and h.admits(job, now):
             return True
         self.holds += 1
         return False

@@ -14,17 +14,21 @@ with no profile of the engine:
 * an exponentially weighted least-squares line ``tpot ≈ a + b·n`` is fitted to the samples
   (each sample's weight decays by half every ``half_life`` samples, so the fit follows a
   change of model, hardware or traffic mix);
-* the limit per engine is ``n* = (share × τ − a) / b``, where ``τ`` is the tightest TPOT
-  objective among the tiers with work in flight and the job's own tier, and ``share``
-  (default 0.8) keeps a margin for the spread of TPOT between requests of one batch.
+* the limit per engine is ``n* = (τ − z·σ − a) / b``, where ``τ`` is the tightest TPOT
+  objective among the tiers with work in flight and the job's own tier, and ``σ`` the
+  weighted standard deviation of the samples around the line: requests of one batch do
+  not all see the same TPOT (a prefill in the batch slows the steps it shares), so the line
+  is held ``z`` (default 3) of those deviations below the objective, a margin that the
+  measured spread sets, not a constant.
 
 The limit binds only when it is known: until ``min_samples`` samples spanning at least
 ``min_spread`` sequences per engine have been seen, or while the fitted slope is not
-positive (decode time does not grow with the batch in the range seen), or when no tier
-has a TPOT objective, :meth:`TpotLimit.admits` lets everything through and the engines'
-saturation readings (:mod:`velvetrope.core.saturation`) are the brake.  How fast it is known:
-after start, once ``min_samples`` streamed responses have completed across that spread; after
-a load step, within about ``half_life`` completions (the old samples' weight halves).
+positive (decode time grows with the batch by less than 0.1% of its mean over the range
+seen), or when no tier has a TPOT objective, :meth:`TpotLimit.admits` lets everything
+through and the engines' saturation readings (:mod:`velvetrope.core.saturation`) are the
+brake.  How fast it is known: after start, once ``min_samples`` streamed responses have
+completed across that spread; after a load step, within about ``half_life`` completions
+(the old samples' weight halves).
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ class TpotLimit:
         "_swxx",
         "_swxy",
         "_swy",
+        "_swyy",
         "_xmax",
         "_xmin",
         "decay",
@@ -62,21 +67,21 @@ class TpotLimit:
         "min_samples",
         "min_spread",
         "samples",
-        "share",
         "tpot",
+        "z",
     )
 
     def __init__(
         self,
         tpot_by_tier: Mapping[str, float | None],
         *,
-        share: float = 0.8,
+        z: float = 3.0,
         half_life: float = 200.0,
         min_samples: int = 30,
         min_spread: float = 4.0,
     ) -> None:
         self.tpot = {k: v for k, v in tpot_by_tier.items() if v is not None}
-        self.share = share
+        self.z = z
         self.decay = 0.5 ** (1.0 / half_life)
         self.min_samples = min_samples
         self.min_spread = min_spread
@@ -89,7 +94,7 @@ class TpotLimit:
         self._area = 0.0  # integral of _n / engines over time
         self._marks: dict[str, float] = {}  # job id -> _area at its first token
         self._running: dict[str, int] = {}  # tier -> jobs in flight
-        self._sw = self._swx = self._swy = self._swxx = self._swxy = 0.0
+        self._sw = self._swx = self._swy = self._swxx = self._swxy = self._swyy = 0.0
         self._xmin = _INF
         self._xmax = -_INF
 
@@ -107,11 +112,12 @@ class TpotLimit:
 
     def status(self) -> dict[str, float | int | None]:
         """The fit, the limit per engine now and the counters, for ``/admin/status``."""
-        ab = self.fit()
+        fit = self.fit()
         per = self.per_engine()
         return {
-            "tpot_base_s": None if ab is None else ab[0],
-            "tpot_per_seq_s": None if ab is None else ab[1],
+            "tpot_base_s": None if fit is None else fit[0],
+            "tpot_per_seq_s": None if fit is None else fit[1],
+            "tpot_sd_s": None if fit is None else fit[2],
             "per_engine": None if per == _INF else per,
             "target_tpot_s": self.target_s(),
             "samples": self.samples,
@@ -158,26 +164,30 @@ class TpotLimit:
         self._swy = self._swy * d + y
         self._swxx = self._swxx * d + x * x
         self._swxy = self._swxy * d + x * y
+        self._swyy = self._swyy * d + y * y
         self.samples += 1
         self._xmin = min(self._xmin, x)
         self._xmax = max(self._xmax, x)
 
     # -- the rule ----------------------------------------------------------------------
 
-    def fit(self) -> tuple[float, float] | None:
-        """``(a, b)`` of ``tpot ≈ a + b·n`` (``n`` per engine), or ``None`` while unknown."""
+    def fit(self) -> tuple[float, float, float] | None:
+        """``(a, b, σ)``: ``tpot ≈ a + b·n`` (``n`` per engine) and the samples' standard
+        deviation around it; ``None`` while unknown."""
         if self.samples < self.min_samples or self._xmax - self._xmin < self.min_spread:
             return None
         sw = self._sw
         mx = self._swx / sw
         my = self._swy / sw
         var = self._swxx / sw - mx * mx
-        if var <= 1e-9:
+        if var <= 1e-12:
             return None
-        b = (self._swxy / sw - mx * my) / var
-        if b <= 0.0:
+        cov = self._swxy / sw - mx * my
+        b = cov / var
+        if b * (self._xmax - self._xmin) <= 1e-3 * my:  # flat (or falling) over the range
             return None
-        return my - b * mx, b
+        resid = max(0.0, self._swyy / sw - my * my - b * cov)
+        return my - b * mx, b, math.sqrt(resid)
 
     def target_s(self, tier: str | None = None) -> float | None:
         """The tightest TPOT objective among tiers with work in flight (and ``tier``)."""
@@ -192,11 +202,11 @@ class TpotLimit:
         target = self.target_s(tier)
         if target is None:
             return _INF
-        ab = self.fit()
-        if ab is None:
+        fit = self.fit()
+        if fit is None:
             return _INF
-        a, b = ab
-        return max(1.0, (self.share * target - a) / b)
+        a, b, sd = fit
+        return max(1.0, (target - self.z * sd - a) / b)
 
     def admits(self, job: Job, in_flight: int, tokens_in_flight: int, now: float) -> bool:
         """Whether one more job (``job``) keeps the pool within the limit."""

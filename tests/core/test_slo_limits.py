@@ -1,0 +1,315 @@
+"""The pool's limits derived from the tiers' SLOs: the TPOT-derived in-flight limit
+(:mod:`velvetrope.core.tpot_limit`), the TTFT headroom past the saturation brake
+(:mod:`velvetrope.core.headroom`), the queue's bound in time (``TierPolicy.wait_bound_s``)
+and the pool's ``limit`` mode, on a ManualClock and with the simulator's engine model."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from tests.core.helpers import controller, make_job
+from velvetrope.core import EngineReading, PolicyConfig, Rejected, Usage
+from velvetrope.core.headroom import LowerTierCeiling, TierHeadroom
+from velvetrope.core.job import Job
+from velvetrope.core.reload import restart_needed
+from velvetrope.core.tpot_limit import TpotLimit
+
+TIERS = [
+    {"name": "interactive", "slo": {"ttft_s": 1.0, "tpot_s": 0.05}},
+    {"name": "standard", "slo": {"ttft_s": 5.0}},
+    {"name": "batch", "slo": {"e2e_s": 120}},
+]
+TENANTS = [
+    {"name": "acme", "tier": "interactive"},
+    {"name": "globex", "tier": "standard"},
+    {"name": "initech", "tier": "batch"},
+]
+
+
+def policy(**pool: Any) -> dict[str, Any]:
+    return {
+        "tiers": TIERS,
+        "tenants": TENANTS,
+        "queue": {"bands": "strict"},
+        "pools": [{"name": "default", **pool}],
+    }
+
+
+# --------------------------------------------------------------------------- the TPOT limit
+
+
+def _job(tier: str, band: int = 0) -> Job:
+    job = make_job(tenant="t", tier=tier)
+    job.band = band
+    return job
+
+
+def feed(limit: TpotLimit, n: int, tpot: float, count: int, now: float, out: int = 11) -> float:
+    """``count`` jobs of tier interactive decoding ``out`` tokens each at ``tpot`` while the
+    pool holds ``n`` per engine (``n - 1`` others are held open around them)."""
+    others = [_job("batch") for _ in range(n - 1)]
+    for o in others:
+        limit.started(o, now)
+    for _ in range(count):
+        job = _job("interactive")
+        limit.started(job, now)
+        job.first_token_at = now
+        limit.first_token(job, now)
+        now += tpot * (out - 1)
+        limit.ended(job, now, out, True)
+    for o in others:
+        limit.ended(o, now, 1, False)
+    return now
+
+
+def test_the_tpot_limit_recovers_the_line_and_holds_the_batch_at_the_objective() -> None:
+    limit = TpotLimit({"interactive": 0.05, "batch": None}, z=0.0, min_samples=10)
+    now = 0.0
+    for n in (4, 16, 32, 64):  # tpot = 10 ms + 0.5 ms per sequence, exactly
+        now = feed(limit, n, 0.010 + 0.0005 * n, 5, now)
+    fit = limit.fit()
+    assert fit is not None
+    a, b, sd = fit
+    assert a == pytest.approx(0.010, rel=1e-3)
+    assert b == pytest.approx(0.0005, rel=1e-3)
+    assert sd == pytest.approx(0.0, abs=1e-4)
+    # (50 ms - 10 ms) / 0.5 ms = 80 per engine; the job's own tier names the objective
+    assert limit.per_engine("interactive") == pytest.approx(80.0, rel=1e-3)
+    job = _job("interactive")
+    assert limit.admits(job, 79, 0, now)
+    assert not limit.admits(job, 80, 0, now)
+    limit.engines_changed(2)  # two engines: twice the pool
+    assert limit.admits(job, 159, 0, now) and not limit.admits(job, 160, 0, now)
+    assert limit.holds == 2
+
+
+def test_the_margin_is_the_measured_spread() -> None:
+    tight = TpotLimit({"interactive": 0.05}, z=3.0, min_samples=10)
+    now = 0.0
+    for n in (4, 16, 32, 64):
+        for spread in (-0.002, 0.002):  # ±2 ms around the line: σ = 2 ms
+            now = feed(tight, n, 0.010 + 0.0005 * n + spread, 3, now)
+    fit = tight.fit()
+    assert fit is not None
+    assert fit[2] == pytest.approx(0.002, rel=0.05)
+    # (50 - 3 × 2 - 10) / 0.5 = 68
+    assert tight.per_engine("interactive") == pytest.approx(68.0, rel=0.02)
+
+
+def test_the_tpot_limit_binds_only_when_it_is_known() -> None:
+    limit = TpotLimit({"interactive": 0.05}, min_samples=10, min_spread=4.0)
+    job = _job("interactive")
+    assert limit.per_engine("interactive") == math.inf  # nothing seen
+    now = feed(limit, 8, 0.02, 20, 0.0)  # many samples, one batch size: no slope
+    assert limit.fit() is None and limit.admits(job, 10_000, 0, now)
+    now = feed(limit, 16, 0.02, 20, now)  # decode time does not grow: no limit
+    assert limit.fit() is None
+    plain = TpotLimit({"batch": None}, min_samples=2)
+    for n in (4, 32):
+        feed(plain, n, 0.01 * n, 3, 0.0)
+    assert plain.target_s() is None and plain.per_engine() == math.inf  # no TPOT objective
+
+
+def test_the_objective_is_the_tightest_among_the_tiers_running() -> None:
+    limit = TpotLimit({"interactive": 0.05, "standard": 0.2, "batch": None})
+    assert limit.target_s() is None
+    assert limit.target_s("standard") == 0.2
+    std = _job("standard")
+    limit.started(std, 0.0)
+    assert limit.target_s() == 0.2 and limit.target_s("interactive") == 0.05
+    inter = _job("interactive")
+    limit.started(inter, 0.0)
+    assert limit.target_s("batch") == 0.05
+    limit.ended(inter, 1.0, 1, False)
+    assert limit.target_s() == 0.2
+    limit.retarget({"standard": 0.1})
+    assert limit.target_s() == 0.1
+
+
+# --------------------------------------------------------------------------- the headroom
+
+
+def test_headroom_lets_a_job_start_when_the_engines_start_it_in_time() -> None:
+    h = TierHeadroom({"interactive": 1.0, "batch": None}, ordered=True, share=0.5, window_s=5.0)
+    assert not h.admits(_job("interactive"), 0.0)  # no start rate measured yet
+    for i in range(10):  # 10 first tokens in 5 s: 2 starts per second
+        done = _job("batch", band=2)
+        h.started(done, i * 0.5)
+        h.first_token(done, i * 0.5)
+    now = 4.5
+    fresh = _job("interactive", band=0)
+    fresh.arrival = now
+    # 1 start ahead of it (itself) at 2/s = 0.5 s <= 0.5 × 1.0 s
+    assert h.admits(fresh, now)
+    waiting = _job("interactive", band=0)
+    h.started(waiting, now)  # one more top-tier job not started yet: 1.0 s > 0.5 s
+    assert not h.admits(fresh, now)
+    assert not h.admits(_job("batch", band=2), now)  # no TTFT objective: no headroom
+    h.first_token(waiting, now)
+    assert h.admits(fresh, now)
+    assert h.passes == 2
+
+
+def test_headroom_counts_only_what_an_ordered_engine_starts_first() -> None:
+    ordered = TierHeadroom({"interactive": 2.0}, ordered=True, share=1.0, window_s=1.0)
+    fcfs = TierHeadroom({"interactive": 2.0}, ordered=False, share=1.0, window_s=1.0)
+    for h in (ordered, fcfs):
+        for _ in range(2):  # 2 starts per second
+            j = _job("batch", band=2)
+            h.started(j, 0.5)
+            h.first_token(j, 0.5)
+        for _ in range(5):  # five batch jobs waiting in the engines
+            h.started(_job("batch", band=2), 0.5)
+    fresh = _job("interactive", band=0)
+    fresh.arrival = 1.0
+    assert ordered.ahead(0) == 0 and fcfs.ahead(0) == 5
+    assert ordered.admits(fresh, 1.0)  # 1 / 2 per s = 0.5 s <= 2 s
+    assert not fcfs.admits(fresh, 1.0)  # 6 / 2 per s = 3 s > 2 s
+    ended = _job("batch", band=2)
+    ordered.started(ended, 1.0)
+    ordered.ended(ended, 1.0)  # ended before its first token: no longer waiting
+    assert ordered.ahead(2) == 5
+
+
+def test_the_controller_passes_the_top_tier_past_a_saturated_pool() -> None:
+    """A saturated engine holds the batch tier, the top tier still goes while the engines'
+    start rate brings it in within its TTFT; with the headroom off it is held too."""
+    for mode, passes in (("slo", True), ("fixed", False)):
+        extra = {"max_in_flight": 64} if mode == "fixed" else {}
+        cfg = policy(engine_priority=True, limit=mode, **extra)
+        cfg["saturation"] = {"max_waiting": 0}
+        ctl, clock = controller(cfg)
+        sat = ctl.saturation("default")
+        assert sat is not None
+        sat.set_engines(["e"])
+        for _ in range(8):  # eight jobs start and end in 0.8 s: 8 starts / 5 s window
+            j = make_job(tenant="initech", tier="batch")
+            assert type(ctl.arrive(j)).__name__ == "Dispatched"  # the pool is empty
+            sat.sent(j.id, "e")
+            ctl.first_token(j.id)
+            clock.advance(0.1)
+            ctl.complete(j.id, Usage(100, 10))
+        running = make_job(tenant="initech", tier="batch")  # stays in flight
+        ctl.arrive(running)
+        sat.sent(running.id, "e")
+        ctl.first_token(running.id)
+        sat.observe("e", EngineReading(running=4, waiting=3, kv_usage=0.5), clock.now())
+        held = ctl.arrive(make_job(tenant="initech", tier="batch"))
+        assert type(held).__name__ == "Queued" and ctl.dispatchable() == []
+        top = make_job(tenant="acme", tier="interactive")
+        assert type(ctl.arrive(top)).__name__ == "Queued"  # behind the queue...
+        assert (ctl.dispatchable() == [top]) is passes, mode  # ...and out first if it may
+
+
+def test_late_first_tokens_of_a_higher_tier_cap_the_tiers_below() -> None:
+    ceil = LowerTierCeiling({"interactive": 1.0, "batch": None}, share=0.5, cut=0.1)
+    running = [_job("batch", band=2) for _ in range(50)]
+    for j in running:
+        ceil.started(j, 0.0)
+    on_time = _job("interactive", band=0)
+    on_time.arrival = 0.0
+    ceil.first_token(on_time, 0.4)  # 0.4 s <= 0.5 × 1 s: no ceiling to relax
+    assert ceil.ceilings() == {} and ceil.admits(_job("batch", band=2), 50, 0, 0.4)
+    late = _job("interactive", band=0)
+    late.arrival = 0.0
+    ceil.first_token(late, 0.8)  # late: 0.9 × 50 in flight
+    assert ceil.ceilings() == {0: pytest.approx(45.0)}
+    assert not ceil.admits(_job("batch", band=2), 45, 0, 0.8)
+    assert ceil.admits(_job("batch", band=2), 44, 0, 0.8)
+    assert ceil.admits(_job("interactive", band=0), 49, 0, 0.8)  # its own band: no ceiling
+    for _ in range(45):  # one ceiling's worth of first tokens in time: one more slot
+        ok = _job("interactive", band=0)
+        ok.arrival = 1.0
+        ceil.first_token(ok, 1.1)
+    assert ceil.ceilings()[0] == pytest.approx(46.0, abs=0.05)
+    assert ceil.holds == 1
+    for j in running[:40]:
+        ceil.ended(j, 2.0)  # 10 in flight: a ceiling of 46 holds nothing any more
+    ok = _job("interactive", band=0)
+    ok.arrival = 2.0
+    ceil.first_token(ok, 2.1)
+    assert ceil.ceilings() == {}
+
+
+def test_headroom_sends_nothing_to_engines_whose_kv_cache_is_full() -> None:
+    cfg = policy(engine_priority=True)
+    cfg["saturation"] = {"max_waiting": 0}
+    ctl, clock = controller(cfg)
+    sat = ctl.saturation("default")
+    assert sat is not None and sat.headroom is not None
+    sat.set_engines(["e"])
+    for _ in range(8):
+        j = make_job(tenant="initech", tier="batch")
+        ctl.arrive(j)
+        sat.sent(j.id, "e")
+        ctl.first_token(j.id)
+        clock.advance(0.1)
+        ctl.complete(j.id, Usage(100, 10))
+    running = make_job(tenant="initech", tier="batch")
+    ctl.arrive(running)
+    sat.sent(running.id, "e")
+    ctl.first_token(running.id)
+    sat.observe("e", EngineReading(running=4, waiting=0, kv_usage=0.99), clock.now())
+    top = make_job(tenant="acme", tier="interactive")
+    ctl.arrive(top)
+    assert ctl.dispatchable() == []  # KV full: the engine could not start it
+    sat.observe("e", EngineReading(running=4, waiting=3, kv_usage=0.5), clock.now())
+    assert ctl.dispatchable() == [top]
+
+
+# --------------------------------------------------------------------------- config
+
+
+def test_the_queue_bound_in_time_comes_from_the_slo() -> None:
+    cfg = PolicyConfig.model_validate(policy())
+    bounds = {t.name: t.wait_bound_s for t in cfg.tiers}
+    assert bounds == {"interactive": 1.0, "standard": 5.0, "batch": 120.0}
+    explicit = PolicyConfig.model_validate(
+        {"tiers": [{"name": "x", "max_wait_s": 3, "slo": {"ttft_s": 1}}, {"name": "y"}]}
+    )
+    assert [t.wait_bound_s for t in explicit.tiers] == [3.0, None]
+
+
+def test_a_job_that_cannot_start_within_its_ttft_is_refused_at_arrival() -> None:
+    cfg = policy(max_in_flight=1, limit="fixed", initial_drain_tokens_per_s=100.0)
+    ctl, _ = controller(cfg)
+    ctl.arrive(make_job(tenant="acme", tier="interactive"))  # runs
+    # 200 tokens ahead at 100 tokens/s: 2 s > the 1 s TTFT
+    ctl.arrive(make_job(tenant="acme", tier="interactive", prompt=100, max_tokens=100))
+    late = ctl.arrive(make_job(tenant="acme", tier="interactive"))
+    assert isinstance(late, Rejected) and late.reason.code == "wait_exceeds_slo"
+    batch = ctl.arrive(make_job(tenant="initech", tier="batch"))  # 120 s allowed: queued
+    assert type(batch).__name__ == "Queued"
+
+
+def test_the_limit_mode_defaults_and_its_errors() -> None:
+    def mode(**pool: Any) -> str:
+        return PolicyConfig.model_validate(policy(**pool)).pools[0].limit_mode
+
+    assert mode() == "slo"
+    assert mode(max_in_flight=8) == "fixed"
+    assert mode(max_in_flight_per_engine=8) == "fixed"
+    assert mode(adaptive={"initial": 8}) == "adaptive"
+    assert mode(max_in_flight=8, limit="slo") == "slo"
+    with pytest.raises(ValidationError, match="limit 'fixed' needs max_in_flight"):
+        mode(limit="fixed")
+    with pytest.raises(ValidationError, match="limit 'adaptive' replaces max_in_flight"):
+        mode(limit="adaptive", max_in_flight=8)
+    ctl, _ = controller(policy())
+    assert ctl.pool_limit("default") is None  # slo: no knee-seeking limit
+    ctl, _ = controller(policy(adaptive={"initial": 8}))
+    assert ctl.pool_limit("default") is not None
+
+
+def test_a_reload_that_switches_the_limit_mode_needs_a_restart() -> None:
+    old = PolicyConfig.model_validate(policy())
+    same = PolicyConfig.model_validate(policy(max_in_flight=500, limit="slo"))
+    fixed = PolicyConfig.model_validate(policy(max_in_flight=500))
+    margin = PolicyConfig.model_validate(policy(slo_limit={"tpot_margin_sd": 1}))
+    assert restart_needed(old, same) == []
+    assert restart_needed(old, fixed) == ["pool 'default': a switch of limit (slo -> fixed)"]
+    assert restart_needed(old, margin) == ["pool 'default': slo_limit / engine_priority"]
