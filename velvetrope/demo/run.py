@@ -39,7 +39,7 @@ from velvetrope.demo.settings import (
 )
 from velvetrope.demo.summary import TierSummary, render_table, summarize
 from velvetrope.demo.workload import Capacity, Workload, build_workload
-from velvetrope.errors import ConfigError
+from velvetrope.errors import ConfigError, PolicyError
 from velvetrope.serving import launch
 from velvetrope.sim.metrics import config_slos, slo_for, slo_text
 from velvetrope.sim.workload import TenantMix
@@ -168,19 +168,19 @@ def start_engines(
     stopped (also those started when another failed).
 
     ``scheduling="priority"`` (vLLM's ``--scheduling-policy priority``) leaves a run whose
-    requests carry no ``priority`` first come, first served, as in ``fcfs``: checked in
-    :mod:`velvetrope.engine`.  The server submits such a request with priority 0
-    (``req.priority or 0``); the waiting queue (``queues.PriorityQueue``) then orders by
-    ``(0, arrival, order)``, that is by arrival; a preempted sequence goes back at its own
-    arrival place, which is the front, where ``FifoQueue.push_front`` puts it (every running
-    sequence arrived before every waiting one); and the preemption victim, the running
-    sequence with the largest ``(0, arrival)``, is the latest arrival, which is the latest
-    admitted that ``fcfs`` picks.  The one difference: ties of the queue go by the model's
-    arrival time (when the HTTP request reached the server) instead of submission order, so
-    two requests parsed out of order within the same step may swap places.
+    requests carry no ``priority`` first come, first served, as ``fcfs`` would (read in
+    :mod:`velvetrope.engine`): the server submits such a request with priority 0
+    (``req.priority or 0``), so the waiting queue (``queues.PriorityQueue``) orders by
+    ``(0, arrival, order)``, that is by arrival.  ``fcfs`` keeps every running sequence
+    ahead of every waiting one in arrival order (admission from the head, new arrivals at
+    the back, a preempted sequence back at the front), so the two modes pick the same
+    preemption victim (the latest arrival that priority mode picks is the latest admitted
+    that ``fcfs`` picks) and put it back at the same place.  The one difference: ties go by
+    the model's arrival time (when the HTTP request reached the server) instead of
+    submission order, so two requests parsed out of order within one step may swap.
     """
     if scheduling not in ("fcfs", "priority"):
-        raise ConfigError(f"engine scheduling must be fcfs or priority, got {scheduling!r}")
+        raise PolicyError(f"engine scheduling must be fcfs or priority, got {scheduling!r}")
     args = (
         "--speed",
         f"{s.speed:g}",
