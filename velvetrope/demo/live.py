@@ -158,7 +158,7 @@ def _view(
         if priorities is not None:
             t.add_row(
                 "priority",
-                "each request carries its tier's as vLLM's `priority` (lower first): "
+                "each request's vLLM `priority` is its tier's (lower served first): "
                 + ", ".join(f"{tier} {p}" for tier, p in priorities.items()),
             )
     eng = "   ".join(
