@@ -1,7 +1,7 @@
 """``velvetrope demo``: the same overload through the gateway and straight to the engines,
 first come first served and with the tier as the engines' own priority.
 
-What :func:`run_demo` does, in about 100 seconds with the defaults (two engines at ``speed`` 3
+What :func:`run_demo` does, in about 105 seconds with the defaults (two engines at ``speed`` 3
 on the ``llama3-8b-a100`` profile: about 37 requests/s of the trace's mix, 6-7k streamed
 tokens/s, which two shared cores can carry; the default H100 profile at speed 10 would be
 ~360 requests/s, far beyond them):
