@@ -1,4 +1,4 @@
-"""``velvetrope demo``: the summaries' arithmetic, and a quick end-to-end run on loopback."""
+"""``velvetrope demo``: the summaries' arithmetic, and quick end-to-end runs on loopback."""
 
 from __future__ import annotations
 
@@ -7,11 +7,15 @@ import os
 from pathlib import Path
 
 import pytest
+import yaml
 from rich.console import Console
 
+from velvetrope.config import load_config
 from velvetrope.core.policy import SloPolicy
-from velvetrope.demo import DemoSettings, run_demo, slo_met, summarize
+from velvetrope.demo import DEFAULT_CONFIG, DemoSettings, run_demo, slo_met, summarize
 from velvetrope.demo.loadgen import ReplayOutcome, RequestResult
+from velvetrope.demo.run import engine_priorities
+from velvetrope.demo.settings import RUN_LABEL, RUNS
 from velvetrope.errors import ConfigError, PolicyError
 
 DONE = ReplayOutcome.COMPLETED
@@ -76,8 +80,23 @@ def test_settings_are_checked(tmp_path: Path) -> None:
         DemoSettings(window_s=0)
     with pytest.raises(PolicyError):
         DemoSettings(overload=float("nan"))
+    with pytest.raises(PolicyError, match="engine_args"):
+        DemoSettings(engine_args="--set max_num_seqs=4")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="not found"):
         run_demo(DemoSettings.quick(config_path=tmp_path / "missing.yaml"))
+
+
+def test_engine_priorities_follow_the_pools_engine_priority(tmp_path: Path) -> None:
+    # The shipped config forwards the engine priority: the engines run in priority mode
+    # and the third run sends each tier's index.
+    shipped = engine_priorities(load_config(DEFAULT_CONFIG).policy)
+    assert shipped == {"interactive": 0, "standard": 1, "batch": 2}
+    data = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    for pool in data["policy"]["pools"]:
+        pool["engine_priority"] = False
+    off = tmp_path / "gateway.yaml"
+    off.write_text(yaml.safe_dump(data))
+    assert engine_priorities(load_config(off).policy) is None
 
 
 @pytest.mark.integration
@@ -88,12 +107,21 @@ def test_quick_demo_prints_the_table_writes_the_plot_and_stops_everything(
     console = Console(file=out, width=220)
     report = run_demo(DemoSettings.quick(out_dir=tmp_path), console)
     text = out.getvalue()
-    for word in ("interactive", "standard", "batch", "gateway", "direct (no admission)", "p99"):
+    for word in ("interactive", "standard", "batch", "p99", *RUN_LABEL.values()):
         assert word in text
+    assert "run 3/3: straight to the engines" in text
+    assert "--scheduling priority" in text and report.scheduling == "priority"
+    assert "in SLO, gateway vs engines (priority): interactive " in text
+    for tier, g, o in report.versus("direct_priority"):
+        assert f"{tier} {g} {'≥' if g >= o else '<'} {o}" in text
+    for run in RUNS:
+        wasted = f"{report.tokens_wasted(run):,}; loadgen"
+        assert f"{RUN_LABEL[run]}: " in text and wasted in text
     assert f"plot: {tmp_path / 'demo.png'}" in text
     assert report.plot_path is not None and report.plot_path.stat().st_size > 10_000
-    assert len(report.summaries) == 6
-    for run in ("gateway", "direct"):
+    assert list(report.runs) == list(RUNS)
+    assert len(report.summaries) == 9
+    for run in RUNS:
         rows = [s for s in report.summaries if s.run == run]
         assert sum(s.requests for s in rows) == report.workload_size > 50
         results = report.runs[run].replay.results
@@ -108,3 +136,29 @@ def test_quick_demo_prints_the_table_writes_the_plot_and_stops_everything(
     for pid in report.pids:  # every process it started is gone (and reaped)
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+@pytest.mark.integration
+def test_the_engine_priority_run_sends_the_tier_to_engines_in_priority_mode(
+    tmp_path: Path,
+) -> None:
+    # Four seats per engine: most of the overload waits in the engines' own queues, where
+    # only a priority the engine received can put interactive requests ahead of batch ones.
+    seats = ("--set", "max_num_seqs=4")
+    report = run_demo(
+        DemoSettings.quick(out_dir=tmp_path, engine_args=seats),
+        Console(file=io.StringIO(), width=220),
+    )
+    assert report.scheduling == "priority"
+    assert report.priorities == {"interactive": 0, "standard": 1, "batch": 2}
+
+    def started(run: str, tier: str) -> float:
+        """The share of ``tier``'s requests that got a first token before the cut."""
+        rs = [r for r in report.runs[run].replay.results if r.tier == tier]
+        return sum(r.ttft_s is not None for r in rs) / len(rs)
+
+    # Same engines, no priority field: first come, first served, the tiers alike.
+    assert started("direct", "interactive") < 3 * started("direct", "batch")
+    # The tier as the priority: interactive (0) starts long before batch (2).
+    assert started("direct_priority", "interactive") > 3 * started("direct_priority", "batch")
+    assert report.problems == []

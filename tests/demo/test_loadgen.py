@@ -15,6 +15,7 @@ import pytest
 from aiohttp import web
 
 from velvetrope.demo.loadgen import (
+    FILLER_WORD,
     ClientPlan,
     LiveCounters,
     ReplayConfig,
@@ -221,6 +222,39 @@ def test_rejections_round_robin_and_failures() -> None:
     assert live.finished == 6 and live.open == 0
 
 
+@pytest.mark.integration
+def test_priorities_put_each_tiers_priority_in_the_body() -> None:
+    tiers = ["interactive", "batch", "standard", "interactive", "batch", "standard"]
+    # each request's prompt length names it in the bodies the server records
+    reqs = [TraceRequest(0.01 * i, 10 + i, 5, tenant="a", tier=t) for i, t in enumerate(tiers)]
+    prio = {"interactive": 0, "standard": 1, "batch": 2}
+    bodies: list[dict[str, object]] = []
+
+    async def record(request: web.Request) -> web.Response:
+        bodies.append(await request.json())
+        return web.json_response({"error": {"code": "queue_full"}}, status=503)
+
+    async def run(priorities: dict[str, int] | None) -> dict[int, object]:
+        bodies.clear()
+        app = web.Application()
+        app.router.add_post("/v1/completions", record)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        try:
+            await web.TCPSite(runner, "127.0.0.1", port).start()
+            cfg = ReplayConfig((f"http://127.0.0.1:{port}",), deadline_s=10, priorities=priorities)
+            res = await replay(reqs, cfg)
+        finally:
+            await runner.cleanup()
+        assert res.by_outcome() == {ReplayOutcome.REJECTED: len(reqs)}
+        return {len(str(b["prompt"])) // len(FILLER_WORD): b.get("priority") for b in bodies}
+
+    sent = asyncio.run(run(prio))
+    assert sent == {r.prompt_tokens: prio[str(r.tier)] for r in reqs}
+    assert asyncio.run(run(None)) == {r.prompt_tokens: None for r in reqs}
+
+
 def test_bad_arguments() -> None:
     with pytest.raises(PolicyError):
         ReplayConfig(())
@@ -231,6 +265,9 @@ def test_bad_arguments() -> None:
         asyncio.run(replay([TraceRequest(0.0, 1, 1, tenant="b")], cfg))
     with pytest.raises(PolicyError, match="sorted"):
         asyncio.run(replay([TraceRequest(1.0, 1, 1), TraceRequest(0.0, 1, 1)], cfg))
+    prio = ReplayConfig(("http://127.0.0.1:1",), priorities={"interactive": 0})
+    with pytest.raises(PolicyError, match="no engine priority for tier 'batch'"):
+        asyncio.run(replay([TraceRequest(0.0, 1, 1, tier="batch")], prio))
     with pytest.raises(PolicyError, match="2 client plans for 1 requests"):
         asyncio.run(replay([TraceRequest(0.0, 1, 1, tenant="a")], cfg, None, [ClientPlan()] * 2))
     with pytest.raises(PolicyError, match="streaming"):

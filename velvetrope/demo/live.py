@@ -122,6 +122,7 @@ def _view(
     mon: Monitor,
     band_limits: Mapping[str, int],
     gateway_run: bool,
+    priorities: Mapping[str, int] | None,
 ) -> RenderableType:
     head = Text.assemble(
         (f"{title}", "bold"),
@@ -154,6 +155,12 @@ def _view(
         )
     else:
         t.add_row("gateway", "bypassed: requests go round-robin straight to the engines")
+        if priorities is not None:
+            t.add_row(
+                "priority",
+                "each request's vLLM `priority` is its tier's (lower served first): "
+                + ", ".join(f"{tier} {p}" for tier, p in priorities.items()),
+            )
     eng = "   ".join(
         f"engine {i + 1}: running {int(e.running):3d} waiting {int(e.waiting):4d} "
         f"kv {100 * e.kv_usage:3.0f}%"
@@ -202,7 +209,9 @@ async def run_phase(
                 )
             )
             if view is not None:
-                view.update(_view(title, now, s, live, mon, band_limits, name == GATEWAY))
+                view.update(
+                    _view(title, now, s, live, mon, band_limits, name == GATEWAY, rcfg.priorities)
+                )
                 view.refresh()
             elif now - last_line >= 5.0:
                 last_line = now

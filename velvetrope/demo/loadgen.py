@@ -11,6 +11,8 @@ says otherwise (below), with
 * ``max_tokens = output_tokens`` (at least 1) and vLLM's ``ignore_eos: true``, so an engine
   that honours it generates exactly the trace's output length;
 * ``stream_options: {"include_usage": true}`` when it streams;
+* vLLM's ``priority``, only when :class:`ReplayConfig` maps tiers to priorities
+  (``priorities``: the request's tier's; an engine in priority mode serves lower first);
 * ``Authorization: Bearer <key>``, the key of the request's tenant (:class:`ReplayConfig`).
 
 Requests go to ``base_urls`` round-robin by their index in the workload (one URL: all there).
@@ -216,7 +218,9 @@ class ReplayConfig:
     ``api_keys`` is one key for every tenant, or a mapping tenant -> key (every tenant of
     the workload must be in it).  ``deadline_s`` bounds the whole run from its start;
     ``request_timeout_s`` bounds each request from its send.  ``max_connections`` caps
-    open sockets (aiohttp's connector limit).
+    open sockets (aiohttp's connector limit).  ``priorities``: tier -> the ``priority``
+    field each request of that tier carries (every tier of the workload must be in it;
+    ``None``: no request carries one).
     """
 
     base_urls: tuple[str, ...]
@@ -225,6 +229,7 @@ class ReplayConfig:
     deadline_s: float = 120.0
     request_timeout_s: float = 60.0
     max_connections: int = 1024
+    priorities: Mapping[str, int] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.base_urls, str) or not self.base_urls:
@@ -244,6 +249,15 @@ class ReplayConfig:
         except KeyError:
             raise PolicyError(f"no API key for tenant {tenant!r}") from None
 
+    def priority_for(self, tier: str | None) -> int | None:
+        """The ``priority`` to send for a request of ``tier`` (``None``: send none);
+        PolicyError if ``priorities`` lacks the tier."""
+        if self.priorities is None:
+            return None
+        if tier is None or tier not in self.priorities:
+            raise PolicyError(f"no engine priority for tier {tier!r}")
+        return self.priorities[tier]
+
 
 @dataclass(frozen=True, slots=True)
 class ReplayResult:
@@ -258,7 +272,7 @@ class ReplayResult:
         return Counter(r.outcome for r in self.results)
 
 
-def _body(req: TraceRequest, model: str, stream: bool) -> bytes:
+def _body(req: TraceRequest, model: str, stream: bool, priority: int | None) -> bytes:
     body: dict[str, object] = {
         "model": model,
         "prompt": prompt_text(req.prompt_tokens),
@@ -268,6 +282,8 @@ def _body(req: TraceRequest, model: str, stream: bool) -> bytes:
     }
     if stream:
         body["stream_options"] = {"include_usage": True}
+    if priority is not None:
+        body["priority"] = priority
     return orjson.dumps(body)
 
 
@@ -382,7 +398,7 @@ async def _one(
         async with asyncio.timeout(max(budget, 0.0)):
             async with session.post(
                 res.url + "/v1/completions",
-                data=_body(req, cfg.model, plan.stream),
+                data=_body(req, cfg.model, plan.stream, cfg.priority_for(req.tier)),
                 headers=headers,
             ) as resp:
                 res.status = resp.status
@@ -460,6 +476,8 @@ async def replay(
     if not isinstance(config.api_keys, str):
         for tenant in {r.tenant for r in requests}:
             config.key_for(tenant)
+    for tier in {r.tier for r in requests}:
+        config.priority_for(tier)
     live = live if live is not None else LiveCounters()
     live.total += len(requests)
     urls = config.base_urls

@@ -1,4 +1,4 @@
-"""The demo's PNG: TTFT by arrival for both runs, the queues, and goodput by tier."""
+"""The demo's PNG: TTFT by arrival for each run, the queues, and goodput by tier."""
 
 from __future__ import annotations
 
@@ -7,10 +7,13 @@ from pathlib import Path
 
 from velvetrope.demo.live import RunResult
 from velvetrope.demo.loadgen import ReplayOutcome
-from velvetrope.demo.settings import DIRECT, GATEWAY, RUN_LABEL, RUNS
+from velvetrope.demo.settings import DIRECT, DIRECT_PRIORITY, GATEWAY, RUN_LABEL
 from velvetrope.demo.summary import TierSummary
 
 __all__ = ["plot_runs"]
+
+_RUN_COLOR = {GATEWAY: "tab:green", DIRECT: "tab:orange", DIRECT_PRIORITY: "tab:purple"}
+_RUN_LINE = {DIRECT: "--", DIRECT_PRIORITY: ":"}
 
 
 def plot_runs(
@@ -20,28 +23,35 @@ def plot_runs(
     tiers: Sequence[str],
     window_s: float,
 ) -> Path:
+    """Draw the runs of ``report_runs`` (in their order; the gateway's first) to ``path``:
+    one TTFT-by-arrival panel per run above, the queues and goodput by tier below."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     colors = dict(zip(tiers, ("tab:red", "tab:blue", "tab:gray"), strict=False))
-    fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))
+    runs = list(report_runs)
+    n = len(runs)
+    fig = plt.figure(figsize=(6.5 * n, 8.5))
+    grid = fig.add_gridspec(2, 2 * n)
+    top = [fig.add_subplot(grid[0, 2 * i : 2 * i + 2]) for i in range(n)]
+    bottom = [fig.add_subplot(grid[1, :n]), fig.add_subplot(grid[1, n:])]
     ymax = 1.0
-    for run in RUNS:
+    for run in runs:
         for r in report_runs[run].replay.results:
             if r.ttft_s is not None:
                 ymax = max(ymax, r.ttft_s)
             elif r.outcome is ReplayOutcome.TIMEOUT:
                 ymax = max(ymax, r.elapsed_s)
-    for ax, run in zip(axes[0], RUNS, strict=True):
+    for ax, run in zip(top, runs, strict=True):
         res = report_runs[run].replay.results
         for tier in tiers:
             rs = [r for r in res if r.tier == tier]
-            ok = [r for r in rs if r.ttft_s is not None]
+            ok = [(r.scheduled_s, r.ttft_s) for r in rs if r.ttft_s is not None]
             ax.scatter(
-                [r.scheduled_s for r in ok],
-                [r.ttft_s for r in ok],
+                [t for t, _ in ok],
+                [ttft for _, ttft in ok],
                 s=6,
                 color=colors.get(tier),
                 label=f"{tier} TTFT",
@@ -74,7 +84,7 @@ def plot_runs(
         ax.scatter([], [], s=10, marker="x", color="black", label="rejected (drawn at the bottom)")
         ax.set_title(f"{RUN_LABEL[run]}: time to first token by arrival")
         ax.legend(loc="upper left", fontsize=7)
-    ax = axes[1][0]
+    ax = bottom[0]
     g = report_runs[GATEWAY].samples
     if g:
         ts = [p.t for p in g]
@@ -87,33 +97,34 @@ def plot_runs(
             alpha=0.5,
         )
         ax.plot(ts, [p.gateway_in_flight for p in g], color="black", label="gateway in flight")
-    d = report_runs[DIRECT].samples
-    if d:
-        ax.plot(
-            [p.t for p in d],
-            [p.engine_waiting + p.engine_running for p in d],
-            color="tab:purple",
-            linestyle="--",
-            label="direct: in the engines (run + wait)",
-        )
+    for run in runs[1:]:
+        d = report_runs[run].samples
+        if d:
+            ax.plot(
+                [p.t for p in d],
+                [p.engine_waiting + p.engine_running for p in d],
+                color=_RUN_COLOR.get(run, "tab:brown"),
+                linestyle=_RUN_LINE.get(run, "-."),
+                label=f"{RUN_LABEL[run]}: in the engines (run + wait)",
+            )
     ax.set_xlabel("time since run start (s)")
     ax.set_ylabel("requests")
     ax.set_title("queues: gateway by band vs. engines without admission")
     ax.legend(loc="upper left", fontsize=8)
-    ax = axes[1][1]
-    width = 0.38
+    ax = bottom[1]
+    width = 0.8 / n
     xs = range(len(tiers))
-    for i, run in enumerate(RUNS):
+    for i, run in enumerate(runs):
         vals = [
             next((s.goodput_rps for s in summaries if s.run == run and s.tier == t), 0.0)
             for t in tiers
         ]
         ax.bar(
-            [x + (i - 0.5) * width for x in xs],
+            [x + (i - (n - 1) / 2) * width for x in xs],
             vals,
             width,
             label=RUN_LABEL[run],
-            color=("tab:green" if run == GATEWAY else "tab:orange"),
+            color=_RUN_COLOR.get(run, "tab:brown"),
         )
     ax.set_xticks(list(xs), list(tiers))
     ax.set_ylabel("completed within SLO per second")

@@ -1,4 +1,4 @@
-"""Running the demo: the processes, the two runs, the report (:func:`run_demo`).
+"""Running the demo: the processes, the three runs, the report (:func:`run_demo`).
 
 Every process started is stopped (by its PID) when the demo ends, on error and on Ctrl-C.
 """
@@ -23,35 +23,40 @@ from rich.live import Live
 from rich.markup import escape
 
 from velvetrope.config import load_config
-from velvetrope.core.policy import SloPolicy
+from velvetrope.core.engine_priority import EnginePriority
+from velvetrope.core.policy import PolicyConfig, SloPolicy
 from velvetrope.demo.live import Monitor, RunResult, run_phase
 from velvetrope.demo.loadgen import ReplayConfig, ReplayOutcome
 from velvetrope.demo.plot import plot_runs
 from velvetrope.demo.settings import (
     DIRECT,
+    DIRECT_PRIORITY,
     GATEWAY,
     RUN_LABEL,
-    RUNS,
     DemoSettings,
     read_config,
     tenant_keys,
 )
 from velvetrope.demo.summary import TierSummary, render_table, summarize
 from velvetrope.demo.workload import Capacity, Workload, build_workload
-from velvetrope.errors import ConfigError
+from velvetrope.errors import ConfigError, PolicyError
 from velvetrope.serving import launch
 from velvetrope.sim.metrics import config_slos, slo_for, slo_text
 from velvetrope.sim.workload import TenantMix
 
-__all__ = ["DemoReport", "gateway_config", "run_demo", "start_engines"]
+__all__ = ["DemoReport", "engine_priorities", "gateway_config", "run_demo", "start_engines"]
 
 
 @dataclass(frozen=True, slots=True)
 class DemoReport:
     """What :func:`run_demo` measured: the table rows, the plot's path, the settings.
 
+    ``runs``: each run done, by name, in the order run (:data:`~.settings.RUNS`; the
+    engine-priority run only when the engines ran in priority mode, see ``scheduling``).
     ``pids``: the processes it started (all stopped by then).  ``problems``: what went wrong
     that the table alone would not explain (error answers, with the server's last log lines).
+    ``priorities``: the ``priority`` each tier's requests carried in the engine-priority run
+    (empty when there was none).  ``scheduling``: the engines' ``--scheduling``.
     """
 
     settings: DemoSettings
@@ -65,13 +70,33 @@ class DemoReport:
     pids: list[int]
     slos: Mapping[str, SloPolicy] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    priorities: Mapping[str, int] = field(default_factory=dict)
+    scheduling: str = "fcfs"
 
     def summary(self, run: str, tier: str) -> TierSummary:
-        """The row of ``tier`` in ``run`` (``"gateway"`` or ``"direct"``)."""
+        """The row of ``tier`` in ``run`` (a key of ``runs``: ``"gateway"``, ``"direct"``,
+        ``"direct_priority"``)."""
         for s in self.summaries:
             if s.run == run and s.tier == tier:
                 return s
         raise KeyError((run, tier))
+
+    def tiers(self) -> list[str]:
+        """The tiers of the table, in its order (the config's)."""
+        return list(dict.fromkeys(s.tier for s in self.summaries))
+
+    def versus(self, run: str) -> list[tuple[str, int, int]]:
+        """Per tier: ``(tier, requests in SLO through the gateway, in SLO in run)``."""
+        return [
+            (t, self.summary(GATEWAY, t).within_slo, self.summary(run, t).within_slo)
+            for t in self.tiers()
+        ]
+
+    def tokens_wasted(self, run: str) -> int:
+        """Tokens streamed in ``run`` for requests that never completed (cut at the
+        deadline, hung up, failed): work the engines did for nothing."""
+        rr = self.runs[run].replay
+        return sum(r.tokens for r in rr.results if r.outcome is not ReplayOutcome.COMPLETED)
 
     def throughput(self, run: str) -> tuple[float, float]:
         """``(completed requests, completion tokens)`` per second of ``run``'s duration."""
@@ -80,7 +105,7 @@ class DemoReport:
         return len(done) / rr.duration_s, sum(r.tokens for r in done) / rr.duration_s
 
 
-async def _both_runs(
+async def _all_runs(
     s: DemoSettings,
     wl: Workload,
     gateway_url: str,
@@ -88,8 +113,11 @@ async def _both_runs(
     keys: Mapping[str, str],
     admin_token: str | None,
     band_limits: Mapping[str, int],
+    priorities: Mapping[str, int] | None,
     console: Console,
 ) -> dict[str, RunResult]:
+    """The runs in order, the engines idle before each one after the first; the
+    engine-priority run only with ``priorities`` (tier -> the body's ``priority``)."""
     bound = s.window_s + s.drain_s
     # Sockets: more than the ~1,250 requests open at once in the direct run, so that the
     # client's connection pool never queues requests itself (that would be admission).
@@ -101,20 +129,27 @@ async def _both_runs(
     runs: dict[str, RunResult] = {}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=1.0)) as session:
         mon = Monitor(session, gateway_url, admin_token, engine_urls)
-        plan = (
-            (
-                GATEWAY,
-                "run 1/2: through the gateway",
-                ReplayConfig((gateway_url,), keys, **bounds),
-            ),
+        plan = [
+            (GATEWAY, "through the gateway", ReplayConfig((gateway_url,), keys, **bounds)),
             (
                 DIRECT,
-                "run 2/2: straight to the engines, no admission",
+                "straight to the engines, no admission",
                 ReplayConfig(tuple(engine_urls), "sk-direct", **bounds),
             ),
-        )
+        ]
+        if priorities is not None:
+            plan.append(
+                (
+                    DIRECT_PRIORITY,
+                    "straight to the engines, no admission, the tier as the engine's priority",
+                    ReplayConfig(tuple(engine_urls), "sk-direct", priorities=priorities, **bounds),
+                )
+            )
         animate = s.live and console.is_terminal
-        for name, title, rcfg in plan:
+        for i, (name, what, rcfg) in enumerate(plan, 1):
+            if i > 1 and not await mon.wait_engines_idle(10.0):
+                console.print(f"[yellow]engines still busy 10 s after run {i - 1}; going on[/]")
+            title = f"run {i}/{len(plan)}: {what}"
             if not animate:
                 console.print(f"{title} ...")
             live = Live(console=console, auto_refresh=False) if animate else None
@@ -122,15 +157,39 @@ async def _both_runs(
                 runs[name] = await run_phase(
                     name, title, wl.requests, rcfg, mon, s, band_limits, view, console
                 )
-            if name == GATEWAY and not await mon.wait_engines_idle(10.0):
-                console.print("[yellow]engines still busy 10 s after run 1; going on[/]")
     return runs
 
 
-def start_engines(s: DemoSettings, stack: contextlib.ExitStack) -> list[launch.ServerProcess]:
-    """The demo's two engines (``s.profile`` at ``s.speed``), started in parallel; each
-    registered in ``stack`` to be stopped (also those started when another failed)."""
-    args = ("--speed", f"{s.speed:g}", "--profile", s.profile)
+def start_engines(
+    s: DemoSettings, stack: contextlib.ExitStack, scheduling: str = "fcfs"
+) -> list[launch.ServerProcess]:
+    """The demo's two engines (``s.profile`` at ``s.speed``, ``--scheduling scheduling``,
+    then ``s.engine_args``), started in parallel; each registered in ``stack`` to be
+    stopped (also those started when another failed).
+
+    ``scheduling="priority"`` (vLLM's ``--scheduling-policy priority``) leaves a run whose
+    requests carry no ``priority`` first come, first served, as ``fcfs`` would (read in
+    :mod:`velvetrope.engine`): the server submits such a request with priority 0
+    (``req.priority or 0``), so the waiting queue (``queues.PriorityQueue``) orders by
+    ``(0, arrival, order)``, that is by arrival.  ``fcfs`` keeps every running sequence
+    ahead of every waiting one in arrival order (admission from the head, new arrivals at
+    the back, a preempted sequence back at the front), so the two modes pick the same
+    preemption victim (the latest arrival that priority mode picks is the latest admitted
+    that ``fcfs`` picks) and put it back at the same place.  The one difference: ties go by
+    the model's arrival time (when the HTTP request reached the server) instead of
+    submission order, so two requests parsed out of order within one step may swap.
+    """
+    if scheduling not in ("fcfs", "priority"):
+        raise PolicyError(f"engine scheduling must be fcfs or priority, got {scheduling!r}")
+    args = (
+        "--speed",
+        f"{s.speed:g}",
+        "--profile",
+        s.profile,
+        "--scheduling",
+        scheduling,
+        *s.engine_args,
+    )
     ex = ThreadPoolExecutor(2)
     futs = [ex.submit(launch.start_engine, *args) for _ in range(2)]
     try:
@@ -148,6 +207,16 @@ def start_engines(s: DemoSettings, stack: contextlib.ExitStack) -> list[launch.S
         if err is not None:
             raise err
     return engines
+
+
+def engine_priorities(policy: PolicyConfig) -> dict[str, int] | None:
+    """The ``priority`` per tier of the engine-priority run: the tier's index in
+    ``policy.tiers`` (0 = the top tier), what a user of vLLM's priority mode sends and what
+    the gateway forwards (:class:`~velvetrope.core.engine_priority.EnginePriority`).
+    ``None`` when no pool forwards the engine priority: the engines then run FCFS."""
+    if not EnginePriority(policy).enabled:
+        return None
+    return {t.name: i for i, t in enumerate(policy.tiers)}
 
 
 def gateway_config(
@@ -175,9 +244,12 @@ def run_demo(settings: DemoSettings | None = None, console: Console | None = Non
     """Run the demo (see the module docstring), print its report and return it.
 
     Starts two engines and the gateway on loopback, runs the workload through the gateway,
-    then straight to the engines, prints the table and writes the plot to
-    ``settings.out_dir / "demo.png"``.  Every process started is stopped before returning,
-    also when an error or Ctrl-C ends the demo early.
+    then straight to the engines, then (engines in priority mode) straight to the engines
+    with the tier as each request's ``priority``; prints the table and writes the plot to
+    ``settings.out_dir / "demo.png"``.  The engines run in vLLM's priority mode when a pool
+    of the config forwards the engine priority (``pools[].engine_priority``), else FCFS and
+    the third run is left out (said in the output).  Every process started is stopped
+    before returning, also when an error or Ctrl-C ends the demo early.
     """
     s = settings or DemoSettings()
     if console is None:
@@ -195,6 +267,8 @@ def run_demo(settings: DemoSettings | None = None, console: Console | None = Non
     band_limits = {t.name: t.max_queued or policy.queue.max_queued for t in policy.tiers}
     slots = sum(p.in_flight_ceiling for p in policy.pools)
     slos: dict[str, SloPolicy] = dict(s.slos) if s.slos is not None else config_slos(policy)
+    priorities = engine_priorities(policy)
+    scheduling = "fcfs" if priorities is None else "priority"
     wl = build_workload(s, slots)
     cap = wl.capacity
     console.print(
@@ -212,18 +286,25 @@ def run_demo(settings: DemoSettings | None = None, console: Console | None = Non
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="velvetrope-demo-")))
         t_start = time.monotonic()
-        engines = start_engines(s, stack)
+        engines = start_engines(s, stack, scheduling)
         pids += [e.pid for e in engines]
         cfg = gateway_config(base, [e.url for e in engines], s.preset)
         gw = launch.start_gateway(cfg, tmp)
         stack.callback(gw.stop, 5.0)
         pids.append(gw.pid)
         console.print(
-            f"  started engines {[e.url for e in engines]} and gateway {gw.url} "
-            f"(preset {cfg.get('policy', {}).get('preset')}) in {time.monotonic() - t_start:.1f}s"
+            f"  started engines {[e.url for e in engines]} (--scheduling {scheduling}) and "
+            f"gateway {gw.url} (preset {cfg.get('policy', {}).get('preset')}) "
+            f"in {time.monotonic() - t_start:.1f}s"
         )
+        if priorities is None:
+            console.print(
+                f"  no pool of {s.config_path.name} forwards the engine priority "
+                "(pools[].engine_priority): the engines run FCFS and the run with the tier "
+                "as the engine's priority is left out"
+            )
         runs = asyncio.run(
-            _both_runs(
+            _all_runs(
                 s,
                 wl,
                 gw.url,
@@ -231,13 +312,14 @@ def run_demo(settings: DemoSettings | None = None, console: Console | None = Non
                 keys,
                 cfg.get("admin_token"),
                 band_limits,
+                priorities,
                 console,
             )
         )
         problems = _problems(runs, gw, engines)
     summaries: list[TierSummary] = []
     for tier in tiers:
-        for run in RUNS:
+        for run in runs:
             summaries += summarize(run, runs[run].replay.results, s.window_s, slos, [tier])
     plot = plot_runs(runs, summaries, s.out_dir / "demo.png", tiers, s.window_s)
     report = DemoReport(
@@ -252,6 +334,8 @@ def run_demo(settings: DemoSettings | None = None, console: Console | None = Non
         pids=pids,
         slos=slos,
         problems=problems,
+        priorities=priorities or {},
+        scheduling=scheduling,
     )
     _print_report(report, console)
     return report
@@ -264,7 +348,8 @@ def _problems(
 ) -> list[str]:
     """Error answers per run, by status and code, with the servers' last stderr lines."""
     out: list[str] = []
-    for run, procs in ((GATEWAY, [gateway]), (DIRECT, list(engines))):
+    for run in runs:
+        procs = [gateway] if run == GATEWAY else list(engines)
         bad = Counter(
             (r.status, r.error_code or "")
             for r in runs[run].replay.results
@@ -281,20 +366,33 @@ def _problems(
     return out
 
 
+def _versus_line(report: DemoReport, run: str) -> str:
+    """Per tier, whether the gateway got at least as many requests within SLO as ``run``."""
+    name = "engines (priority)" if run == DIRECT_PRIORITY else RUN_LABEL[run]
+    parts = [
+        f"{tier} {g} {'≥' if g >= o else '<'} {o} {'✓' if g >= o else '✗'}"
+        for tier, g, o in report.versus(run)
+    ]
+    return f"  in SLO, gateway vs {name}: " + ", ".join(parts)
+
+
 def _print_report(report: DemoReport, console: Console) -> None:
     s = report.settings
     console.print(render_table(report.summaries, report.slos))
-    for run in RUNS:
+    width = max(len(RUN_LABEL[run]) for run in report.runs)
+    for run in report.runs:
         rr = report.runs[run].replay
         rps, tps = report.throughput(run)
-        cut_tokens = sum(r.tokens for r in rr.results if r.outcome is not ReplayOutcome.COMPLETED)
         good = sum(x.within_slo for x in report.summaries if x.run == run)
         console.print(
-            f"  {RUN_LABEL[run]:>22}: {rr.duration_s:4.1f}s, completed {rps:5.1f} req/s "
+            f"  {RUN_LABEL[run]:>{width}}: {rr.duration_s:4.1f}s, completed {rps:5.1f} req/s "
             f"({tps:,.0f} tokens/s), in SLO {good}/{len(rr.results)} "
             f"= {good / s.window_s:.1f}/s; tokens generated for requests never completed: "
-            f"{cut_tokens:,}; loadgen max send lag {rr.max_send_lag_s * 1000:.0f} ms"
+            f"{report.tokens_wasted(run):,}; loadgen max send lag "
+            f"{rr.max_send_lag_s * 1000:.0f} ms"
         )
+    if DIRECT_PRIORITY in report.runs:
+        console.print(_versus_line(report, DIRECT_PRIORITY), highlight=False)
     console.print(
         "  latencies in wall seconds from send; percentiles over requests not rejected; "
         "'≥' = lower bound (requests cut at the deadline count with the time they waited)"

@@ -1,4 +1,4 @@
-"""What the demo can vary (:class:`DemoSettings`), its two runs, and the example config.
+"""What the demo can vary (:class:`DemoSettings`), its three runs, and the example config.
 
 Bad settings raise :class:`~velvetrope.errors.PolicyError`; a missing or unusable config
 raises :class:`~velvetrope.errors.ConfigError`.
@@ -19,6 +19,7 @@ from velvetrope.yaml_config import parse_yaml, read_text
 __all__ = [
     "DEFAULT_CONFIG",
     "DIRECT",
+    "DIRECT_PRIORITY",
     "GATEWAY",
     "RUNS",
     "RUN_LABEL",
@@ -34,9 +35,20 @@ to it; ``velvetrope init`` writes a copy to edit)."""
 GATEWAY = "gateway"
 """The run through the gateway."""
 DIRECT = "direct"
-"""The run straight to the engines, round-robin, with no admission."""
-RUNS = (GATEWAY, DIRECT)
-RUN_LABEL = {GATEWAY: "gateway", DIRECT: "direct (no admission)"}
+"""The run straight to the engines, round-robin, with no admission and no ``priority``
+field: first come, first served (also when the engines run in priority mode)."""
+DIRECT_PRIORITY = "direct_priority"
+"""The run straight to the engines, round-robin, with no admission, each request carrying
+its tier's index in ``policy.tiers`` as vLLM's ``priority`` (0 = the top tier): what a user
+gets from vLLM's ``--scheduling-policy priority`` alone.  Only when the engines run in
+priority mode (a pool of the config sets ``engine_priority: true``)."""
+RUNS = (GATEWAY, DIRECT, DIRECT_PRIORITY)
+"""Every run, in the order the demo runs them."""
+RUN_LABEL = {
+    GATEWAY: "gateway",
+    DIRECT: "direct (no admission)",
+    DIRECT_PRIORITY: "direct, engine priority = tier",
+}
 """How each run is named in the report."""
 
 
@@ -49,7 +61,9 @@ class DemoSettings:
     derived capacity.  ``preset``: replace the config's ``policy.preset`` (``None``: keep it).
     ``slos``: goodput's SLO per tier (``None``: the config's ``tiers[].slo``, else the
     simulator's default), in wall seconds at demo speed.  ``live``: draw the live view (only
-    on a terminal; elsewhere a line every few seconds).
+    on a terminal; elsewhere a line every few seconds).  ``engine_args``: more ``velvetrope
+    engine`` arguments for both engines, after the demo's own (e.g. ``("--set",
+    "max_num_seqs=16")``); the workload's capacity is still derived from ``profile`` alone.
     """
 
     window_s: float = 20.0
@@ -67,12 +81,16 @@ class DemoSettings:
     slos: Mapping[str, SloPolicy] | None = None
     live: bool = True
     poll_s: float = 0.25
+    engine_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("window_s", "drain_s", "speed", "overload", "poll_s"):
             checks.number(name, getattr(self, name))
         if self.trace_start_s < 0:
             raise PolicyError(f"trace_start_s must be >= 0, got {self.trace_start_s}")
+        if isinstance(self.engine_args, str):
+            raise PolicyError("engine_args must be a sequence of arguments, not one string")
+        object.__setattr__(self, "engine_args", tuple(self.engine_args))
 
     @classmethod
     def quick(cls, **overrides: Any) -> DemoSettings:
