@@ -185,6 +185,19 @@ class Pool:
             return Reason.WAIT_EXCEEDS_SLO, max(_DEFAULT_RETRY_S, eta - max_wait), msg
         return None
 
+    def in_flight_limit(self) -> int:
+        """The most this pool lets be in flight now: the adaptive limit, else the TPOT
+        limit where it is known (within the ceiling), else the fixed count or ceiling."""
+        if self.limit is not None:
+            return self.limit.value
+        cap = self.capacity
+        tl = self.tpot_limit
+        if tl is not None:
+            per = tl.per_engine()
+            if per != float("inf"):
+                return min(cap.max_in_flight, int(per * cap.engines))
+        return cap.max_in_flight
+
     def status(self) -> dict[str, Any]:
         """Its queue by band, work in flight against its limits, engines, drain rate; in
         ``limit: slo`` mode the TPOT limit's fit and the headroom's passes."""
@@ -195,7 +208,7 @@ class Pool:
             "bands": {b.name: {"queued": len(b), "tokens": b.tokens} for b in self.sched.bands},
             "in_flight": cap.in_flight,
             "tokens_in_flight": cap.tokens,
-            "max_in_flight": cap.max_in_flight if self.limit is None else self.limit.value,
+            "max_in_flight": self.in_flight_limit(),
             "max_tokens_in_flight": cap.max_tokens,
             "engines": cap.engines,
             "drain_tokens_per_s": self.drain.rate,

@@ -39,6 +39,7 @@ from velvetrope.demo.settings import (
 )
 from velvetrope.demo.summary import TierSummary, render_table, summarize
 from velvetrope.demo.workload import Capacity, Workload, build_workload
+from velvetrope.engine import load_profile
 from velvetrope.errors import ConfigError, PolicyError
 from velvetrope.serving import launch
 from velvetrope.sim.metrics import config_slos, slo_for, slo_text
@@ -266,6 +267,9 @@ def run_demo(settings: DemoSettings | None = None, console: Console | None = Non
     tiers = [t.name for t in policy.tiers]
     band_limits = {t.name: t.max_queued or policy.queue.max_queued for t in policy.tiers}
     slots = sum(p.in_flight_ceiling for p in policy.pools)
+    slo_limit = any(p.limit_mode == "slo" for p in policy.pools)
+    if slo_limit:  # no slot count: at most what the engines seat
+        slots = min(slots, 2 * load_profile(s.profile).max_num_seqs)
     slos: dict[str, SloPolicy] = dict(s.slos) if s.slos is not None else config_slos(policy)
     priorities = engine_priorities(policy)
     scheduling = "fcfs" if priorities is None else "priority"
@@ -277,8 +281,12 @@ def run_demo(settings: DemoSettings | None = None, console: Console | None = Non
         f"{wl.offered_rps:.1f} req/s offered\n"
         f"  capacity (derived from the engine model, {s.profile} at speed {s.speed:g}, 2 engines):"
         f" {cap.engines_rps:.1f} req/s  → offered = {wl.offered_rps / cap.engines_rps:.2f}×;"
-        f" with the gateway's {slots} slots ({cap.slots_per_engine} per engine):"
-        f" {cap.gateway_rps:.1f} req/s\n"
+        + (
+            f" with the gateway's limits from the SLOs (at most the engines' {slots} seats):"
+            if slo_limit
+            else f" with the gateway's {slots} slots ({cap.slots_per_engine} per engine):"
+        )
+        + f" {cap.gateway_rps:.1f} req/s\n"
         f"  SLOs (wall s at demo speed, from {'the settings' if s.slos else 'the config'}): "
         + "; ".join(f"{t}: {_slo_text(slo_for(t, slos), s)}" for t in tiers)
     )

@@ -1,0 +1,107 @@
+"""The settings of a pool's in-flight limits other than a fixed count: the adaptive limit
+(:mod:`velvetrope.core.limit`) and the limits derived from the tiers' SLOs
+(:mod:`velvetrope.core.tpot_limit`, :mod:`velvetrope.core.headroom`).  Part of the
+policy models of :mod:`velvetrope.core.policy`, which re-exports them."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = ["AdaptiveLimitPolicy", "SloLimitPolicy"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AdaptiveLimitPolicy(_Model):
+    """The adaptive in-flight limit of a pool without ``max_in_flight`` (see
+    :mod:`velvetrope.core.limit`): it tracks the knee of the pool's throughput curve, the
+    smallest concurrency that keeps ``target`` of the best throughput seen."""
+
+    initial: float = Field(
+        16.0,
+        ge=1,
+        description="First limit per live engine, before anything is measured (the pool "
+        "starts at this × its engines when it knows them).",
+    )
+    floor: int = Field(1, ge=1, description="The limit never goes below this.")
+    ceiling: int = Field(4096, ge=1, description="The limit never goes above this.")
+    target: float = Field(
+        0.98, gt=0, lt=1, description="Share of the best throughput seen that the knee keeps."
+    )
+    window_s: float = Field(3.0, gt=0, description="Shortest measurement window, seconds.")
+    settle_s: float = Field(
+        1.0, ge=0, description="Seconds after each change of the limit before measuring."
+    )
+    min_jobs: int = Field(20, ge=1, description="Jobs with samples needed to close a window.")
+    ramp: float = Field(
+        0.5, gt=0, le=4, description="Slots opened per job that ends while the limit rises."
+    )
+    probe_gain: float = Field(
+        1.2, gt=1, le=4, description="Probe windows run at this multiple of the base limit."
+    )
+    gradient: float = Field(
+        0.5,
+        gt=0,
+        lt=1,
+        description="The knee: where this share of each extra job in flight waits for its "
+        "first token (an engine queue forms).",
+    )
+    pairs: int = Field(
+        3, ge=1, description="Pairs of windows whose slopes are pooled near the knee."
+    )
+    history: int = Field(24, ge=2, description="Recent windows kept for inspection.")
+    max_step: float = Field(1.5, gt=1, le=4, description="Largest change of one step (factor).")
+    gain: float = Field(
+        0.1,
+        gt=0,
+        le=1,
+        description="How far one pair of windows moves the limit: this times the log of "
+        "gradient over the measured slope.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> AdaptiveLimitPolicy:
+        if self.floor > self.ceiling:
+            raise ValueError(f"floor {self.floor} is above ceiling {self.ceiling}")
+        return self
+
+
+class SloLimitPolicy(_Model):
+    """The pool's limits in ``limit: slo`` mode, derived from the tiers' SLOs and what the
+    engines are measured to do (:mod:`velvetrope.core.tpot_limit`,
+    :mod:`velvetrope.core.headroom`).  The defaults are margins, not capacities: nothing
+    here depends on the model, the GPU or the traffic."""
+
+    tpot_margin_sd: float = Field(
+        3.0,
+        ge=0,
+        description="In flight per engine up to where the measured TPOT, plus this many "
+        "standard deviations of the requests' TPOT around the fit, reaches the tightest "
+        "TPOT objective among the tiers running.",
+    )
+    half_life: float = Field(
+        200.0,
+        gt=0,
+        description="TPOT samples (completed streamed responses) after which an old "
+        "sample's weight in the fit has halved: how fast the limit follows a change.",
+    )
+    min_samples: int = Field(30, ge=2, description="Samples needed before the TPOT limit binds.")
+    min_spread: float = Field(
+        4.0,
+        gt=0,
+        description="Range of in-flight per engine the samples must span before the "
+        "TPOT limit binds (a line through one point says nothing of its slope).",
+    )
+    headroom_share: float = Field(
+        0.75,
+        gt=0,
+        le=1,
+        description="A job of a tier with a TTFT objective passes the engines' saturation "
+        "brake when the jobs an engine starts before it are started within this share of "
+        "its remaining TTFT (the rest covers its prefill and measurement error).",
+    )
+    start_window_s: float = Field(
+        5.0, gt=0, description="Window over which the engines' start rate is measured."
+    )
