@@ -154,6 +154,28 @@ def test_headroom_lets_a_job_start_when_the_engines_start_it_in_time() -> None:
     assert h.passes == 2
 
 
+def test_headroom_corrects_a_prediction_that_proves_optimistic() -> None:
+    h = TierHeadroom({"interactive": 1.0}, ordered=True, share=1.0, window_s=5.0)
+    for i in range(10):  # 2 starts per second: a lone job is predicted to start in 0.5 s
+        j = _job("interactive", band=0)
+        h.started(j, i * 0.5)
+        h.first_token(j, i * 0.5)
+    now = 4.5
+    for _ in range(20):  # each one let through starts in 2 s, four times the prediction
+        job = _job("interactive", band=0)
+        job.arrival = now
+        assert h.admits(job, now) or h.bias > 1.5
+        if job.id in h._passed:
+            h.started(job, now)
+            h.first_token(job, now + 2.0)
+            h._firsts.clear()
+            h._firsts.extend([now + 2.0 - 0.5 * k for k in range(10)])
+    assert h.bias > 1.5, h.bias
+    late = _job("interactive", band=0)
+    late.arrival = now
+    assert not h.admits(late, now)  # 0.5 s × bias > the 1 s it has
+
+
 def test_headroom_counts_only_what_an_ordered_engine_starts_first() -> None:
     ordered = TierHeadroom({"interactive": 2.0}, ordered=True, share=1.0, window_s=1.0)
     fcfs = TierHeadroom({"interactive": 2.0}, ordered=False, share=1.0, window_s=1.0)

@@ -404,6 +404,9 @@ class AdmissionController:
             tbound = self._bounds[tenant] = self.tenant_policy(tenant).max_queued
         tq = self._tenant_queued.get(tenant, 0)
         wait = self._tier_max_wait[tier]
+        if job.deadline is not None:  # the request's own, tighter bound (a header)
+            own = job.deadline - job.arrival
+            wait = own if wait is None or own < wait else wait
         return pool.shed(job, band, wait, tq, tbound, self.queued, self._max_queued)
 
     def _arrive_shadow(

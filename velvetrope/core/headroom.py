@@ -13,8 +13,11 @@ holds (:meth:`~velvetrope.core.saturation.EngineSaturation.admits`):
   token yet (they wait in an engine or are in prefill), and measures the rate at which the
   pool's jobs reach their first token (the engines' *start rate*, over ``window_s``);
 * a job may go now when the jobs an engine will start before it, plus itself, are started
-  within ``share`` of the TTFT it has left: ``(ahead + 1) / start_rate ≤ share × (arrival +
-  ttft − now)``.  When the engines order their own queue by the tier (``ordered``: the
+  within ``share`` of the TTFT it has left: ``bias × (ahead + 1) / start_rate ≤ share ×
+  (arrival + ttft − now)``, where ``bias`` is the measured time to first token of the jobs
+  let through over what was predicted for them (smoothed; 1 at first): a prediction that
+  proves optimistic, for prompts whose prefill takes long in a full batch, corrects itself.
+  When the engines order their own queue by the tier (``ordered``: the
   tier is forwarded as the engine's ``priority``, :mod:`velvetrope.core.engine_priority`)
   only jobs of the same or a higher band are ahead of it; otherwise every job not yet
   started is.  ``share`` (default ½) leaves the rest of the budget to prefill and to
@@ -48,12 +51,26 @@ __all__ = ["LowerTierCeiling", "TierHeadroom"]
 
 _DEFAULT_SHARE: Final = 0.5
 _DEFAULT_WINDOW_S: Final = 5.0
+_BIAS_GAIN: Final = 0.1  # smoothing of the prediction's measured error
+_MIN_BIAS: Final = 0.25
+_MAX_BIAS: Final = 20.0
 
 
 class TierHeadroom:
     """The headroom rule of one pool; see the module docstring."""
 
-    __slots__ = ("_firsts", "_waiting", "_where", "ordered", "passes", "share", "ttft", "window_s")
+    __slots__ = (
+        "_firsts",
+        "_passed",
+        "_waiting",
+        "_where",
+        "bias",
+        "ordered",
+        "passes",
+        "share",
+        "ttft",
+        "window_s",
+    )
 
     def __init__(
         self,
@@ -72,6 +89,10 @@ class TierHeadroom:
         self._waiting: dict[int, int] = {}
         self._where: dict[str, int] = {}
         self._firsts: deque[float] = deque()
+        self._passed: dict[str, tuple[float, float]] = {}  # job id -> (passed at, predicted)
+        self.bias = 1.0
+        """Measured over predicted time to first token of the jobs let through (smoothed):
+        the prediction's error, which later predictions are corrected by."""
 
     def retarget(self, ttft_by_tier: Mapping[str, float | None]) -> None:
         """Take the tiers' TTFT objectives of a reloaded policy (counts are kept)."""
@@ -86,17 +107,23 @@ class TierHeadroom:
         self._waiting[band] = self._waiting.get(band, 0) + 1
 
     def first_token(self, job: Job, now: float) -> None:
-        """``job`` produced its first token: it has started; one more start measured."""
+        """``job`` produced its first token: it has started; one more start measured (and,
+        for a job this rule let through, how long its start took against the prediction)."""
         band = self._where.pop(job.id, None)
         if band is not None:
             self._waiting[band] -= 1
         self._firsts.append(now)
+        passed = self._passed.pop(job.id, None)
+        if passed is not None:
+            ratio = (now - passed[0]) / passed[1]
+            self.bias = min(_MAX_BIAS, max(_MIN_BIAS, self.bias + _BIAS_GAIN * (ratio - self.bias)))
 
     def ended(self, job: Job, now: float) -> None:
         """``job`` ended (any outcome); if it never produced a token it stops waiting."""
         band = self._where.pop(job.id, None)
         if band is not None:
             self._waiting[band] -= 1
+        self._passed.pop(job.id, None)
 
     # -- the rule ----------------------------------------------------------------------
 
@@ -126,9 +153,11 @@ class TierHeadroom:
         if rate <= 0.0:
             return False
         left = job.arrival + ttft - now
-        if (self.ahead(job.band) + 1) / rate > self.share * left:
+        predicted = (self.ahead(job.band) + 1) / rate
+        if predicted * self.bias > self.share * left:
             return False
         self.passes += 1
+        self._passed[job.id] = (now, predicted)
         return True
 
 

@@ -175,6 +175,9 @@ class Pool:
         if queued >= max_queued:
             return Reason.QUEUE_FULL, self.retry_s(sched.tokens), "the queue is full"
         eta = self.drain.seconds_for(sched.ahead(band)[1])
+        if max_wait is not None and max_wait <= 0.0:
+            msg = "the request may not wait (do-not-queue, or its deadline passed) and cannot start"
+            return Reason.WAIT_EXCEEDS_SLO, self.retry_s(sched.ahead(band)[1]), msg
         sat = self.saturation
         if max_wait is not None and eta is not None and eta > max_wait:
             if sat is not None and sat.warming(job.arrival):  # asked as the job arrives

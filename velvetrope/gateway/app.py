@@ -63,6 +63,7 @@ from velvetrope.gateway.parse import (
 from velvetrope.gateway.proxy import UpstreamAnswer, forward
 from velvetrope.gateway.relay import UsageTally
 from velvetrope.gateway.reload import Reloader
+from velvetrope.gateway.request_slo import DO_NOT_QUEUE_HEADER, SLO_TTFT_HEADER, request_deadline
 from velvetrope.gateway.upstreams import Resolver, UpstreamState
 from velvetrope.openai.errors import error_body, error_payload, retry_headers
 from velvetrope.openai.tokenizer import ApproxTokenizer, Tokenizer, get_tokenizer
@@ -363,6 +364,15 @@ class Gateway:
             self.settings.default_max_tokens,
             expected_tokens(header(scope, EXPECTED_TOKENS_HEADER)),
         )
+        try:
+            job.deadline = request_deadline(
+                header(scope, SLO_TTFT_HEADER),
+                header(scope, DO_NOT_QUEUE_HEADER),
+                self.ctl.clock.now(),
+            )
+        except RequestError as e:
+            await _error(send, e.status, e.message, e.code, e.param)
+            return
         if not self.settings.admission:
             pool, _ = self.ctl.router.match(job)  # rules on model and tier; no prediction
             await self._passthrough(kind, pool, parsed.stream, parsed.raw, send)
