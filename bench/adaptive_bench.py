@@ -108,7 +108,7 @@ def main() -> None:
         best_i = int(np.argmax(sw.throughput))
         best_limit = sw.limits[best_i]
         clients = int(2 * sw.knee) + 32
-        adaptive = run(profile_name, pairs, {}, clients)
+        adaptive = run(profile_name, pairs, {"limit": "adaptive"}, clients)
         fixed = run(profile_name, pairs, {"max_in_flight": best_limit}, clients)
         start = RUN_S / 3
         mean_limit = adaptive.mean("limit", start, RUN_S)

@@ -80,7 +80,9 @@ def test_the_adaptive_limit_converges_to_the_knee(
 ) -> None:
     prof, pairs, sw = sweeps[case]
     clients = int(2 * sw.knee)
-    res = run_closed_loop(policy(), prof, pairs, replicas=1, clients=clients, duration_s=RUN_S)
+    res = run_closed_loop(
+        policy(limit="adaptive"), prof, pairs, replicas=1, clients=clients, duration_s=RUN_S
+    )
     assert res.mean("limit", SETTLED, RUN_S) == pytest.approx(sw.knee, rel=0.10)
     assert res.limit[0] < 0.5 * sw.knee  # it started far below and found it
     best = int(sw.limits[max(range(len(sw.limits)), key=lambda i: sw.throughput[i])])
@@ -95,7 +97,7 @@ def test_the_adaptive_limit_follows_the_pool_when_it_doubles_and_halves(
 ) -> None:
     prof, pairs, sw = sweeps["h100-code"]
     res = run_closed_loop(
-        policy(),
+        policy(limit="adaptive"),
         prof,
         pairs,
         replicas=1,

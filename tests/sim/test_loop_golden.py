@@ -27,7 +27,7 @@ GOLDEN = {
     "stress-same-instant": "487eb906d11e62740b8687a5e44c7449d73f4fe1",
     "conv-overload": "26fef8d22e17940b079bf4ba0fe2833b47eaeb03",
     "code-prefix": "8020944ff0d6bc728a5d26349d2998ce66e4418d",
-    "routes-degrade-engines": "eb088e7fe06fad5ca215a455b09ce9c322d481f0",
+    "routes-degrade-engines": "cd03549406d9f27e196f31c560d573ae6fa7e01e",
 }
 
 REGENERATE = "python -m tests.sim.golden --write {name} (then paste its digest into GOLDEN)"
