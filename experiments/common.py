@@ -80,11 +80,13 @@ def make_policy(
 
     The engine-saturation rule is off unless ``saturation`` is given: studies (a) to (f)
     predate it and their reports were measured without it (the engines there rarely queue:
-    64 slots per replica against an engine that runs 1,024).
+    64 slots per replica against an engine that runs 1,024).  Likewise a tier's queue is
+    bounded in time only by its ``max_wait_s`` (``queue.wait_from_slo`` off unless
+    ``queue`` says otherwise): the studies' baselines with no admission shed nothing.
     """
     doc: dict[str, Any] = {
         "preset": preset,
-        "queue": {"max_queued": max_queued, **(queue or {})},
+        "queue": {"max_queued": max_queued, "wait_from_slo": False, **(queue or {})},
         "pools": list(pools)
         if pools is not None
         else [{"name": "default", "max_in_flight": max_in_flight}],

@@ -64,8 +64,9 @@ from harness.soak_probe import SERIES, Probe, Sample
 from harness.soak_report import plot_samples, verdict_line, write_csv
 from harness.soak_trend import Trend, fit, verdict, warmup_cut
 from tests.support.redis_server import RedisServer
+from velvetrope.config import load_config
 from velvetrope.demo.loadgen import LiveCounters, ReplayConfig
-from velvetrope.demo.run import gateway_config, start_engines
+from velvetrope.demo.run import engine_priorities, gateway_config, start_engines
 from velvetrope.demo.settings import DEFAULT_CONFIG, DemoSettings, read_config, tenant_keys
 from velvetrope.serving import launch
 
@@ -224,7 +225,9 @@ def run_soak(opts: SoakOptions, say: Callable[[str], None] = print) -> SoakResul
         server = RedisServer()
         server.start()
         stack.callback(server.stop)
-        engines = start_engines(DemoSettings(speed=opts.speed), stack)
+        policy = load_config(opts.config).policy
+        scheduling = "fcfs" if engine_priorities(policy) is None else "priority"
+        engines = start_engines(DemoSettings(speed=opts.speed), stack, scheduling)
         cfg = gateway_config(base, [e.url for e in engines], None)
         cfg["state"] = {**(cfg.get("state") or {}), "url": server.url}
         if opts.max_in_flight is not None:

@@ -306,6 +306,12 @@ def test_a_job_that_cannot_start_within_its_ttft_is_refused_at_arrival() -> None
     assert isinstance(late, Rejected) and late.reason.code == "wait_exceeds_slo"
     batch = ctl.arrive(make_job(tenant="initech", tier="batch"))  # 120 s allowed: queued
     assert type(batch).__name__ == "Queued"
+    cfg["queue"] = {"bands": "strict", "wait_from_slo": False}  # no bound in time
+    ctl, _ = controller(cfg)
+    for _ in range(3):
+        assert type(ctl.arrive(make_job(tenant="acme", tier="interactive"))).__name__ != (
+            "Rejected"
+        )
 
 
 def test_the_limit_mode_defaults_and_its_errors() -> None:

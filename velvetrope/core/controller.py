@@ -144,7 +144,8 @@ class AdmissionController:
         self._reserve_max = config.estimator.reserve == "max_tokens"
         self._tenants = {t.name: t for t in config.tenants}
         self._tier_index = {t.name: i for i, t in enumerate(config.tiers)}
-        self._tier_max_wait = [t.wait_bound_s for t in config.tiers]
+        slo = config.queue.wait_from_slo
+        self._tier_max_wait = [t.wait_bound_s if slo else t.max_wait_s for t in config.tiers]
         self._specs = ClaimSpecs(config, lambda tenant: self.tenant_policy(tenant).limits)
         self._bounds: dict[str, int | None] = {}
         self._max_queued = config.queue.max_queued

@@ -457,6 +457,11 @@ class QueuePolicy(_Model):
         "tier's max_wait_s, else slo.ttft_s, else slo.e2e_s).",
     )
     max_queued: int = Field(10_000, ge=0, description="Global bound on queued jobs.")
+    wait_from_slo: bool = Field(
+        True,
+        description="A tier without max_wait_s waits at most its SLO's ttft_s, else its "
+        "e2e_s (false: such a tier's queue has no bound in time).",
+    )
     vtc_input_weight: float = Field(1.0, ge=0, description="VTC weight of a prompt token.")
     vtc_output_weight: float = Field(2.0, ge=0, description="VTC weight of an output token.")
     aging_s: float = Field(

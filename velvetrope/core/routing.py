@@ -107,7 +107,8 @@ class Router:
         ]
         self._default = config.pools[0].name
         self._degrade = [t.degrade for t in config.tiers]
-        self._max_wait = [t.wait_bound_s for t in config.tiers]
+        slo = config.queue.wait_from_slo
+        self._max_wait = [t.wait_bound_s if slo else t.max_wait_s for t in config.tiers]
 
     def match(self, job: Job) -> tuple[str, str]:
         """``(pool, reason code)`` for a sized ``job``: the first rule it matches, else the
