@@ -155,20 +155,39 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from velvetrope.build_info import version_line
+
+        typer.echo(version_line())
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        is_eager=True,
+        callback=_print_version,
+        help="Print the version and the commit it was built from, and exit.",
+    ),
+) -> None:
     """Admission control for LLM inference."""
 
 
 @app.command("version")
 def version() -> None:
-    """Print the version."""
-    from velvetrope import __version__
+    """Print the version and the commit it was built from."""
+    from velvetrope.build_info import version_line
 
-    typer.echo(__version__)
+    typer.echo(version_line())
 
 
-config_app = typer.Typer(help="Check configuration files and hash API keys.", no_args_is_help=True)
+config_app = typer.Typer(
+    help="Check configuration files, print their JSON Schema, hash API keys.",
+    no_args_is_help=True,
+)
 app.add_typer(config_app, name="config")
 
 
