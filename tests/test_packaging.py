@@ -101,7 +101,7 @@ def test_the_wheels_base_requirements_leave_the_extras_out(wheel: Path) -> None:
     assert base, "no base requirements in the wheel's metadata"
     assert not base & EXTRA_PACKAGES, base & EXTRA_PACKAGES
     assert {"uvicorn", "pydantic", "redis", "httpx", "typer"} <= base
-    assert set(extras) == {*EXTRA_MODULES, "all", "dev"}
+    assert set(extras) == {*EXTRA_MODULES, "all", "dev", "docs"}
     assert extras["all"] == {"velvetrope"} and extras["dev"] >= {"velvetrope", "pytest"}
     (all_extras,) = PYPROJECT["optional-dependencies"]["all"]
     assert set(all_extras.removeprefix("velvetrope[").rstrip("]").split(",")) == set(EXTRA_MODULES)
