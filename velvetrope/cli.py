@@ -245,6 +245,18 @@ def config_check(
         typer.echo(line)
 
 
+@config_app.command("schema")
+def config_schema() -> None:
+    """Print the JSON Schema of the gateway config (gateway.yaml), for editors and CI.
+
+    The same schema is docs/schema/gateway.schema.json in the repository; point an
+    editor at it with a first line "# yaml-language-server: $schema=PATH".
+    """
+    from velvetrope.config import gateway_json_schema
+
+    typer.echo(gateway_json_schema())
+
+
 @config_app.command("hash-key")
 def config_hash_key(key: str = typer.Argument(..., help="An API key.")) -> None:
     """Print the SHA-256 to store in api_keys[].sha256."""

@@ -175,7 +175,7 @@ class TierPolicy(_Model):
 class TenantPolicy(_Model):
     """A tenant: who they are, which tier they sit in and what they may use."""
 
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1, description="Tenant name, named by api_keys[].tenant.")
     tier: str = Field(description="The tenant's tier (its band).")
     weight: float = Field(1.0, gt=0, description="Fair-share weight inside its band.")
     limits: BucketLimits | None = Field(None, description="The tenant's own edge buckets.")
@@ -315,7 +315,7 @@ class PoolPolicy(_Model):
     adaptive (``adaptive``).
     """
 
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1, description="Pool name, named by routes and upstreams.")
     max_in_flight: int | None = Field(
         None,
         ge=1,
