@@ -1,7 +1,8 @@
 """The documentation's examples, run: ``python -m harness.docs_examples [PAGE ...]``.
 
-Every fenced block of shell or Python in ``docs/**/*.md`` (languages ``bash``, ``sh``,
-``shell``, ``console``, ``python``, ``py``) carries a marker on the line just above its fence:
+Every fenced block of shell or Python in ``README.md`` and ``docs/**/*.md`` (languages
+``bash``, ``sh``, ``shell``, ``console``, ``python``, ``py``) carries a marker on the line
+just above its fence:
 
 - ``<!-- run -->``: the tests run it (``tests/test_docs.py``);
 - ``<!-- norun: REASON -->``: it is not run, and REASON says why (a GPU, a Kubernetes
@@ -103,8 +104,8 @@ def blocks(page: Path) -> list[Block]:
 
 
 def pages() -> list[Path]:
-    """Every Markdown page under ``docs/``, sorted."""
-    return sorted(DOCS.rglob("*.md"))
+    """``README.md`` and every Markdown page under ``docs/``, sorted."""
+    return [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
 
 
 def unmarked(page: Path) -> list[str]:
