@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from velvetrope.errors import PolicyError, VelvetropeError
+from velvetrope.planner.words import count
 
 if TYPE_CHECKING:
     from velvetrope.planner.features import FeatureEffect
@@ -152,8 +153,8 @@ def format_plan(plan: Plan) -> list[str]:
         )
     add(f"  replicas          {n} — fewest meeting the SLO at ρ ≤ {plan.rho_target:g}; {why}")
     add(
-        f"  GPUs              {plan.gpus} — {n} replicas × {plan.gpus_per_replica} GPU(s) per "
-        "replica"
+        f"  GPUs              {plan.gpus} — {count(n, 'replica')} × "
+        f"{count(plan.gpus_per_replica, 'GPU')} per replica"
     )
     add(
         f"  concurrency       {k} per replica (pool max_in_flight {plan.max_in_flight}) — the "
@@ -165,7 +166,8 @@ def format_plan(plan: Plan) -> list[str]:
         f"  in service        {at.mean_concurrency:.3g} per replica on average — Little: λ·E[S] / N"
     )
     add("")
-    add(f"predicted latency   at {n} replicas          at {n - 1} replicas")
+    here_n, fewer_n = f"at {count(n, 'replica')}", f"at {count(n - 1, 'replica')}" if n > 1 else ""
+    add(f"predicted latency   {here_n:<25} {fewer_n}".rstrip())
     fewer = plan.one_fewer
     for label, metric in (("queue wait", "wait"), ("time to first", "ttft"), ("end-to-end", "e2e")):
         a50 = getattr(at, f"{metric}_p50_s")
@@ -192,7 +194,7 @@ def format_plan(plan: Plan) -> list[str]:
                 )
                 if part
             )
-        add(f"  {f'at {n - 1} replicas':<18}{verdict} — why not one fewer")
+        add(f"  {fewer_n:<18}{verdict} — why not one fewer")
     add("")
     add("admission settings")
     add(

@@ -39,6 +39,7 @@ from velvetrope.planner.rules import (
     rho_warning,
 )
 from velvetrope.planner.sizing import P99Target
+from velvetrope.planner.words import count
 
 __all__ = ["MeasuredPlan", "format_measured_plan", "measured_plan_to_dict", "plan_from_throughput"]
 
@@ -208,7 +209,7 @@ def format_measured_plan(p: MeasuredPlan) -> list[str]:
         rule += f"; the p99 wait meets {_s(p.slo.p99_s)} only from {n}"
     out.append(f"  replicas          {n} — {rule}")
     out.append(f"  utilisation ρ     {p.rho:.3f} — {lam} / ({n} × {x:.3g}) req/s")
-    if p.rho_one_fewer is not None:
+    if p.rho_one_fewer is not None and n > 1:
         r = p.rho_one_fewer
         why = f"ρ {r:.3f}" + (
             " ≥ 1, overloaded"
@@ -219,7 +220,7 @@ def format_measured_plan(p: MeasuredPlan) -> list[str]:
         )
         if p.wait_p99_one_fewer_s is not None:
             why += f", p99 wait {_s(p.wait_p99_one_fewer_s)}"
-        out.append(f"  at {n - 1} replicas     {why} — why not one fewer")
+        out.append(f"  {'at ' + count(n - 1, 'replica'):<18}{why} — why not one fewer")
     if p.concurrency is None or p.slot_s is None or p.wait_p99_s is None:
         out.append(
             "  (give --concurrency, the requests in flight per worker, for waits and bounds)"
