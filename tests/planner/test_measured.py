@@ -104,6 +104,7 @@ def test_one_replica_is_said_in_the_singular_and_none_fewer_is_offered() -> None
     assert "why not one fewer" not in out.output
     many = runner.invoke(app, ["plan", "--worker-rps", "12", "--peak-rps", "50"])
     assert "  at 6 replicas     ρ 0.694 > target 0.6 — why not one fewer" in many.output
+    assert "the usual utilisation rule" in many.output and "seed" not in many.output
 
 
 def test_the_plan_counts_replicas_and_gpus_in_words() -> None:

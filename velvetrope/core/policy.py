@@ -606,7 +606,7 @@ def bucket_report(config: PolicyConfig) -> list[str]:
             seed = tpm * SEED_BURST_S / 60.0
             why = (
                 f"token_burst unset: {DEFAULT_BURST_S:g} s of refill, so a per-minute limit holds "
-                f"a minute; the seed's rule of thumb is {SEED_BURST_S:g} s = {seed:,.0f} "
+                f"a minute; the common rule of thumb is {SEED_BURST_S:g} s = {seed:,.0f} "
                 "tokens (token_burst), sized for a fleet-wide refill"
             )
         out.append(f"bucket {scope}: {tpm:,.0f} tokens/min, capacity {cap:,.0f} — {why}")

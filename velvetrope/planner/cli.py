@@ -205,8 +205,9 @@ def format_plan(plan: Plan) -> list[str]:
     )
     add(
         f"    rule of thumb   {plan.rule_queue_bound_pool} in the pool "
-        f"({plan.rule_queue_bound_per_replica} per replica) — the seed's (L/S) × concurrency × "
-        f"1.5 = ({_s(slo.p99_s)} / {_s(at.service_mean_s)}) × {plan.max_in_flight} × 1.5, the "
+        f"({plan.rule_queue_bound_per_replica} per replica) — the common rule (L/S) × "
+        f"concurrency × 1.5 = ({_s(slo.p99_s)} / {_s(at.service_mean_s)}) × "
+        f"{plan.max_in_flight} × 1.5, the "
         "1.5 a cushion for long-tailed latencies: deeper, so fewer 503s but some admitted "
         "requests start too late for the SLO"
     )
@@ -231,7 +232,8 @@ def format_plan(plan: Plan) -> list[str]:
     )
     drain = SEED_KEDA_WAITING / c.max_throughput_rps
     add(
-        f"    seed's rule     {plan.seed_keda_threshold} queued per replica — the seed scales at "
+        f"    rule of thumb   {plan.seed_keda_threshold} queued per replica — the common rule "
+        f"scales at "
         f"{SEED_KEDA_WAITING} on vllm:num_requests_waiting, but behind the gateway engines "
         "hardly queue (dispatch goes only into free slots), so scale on the gateway's "
         f"velvetrope_queue_depth: {SEED_KEDA_WAITING} waiting at a saturated engine drain in "
@@ -481,7 +483,7 @@ def plan_command(
     """Size a fleet for a workload and an SLO, and derive the admission settings.
 
     With --worker-rps or --worker-tps (a measured throughput per worker) no engine profile
-    is needed: the seed's utilisation rule, and with --concurrency the queue wait."""
+    is needed: the usual utilisation rule, and with --concurrency the queue wait."""
     from velvetrope.engine import load_profile
     from velvetrope.planner.engine_options import (
         describe,

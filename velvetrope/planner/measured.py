@@ -203,7 +203,7 @@ def format_measured_plan(p: MeasuredPlan) -> list[str]:
     ]
     rule = (
         f"ceil({lam} / ({x:.3g} × {p.rho_target:g})) = {p.replicas_for_rho}, the "
-        f"seed's utilisation rule at ρ ≤ {p.rho_target:g}{tier}"
+        f"usual utilisation rule at ρ ≤ {p.rho_target:g}{tier}"
     )
     if n > p.replicas_for_rho and p.slo is not None:
         rule += f"; the p99 wait meets {_s(p.slo.p99_s)} only from {n}"
@@ -241,11 +241,12 @@ def format_measured_plan(p: MeasuredPlan) -> list[str]:
             f"⌊{n * k} × {_s(p.slo.p99_s)} / {_s(p.slot_s)}⌋"
         )
         out.append(
-            f"    rule of thumb   {p.rule_queue_bound_pool} — the seed's (L/S) × concurrency × 1.5"
+            f"    rule of thumb   {p.rule_queue_bound_pool} — the common rule (L/S) × "
+            "concurrency × 1.5"
         )
         out.append(
             f"  KEDA threshold    {p.keda_threshold} queued per replica (minReplicaCount {n}) — "
-            f"half the {_s(p.slo.p99_s)} wait budget at {x:.3g} req/s; the seed's 8 on "
+            f"half the {_s(p.slo.p99_s)} wait budget at {x:.3g} req/s; the common rule's 8 on "
             f"vllm:num_requests_waiting is {p.seed_keda_threshold} on velvetrope_queue_depth"
         )
     return out
