@@ -99,10 +99,12 @@ studies: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
-# the generated pages: the configuration reference and the config's JSON Schema (from the
-# pydantic models; tests/test_reference.py fails when the committed ones are not current)
+# the generated files: the configuration reference and the config's JSON Schema (from the
+# pydantic models) and the chart's values.schema.json (from values.yaml and that schema);
+# tests/test_reference.py and tests/test_chart.py fail when the committed ones are stale
 reference: $(STAMP)
 	$(BIN)/python -m harness.config_reference
+	$(BIN)/python -m harness.chart_schema
 
 bench: $(STAMP)
 	$(BIN)/python bench/core_bench.py
@@ -120,10 +122,12 @@ deploy-# the documentation site (mkdocs.yml, docs/): strict, so a broken link, a
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
-# the generated pages: the configuration reference and the config's JSON Schema (from the
-# pydantic models; tests/test_reference.py fails when the committed ones are not current)
+# the generated files: the configuration reference and the config's JSON Schema (from the
+# pydantic models) and the chart's values.schema.json (from values.yaml and that schema);
+# tests/test_reference.py and tests/test_chart.py fail when the committed ones are stale
 reference: $(STAMP)
 	$(BIN)/python -m harness.config_reference
+	$(BIN)/python -m harness.chart_schema
 
 bench: $(STAMP)
 	$(BIN)/python bench/deploy_bench.py
