@@ -115,21 +115,7 @@ constraints: $(STAMP)
 	$(BIN)/python -m harness.wheelenv constraints
 
 # wheel, base install, serve RSS, chart renders and schema checks: the `deploy:` line
-deploy-# the documentation site (mkdocs.yml, docs/): strict, so a broken link, a missing page or any
-# other warning fails; into site/ (not committed).  NO_MKDOCS_2_WARNING: Material's banner
-# about its end of life (May 2027; Zensical, its successor, reads this mkdocs.yml) is not
-# a build warning, and CI's log needs it once, here, not on every build
-docs: $(STAMP)
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
-
-# the generated files: the configuration reference and the config's JSON Schema (from the
-# pydantic models) and the chart's values.schema.json (from values.yaml and that schema);
-# tests/test_reference.py and tests/test_chart.py fail when the committed ones are stale
-reference: $(STAMP)
-	$(BIN)/python -m harness.config_reference
-	$(BIN)/python -m harness.chart_schema
-
-bench: $(STAMP)
+deploy-bench: $(STAMP)
 	$(BIN)/python bench/deploy_bench.py
 
 # two gateways, one Redis, two engines under load through Redis, engine and gateway faults,
