@@ -1,12 +1,18 @@
 """The documentation's examples, run: ``python -m harness.docs_examples [PAGE ...]``.
 
-Every fenced block of shell or Python in ``README.md`` and ``docs/**/*.md`` (languages
+Every fenced block of shell or Python in ``README.md``, ``docs/**/*.md`` and the files the
+docs include (:data:`INCLUDED`) (languages
 ``bash``, ``sh``, ``shell``, ``console``, ``python``, ``py``) carries a marker on the line
 just above its fence:
 
 - ``<!-- run -->``: the tests run it (``tests/test_docs.py``);
 - ``<!-- norun: REASON -->``: it is not run, and REASON says why (a GPU, a Kubernetes
   cluster, an hour of load); the tests require the reason.
+
+An output block (any language, usually ``text``) marked ``<!-- output -->`` shows what the
+``run`` block before it prints: each of its non-blank lines must be a line of that block's
+output (trailing blanks aside), so a page that quotes a command's output fails when the
+output moves.
 
 A block without a marker fails the tests, so a new example is either run or excused in
 words.  Output, YAML and other blocks (``text``, ``yaml``, ``promql``) are not commands and
@@ -36,9 +42,12 @@ from velvetrope.serving.launch import free_port
 __all__ = [
     "COMMAND_LANGUAGES",
     "DOCS",
+    "INCLUDED",
     "PORTS",
     "Block",
     "blocks",
+    "output_mismatches",
+    "outputs",
     "page_script",
     "pages",
     "run_page",
@@ -51,7 +60,10 @@ COMMAND_LANGUAGES = frozenset({"bash", "sh", "shell", "console", "python", "py"}
 PORTS = (8001, 8002, 8080)
 LINKED = ("examples", "deploy", "bench", "experiments")
 _FENCE = re.compile(r"^(?P<fence>```+|~~~+)\s*(?P<lang>[\w+-]*)")
-_MARK = re.compile(r"^<!--\s*(?P<kind>run|norun)\s*(?::\s*(?P<reason>.*?))?\s*-->\s*$")
+_MARK = re.compile(r"^<!--\s*(?P<kind>run|norun|output)\s*(?::\s*(?P<reason>.*?))?\s*-->\s*$")
+_SEPARATOR = "@@velvetrope-docs-block {}@@"
+INCLUDED = ("deploy/README.md",)
+"""Files outside ``docs/`` that a page includes whole (``--8<--``), checked like a page."""
 
 
 @dataclass(frozen=True)
@@ -104,8 +116,8 @@ def blocks(page: Path) -> list[Block]:
 
 
 def pages() -> list[Path]:
-    """``README.md`` and every Markdown page under ``docs/``, sorted."""
-    return [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+    """``README.md``, :data:`INCLUDED` and every Markdown page under ``docs/``, sorted."""
+    return [ROOT / "README.md", *(ROOT / p for p in INCLUDED), *sorted(DOCS.rglob("*.md"))]
 
 
 def unmarked(page: Path) -> list[str]:
@@ -118,6 +130,8 @@ def unmarked(page: Path) -> list[str]:
             bad.append(f"{b.where()}: {b.language} block without <!-- run --> or <!-- norun: -->")
         elif b.marker == "norun" and not b.reason:
             bad.append(f"{b.where()}: <!-- norun --> without a reason")
+        elif b.marker == "output":
+            bad.append(f"{b.where()}: <!-- output --> on a {b.language} block (use text)")
     return bad
 
 
@@ -132,6 +146,7 @@ def page_script(page: Path, ports: dict[int, int] | None = None) -> str:
         if not b.runs:
             continue
         parts.append(f"# {b.where()}")
+        parts.append(f"echo '{_SEPARATOR.format(b.line)}'")
         if b.language in ("python", "py"):
             parts.append(f"python - <<'VELVETROPE_DOCS_PY'\n{b.body}\nVELVETROPE_DOCS_PY")
         else:
@@ -140,6 +155,43 @@ def page_script(page: Path, ports: dict[int, int] | None = None) -> str:
     for old, new in (ports or {}).items():
         script = re.sub(rf"(?<=[:\s]){old}\b", str(new), script)
     return script
+
+
+def outputs(stdout: str) -> dict[int, list[str]]:
+    """A page script's output by run block (its first line), the lines without trailing
+    blanks."""
+    found: dict[int, list[str]] = {}
+    current: list[str] | None = None
+    for line in stdout.splitlines():
+        m = re.fullmatch(_SEPARATOR.format(r"(\d+)"), line.strip())
+        if m:
+            current = found.setdefault(int(m.group(1)), [])
+        elif current is not None:
+            current.append(line.rstrip())
+    return found
+
+
+def output_mismatches(page: Path, stdout: str) -> list[str]:
+    """Where an ``<!-- output -->`` block of ``page`` shows a line that the run block before
+    it did not print (``stdout``: the page script's)."""
+    printed = outputs(stdout)
+    bad: list[str] = []
+    last_run: Block | None = None
+    for b in blocks(page):
+        if b.runs:
+            last_run = b
+        if b.marker != "output":
+            continue
+        if last_run is None:
+            bad.append(f"{b.where()}: an output block with no run block before it")
+            continue
+        said = set(printed.get(last_run.line, []))
+        bad += [
+            f"{b.where()}: not printed by {last_run.where()}: {line.rstrip()!r}"
+            for line in b.body.splitlines()
+            if line.strip() and line.rstrip() not in said
+        ]
+    return bad
 
 
 def run_page(
@@ -181,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
                 proc = run_page(page, Path(tmp))
             if proc.returncode != 0:
                 problems = [f"exit {proc.returncode}", proc.stdout[-3000:], proc.stderr[-3000:]]
+            else:
+                problems = output_mismatches(page, proc.stdout)
         bad += bool(problems)
         print(f"{page.relative_to(ROOT)}: {'ok' if not problems else 'FAILED'}", flush=True)
         for p in problems:

@@ -9,7 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from harness.docs_examples import ROOT, blocks, page_script, pages, run_page, unmarked
+from harness.docs_examples import (
+    ROOT,
+    blocks,
+    output_mismatches,
+    page_script,
+    pages,
+    run_page,
+    unmarked,
+)
 
 RUNNABLE = [p for p in pages() if any(b.runs for b in blocks(p))]
 
@@ -59,6 +67,27 @@ def test_markers_and_ports_are_read_as_documented(tmp_path: Path) -> None:
     assert "vllm serve" not in script and "unmarked" not in script
 
 
+def test_quoted_output_must_be_what_the_block_before_it_prints(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "<!-- run -->\n```bash\necho 'replicas  7'\necho other\n```\n"
+        "<!-- output -->\n```text\nreplicas  7\n\n```\n"
+        "<!-- run -->\n```python\nprint('knee 107')\n```\n"
+        "<!-- output -->\n```text\nknee 108\nother\n```\n"
+    )
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = run_page(page, work)
+    assert proc.returncode == 0, proc.stderr
+    assert [m.split(": ", 1)[1] for m in output_mismatches(page, proc.stdout)] == [
+        f"not printed by {page}:12: 'knee 108'",
+        f"not printed by {page}:12: 'other'",  # printed, but by another block
+    ]
+    bash_output = tmp_path / "bad.md"
+    bash_output.write_text("<!-- output -->\n```bash\nls\n```\n")
+    assert unmarked(bash_output) == [f"{bash_output}:2: <!-- output --> on a bash block (use text)"]
+
+
 def test_a_failing_example_fails_its_page(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
     page.write_text("<!-- run -->\n```bash\ntrue\nfalse\necho not reached\n```\n")
@@ -79,3 +108,5 @@ def test_the_pages_examples_run(page: Path, tmp_path: Path) -> None:
         f"{page.relative_to(ROOT)} failed (exit {proc.returncode}):\n"
         f"--- stdout\n{proc.stdout[-4000:]}\n--- stderr\n{proc.stderr[-4000:]}"
     )
+    drift = output_mismatches(page, proc.stdout)
+    assert not drift, "the page quotes output its commands no longer print:\n" + "\n".join(drift)
