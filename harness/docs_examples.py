@@ -146,7 +146,8 @@ def page_script(page: Path, ports: dict[int, int] | None = None) -> str:
         if not b.runs:
             continue
         parts.append(f"# {b.where()}")
-        parts.append(f"echo '{_SEPARATOR.format(b.line)}'")
+        # on a line of its own, even after output that ends without a newline
+        parts.append(f"printf '\\n%s\\n' '{_SEPARATOR.format(b.line)}'")
         if b.language in ("python", "py"):
             parts.append(f"python - <<'VELVETROPE_DOCS_PY'\n{b.body}\nVELVETROPE_DOCS_PY")
         else:
