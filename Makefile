@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-latest lock test-engines llama-server demo install lint typecheck pytest bench chaos fuzz soak clean constraints deploy-bench studies
+.PHONY: test test-latest lock docs reference test-engines llama-server demo install lint typecheck pytest bench chaos fuzz soak clean constraints deploy-bench studies
 
 # llama.cpp's llama-server, built from the llama-cpp-python sdist (harness/llama_build.py)
 # and kept here between runs: minutes to build on two cores, once per machine
@@ -29,11 +29,13 @@ $(STAMP): pyproject.toml setup.py $(LOCK) $(COMPILED)
 	touch $(STAMP)
 
 # re-resolve the lock to today's newest releases within pyproject.toml's ranges and the
-# image's pins (deploy/constraints.txt: `make constraints` moves those)
+# image's pins (deploy/constraints.txt: `make constraints` moves those); `make lock
+# LOCK_UPGRADE=` keeps every pin the lock has and only adds what pyproject.toml newly needs
+LOCK_UPGRADE ?= --upgrade
 lock:
 	$(PY) -m venv .venv-lock
 	.venv-lock/bin/python -m pip install --quiet pip==$(PIP_VERSION) pip-tools==$(PIP_TOOLS_VERSION)
-	.venv-lock/bin/pip-compile --quiet --upgrade --generate-hashes --allow-unsafe \
+	.venv-lock/bin/pip-compile --quiet $(LOCK_UPGRADE) --generate-hashes --allow-unsafe \
 	  --extra dev --all-build-deps --strip-extras --no-emit-index-url --no-emit-find-links \
 	  --constraint deploy/constraints.txt --output-file $(LOCK) pyproject.toml
 	@# dev's own `velvetrope[all]` resolves to this checkout: not a locked package
@@ -89,6 +91,20 @@ demo: $(STAMP)
 # study that reproduces its committed report leaves it (and its stamp) byte-identical
 studies: $(STAMP)
 	$(BIN)/python -m experiments
+
+# the documentation site (mkdocs.yml, docs/): strict, so a broken link, a missing page or any
+# other warning fails; into site/ (not committed).  NO_MKDOCS_2_WARNING: Material's banner
+# about its end of life (May 2027; Zensical, its successor, reads this mkdocs.yml) is not
+# a build warning, and CI's log needs it once, here, not on every build
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+# the generated files: the configuration reference and the config's JSON Schema (from the
+# pydantic models) and the chart's values.schema.json (from values.yaml and that schema);
+# tests/test_reference.py and tests/test_chart.py fail when the committed ones are stale
+reference: $(STAMP)
+	$(BIN)/python -m harness.config_reference
+	$(BIN)/python -m harness.chart_schema
 
 bench: $(STAMP)
 	$(BIN)/python bench/core_bench.py

@@ -16,9 +16,11 @@ source; see ``velvetrope/fresh.py``).
 """
 
 import os
+import subprocess
 
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
 COMPILED = [
     "velvetrope/core/bucket.py",
@@ -81,10 +83,36 @@ class OptionalBuildExt(build_ext):
                     os.remove(path)
 
 
+class BuildPyWithCommit(build_py):
+    """Write the commit this build comes from into the package (``velvetrope/BUILD_COMMIT``),
+    for ``velvetrope --version`` where there is no git (``velvetrope/build_info.py``).
+    Outside a git checkout (an sdist) nothing is written and the version says ``unknown``."""
+
+    def run(self) -> None:
+        super().run()
+        try:
+            commit = subprocess.run(
+                ["git", "rev-parse", "HEAD"],
+                cwd=os.path.dirname(os.path.abspath(__file__)),
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return
+        target = os.path.join(self.build_lib, "velvetrope", "BUILD_COMMIT")
+        if os.path.isdir(os.path.dirname(target)):
+            with open(target, "w", encoding="utf-8") as f:
+                f.write(commit + "\n")
+
+
 ext_modules = []
 if os.environ.get("VELVETROPE_PURE") != "1":
     from mypyc.build import mypycify
 
     ext_modules = mypycify(COMPILED, opt_level="3")
 
-setup(ext_modules=ext_modules, cmdclass={"build_ext": OptionalBuildExt})
+setup(
+    ext_modules=ext_modules,
+    cmdclass={"build_ext": OptionalBuildExt, "build_py": BuildPyWithCommit},
+)

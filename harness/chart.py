@@ -104,9 +104,14 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
         "the in-chart Redis needs a password",
     ),
     "grace-too-short": ({"terminationGracePeriodSeconds": 30}, "must exceed"),
-    "admin-token-in-values": ({"config": {"admin_token": "x"}}, "config.admin_token"),
+    # a token the config's schema accepts (values.schema.json): the chart's own rule refuses it
+    "admin-token-in-values": (
+        {"config": {"admin_token": "a-long-admin-token"}},
+        "config.admin_token must not be set in values",
+    ),
+    # null removes the key (an empty list is refused earlier, by values.schema.json)
     "rules-without-tiers": (
-        {"prometheusRule": {"enabled": True}, "config": {"policy": {"tiers": []}}},
+        {"prometheusRule": {"enabled": True}, "config": {"policy": {"tiers": None}}},
         "prometheusRule needs config.policy.tiers",
     ),
 }

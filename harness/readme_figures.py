@@ -1,13 +1,14 @@
-"""Check the README's figures that come from deterministic commands: ``python -m
+"""Check the figures the README and the docs quote from deterministic commands: ``python -m
 harness.readme_figures`` (``--list`` to print the checks without running them).
 
 A figure is deterministic when its command runs only the simulator or the planner on fixed
 seeds (virtual time, no wall clock, no network): rerun on the same code it prints the same
 line. Each check runs one such command from the repository root, takes the ``key=value``
 tokens of the output line that starts with its prefix, and requires each quoted key's
-``key=value`` to appear verbatim in README.md. Measurements on a shared machine (the
-gateway, Redis and path-cost benches, RSS, wall times) are not checked: they cannot be
-byte-identical. Exit status 1, with the stale figures, when any check fails.
+``key=value`` to appear verbatim in the page that quotes it (:attr:`Check.page`: README.md,
+or the docs page the figure moved to). Measurements on a shared machine (the gateway, Redis
+and path-cost benches, RSS, wall times) are not checked: they cannot be byte-identical.
+Exit status 1, with the stale figures, when any check fails.
 """
 
 from __future__ import annotations
@@ -24,21 +25,40 @@ README = ROOT / "README.md"
 
 @dataclass(frozen=True)
 class Check:
-    """A command, the prefix of its result line, and the keys the README quotes."""
+    """A command, the prefix of its result line, the keys a page quotes, and that page."""
 
     argv: tuple[str, ...]
     prefix: str
     keys: tuple[str, ...]
+    page: Path = README
 
 
 CHECKS = (
     Check(
-        ("bench/adaptive_bench.py",), "adaptive:", ("knee_err", "converge_s", "throughput_ratio")
+        ("bench/adaptive_bench.py",),
+        "adaptive:",
+        ("knee_err", "converge_s", "throughput_ratio"),
+        ROOT / "docs" / "concepts" / "saturation.md",
+    ),
+    Check(
+        ("bench/policy_suite.py",),
+        "policy:",
+        (
+            "workloads",
+            "tiers_at_or_above",
+            "total_ratio_min",
+            "total_ratio_mean",
+            "wasted_tokens",
+            "tpot_slo_violations",
+            "hopeless_tokens",
+        ),
+        ROOT / "docs" / "concepts" / "slo-limits.md",
     ),
     Check(
         ("bench/planner_validate.py",),
         "planner:",
         ("conv_err", "code_err", "prefix_err", "spec_err"),
+        ROOT / "docs" / "planner.md",
     ),
 )
 
@@ -52,30 +72,32 @@ def tokens(output: str, prefix: str) -> dict[str, str]:
     return {k: v for k, _, v in pairs}
 
 
-def stale(check: Check, output: str, readme: str) -> list[str]:
-    """The ``key=value`` figures ``check``'s output has and the README does not quote."""
+def stale(check: Check, output: str, page: str) -> list[str]:
+    """The ``key=value`` figures ``check``'s output has and its page's text does not quote."""
     got = tokens(output, check.prefix)
     wanted = [f"{k}={got.get(k, '<missing>')}" for k in check.keys]
-    return [w for w in wanted if w not in readme]
+    return [w for w in wanted if w not in page]
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness.readme_figures", description=__doc__)
     ap.add_argument("--list", action="store_true", help="print the checks, run nothing")
     args = ap.parse_args(argv)
-    readme = README.read_text(encoding="utf-8")
     bad = 0
     for check in CHECKS:
         command = " ".join(check.argv)
+        where = check.page.relative_to(ROOT)
         if args.list:
-            print(f"{command}: {check.prefix} {' '.join(check.keys)}")
+            print(f"{command}: {check.prefix} {' '.join(check.keys)} (in {where})")
             continue
         proc = subprocess.run(
             [sys.executable, *check.argv], cwd=ROOT, capture_output=True, text=True, check=False
         )
-        missing = stale(check, proc.stdout, readme) if proc.returncode == 0 else ["exit"]
+        page = check.page.read_text(encoding="utf-8")
+        missing = stale(check, proc.stdout, page) if proc.returncode == 0 else ["exit"]
         bad += bool(missing)
-        print(f"{command}: {'ok' if not missing else 'stale: ' + ', '.join(missing)}", flush=True)
+        verdict = "ok" if not missing else f"stale in {where}: " + ", ".join(missing)
+        print(f"{command}: {verdict}", flush=True)
     return 1 if bad else 0
 
 

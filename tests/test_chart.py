@@ -32,6 +32,7 @@ import pytest
 import yaml
 
 from harness.chart import REFUSED, VALUE_SETS, Rendered, render, render_error, validate
+from harness.chart_schema import SCHEMA, values_schema
 from velvetrope.config import parse_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -272,3 +273,41 @@ def test_promtool_fails_the_old_notready_matcher(
     _write_rules(spec, tmp_path)
     unit = _promtool("test", "rules", "alerts.test.yaml", cwd=tmp_path)
     assert unit.returncode != 0 and "VelvetropeNotReady" in unit.stdout + unit.stderr
+
+
+# --------------------------------------------------------------------------- values schema
+
+
+def test_the_values_schema_is_what_make_reference_writes() -> None:
+    assert SCHEMA.read_text(encoding="utf-8") == values_schema(), (
+        "deploy/helm/velvetrope/values.schema.json is stale: run `make reference`"
+    )
+
+
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [
+        ({"redis": {"url": "redis://r:6379/0"}}, "at '/redis': additional properties 'url'"),
+        ({"replica_count": 3}, "additional properties 'replica_count' not allowed"),
+        ({"config": {"state": {"uri": "redis://r"}}}, "at '/config/state': additional prop"),
+        ({"config": {"policy": {"pools": [{"name": "d", "max_inflight": 4}]}}}, "'max_inflight'"),
+        ({"replicaCount": "3"}, "at '/replicaCount': got string, want integer"),
+    ],
+)
+def test_helm_refuses_unknown_or_moved_keys_and_names_them(
+    values: dict[str, Any], named: str
+) -> None:
+    error = render_error(values)
+    assert "values don't meet the specifications of the schema" in error, error
+    assert named in error, error
+
+
+def test_the_schema_leaves_kubernetes_objects_free_and_keeps_the_state_url() -> None:
+    r = render(
+        {
+            "resources": {"limits": {"cpu": "2", "nvidia.com/gpu": 0}},
+            "podAnnotations": {"a/b": "c"},
+            "config": {"state": {"url": "redis://r:6379/0"}},
+        }
+    )
+    assert _config(r)["state"]["url"] == "redis://r:6379/0"

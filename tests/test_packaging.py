@@ -78,6 +78,11 @@ def test_the_wheel_ships_the_examples_and_no_repository_files(wheel: Path) -> No
             assert z.read(inside) == checkout.read_bytes(), inside
     assert {"velvetrope/py.typed", "velvetrope/store/lua/admit.lua"} <= names
     assert "velvetrope/engine/profiles/llama3-8b-a100.yaml" in names
+    with zipfile.ZipFile(wheel) as z:  # setup.py writes the commit it was built from
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        assert z.read("velvetrope/BUILD_COMMIT").decode().strip() == head
     tops = {n.split("/")[0] for n in names}
     assert tops == {"velvetrope", "velvetrope-0.1.0.dist-info"}, tops
 
@@ -96,7 +101,7 @@ def test_the_wheels_base_requirements_leave_the_extras_out(wheel: Path) -> None:
     assert base, "no base requirements in the wheel's metadata"
     assert not base & EXTRA_PACKAGES, base & EXTRA_PACKAGES
     assert {"uvicorn", "pydantic", "redis", "httpx", "typer"} <= base
-    assert set(extras) == {*EXTRA_MODULES, "all", "dev"}
+    assert set(extras) == {*EXTRA_MODULES, "all", "dev", "docs"}
     assert extras["all"] == {"velvetrope"} and extras["dev"] >= {"velvetrope", "pytest"}
     (all_extras,) = PYPROJECT["optional-dependencies"]["all"]
     assert set(all_extras.removeprefix("velvetrope[").rstrip("]").split(",")) == set(EXTRA_MODULES)
@@ -165,6 +170,11 @@ def test_the_base_install_is_the_constraints_file_and_no_extra(base: BaseInstall
 
 @pytest.mark.integration
 def test_the_base_install_serves_a_completion(base: BaseInstall) -> None:
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    version = base.run("--version")  # no git here: the commit the wheel's build wrote
+    assert version.returncode == 0 and f"(commit {head})" in version.stdout, version
     out = base.run("init", "conf")
     assert out.returncode == 0, out.stderr
     config = base.workdir / "conf" / "gateway.yaml"

@@ -155,20 +155,39 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from velvetrope.build_info import version_line
+
+        typer.echo(version_line())
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        is_eager=True,
+        callback=_print_version,
+        help="Print the version and the commit it was built from, and exit.",
+    ),
+) -> None:
     """Admission control for LLM inference."""
 
 
 @app.command("version")
 def version() -> None:
-    """Print the version."""
-    from velvetrope import __version__
+    """Print the version and the commit it was built from."""
+    from velvetrope.build_info import version_line
 
-    typer.echo(__version__)
+    typer.echo(version_line())
 
 
-config_app = typer.Typer(help="Check configuration files and hash API keys.", no_args_is_help=True)
+config_app = typer.Typer(
+    help="Check configuration files, print their JSON Schema, hash API keys.",
+    no_args_is_help=True,
+)
 app.add_typer(config_app, name="config")
 
 
@@ -226,6 +245,18 @@ def config_check(
         typer.echo(line)
 
 
+@config_app.command("schema")
+def config_schema() -> None:
+    """Print the JSON Schema of the gateway config (gateway.yaml), for editors and CI.
+
+    The same schema is docs/schema/gateway.schema.json in the repository; point an
+    editor at it with a first line "# yaml-language-server: $schema=PATH".
+    """
+    from velvetrope.config import gateway_json_schema
+
+    typer.echo(gateway_json_schema())
+
+
 @config_app.command("hash-key")
 def config_hash_key(key: str = typer.Argument(..., help="An API key.")) -> None:
     """Print the SHA-256 to store in api_keys[].sha256."""
@@ -235,9 +266,25 @@ def config_hash_key(key: str = typer.Argument(..., help="An API key.")) -> None:
 
 
 EXAMPLE_FILES = ("gateway.yaml", "scaledobject.yaml")
-"""What ``velvetrope init`` writes: the example gateway config and the KEDA ScaledObject,
+"""What ``velvetrope init`` copies: the example gateway config and the KEDA ScaledObject,
 shipped in the wheel (``velvetrope/data/examples/``; in a checkout, ``examples/gateway.yaml``
-and ``deploy/keda/scaledobject.yaml`` are links to them)."""
+and ``deploy/keda/scaledobject.yaml`` are links to them).  Beside them it writes the config's
+JSON Schema, :data:`SCHEMA_FILE`."""
+
+SCHEMA_FILE = "gateway.schema.json"
+EXAMPLE_SCHEMA_LINE = "# yaml-language-server: $schema=../docs/schema/gateway.schema.json"
+"""The example config's first line in the checkout; ``init`` points the copy's at the
+schema it writes beside it."""
+
+
+def init_text(name: str, text: str, written_as: str) -> str:
+    """The copy of example file ``name`` that ``init`` writes to ``written_as``: the
+    gateway config's header names that path (not the checkout's ``examples/gateway.yaml``)
+    and its schema modeline the schema file written beside it."""
+    if name != "gateway.yaml":
+        return text
+    text = text.replace(EXAMPLE_SCHEMA_LINE, f"# yaml-language-server: $schema={SCHEMA_FILE}")
+    return text.replace("examples/gateway.yaml", written_as)
 
 
 @app.command("init")
@@ -245,26 +292,34 @@ def init(
     directory: str = typer.Argument(".", help="Where to write the files (created if absent)."),
     force: bool = typer.Option(False, help="Overwrite files that exist."),
 ) -> None:
-    """Write the example gateway config (gateway.yaml) and KEDA ScaledObject
-    (scaledobject.yaml) to DIRECTORY, to edit and deploy.
+    """Write the example gateway config (gateway.yaml), its JSON Schema for editors
+    (gateway.schema.json) and the KEDA ScaledObject (scaledobject.yaml) to DIRECTORY, to
+    edit and deploy.
 
     Refuses (exit 2) to overwrite an existing file unless --force.
     """
     from importlib.resources import files
     from pathlib import Path
 
+    from velvetrope.config import gateway_json_schema
+
     out = Path(directory)
-    targets = [out / name for name in EXAMPLE_FILES]
+    targets = [out / name for name in (*EXAMPLE_FILES, SCHEMA_FILE)]
     existing = [str(t) for t in targets if t.exists()]
     if existing and not force:
         typer.echo(f"velvetrope init: {', '.join(existing)} exist (--force overwrites)", err=True)
         raise typer.Exit(2)
     out.mkdir(parents=True, exist_ok=True)
     source = files("velvetrope.data").joinpath("examples")
-    for name, target in zip(EXAMPLE_FILES, targets, strict=True):
-        target.write_text(source.joinpath(name).read_text())
+    for name, target in zip(EXAMPLE_FILES, targets, strict=False):
+        target.write_text(init_text(name, source.joinpath(name).read_text(), str(target)))
         typer.echo(f"wrote {target}")
-    typer.echo(f"next: velvetrope config check {targets[0]} (add upstreams and api_keys first)")
+    targets[-1].write_text(gateway_json_schema() + "\n")
+    typer.echo(f"wrote {targets[-1]}")
+    typer.echo(
+        f"next: point upstreams at your engines and list your api_keys in {targets[0]}, "
+        f"then: velvetrope config check {targets[0]}"
+    )
 
 
 @app.command("serve")

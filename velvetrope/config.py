@@ -45,6 +45,7 @@ __all__ = [
     "Listen",
     "StateSettings",
     "Upstream",
+    "gateway_json_schema",
     "hash_key",
     "load_config",
     "parse_config",
@@ -66,14 +67,14 @@ def hash_key(key: str) -> str:
 class Listen(_Model):
     """Where the gateway listens."""
 
-    host: str = "127.0.0.1"
-    port: int = Field(8080, ge=0, le=65535)
+    host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0: every interface)")
+    port: int = Field(8080, ge=0, le=65535, description="TCP port (0: any free port)")
 
 
 class ApiKey(_Model):
     """One API key and the tenant it authenticates."""
 
-    tenant: str = Field(min_length=1)
+    tenant: str = Field(min_length=1, description="the tenant (policy.tenants[].name) it maps to")
     sha256: str | None = Field(
         None, pattern=r"^[0-9a-f]{64}$", description="hex SHA-256 of the key"
     )
@@ -306,7 +307,9 @@ class GatewaySettings(_Model):
         description="a queued streaming request with progress on gets an SSE comment this "
         "often (the first after this long: short waits commit nothing)",
     )
-    upstream_connect_timeout_s: float = Field(5.0, gt=0)
+    upstream_connect_timeout_s: float = Field(
+        5.0, gt=0, description="connecting to an engine longer than this fails the request"
+    )
     upstream_read_timeout_s: float = Field(600.0, gt=0, description="between bytes")
     drain_grace_s: float = Field(30.0, ge=0, description="SIGTERM: finish in-flight work this long")
     drain_notice_s: float = Field(
@@ -342,7 +345,10 @@ class AutoscaleSettings(_Model):
     )
     threshold: float = Field(gt=0, description="target per replica (AverageValue) or total")
     activation_threshold: float = Field(0.0, description="KEDA activationThreshold (0 <-> 1)")
-    metric_type: Literal["AverageValue", "Value"] = "AverageValue"
+    metric_type: Literal["AverageValue", "Value"] = Field(
+        "AverageValue",
+        description="the trigger's metricType: threshold per replica (AverageValue) or total",
+    )
     min_replicas: int = Field(1, ge=0, description="minReplicaCount")
     max_replicas: int = Field(100, ge=1, description="maxReplicaCount")
     polling_interval_s: float = Field(30.0, gt=0, description="pollingInterval")
@@ -431,6 +437,23 @@ class GatewayConfig(_Model):
         if self.admin_token_env is not None:
             return os.environ.get(self.admin_token_env) or None
         return None
+
+
+def gateway_json_schema() -> str:
+    """The JSON Schema (draft 2020-12) of :class:`GatewayConfig`, as ``velvetrope config
+    schema`` prints it and ``docs/schema/gateway.schema.json`` holds it: what a file may
+    contain, as pydantic validates it (``mode="validation"``), with each field's
+    description, for editors (yaml-language-server) and CI."""
+    import json
+
+    schema = GatewayConfig.model_json_schema(mode="validation")
+    schema = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "gateway.schema.json",
+        "title": "velvetrope gateway config",
+        **{k: v for k, v in schema.items() if k != "title"},
+    }
+    return json.dumps(schema, indent=2, sort_keys=False, ensure_ascii=False)
 
 
 def _apply_env(data: dict[str, Any], environ: dict[str, str]) -> dict[str, Any]:

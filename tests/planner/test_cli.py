@@ -86,11 +86,12 @@ def test_text_output_explains_every_number(wfile: Path) -> None:
         "model           refill",
         "KEDA threshold    ",
         "rule of thumb   ",
-        "the seed's (L/S) × concurrency × 1.5 = (12 s / ",
-        "seed's rule     ",
+        "the common rule (L/S) × concurrency × 1.5 = (12 s / ",
+        "queued per replica — the common rule scales at 8 on",
         "8 on vllm:num_requests_waiting",
     ):
         assert needle in out, needle
+    assert "seed" not in out  # the rules of thumb are named for what they are
     lines = [ln for ln in out.splitlines() if ln.startswith("  ") and "—" in ln]
     assert len(lines) >= 10  # a value and its reason on every line
 

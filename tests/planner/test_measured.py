@@ -95,3 +95,30 @@ def test_cli_worker_rps_and_tps() -> None:
     assert res.exit_code == 0, res.output
     assert "per worker        12 req/s — measured 24,000 tok/s per worker" in res.stdout
     assert "queue wait        p99 " in res.stdout and "KEDA threshold" in res.stdout
+
+
+def test_one_replica_is_said_in_the_singular_and_none_fewer_is_offered() -> None:
+    out = runner.invoke(app, ["plan", "--worker-rps", "12", "--peak-rps", "5"])
+    assert out.exit_code == 0, out.output
+    assert "(1 × 12)" in out.output and "at 0 replicas" not in out.output
+    assert "why not one fewer" not in out.output
+    many = runner.invoke(app, ["plan", "--worker-rps", "12", "--peak-rps", "50"])
+    assert "  at 6 replicas     ρ 0.694 > target 0.6 — why not one fewer" in many.output
+    assert "the usual utilisation rule" in many.output and "seed" not in many.output
+
+
+def test_the_plan_counts_replicas_and_gpus_in_words() -> None:
+    from velvetrope.planner.words import count
+
+    assert [count(1, "replica"), count(2, "replica"), count(0, "replica")] == [
+        "1 replica",
+        "2 replicas",
+        "0 replicas",
+    ]
+    out = runner.invoke(
+        app, ["plan", "--trace", "azure_conv", "--peak-rps", "1", "--slo-p99", "30s"]
+    )
+    assert out.exit_code == 0, out.output
+    assert "1 replica × 1 GPU per replica" in out.output
+    assert "GPU(s)" not in out.output and "at 0 replicas" not in out.output
+    assert "predicted latency   at 1 replica\n" in out.output

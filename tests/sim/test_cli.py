@@ -116,3 +116,33 @@ def test_simulate_autoscale_from_the_deploy_file(tmp_path: Path) -> None:
     assert up, text
     bad = runner.invoke(app, ["simulate", "--limit", "50", "--autoscale", "config"])
     assert bad.exit_code == 2 and "autoscale section" in bad.output
+
+
+def test_a_request_longer_than_the_context_is_explained_not_only_counted(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(
+        '{"t": 0.0, "tenant": "a", "prompt_tokens": 100, "output_tokens": 10}\n'
+        '{"t": 0.5, "tenant": "a", "prompt_tokens": 9000, "output_tokens": 10}\n'
+    )
+    out = tmp_path / "out"
+    result = runner.invoke(
+        app,
+        ["simulate", "--trace", str(trace), "--replicas", "1", "--out", str(out)],
+        env={"COLUMNS": "300"},
+    )
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "not completed: upstream_error 1" in text
+    assert "longer than the model's context (the profile's max_model_len)" in text
+    report = (out / "report.md").read_text()
+    assert "`upstream_error`: the engine refused the request" in report
+
+
+def test_a_run_without_refusals_says_nothing_of_them(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"t": 0.0, "tenant": "a", "prompt_tokens": 100, "output_tokens": 10}\n')
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["simulate", "--trace", str(trace), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "max_model_len" not in result.output
+    assert "max_model_len" not in (out / "report.md").read_text()

@@ -9,6 +9,7 @@ import pytest
 
 from tests.top.samples import sample, status, text
 from velvetrope.top import SORTS, Controls, Sample, View, build_view, parse_metrics
+from velvetrope.top.rows import DENIED
 
 GW = "http://gw-a:8080"
 GW_B = "http://gw-b:8080"
@@ -272,6 +273,20 @@ def test_a_gateway_that_did_not_answer_is_down_and_counts_for_nothing() -> None:
         alone.tenants,
         alone.arrived_per_s,
     )
+
+
+def test_a_gateway_that_answered_401_is_alive_but_unread() -> None:
+    denied = Sample(GW_B, 1.0, None, None, DENIED)
+    view = build_view(
+        [sample("memory-1-gw0", GW, 1.0), denied], {GW: sample("memory-0-gw0", GW, 0.0)}
+    )
+    assert [(r.url, r.up, r.denied) for r in view.replicas] == [
+        (GW, True, False),
+        (GW_B, False, True),
+    ]
+    assert view.up == 2  # both answered: one of them wants the admin token
+    unreachable = build_view([Sample(GW_B, 1.0, None, None, "unreachable")], {})
+    assert (unreachable.up, unreachable.replicas[0].denied) == (0, False)
 
 
 def fleet() -> View:

@@ -272,9 +272,13 @@ def test_top_shows_what_admin_status_reports(busy: tuple[str, str, str]) -> None
     shown = float(cells(lines, "bronze")[4])
     assert lo - 0.05 <= shown <= hi + 0.05, (lo, shown, hi)
 
-    # a wrong admin token: the gateway shows as down, with the reason
+    # a wrong admin token: the gateway is alive (401, not "down"), with the reason; the
+    # status could not be read, so the exit status is still 1
     assert code401 == 1, err401
     assert "HTTP 401: admin token missing or wrong" in out401
+    row = cells(out401.splitlines(), gw.removeprefix("http://"))
+    assert row[1] == "401" and "down" not in row, row
+    assert "up 1/1" in out401.splitlines()[0]
     assert "Traceback" not in err + err401
 
     # in a terminal of 80×24: within it, the same figures

@@ -194,7 +194,7 @@ class TierPolicy(_Model):
 class TenantPolicy(_Model):
     """A tenant: who they are, which tier they sit in and what they may use."""
 
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1, description="Tenant name, named by api_keys[].tenant.")
     tier: str = Field(description="The tenant's tier (its band).")
     weight: float = Field(1.0, gt=0, description="Fair-share weight inside its band.")
     limits: BucketLimits | None = Field(None, description="The tenant's own edge buckets.")
@@ -284,7 +284,7 @@ class PoolPolicy(_Model):
     it follows the fleet as engines join and leave.
     """
 
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1, description="Pool name, named by routes and upstreams.")
     limit: LimitMode | None = Field(
         None,
         description="slo | fixed | adaptive; unset: fixed when max_in_flight or "
@@ -609,7 +609,7 @@ def bucket_report(config: PolicyConfig) -> list[str]:
             seed = tpm * SEED_BURST_S / 60.0
             why = (
                 f"token_burst unset: {DEFAULT_BURST_S:g} s of refill, so a per-minute limit holds "
-                f"a minute; the seed's rule of thumb is {SEED_BURST_S:g} s = {seed:,.0f} "
+                f"a minute; the common rule of thumb is {SEED_BURST_S:g} s = {seed:,.0f} "
                 "tokens (token_burst), sized for a fleet-wide refill"
             )
         out.append(f"bucket {scope}: {tpm:,.0f} tokens/min, capacity {cap:,.0f} — {why}")

@@ -4,7 +4,8 @@ Names follow Prometheus conventions (``velvetrope_*``, seconds, ``_total``).  Ga
 mirror the controller's state (queue depth, in flight, bucket fill) are computed at scrape
 time from :meth:`AdmissionController.status`, so the request path pays nothing for them.
 
-``velvetrope_queue_depth`` is what an autoscaler (KEDA) scales on; see the README.
+``velvetrope_queue_depth`` is what an autoscaler (KEDA) scales on; see
+``docs/operations/metrics.md``.
 
 The process itself: ``velvetrope_asyncio_tasks``, the tasks alive in the event loop that
 serves the scrape (``len(asyncio.all_tasks())`` at scrape time; absent when the registry is

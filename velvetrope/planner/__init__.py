@@ -5,7 +5,7 @@ M/M/c, Pollaczek–Khinchine, Cobham priority, Phipps SJF, Kingman, Allen–Cunn
 recursion); :mod:`~velvetrope.planner.predict` is the fleet model the sizing
 (:mod:`~velvetrope.planner.sizing`, :mod:`~velvetrope.planner.measured`) uses, and
 :mod:`~velvetrope.planner.rules` the seeds' rules of thumb printed beside it.  Which formula
-serves where is in the README ("What the planner computes").
+serves where is in ``docs/planner.md`` ("What the planner computes").
 """
 
 from velvetrope.planner import queueing

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from velvetrope.errors import PolicyError, VelvetropeError
+from velvetrope.planner.words import count
 
 if TYPE_CHECKING:
     from velvetrope.planner.features import FeatureEffect
@@ -152,8 +153,8 @@ def format_plan(plan: Plan) -> list[str]:
         )
     add(f"  replicas          {n} — fewest meeting the SLO at ρ ≤ {plan.rho_target:g}; {why}")
     add(
-        f"  GPUs              {plan.gpus} — {n} replicas × {plan.gpus_per_replica} GPU(s) per "
-        "replica"
+        f"  GPUs              {plan.gpus} — {count(n, 'replica')} × "
+        f"{count(plan.gpus_per_replica, 'GPU')} per replica"
     )
     add(
         f"  concurrency       {k} per replica (pool max_in_flight {plan.max_in_flight}) — the "
@@ -165,7 +166,8 @@ def format_plan(plan: Plan) -> list[str]:
         f"  in service        {at.mean_concurrency:.3g} per replica on average — Little: λ·E[S] / N"
     )
     add("")
-    add(f"predicted latency   at {n} replicas          at {n - 1} replicas")
+    here_n, fewer_n = f"at {count(n, 'replica')}", f"at {count(n - 1, 'replica')}" if n > 1 else ""
+    add(f"predicted latency   {here_n:<25} {fewer_n}".rstrip())
     fewer = plan.one_fewer
     for label, metric in (("queue wait", "wait"), ("time to first", "ttft"), ("end-to-end", "e2e")):
         a50 = getattr(at, f"{metric}_p50_s")
@@ -192,7 +194,7 @@ def format_plan(plan: Plan) -> list[str]:
                 )
                 if part
             )
-        add(f"  {f'at {n - 1} replicas':<18}{verdict} — why not one fewer")
+        add(f"  {fewer_n:<18}{verdict} — why not one fewer")
     add("")
     add("admission settings")
     add(
@@ -203,8 +205,9 @@ def format_plan(plan: Plan) -> list[str]:
     )
     add(
         f"    rule of thumb   {plan.rule_queue_bound_pool} in the pool "
-        f"({plan.rule_queue_bound_per_replica} per replica) — the seed's (L/S) × concurrency × "
-        f"1.5 = ({_s(slo.p99_s)} / {_s(at.service_mean_s)}) × {plan.max_in_flight} × 1.5, the "
+        f"({plan.rule_queue_bound_per_replica} per replica) — the common rule (L/S) × "
+        f"concurrency × 1.5 = ({_s(slo.p99_s)} / {_s(at.service_mean_s)}) × "
+        f"{plan.max_in_flight} × 1.5, the "
         "1.5 a cushion for long-tailed latencies: deeper, so fewer 503s but some admitted "
         "requests start too late for the SLO"
     )
@@ -229,7 +232,8 @@ def format_plan(plan: Plan) -> list[str]:
     )
     drain = SEED_KEDA_WAITING / c.max_throughput_rps
     add(
-        f"    seed's rule     {plan.seed_keda_threshold} queued per replica — the seed scales at "
+        f"    rule of thumb   {plan.seed_keda_threshold} queued per replica — the common rule "
+        f"scales at "
         f"{SEED_KEDA_WAITING} on vllm:num_requests_waiting, but behind the gateway engines "
         "hardly queue (dispatch goes only into free slots), so scale on the gateway's "
         f"velvetrope_queue_depth: {SEED_KEDA_WAITING} waiting at a saturated engine drain in "
@@ -479,7 +483,7 @@ def plan_command(
     """Size a fleet for a workload and an SLO, and derive the admission settings.
 
     With --worker-rps or --worker-tps (a measured throughput per worker) no engine profile
-    is needed: the seed's utilisation rule, and with --concurrency the queue wait."""
+    is needed: the usual utilisation rule, and with --concurrency the queue wait."""
     from velvetrope.engine import load_profile
     from velvetrope.planner.engine_options import (
         describe,

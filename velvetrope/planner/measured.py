@@ -39,6 +39,7 @@ from velvetrope.planner.rules import (
     rho_warning,
 )
 from velvetrope.planner.sizing import P99Target
+from velvetrope.planner.words import count
 
 __all__ = ["MeasuredPlan", "format_measured_plan", "measured_plan_to_dict", "plan_from_throughput"]
 
@@ -202,13 +203,13 @@ def format_measured_plan(p: MeasuredPlan) -> list[str]:
     ]
     rule = (
         f"ceil({lam} / ({x:.3g} × {p.rho_target:g})) = {p.replicas_for_rho}, the "
-        f"seed's utilisation rule at ρ ≤ {p.rho_target:g}{tier}"
+        f"usual utilisation rule at ρ ≤ {p.rho_target:g}{tier}"
     )
     if n > p.replicas_for_rho and p.slo is not None:
         rule += f"; the p99 wait meets {_s(p.slo.p99_s)} only from {n}"
     out.append(f"  replicas          {n} — {rule}")
     out.append(f"  utilisation ρ     {p.rho:.3f} — {lam} / ({n} × {x:.3g}) req/s")
-    if p.rho_one_fewer is not None:
+    if p.rho_one_fewer is not None and n > 1:
         r = p.rho_one_fewer
         why = f"ρ {r:.3f}" + (
             " ≥ 1, overloaded"
@@ -219,7 +220,7 @@ def format_measured_plan(p: MeasuredPlan) -> list[str]:
         )
         if p.wait_p99_one_fewer_s is not None:
             why += f", p99 wait {_s(p.wait_p99_one_fewer_s)}"
-        out.append(f"  at {n - 1} replicas     {why} — why not one fewer")
+        out.append(f"  {'at ' + count(n - 1, 'replica'):<18}{why} — why not one fewer")
     if p.concurrency is None or p.slot_s is None or p.wait_p99_s is None:
         out.append(
             "  (give --concurrency, the requests in flight per worker, for waits and bounds)"
@@ -240,11 +241,12 @@ def format_measured_plan(p: MeasuredPlan) -> list[str]:
             f"⌊{n * k} × {_s(p.slo.p99_s)} / {_s(p.slot_s)}⌋"
         )
         out.append(
-            f"    rule of thumb   {p.rule_queue_bound_pool} — the seed's (L/S) × concurrency × 1.5"
+            f"    rule of thumb   {p.rule_queue_bound_pool} — the common rule (L/S) × "
+            "concurrency × 1.5"
         )
         out.append(
             f"  KEDA threshold    {p.keda_threshold} queued per replica (minReplicaCount {n}) — "
-            f"half the {_s(p.slo.p99_s)} wait budget at {x:.3g} req/s; the seed's 8 on "
+            f"half the {_s(p.slo.p99_s)} wait budget at {x:.3g} req/s; the common rule's 8 on "
             f"vllm:num_requests_waiting is {p.seed_keda_threshold} on velvetrope_queue_depth"
         )
     return out

@@ -60,7 +60,7 @@ def rho_warning(rho_target: float) -> str:
         return ""
     return (
         f"target ρ {rho_target:g} > {HIGH_RHO:g}: waits grow as 1/(1 − ρ), so a few percent "
-        "more traffic or a slower engine multiplies them; the seeds keep ρ ≤ 0.6 for "
+        "more traffic or a slower engine multiplies them; common practice keeps ρ ≤ 0.6 for "
         "interactive traffic and ≤ 0.85 for batch"
     )
 

@@ -21,6 +21,7 @@ from velvetrope.sim.result import SimResult
 
 __all__ = [
     "DEFINITIONS",
+    "UPSTREAM_ERROR_NOTE",
     "fmt_ms",
     "fmt_s",
     "markdown_table",
@@ -114,6 +115,15 @@ def _outcome_table(rows: Sequence[TierStats]) -> tuple[list[str], list[list[str]
     return header, body
 
 
+UPSTREAM_ERROR_NOTE = (
+    "the engine refused the request, as vLLM does one whose prompt and "
+    "output are longer than the model's context (the profile's max_model_len), or no "
+    "engine was up to take it"
+)
+"""What the report says of ``upstream_error``, the only way a simulated engine fails a
+request (``velvetrope/sim/runner.py``)."""
+
+
 def tier_table(result: SimResult) -> Table:
     """A compact per-tier table for a terminal (:mod:`rich`): p50 and p99 only, SLOs, GPU
     busy fraction and the requests not completed in the caption."""
@@ -143,6 +153,8 @@ def tier_table(result: SimResult) -> Table:
     lost = rows[-1].outcomes
     if lost:
         notes.append("not completed: " + ", ".join(f"{k} {v:,}" for k, v in sorted(lost.items())))
+        if "upstream_error" in lost:
+            notes.append(f"upstream_error: {UPSTREAM_ERROR_NOTE}")
     shadow = result.records.shadow_counts()
     if shadow:
         said = ", ".join(f"{t} {d} {r or '-'} {n:,}" for (t, d, r), n in sorted(shadow.items()))
@@ -173,6 +185,8 @@ def report_markdown(result: SimResult, plots: dict[str, str] | None = None) -> s
     parts.append(
         markdown_table(header, body) if len(header) > 1 else "None: every request completed."
     )
+    if "upstream_error" in overall.outcomes:
+        parts += ["", f"`upstream_error`: {UPSTREAM_ERROR_NOTE}."]
     parts += ["", "## Fleet", ""]
     parts.append(
         markdown_table(

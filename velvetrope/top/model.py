@@ -90,8 +90,9 @@ class View:
 
     @property
     def up(self) -> int:
-        """Gateways whose status could be read."""
-        return sum(1 for r in self.replicas if r.up)
+        """Gateways that answered: their status was read, or they refused it with 401 (alive;
+        the admin token is missing or wrong)."""
+        return sum(1 for r in self.replicas if r.up or r.denied)
 
 
 def counter_rates(

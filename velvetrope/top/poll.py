@@ -20,7 +20,7 @@ import httpx
 import orjson
 
 from velvetrope.top.exposition import Metrics, parse_metrics
-from velvetrope.top.rows import Sample
+from velvetrope.top.rows import DENIED, Sample
 
 __all__ = ["Poller", "normalize_url", "poll"]
 
@@ -42,7 +42,7 @@ async def _get(client: httpx.AsyncClient, url: str, headers: dict[str, str]) -> 
     except (httpx.HTTPError, httpx.InvalidURL) as e:
         return str(e) or type(e).__name__
     if r.status_code == 401:
-        return "HTTP 401: admin token missing or wrong"
+        return DENIED
     if r.status_code != 200:
         return f"HTTP {r.status_code}"
     return r.content

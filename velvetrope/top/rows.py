@@ -15,6 +15,7 @@ from typing import Any
 from velvetrope.top.exposition import Metrics
 
 __all__ = [
+    "DENIED",
     "BandRow",
     "BucketRow",
     "EngineRow",
@@ -28,6 +29,9 @@ __all__ = [
     "pool_rows",
     "replica_row",
 ]
+
+DENIED = "HTTP 401: admin token missing or wrong"
+"""The error of a gateway that answered /admin/status with 401: alive, but not readable."""
 
 _BREAKERS = ("closed", "half_open", "open")
 """Breaker states from best to worst (an unknown state counts as open)."""
@@ -48,7 +52,8 @@ class Sample:
 
 @dataclass(frozen=True, slots=True)
 class ReplicaRow:
-    """One gateway: whether its status was read (else ``error`` says why), and what it
+    """One gateway: whether its status was read (else ``error`` says why, and ``denied``
+    whether it answered 401: alive, but the admin token is missing or wrong), and what it
     says of itself and of its shared state (``backend`` ``memory`` or ``redis``; for Redis,
     whether it answers, the breaker in front of it, the live replicas it counts, the fleet's
     queue at its last heartbeat, the settlements waiting in its outbox and the decisions
@@ -67,6 +72,7 @@ class ReplicaRow:
     fleet_queued: int | None
     outbox: int | None
     fallbacks: int | None
+    denied: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +196,7 @@ def replica_row(s: Sample) -> ReplicaRow:
         fleet_queued=_int(state, "fleet_queue_depth") if redis else None,
         outbox=_int(state, "outbox") if redis else None,
         fallbacks=int(sum(fallbacks.values())) if isinstance(fallbacks, dict) else None,
+        denied=s.status is None and s.error == DENIED,
     )
 
 

@@ -90,7 +90,9 @@ def _replicas(rows: list[ReplicaRow]) -> Section:
         extra: list[Cell] = []
         if not r.up:
             extra = [""] * 4 if redis else []
-            down: list[Cell] = [_host(r.url), Text("down", "bold red"), "", ""]
+            # a 401 is a live gateway that will not show its status without the token
+            alive = Text("401", "bold yellow") if r.denied else Text("down", "bold red")
+            down: list[Cell] = [_host(r.url), alive, "", ""]
             down.append(Text(r.error or "", "red"))
             body.append([*down, *extra])
             continue
