@@ -55,6 +55,12 @@ CHECKS = (
         ROOT / "docs" / "concepts" / "slo-limits.md",
     ),
     Check(
+        ("bench/tpot_limit_convergence.py",),
+        "tpot_limit:",
+        ("known_after_s", "samples", "before_step", "after_step", "settled_s"),
+        ROOT / "docs" / "concepts" / "slo-limits.md",
+    ),
+    Check(
         ("bench/planner_validate.py",),
         "planner:",
         ("conv_err", "code_err", "prefix_err", "spec_err"),
