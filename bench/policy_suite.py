@@ -50,6 +50,7 @@ sys.path.insert(0, str(ROOT))
 from experiments.n_engine_priority.run import (  # noqa: E402
     Result,
     at_speed,
+    generated_by,
     measure,
 )
 from velvetrope.core import PolicyConfig  # noqa: E402
@@ -159,10 +160,7 @@ def hopeless_tokens(
             lost |= sel & (late_first - rec.arrival > slo.ttft_s)
         if slo.e2e_s is not None:
             lost |= sel & (bound - rec.arrival > slo.e2e_s)
-    started = lost & (rec.first_token <= bound)
-    first, end, out = rec.first_token[started], rec.end[started], rec.output[started]
-    frac = np.where(end > first, (bound - first) / np.maximum(end - first, 1e-12), 1.0)
-    return int(np.floor(1 + (out - 1) * np.clip(frac, 0.0, 1.0)).sum())
+    return generated_by(rec, lost, bound)
 
 
 def tpot_violations(rec: JobRecords, slos: Mapping[str, SloPolicy], bound: float) -> int:

@@ -229,16 +229,14 @@ def test_the_controller_passes_the_top_tier_past_a_saturated_pool() -> None:
 
 def test_late_first_tokens_of_a_higher_tier_cap_the_tiers_below() -> None:
     ceil = LowerTierCeiling({"interactive": 1.0, "batch": None}, share=0.5, cut=0.1)
-    running = [_job("batch", band=2) for _ in range(50)]
-    for j in running:
-        ceil.started(j, 0.0)
+    in_flight = 50  # batch jobs running
     on_time = _job("interactive", band=0)
     on_time.arrival = 0.0
-    ceil.first_token(on_time, 0.4)  # 0.4 s <= 0.5 × 1 s: no ceiling to relax
+    ceil.first_token(on_time, 0.4, in_flight)  # 0.4 s <= 0.5 × 1 s: no ceiling to relax
     assert ceil.ceilings() == {} and ceil.admits(_job("batch", band=2), 50, 0, 0.4)
     late = _job("interactive", band=0)
     late.arrival = 0.0
-    ceil.first_token(late, 0.8)  # late: 0.9 × 50 in flight
+    ceil.first_token(late, 0.8, in_flight)  # late: 0.9 × 50 in flight
     assert ceil.ceilings() == {0: pytest.approx(45.0)}
     assert not ceil.admits(_job("batch", band=2), 45, 0, 0.8)
     assert ceil.admits(_job("batch", band=2), 44, 0, 0.8)
@@ -246,14 +244,13 @@ def test_late_first_tokens_of_a_higher_tier_cap_the_tiers_below() -> None:
     for _ in range(45):  # one ceiling's worth of first tokens in time: one more slot
         ok = _job("interactive", band=0)
         ok.arrival = 1.0
-        ceil.first_token(ok, 1.1)
+        ceil.first_token(ok, 1.1, in_flight)
     assert ceil.ceilings()[0] == pytest.approx(46.0, abs=0.05)
     assert ceil.holds == 1
-    for j in running[:40]:
-        ceil.ended(j, 2.0)  # 10 in flight: a ceiling of 46 holds nothing any more
+    in_flight = 10  # 40 ended: a ceiling of 46 holds nothing any more
     ok = _job("interactive", band=0)
     ok.arrival = 2.0
-    ceil.first_token(ok, 2.1)
+    ceil.first_token(ok, 2.1, in_flight)
     assert ceil.ceilings() == {}
 
 

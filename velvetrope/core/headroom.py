@@ -174,7 +174,7 @@ class LowerTierCeiling:
     time).  No ceiling before the first late sample, and a ceiling that grows past twice
     the jobs in flight is dropped (nothing holds it any more)."""
 
-    __slots__ = ("_ceiling", "_in_flight", "cut", "holds", "share", "ttft")
+    __slots__ = ("_ceiling", "cut", "holds", "share", "ttft")
 
     def __init__(
         self, ttft_by_tier: Mapping[str, float | None], *, share: float, cut: float = 0.1
@@ -184,33 +184,25 @@ class LowerTierCeiling:
         self.cut = cut
         self.holds = 0
         self._ceiling: dict[int, float] = {}
-        self._in_flight = 0
 
     def retarget(self, ttft_by_tier: Mapping[str, float | None]) -> None:
         """Take the tiers' TTFT objectives of a reloaded policy (ceilings are kept)."""
         self.ttft = {k: v for k, v in ttft_by_tier.items() if v is not None}
 
-    def started(self, job: Job, now: float) -> None:
-        """``job`` was dispatched from the pool."""
-        self._in_flight += 1
-
-    def ended(self, job: Job, now: float) -> None:
-        """``job``, dispatched from the pool, ended (any outcome)."""
-        self._in_flight -= 1
-
-    def first_token(self, job: Job, now: float) -> None:
-        """A first token of ``job``: a sample of its band's TTFT."""
+    def first_token(self, job: Job, now: float, in_flight: int) -> None:
+        """A first token of ``job``, with ``in_flight`` jobs in the pool: a sample of its
+        band's TTFT."""
         ttft = self.ttft.get(job.tier)
         if ttft is None:
             return
         band = job.band
         ceiling = self._ceiling.get(band)
         if now - job.arrival > self.share * ttft:
-            cut = (1.0 - self.cut) * self._in_flight
+            cut = (1.0 - self.cut) * in_flight
             self._ceiling[band] = max(1.0, cut if ceiling is None else min(ceiling, cut))
         elif ceiling is not None:
             ceiling += 1.0 / ceiling
-            if ceiling > 2.0 * max(1, self._in_flight):
+            if ceiling > 2.0 * max(1, in_flight):
                 del self._ceiling[band]
             else:
                 self._ceiling[band] = ceiling

@@ -71,11 +71,10 @@ class Pool:
             self.capacity.signals.append(tl)
             self.capacity.listeners.append(tl.engines_changed)
             tl.engines_changed(self.capacity.engines)
+        ttft = _objectives(config, "ttft_s")
         self.ceiling: LowerTierCeiling | None = None
         if mode == "slo":
-            ce = self.ceiling = LowerTierCeiling(
-                _objectives(config, "ttft_s"), share=p.slo_limit.headroom_share
-            )
+            ce = self.ceiling = LowerTierCeiling(ttft, share=p.slo_limit.headroom_share)
             self.capacity.signals.append(ce)
         self.saturation: EngineSaturation | None = None
         if config.saturation.enabled:
@@ -84,7 +83,7 @@ class Pool:
             self.capacity.trackers.append(rule)
             if mode == "slo":
                 rule.headroom = TierHeadroom(
-                    _objectives(config, "ttft_s"),
+                    ttft,
                     ordered=p.engine_priority,
                     share=p.slo_limit.headroom_share,
                     window_s=p.slo_limit.start_window_s,
@@ -101,13 +100,14 @@ class Pool:
             p.max_tokens_in_flight_per_engine,
         )
         self.sched.retier(config)
+        ttft = _objectives(config, "ttft_s")
         if self.tpot_limit is not None:
             self.tpot_limit.retarget(_objectives(config, "tpot_s"))
         if self.ceiling is not None:
-            self.ceiling.retarget(_objectives(config, "ttft_s"))
+            self.ceiling.retarget(ttft)
         sat = self.saturation
         if sat is not None and sat.headroom is not None:
-            sat.headroom.retarget(_objectives(config, "ttft_s"))
+            sat.headroom.retarget(ttft)
 
     def started(self, job: Job, now: float) -> None:
         """``job`` was dispatched from this pool at ``now`` (its limits count it)."""
@@ -115,8 +115,6 @@ class Pool:
             self.limit.started(job, now)
         if self.tpot_limit is not None:
             self.tpot_limit.started(job, now)
-        if self.ceiling is not None:
-            self.ceiling.started(job, now)
 
     def ended(self, job: Job, now: float, output_tokens: int, completed: bool) -> None:
         """``job``, dispatched from this pool, ended at ``now`` (any outcome; ``completed``
@@ -125,8 +123,6 @@ class Pool:
             self.limit.ended(job, now)
         if self.tpot_limit is not None:
             self.tpot_limit.ended(job, now, output_tokens, completed)
-        if self.ceiling is not None:
-            self.ceiling.ended(job, now)
 
     def first_token(self, job: Job, now: float) -> None:
         """``job``, dispatched from this pool, produced its first token at ``now``: the
@@ -139,7 +135,7 @@ class Pool:
         if self.tpot_limit is not None and job.streamed:
             self.tpot_limit.first_token(job, now)
         if self.ceiling is not None:
-            self.ceiling.first_token(job, now)
+            self.ceiling.first_token(job, now, self.capacity.in_flight)
 
     def retry_s(self, tokens: float) -> float:
         """``Retry-After`` for a job shed behind ``tokens`` of work: their predicted drain,
@@ -174,10 +170,11 @@ class Pool:
             return Reason.QUEUE_FULL, self.retry_s(sched.tokens), msg
         if queued >= max_queued:
             return Reason.QUEUE_FULL, self.retry_s(sched.tokens), "the queue is full"
-        eta = self.drain.seconds_for(sched.ahead(band)[1])
+        ahead = sched.ahead(band)[1]
+        eta = self.drain.seconds_for(ahead)
         if max_wait is not None and max_wait <= 0.0:
             msg = "the request may not wait (do-not-queue, or its deadline passed) and cannot start"
-            return Reason.WAIT_EXCEEDS_SLO, self.retry_s(sched.ahead(band)[1]), msg
+            return Reason.WAIT_EXCEEDS_SLO, self.retry_s(ahead), msg
         sat = self.saturation
         if max_wait is not None and eta is not None and eta > max_wait:
             if sat is not None and sat.warming(job.arrival):  # asked as the job arrives

@@ -50,6 +50,7 @@ class TpotLimit:
     __slots__ = (
         "_area",
         "_at",
+        "_fit",
         "_marks",
         "_n",
         "_running",
@@ -97,6 +98,7 @@ class TpotLimit:
         self._sw = self._swx = self._swy = self._swxx = self._swxy = self._swyy = 0.0
         self._xmin = _INF
         self._xmax = -_INF
+        self._fit: tuple[float, float, float] | None = None
 
     # -- the in-flight integral --------------------------------------------------------
 
@@ -168,12 +170,17 @@ class TpotLimit:
         self.samples += 1
         self._xmin = min(self._xmin, x)
         self._xmax = max(self._xmax, x)
+        self._fit = self._solve()
 
     # -- the rule ----------------------------------------------------------------------
 
     def fit(self) -> tuple[float, float, float] | None:
         """``(a, b, σ)``: ``tpot ≈ a + b·n`` (``n`` per engine) and the samples' standard
-        deviation around it; ``None`` while unknown."""
+        deviation around it; ``None`` while unknown (solved once per sample, not per
+        dispatch)."""
+        return self._fit
+
+    def _solve(self) -> tuple[float, float, float] | None:
         if self.samples < self.min_samples or self._xmax - self._xmin < self.min_spread:
             return None
         sw = self._sw
