@@ -21,11 +21,12 @@ whose TPOT exceeded it.
 Ends with one line::
 
     policy: workloads=N tiers_at_or_above=K/M total_ratio_min=a total_ratio_mean=b \
-wasted_tokens=w tpot_slo_violations=v
+wasted_tokens=w tpot_slo_violations=v hopeless_tokens=h preemptions=p
 
 where K counts tier × workload pairs in which the gateway is at or above the priority run,
-the ratios are the gateway's total in SLO over the priority run's, and w and v are the
-gateway's.  The aim (issue 39): K = M, a ≥ 1.0, b ≥ 1.15, w = 0, v = 0.
+the ratios are the gateway's total in SLO over the priority run's, and w, v, h and p are
+the gateway's (p: the jobs it took back from an engine before their first token).  The
+aim (issue 39): K = M, a ≥ 1.0, b ≥ 1.15, w = 0, v = 0.
 
 Run: ``.venv/bin/python bench/policy_suite.py`` (``--only NAME`` for one workload,
 ``--config PATH`` to measure another config).  About two minutes on 2 cores.
@@ -146,6 +147,8 @@ class Run:
     bound), those of requests that could no longer meet their SLO at the bound: the first
     token after the TTFT objective (or none yet, past it), or the bound past the e2e
     objective.  The rest would have completed within their SLO after the bound."""
+    taken_back: int
+    """Jobs the gateway took back from an engine before their first token."""
 
 
 def hopeless_tokens(
@@ -215,6 +218,7 @@ def run(w: Workload, config: Path) -> dict[str, Run]:
             measure(key, res, slos, bound, w.window_s),
             tpot_violations(res.records, slos, bound),
             hopeless_tokens(res.records, slos, bound, w.window_s),
+            sum(p.taken_back for p in res.pools),
         )
     return out
 
@@ -231,7 +235,7 @@ def main() -> None:
     chosen = [w for w in WORKLOADS if not args.only or w.name in args.only]
     at_or_above = pairs = 0
     ratios: list[float] = []
-    wasted = violations = hopeless = 0
+    wasted = violations = hopeless = taken = 0
     t0 = time.perf_counter()
     for w in chosen:
         runs = run(w, args.config)
@@ -255,12 +259,18 @@ def main() -> None:
         wasted += g.wasted_tokens - g.wasted_late
         violations += runs["gateway"].tpot_violations
         hopeless += runs["gateway"].hopeless_tokens
-        print(f"  gateway/prio: total {ratios[-1]:.3f}; " + ", ".join(marks))
+        taken += runs["gateway"].taken_back
+        print(
+            f"  gateway/prio: total {ratios[-1]:.3f}; "
+            + ", ".join(marks)
+            + f"; taken back {runs['gateway'].taken_back}"
+        )
     print(f"({time.perf_counter() - t0:.0f} s)")
     print(
         f"policy: workloads={len(chosen)} tiers_at_or_above={at_or_above}/{pairs} "
         f"total_ratio_min={min(ratios):.3f} total_ratio_mean={sum(ratios) / len(ratios):.3f} "
-        f"wasted_tokens={wasted} tpot_slo_violations={violations} hopeless_tokens={hopeless}"
+        f"wasted_tokens={wasted} tpot_slo_violations={violations} hopeless_tokens={hopeless} "
+        f"preemptions={taken}"
     )
 
 

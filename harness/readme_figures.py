@@ -51,6 +51,7 @@ CHECKS = (
             "wasted_tokens",
             "tpot_slo_violations",
             "hopeless_tokens",
+            "preemptions",
         ),
         ROOT / "docs" / "concepts" / "slo-limits.md",
     ),

@@ -185,7 +185,7 @@ def test_illegal_transitions_raise() -> None:
     with pytest.raises(LifecycleError):
         ctl.arrive(a)  # already dispatched
     with pytest.raises(LifecycleError):
-        a.move(JobState.QUEUED)
+        a.move(JobState.EXPIRED)  # only a queued job expires
     ctl.complete(a.id, Usage(1, 1))
     with pytest.raises(UnknownJobError):
         ctl.complete(a.id, Usage(1, 1))

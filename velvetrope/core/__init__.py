@@ -12,7 +12,14 @@ from velvetrope.core.bucket import (
     MemoryBuckets,
     TokenBucket,
 )
-from velvetrope.core.controller import AdmissionController, Decision, Dispatched, Queued, Rejected
+from velvetrope.core.controller import (
+    AdmissionController,
+    Decision,
+    Dispatched,
+    Preempted,
+    Queued,
+    Rejected,
+)
 from velvetrope.core.estimate import OutputEstimator, P2Quantile, QuantileEstimator
 from velvetrope.core.job import Job, Outcome
 from velvetrope.core.lifecycle import JobState, Reason, Settlement, Usage
@@ -55,6 +62,7 @@ __all__ = [
     "P2Quantile",
     "PolicyConfig",
     "PoolPolicy",
+    "Preempted",
     "QuantileEstimator",
     "QueuePolicy",
     "Queued",

@@ -8,6 +8,9 @@ injected :class:`~velvetrope.clock.Clock`), never awaits and never does I/O::
     decision = ctl.arrive(job)       # Dispatched | Queued(position, eta_s) | Rejected(...)
     for job in ctl.dispatchable():   # queued jobs that may start now, in policy order
         ...
+    ctl.sent(job.id)                 # handed to an engine: preemptible until its first token
+    for p in ctl.take_preempted():   # taken back to make room for a higher tier: cancel
+        ...                          # it at its engine (queued again, or ended 503)
     ctl.first_token(job.id)
     ctl.complete(job.id, usage)      # also: cancel(), fail(); tick() expires deadlines
 
@@ -46,13 +49,13 @@ from velvetrope.core.bucket import (
     Denial,
     Grant,
     MemoryBuckets,
-    settle_lines,
 )
 from velvetrope.core.capacity import PoolCapacity
 from velvetrope.core.claims import ClaimSpecs
 from velvetrope.core.estimate import OutputEstimator
 from velvetrope.core.job import Job, Outcome
-from velvetrope.core.lifecycle import JobState, Reason, Settlement, Usage
+from velvetrope.core.job_ends import JobEnds, Preempted
+from velvetrope.core.lifecycle import JobState, Reason, Settlement
 from velvetrope.core.limit import AdaptiveLimit
 from velvetrope.core.policy import PolicyConfig, TenantPolicy
 from velvetrope.core.pool import Pool
@@ -62,9 +65,17 @@ from velvetrope.core.reload import orphaned, restart_needed
 from velvetrope.core.routing import Routed, Router
 from velvetrope.core.saturation import EngineSaturation
 from velvetrope.core.tuples import new_tuple
-from velvetrope.errors import LifecycleError, PolicyError, UnknownJobError
+from velvetrope.errors import LifecycleError, PolicyError
 
-__all__ = ["AdmissionController", "Decision", "Dispatched", "Queued", "Rejected", "make_estimator"]
+__all__ = [
+    "AdmissionController",
+    "Decision",
+    "Dispatched",
+    "Preempted",
+    "Queued",
+    "Rejected",
+    "make_estimator",
+]
 
 _ARRIVED: Final = JobState.ARRIVED
 _QUEUED: Final = JobState.QUEUED
@@ -108,8 +119,9 @@ class Rejected(NamedTuple):
 Decision = Dispatched | Queued | Rejected
 
 
-class AdmissionController:
-    """Every admission decision for one gateway (or one simulated gateway)."""
+class AdmissionController(JobEnds):
+    """Every admission decision for one gateway (or one simulated gateway); the ends of
+    what it admitted are :class:`~velvetrope.core.job_ends.JobEnds`'."""
 
     def __init__(
         self,
@@ -132,6 +144,8 @@ class AdmissionController:
         self._deadlines: list[tuple[float, int, Job]] = []
         self._tenant_queued: dict[str, int] = {}
         self._unreported: list[Outcome] = []
+        self._preempted: list[Preempted] = []
+        self._asks: list[tuple[float, int, Job]] = []  # when queued jobs may ask for room
         self._seq = 0
         self.queued = 0
         self.in_flight = 0
@@ -355,7 +369,6 @@ class AdmissionController:
             return self._reject(job, shed[0], shed[1], shed[2], now)
         ahead_n, ahead_tokens = sched.ahead(band)
         eta = pool.drain.seconds_for(ahead_tokens)
-        max_wait = self._tier_max_wait[tier]
         tq = self._tenant_queued.get(tenant, 0)
         # 5. queue (ARRIVED -> QUEUED, checked on entry)
         job.state = _QUEUED
@@ -363,12 +376,14 @@ class AdmissionController:
         sched.enqueue(job, band, cost)
         self.queued += 1
         self._tenant_queued[tenant] = tq + 1
-        deadline = job.deadline
-        if max_wait is not None:
-            limit = arrival + max_wait
-            deadline = limit if deadline is None or limit < deadline else deadline
+        deadline = self._deadline(job, tier)
         if deadline is not None:
             heapq.heappush(self._deadlines, (deadline, seq, job))
+        pre = pool.preemption
+        if pre is not None:
+            ask = pre.ask_at(job)
+            if ask is not None:
+                heapq.heappush(self._asks, (ask, seq, job))
         return new_tuple(Queued, (job, ahead_n, eta))
 
     def _take(
@@ -476,80 +491,35 @@ class AdmissionController:
         now = self.clock.now()
         if self._deadlines and self._deadlines[0][0] <= now:
             self._unreported.extend(self._expire(now))
+        asks = self._asks
+        while asks and asks[0][0] <= now:  # a wake-up to ask for room: this call asks
+            heapq.heappop(asks)
         out: list[Job] = []
         for pool in self._pool_list:
             sched = pool.sched
             cap = pool.capacity
+            pre = pool.preemption
             while sched.queued:
-                if cap.in_flight >= cap.max_in_flight:
+                if pre is None and cap.in_flight >= cap.max_in_flight:
                     break  # no slot: do not even look at the queue
                 job = sched.peek()
-                if job is None or not cap.fits(job, now):
+                if job is None:
                     break
+                if not cap.fits(job, now):
+                    if pre is None:
+                        break
+                    victim = pre.make_room(job, now)
+                    if victim is None:
+                        break
+                    self._take_back(victim, pool, now)  # one per pool and call
+                    if not cap.fits(job, now):
+                        break
                 sched.pop()
                 self.queued -= 1
                 self._tenant_queued[job.tenant] -= 1
                 self._start(job, pool, now)
                 out.append(job)
         return out
-
-    def first_token(self, job_id: str) -> None:
-        """Record the first token of a dispatched job."""
-        job = self._live(job_id)
-        if job.state is not _DISPATCHED:
-            raise LifecycleError(f"job {job_id!r} is {job.state.value}, not dispatched")
-        if job.first_token_at is None:
-            job.first_token_at = now = self.clock.now()
-            self._pools[job.pool].first_token(job, now)
-
-    def complete(self, job_id: str, usage: Usage) -> Outcome:
-        """A dispatched job finished: settle with ``usage`` and release its capacity."""
-        job = self._jobs.get(job_id)
-        if job is None:
-            raise UnknownJobError(f"no live job {job_id!r}")
-        if job.state is not _DISPATCHED:
-            raise LifecycleError(f"job {job_id!r} is {job.state.value}, not dispatched")
-        est = self.estimator
-        if isinstance(est, LengthPredictor):  # narrowed: a direct compiled call
-            est.observe(job, usage.completion_tokens)
-        else:
-            est.observe(job, usage.completion_tokens)
-        return self._end_dispatched(job, _COMPLETED, _DONE, usage)
-
-    def fail(
-        self, job_id: str, reason: Reason = Reason.UPSTREAM_ERROR, usage: Usage | None = None
-    ) -> Outcome:
-        """A dispatched job failed upstream.  Without ``usage`` nothing is charged."""
-        job = self._live(job_id)
-        if job.state is not _DISPATCHED:
-            raise LifecycleError(f"job {job_id!r} is {job.state.value}, not dispatched")
-        return self._end_dispatched(job, JobState.FAILED, reason, usage or Usage(0, 0))
-
-    def cancel(self, job_id: str, usage: Usage | None = None) -> Outcome:
-        """The client went away.  A queued job is refunded in full; a dispatched one is
-        charged ``usage`` (default: its prompt tokens only)."""
-        job = self._live(job_id)
-        now = self.clock.now()
-        if job.state is _QUEUED:
-            return self._end_queued(job, JobState.CANCELLED, Reason.CANCELLED, now)
-        return self._end_dispatched(
-            job, JobState.CANCELLED, Reason.CANCELLED, usage or Usage(job.prompt_tokens, 0)
-        )
-
-    def tick(self) -> list[Outcome]:
-        """Expire queued jobs whose deadline passed; return them (and any expired earlier
-        by :meth:`dispatchable` and not yet returned)."""
-        out = self._unreported
-        self._unreported = []
-        out.extend(self._expire(self.clock.now()))
-        return out
-
-    def next_deadline(self) -> float | None:
-        """The earliest deadline among queued jobs, for a driver's timer."""
-        d = self._deadlines
-        while d and d[0][2].state is not _QUEUED:
-            heapq.heappop(d)
-        return d[0][0] if d else None
 
     def start_draining(self) -> None:
         """Reject every new arrival with ``draining``; queued and in-flight work goes on."""
@@ -591,46 +561,12 @@ class AdmissionController:
 
     # -- internals -------------------------------------------------------------------
 
-    def _live(self, job_id: str) -> Job:
-        job = self._jobs.get(job_id)
-        if job is None:
-            raise UnknownJobError(f"no live job {job_id!r}")
-        return job
-
     def _start(self, job: Job, pool: Pool, now: float) -> None:
         # ARRIVED or QUEUED -> DISPATCHED: callers hold a job in one of those states
         job.state = _DISPATCHED
         job.dispatched_at = now
-        cap = pool.capacity
-        pool.drain.busy(now, cap.in_flight)
-        cap.in_flight += 1
-        cap.tokens += job.cost
         self.in_flight += 1
-        if cap.trackers:
-            for t in cap.trackers:
-                if isinstance(t, EngineSaturation):  # narrowed: a direct compiled call
-                    t.started(job, now)
-                else:
-                    t.started(job, now)
-        pool.started(job, now)
-
-    def _settlement(self, job: Job, actual_tokens: int) -> Settlement:
-        claims = job.claims
-        if not claims:
-            return _NONE
-        return new_tuple(Settlement, (settle_lines(claims, actual_tokens),))
-
-    def _emit(
-        self, job: Job, state: JobState, reason: Reason, settlement: Settlement, now: float
-    ) -> Outcome:
-        job.reason = reason
-        job.finished_at = now
-        if settlement.lines and self.buckets is not None:
-            self.buckets.settle(settlement.lines, now)
-        out = new_tuple(Outcome, (job, state, reason, settlement, now))
-        for obs in self.observers:
-            obs(out)
-        return out
+        pool.acquire(job, now)
 
     def _reject(
         self, job: Job, reason: Reason, retry: float | None, message: str, now: float
@@ -653,48 +589,3 @@ class AdmissionController:
             msg = f"rate limit of bucket {denial.key!r} reached; retry in {retry:.2f}s"
         self._emit(job, JobState.REJECTED, reason, Settlement(()), now)
         return Rejected(job, reason, retry, msg, denial.snapshots)
-
-    def _end_queued(self, job: Job, state: JobState, reason: Reason, now: float) -> Outcome:
-        job.move(state)
-        pool = self._pools[job.pool]
-        pool.sched.discard(job)
-        self.queued -= 1
-        self._tenant_queued[job.tenant] -= 1
-        del self._jobs[job.id]
-        return self._emit(job, state, reason, self._settlement(job, 0), now)
-
-    def _end_dispatched(self, job: Job, state: JobState, reason: Reason, usage: Usage) -> Outcome:
-        now = self.clock.now()
-        job.state = state  # DISPATCHED -> terminal: callers checked DISPATCHED
-        job.usage = usage
-        prompt, output = usage
-        total = prompt + output
-        pool = self._pools[job.pool]
-        cap = pool.capacity
-        pool.drain.finish(now, cap.in_flight, total)
-        cap.in_flight -= 1
-        cap.tokens -= job.cost
-        self.in_flight -= 1
-        if cap.trackers:
-            for t in cap.trackers:
-                if isinstance(t, EngineSaturation):  # narrowed: a direct compiled call
-                    t.ended(job, now)
-                else:
-                    t.ended(job, now)
-        pool.sched.on_complete(job, output)
-        pool.ended(job, now, output, state is _COMPLETED)
-        del self._jobs[job.id]
-        claims = job.claims  # (self._settlement, inline on this path)
-        if claims and job.shadow == "rejected":
-            total = 0  # enforcement would have refunded what it reserved
-        settled = new_tuple(Settlement, (settle_lines(claims, total),)) if claims else _NONE
-        return self._emit(job, state, reason, settled, now)
-
-    def _expire(self, now: float) -> list[Outcome]:
-        out: list[Outcome] = []
-        d = self._deadlines
-        while d and d[0][0] <= now:
-            job = heapq.heappop(d)[2]
-            if job.state is _QUEUED:
-                out.append(self._end_queued(job, JobState.EXPIRED, Reason.EXPIRED, now))
-        return out

@@ -28,7 +28,15 @@ __all__ = ["Job", "Outcome"]
 _ALLOWED: dict[str, tuple[JobState, ...]] = {
     "arrived": (JobState.REJECTED, JobState.QUEUED, JobState.DISPATCHED),
     "queued": (JobState.EXPIRED, JobState.CANCELLED, JobState.DISPATCHED, JobState.REJECTED),
-    "dispatched": (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED),
+    # a dispatched job taken back before its first token is queued again, or rejected
+    # (preempted) when it can no longer start in time
+    "dispatched": (
+        JobState.COMPLETED,
+        JobState.FAILED,
+        JobState.CANCELLED,
+        JobState.QUEUED,
+        JobState.REJECTED,
+    ),
 }
 
 
@@ -83,6 +91,7 @@ class Job:
     usage: Usage | None
     shadow: str | None  # shadow mode: "admitted", "queued" or "rejected", as if enforced
     shadow_reason: str  # why ("" admitted, "capacity" queued, a Reason's code rejected)
+    preemptions: int  # times taken back from an engine before its first token
 
     def __init__(
         self,
@@ -132,6 +141,7 @@ class Job:
         self.usage = None
         self.shadow = None
         self.shadow_reason = ""
+        self.preemptions = 0
 
     def move(self, new: JobState) -> None:
         """Move to ``new``; raise :class:`LifecycleError` if the move is not allowed."""

@@ -54,6 +54,7 @@ class Reason(enum.Enum):
     STATE_UNAVAILABLE = ("state_unavailable", 503)  # shared state unreachable, fail_closed
     UPSTREAM_REJECTED = ("upstream_rejected", 400)  # the engine refused the request as sent
     REMOVED_BY_RELOAD = ("removed_by_reload", 503)  # queued; its tenant, tier or pool went
+    PREEMPTED = ("preempted", 503)  # taken back before its first token; too late to requeue
 
     __hash__ = object.__hash__  # as JobState's
 

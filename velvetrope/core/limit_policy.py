@@ -105,3 +105,19 @@ class SloLimitPolicy(_Model):
     start_window_s: float = Field(
         5.0, gt=0, description="Window over which the engines' start rate is measured."
     )
+    preempt: bool = Field(
+        True,
+        description="Make room before the first token: when a job of a tier with a TTFT "
+        "objective would start too late, take back a lower tier's job that an engine has "
+        "not begun answering (cancelled at the engine, queued again at the head of its "
+        "band, or 503 `preempted` when it can no longer start in time).  A job that has "
+        "streamed a token is never taken back.",
+    )
+    preempt_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="A job asks for room when its predicted wait for a slot (one over the "
+        "rate at which the pool's jobs end) exceeds this share of the TTFT it has left, or, "
+        "before any end is measured, once it has waited this share of its TTFT.",
+    )

@@ -14,6 +14,7 @@ from velvetrope.core.job import Job
 from velvetrope.core.lifecycle import Reason
 from velvetrope.core.limit import AdaptiveLimit
 from velvetrope.core.policy import PolicyConfig, PoolPolicy
+from velvetrope.core.preemption import Preemption
 from velvetrope.core.saturation import EngineSaturation
 from velvetrope.core.scheduler import Scheduler
 from velvetrope.core.tpot_limit import TpotLimit
@@ -33,6 +34,7 @@ class Pool:
         "drain",
         "limit",
         "name",
+        "preemption",
         "saturation",
         "sched",
         "tpot_limit",
@@ -76,6 +78,11 @@ class Pool:
         if mode == "slo":
             ce = self.ceiling = LowerTierCeiling(ttft, share=p.slo_limit.headroom_share)
             self.capacity.signals.append(ce)
+        self.preemption: Preemption | None = None
+        if mode == "slo" and p.slo_limit.preempt:
+            self.preemption = Preemption(
+                ttft, share=p.slo_limit.preempt_share, window_s=p.slo_limit.start_window_s
+            )
         self.saturation: EngineSaturation | None = None
         if config.saturation.enabled:
             rule = self.saturation = EngineSaturation.from_policy(p.name, config.saturation)
@@ -105,9 +112,42 @@ class Pool:
             self.tpot_limit.retarget(_objectives(config, "tpot_s"))
         if self.ceiling is not None:
             self.ceiling.retarget(ttft)
+        if self.preemption is not None:
+            self.preemption.retarget(ttft)
         sat = self.saturation
         if sat is not None and sat.headroom is not None:
             sat.headroom.retarget(ttft)
+
+    def acquire(self, job: Job, now: float) -> None:
+        """``job`` was dispatched from this pool at ``now``: its slot and tokens are taken,
+        and every limit and tracker counts it."""
+        cap = self.capacity
+        self.drain.busy(now, cap.in_flight)
+        cap.in_flight += 1
+        cap.tokens += job.cost
+        if cap.trackers:
+            for t in cap.trackers:
+                if isinstance(t, EngineSaturation):  # narrowed: a direct compiled call
+                    t.started(job, now)
+                else:
+                    t.started(job, now)
+        self.started(job, now)
+
+    def release(self, job: Job, now: float, tokens: int, output: int, completed: bool) -> None:
+        """``job``, dispatched from this pool, left its engine at ``now`` having used
+        ``tokens`` (``output`` of them generated; ``completed`` if it ran to its end): its
+        slot and tokens are given back, every limit and tracker lets it go."""
+        cap = self.capacity
+        self.drain.finish(now, cap.in_flight, tokens)
+        cap.in_flight -= 1
+        cap.tokens -= job.cost
+        if cap.trackers:
+            for t in cap.trackers:
+                if isinstance(t, EngineSaturation):  # narrowed: a direct compiled call
+                    t.ended(job, now)
+                else:
+                    t.ended(job, now)
+        self.ended(job, now, output, completed)
 
     def started(self, job: Job, now: float) -> None:
         """``job`` was dispatched from this pool at ``now`` (its limits count it)."""
@@ -123,6 +163,8 @@ class Pool:
             self.limit.ended(job, now)
         if self.tpot_limit is not None:
             self.tpot_limit.ended(job, now, output_tokens, completed)
+        if self.preemption is not None:
+            self.preemption.ended(job, now)
 
     def first_token(self, job: Job, now: float) -> None:
         """``job``, dispatched from this pool, produced its first token at ``now``: the
@@ -136,12 +178,26 @@ class Pool:
             self.tpot_limit.first_token(job, now)
         if self.ceiling is not None:
             self.ceiling.first_token(job, now, self.capacity.in_flight)
+        if self.preemption is not None:
+            self.preemption.first_token(job)
 
     def retry_s(self, tokens: float) -> float:
         """``Retry-After`` for a job shed behind ``tokens`` of work: their predicted drain,
         at least one second."""
         s = self.drain.seconds_for(tokens)
         return _DEFAULT_RETRY_S if s is None else max(_DEFAULT_RETRY_S, s)
+
+    def starts_by(self, job: Job, deadline: float | None, now: float) -> float | None:
+        """``None`` when ``job``, queued again at the head of its band, is predicted to
+        start before ``deadline`` (or has none, or no drain rate is known yet); otherwise
+        the ``Retry-After`` it is turned away with."""
+        if deadline is None:
+            return None
+        ahead = self.sched.ahead(job.band)[1]
+        eta = self.drain.seconds_for(ahead)
+        if now < deadline and (eta is None or now + eta <= deadline):
+            return None
+        return self.retry_s(ahead)
 
     def shed(
         self,
@@ -216,6 +272,7 @@ class Pool:
             "lower_tier_ceilings": None
             if self.ceiling is None
             else {str(b): c for b, c in self.ceiling.ceilings().items()},
+            "preemptions": None if self.preemption is None else self.preemption.count,
             "headroom_passes": None
             if self.saturation is None or self.saturation.headroom is None
             else self.saturation.headroom.passes,

@@ -35,6 +35,7 @@ class Band:
     __slots__ = (
         "count",
         "credit",
+        "front",
         "index",
         "max_queued",
         "min_share",
@@ -64,6 +65,8 @@ class Band:
         self.count = 0
         self.credit = 0.0
         self.vpass = 0.0
+        self.front: list[Job] = []
+        """Jobs taken back from an engine, served before the band's queue, oldest first."""
 
     def __len__(self) -> int:
         return self.count
@@ -177,6 +180,16 @@ class Scheduler:
         self.queued += 1
         self.tokens += cost
 
+    def requeue(self, job: Job) -> None:
+        """Queue ``job`` (already QUEUED, taken back from an engine before its first token)
+        at the head of its band, behind any job taken back before it."""
+        b = self.bands[job.band]
+        b.front.append(job)
+        b.count += 1
+        b.tokens += job.cost
+        self.queued += 1
+        self.tokens += job.cost
+
     def peek(self) -> Job | None:
         """The job policy would dispatch next, or ``None`` if the queue is empty."""
         if self.queued == 0:
@@ -198,6 +211,8 @@ class Scheduler:
         if chosen is None:
             return None
         self._chosen = chosen
+        if chosen.front:
+            return chosen.front[0]
         return chosen.queue.peek()
 
     def pop(self) -> Job:
@@ -205,7 +220,8 @@ class Scheduler:
         b = self._chosen
         assert b is not None, "pop() without a successful peek()"
         self._chosen = None
-        job = b.queue.pop()
+        # a job taken back was served by its fairness policy already: not charged again
+        job = b.front.pop(0) if b.front else b.queue.pop()
         cost = job.cost
         b.count -= 1
         b.tokens -= cost
@@ -226,7 +242,10 @@ class Scheduler:
     def discard(self, job: Job) -> None:
         """Account that queued ``job`` left the queue (cancelled or expired)."""
         b = self.bands[job.band]
-        b.queue.discard(job)
+        if job in b.front:
+            b.front.remove(job)
+        else:
+            b.queue.discard(job)
         b.count -= 1
         b.tokens -= job.cost
         self.queued -= 1

@@ -33,6 +33,7 @@ from velvetrope.core import (
     Grant,
     Job,
     Outcome,
+    Preempted,
     Queued,
     Reason,
     Rejected,
@@ -74,9 +75,13 @@ def _refusal(r: Rejected) -> Refusal:
 
 class Ticket:
     """A dispatched request.  Record its first token; end it once (later calls do
-    nothing): the end settles its reservation and gives back its slot."""
+    nothing): the end settles its reservation and gives back its slot.
 
-    __slots__ = ("_admission", "ended", "job", "snapshots")
+    While its answer is relayed (``task`` set), the controller may take the job back before
+    its first token (:meth:`preempt`): the ticket is then void (``preempted`` says what
+    became of the job) and ``task`` is cancelled, which closes the upstream request."""
+
+    __slots__ = ("_admission", "ended", "job", "preempted", "snapshots", "task")
 
     def __init__(
         self, admission: Admission, job: Job, snapshots: tuple[BucketSnapshot, ...]
@@ -86,6 +91,24 @@ class Ticket:
         self.snapshots = snapshots
         """The claimed buckets after the reservation (``x-ratelimit-*`` headers)."""
         self.ended = False
+        self.preempted: Preempted | None = None
+        self.task: asyncio.Task[None] | None = None
+        admission._tickets[job.id] = self
+
+    def sent(self, task: asyncio.Task[None]) -> None:
+        """The request is on its way to an engine, relayed by ``task``: until its first
+        token the controller may take it back (streamed answers only: a whole answer's
+        first token cannot be seen)."""
+        self.task = task
+        if self.job.streamed and not self.ended:
+            self._admission.ctl.sent(self.job.id)
+
+    def preempt(self, p: Preempted) -> None:
+        """The controller took the job back: void this ticket and stop its relay."""
+        self.ended = True
+        self.preempted = p
+        if self.task is not None:
+            self.task.cancel()
 
     def first_token(self) -> None:
         """The upstream sent the first token (ignored after the first, or once ended)."""
@@ -136,6 +159,7 @@ class Admission:
             for p in ctl.config.pools:
                 self.slots[p.name] = FleetSlot(p.name, ctl.pool_capacity(p.name), store)
         self._waiters: dict[str, asyncio.Future[Outcome | None]] = {}
+        self._tickets: dict[str, Ticket] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
 
@@ -181,19 +205,55 @@ class Admission:
         if isinstance(d, Rejected):
             self._settle(job, d.settlement.lines)
             return _refusal(d)
+        snapshots = res.snapshots if isinstance(res, Grant) else ()
         if isinstance(d, Queued):
-            waited = await self._wait(job, gone, progress, every_s)
-            if waited is not None:
-                if isinstance(waited, Outcome):
-                    r = waited.reason
-                    if r is _EXPIRED:
-                        return Refusal(r.status, r.code, _EXPIRED_MESSAGE, 1.0)
-                    return Refusal(r.status, r.code, _REMOVED_MESSAGE, None)
-                return None
-        elif gone.done():
+            return await self._queued(job, gone, progress, every_s, snapshots)
+        if gone.done():
             self.abandon(job)
             return None
-        snapshots = res.snapshots if isinstance(res, Grant) else ()
+        if fleet is not None and job.id in fleet.brake.lacking:
+            return await self._take_slot(fleet, job, gone, snapshots)
+        return Ticket(self, job, snapshots)
+
+    async def again(
+        self,
+        ticket: Ticket,
+        gone: asyncio.Future[None],
+        progress: Callable[[], Awaitable[None]] | None = None,
+        every_s: float = 2.0,
+    ) -> Ticket | Refusal | None:
+        """What becomes of a job taken back from its engine (``ticket.preempted``): a new
+        ticket once it is dispatched again, the 503 ``preempted`` refusal when it could no
+        longer start in time (or the refusal of its expiry while queued again), or ``None``
+        when the client went away."""
+        p = ticket.preempted
+        assert p is not None, "again() for a ticket that was not preempted"
+        if p.outcome is not None:
+            msg = "taken back from the engine before its first token for a higher tier, "
+            msg += "and it can no longer start within its SLO"
+            return Refusal(503, Reason.PREEMPTED.code, msg, p.retry_after_s)
+        return await self._queued(ticket.job, gone, progress, every_s, ticket.snapshots)
+
+    async def _queued(
+        self,
+        job: Job,
+        gone: asyncio.Future[None],
+        progress: Callable[[], Awaitable[None]] | None,
+        every_s: float,
+        snapshots: tuple[BucketSnapshot, ...],
+    ) -> Ticket | Refusal | None:
+        """:meth:`enter`'s end for a queued job: its ticket once dispatched (and holding
+        its fleet slot), the refusal of its expiry or removal, or ``None`` (the client
+        left)."""
+        waited = await self._wait(job, gone, progress, every_s)
+        if waited is not None:
+            if isinstance(waited, Outcome):
+                r = waited.reason
+                if r is _EXPIRED:
+                    return Refusal(r.status, r.code, _EXPIRED_MESSAGE, 1.0)
+                return Refusal(r.status, r.code, _REMOVED_MESSAGE, None)
+            return None
+        fleet = self.slots.get(job.pool) if self.slots else None
         if fleet is not None and job.id in fleet.brake.lacking:
             return await self._take_slot(fleet, job, gone, snapshots)
         return Ticket(self, job, snapshots)
@@ -270,6 +330,7 @@ class Admission:
     def ended(self, o: Outcome) -> None:
         """A job ended: settle it in the store, give back its slot, dispatch what fits."""
         job = o.job
+        self._tickets.pop(job.id, None)
         self._settle(job, o.settlement.lines)
         if self.slots:
             fleet = self.slots.get(job.pool)
@@ -300,8 +361,25 @@ class Admission:
             fut = self._waiters.pop(job.id, None)
             if fut is not None and not fut.done():
                 fut.set_result(None)
+        taken = self.ctl.take_preempted()
+        if taken:
+            self._take_back(taken)
         self._tick()
         self._arm()
+
+    def _take_back(self, taken: list[Preempted]) -> None:
+        """Stop the relays of jobs the controller took back from their engines; settle
+        those it ended (refunded), give back their slots."""
+        for p in taken:
+            job = p.job
+            ticket = self._tickets.pop(job.id, None)
+            if p.outcome is not None:
+                self._settle(job, p.outcome.settlement.lines)
+                fleet = self.slots.get(job.pool) if self.slots else None
+                if fleet is not None:
+                    fleet.released()
+            if ticket is not None:
+                ticket.preempt(p)
 
     def _tick(self) -> None:
         """Settle the expired jobs and wake their waiters (expiries happen only in the

@@ -391,13 +391,19 @@ class Gateway:
                 job, watch.gone, progress, self.settings.progress_interval_s
             )
             if isinstance(entry, Ticket):
-                ticket = entry
                 degrade_body(parsed, job)
                 prio = self._engine_priority().of(job.pool, job.tier)
                 if prio is not None:
                     set_engine_priority(parsed, prio)
-                await self._proxy(kind, ticket, parsed, client, watch)
-            elif isinstance(entry, Refusal):
+            while isinstance(entry, Ticket):  # again when it is taken back (preemption)
+                ticket = entry
+                if not await self._proxy(kind, ticket, parsed, client, watch):
+                    break
+                entry = await self.admission.again(
+                    ticket, watch.gone, progress, self.settings.progress_interval_s
+                )
+                ticket = None
+            if isinstance(entry, Refusal):
                 await self._refuse(client, entry)
         except Exception:
             # A bug must not leak a stack trace or a job: log it, end the job exactly
@@ -475,9 +481,11 @@ class Gateway:
 
     async def _proxy(
         self, kind: Kind, ticket: Ticket, parsed: ParsedRequest, client: ClientStream, watch: Watch
-    ) -> None:
+    ) -> bool:
         """Forward the ticket's job to the least-loaded upstream of its pool, trying the
-        next one when one cannot be reached, and end the ticket with what happened."""
+        next one when one cannot be reached, and end the ticket with what happened; true
+        when the controller took the job back before its first token instead (the
+        upstream request was closed; nothing was sent to the client)."""
         job = ticket.job
         stream = parsed.stream
         body = parsed.upstream_body()
@@ -498,11 +506,12 @@ class Gateway:
                 ticket.fail(Reason.NO_HEALTHY_UPSTREAM)
                 msg = f"no healthy upstream in pool {job.pool!r}"
                 await client.error(503, msg, "no_healthy_upstream", [(b"retry-after", b"1")])
-                return
+                return False
             engines.sent(job, up)
             me = asyncio.current_task(watch.loop)
             assert me is not None
             watch.target = me
+            ticket.sent(me)
             try:
                 answer = await forward(
                     self.http,
@@ -519,6 +528,12 @@ class Gateway:
                     extra_headers=extra,
                 )
             except asyncio.CancelledError:
+                if ticket.preempted is not None and not watch.gone.done():
+                    # taken back before its first token: the upstream request is closed
+                    # (the engine stops), the client has been sent nothing
+                    me.uncancel()
+                    self.upstreams.abandoned(up, False)
+                    return True
                 # our watcher cancels us when the client hangs up; anything else is a
                 # shutdown.  Either way the upstream request is closed (which stops the
                 # engine's generation) and the job settled: with what the stream showed,
@@ -528,7 +543,7 @@ class Gateway:
                 self.upstreams.abandoned(up, tally.first_token)
                 if watch.gone.done():
                     me.uncancel()
-                    return
+                    return False
                 raise
             except UpstreamUnreachable as e:
                 self.upstreams.mark_failed(up, str(e))
@@ -538,17 +553,19 @@ class Gateway:
                 self.upstreams.failed(up, str(e))
                 ticket.fail(Reason.UPSTREAM_TIMEOUT, tally.usage_so_far())
                 await client.error(504, str(e), "upstream_timeout")
-                return
+                return False
             except UpstreamError as e:
                 self.upstreams.failed(up, str(e))
                 ticket.fail(Reason.UPSTREAM_ERROR, tally.usage_so_far())
                 await client.error(502, str(e), "upstream_error")
-                return
+                return False
             finally:
                 watch.target = None
+                ticket.task = None
                 engines.returned(up)
             break
         await self._finish(ticket, up, answer, tally, client, extra)
+        return False
 
     async def _finish(
         self,

@@ -4,8 +4,12 @@ Non-streaming responses pass through byte for byte; the usage is read from the b
 raised to what its choices show, :func:`~velvetrope.gateway.relay.body_tokens`, when the
 engine reports fewer).
 Streaming responses are forwarded event by event as they arrive (no buffering of the
-whole response).  The upstream is always asked for ``include_usage``; when the client did
-not ask for it, the extra usage-only chunk is read and dropped.  A
+whole response).  The client's response starts with the first token: events before it (a
+role-only delta) are held until then, so a request taken back from its engine before its
+first token (:mod:`velvetrope.core.preemption`) can still be answered with an error
+status, never with a 200 and an empty body.  The upstream is always asked for
+``include_usage``; when the client did not ask for it, the extra usage-only chunk is read
+and dropped.  A
 :class:`~velvetrope.gateway.relay.UsageTally` counts the completion tokens seen so far so that a
 client disconnect mid-stream settles what was really generated.
 """
@@ -87,27 +91,42 @@ async def forward(
                     relay.usage = usage
                 relay.completion_tokens = body_tokens(obj, relay.choice_limit)
                 return UpstreamAnswer(resp.status, relay.usage_so_far(), data, ctype)
-            await start(200, [(b"content-type", ctype), *extra_headers])
+            headers = [(b"content-type", ctype), *extra_headers]
             if relay is None:
+                await start(200, headers)
                 async for piece in resp.chunks():
                     if resp.at_end:
                         await end(piece)  # the last bytes and the end: one write
                         break
                     await send(piece)
                 return UpstreamAnswer(200, None, None, ctype)
-            buf = b""
+            buf = held = b""
+            started = False
             async for piece in resp.chunks():
                 done, buf = split_complete(buf + piece)
                 if not done:
                     continue
                 out = relay_events(done, relay, client_wants_usage, on_first_token)
-                if not buf and resp.at_end:
+                last = not buf and resp.at_end
+                if not started:  # the response starts with the first token (or the end)
+                    if not relay.first_token and not last:
+                        held += out
+                        continue
+                    if not relay.first_token:
+                        on_first_token()  # an answer with no token: its end is its start
+                    started = True
+                    await start(200, headers)
+                    out, held = held + out, b""
+                if last:
                     await end(out)  # the last bytes and the end of the response: one write
                     return UpstreamAnswer(200, relay.usage_so_far(), None, ctype)
                 if out:
                     await send(out)
-            if buf.strip():
-                await send(buf)
+            if not started:
+                on_first_token()
+                await start(200, headers)
+            if held or buf.strip():
+                await send(held + buf)
             return UpstreamAnswer(200, relay.usage_so_far(), None, ctype)
     except (UpstreamError, asyncio.CancelledError):
         raise

@@ -99,6 +99,9 @@ class PoolStats:
     preemptions: int
     prefix_queries: int = field(default=0, repr=False)  # (the pinned goldens print the rest)
     prefix_hits: int = field(default=0, repr=False)
+    taken_back: int = field(default=0, repr=False)
+    """Jobs the gateway took back from the pool's engines before their first token
+    (:mod:`velvetrope.core.preemption`)."""
 
     @property
     def prefix_hit_rate(self) -> float:
@@ -257,8 +260,9 @@ class Fleet:
         self.active[k] = False
         self.busy_s[k] += now - self.busy_since[k]
 
-    def stats(self, span_s: float) -> list[PoolStats]:
-        """Per-pool statistics over ``[0, span_s]`` (open busy periods count up to ``span_s``)."""
+    def stats(self, span_s: float, taken_back: dict[str, int] | None = None) -> list[PoolStats]:
+        """Per-pool statistics over ``[0, span_s]`` (open busy periods count up to ``span_s``);
+        ``taken_back``: the gateway's preemptions per pool."""
         out = []
         for j, name in enumerate(self.pool_names):
             ks = [k for k, p in enumerate(self.pool_of) if p == j]
@@ -274,6 +278,7 @@ class Fleet:
                     preemptions=sum(self.batchers[k].num_preemptions for k in ks),
                     prefix_queries=sum(self.batchers[k].prefix_cache_queries for k in ks),
                     prefix_hits=sum(self.batchers[k].prefix_cache_hits for k in ks),
+                    taken_back=(taken_back or {}).get(name, 0),
                 )
             )
         return out

@@ -288,7 +288,10 @@ def run_simulation(
         info=info,
         records=records,
         span_s=span,
-        pools=fleet.stats(span),
+        pools=fleet.stats(
+            span,
+            {k: v["preemptions"] or 0 for k, v in ctl.status()["pools"].items()},
+        ),
         tiers=tuple(t.name for t in policy.tiers),
         slos={**config_slos(policy), **(slos or {})},
         samples=(

@@ -214,6 +214,9 @@ def drive(
     complete = ctl.complete
     live_job = ctl.job
     sent = scrapes.sent
+    mark_sent = ctl.sent
+    take_preempted = ctl.take_preempted
+    preempts = any(p.get("preemptions") is not None for p in ctl.status()["pools"].values())
     fresh = scrapes.fresh
     samples_t: list[float] = []
     samples_q: list[int] = []
@@ -261,6 +264,7 @@ def drive(
                 block_tokens=block_tokens[idx],
             )
             sent(job, k)
+            mark_sent(job.id)
             fresh[k] += 1
             load_[k] += 1
             replica_of[idx] = k
@@ -272,9 +276,21 @@ def drive(
                 step_end[k] = now
         return failed
 
+    def take_back(now: float, by: int) -> None:
+        """Cancel at their replicas the jobs the controller took back (preemption)."""
+        for p in take_preempted():
+            idx = int(p.job.id)
+            k = replica_of[idx]
+            settle(k, now, by)
+            if batchers[k].abort(p.job.id):
+                load_[k] -= 1
+            if record:
+                decisions.append((now, "preempt", p.job.id, "ended" if p.outcome else "requeued"))
+
     def dispatch(now: float, by: int) -> None:
         while True:
             batch = dispatchable()
+            take_back(now, by)
             if not batch or not launch(batch, now, by):
                 return
 
@@ -290,8 +306,12 @@ def drive(
             set_clock(t)
             freed = False
             for e in ev:
-                if timeout is not None and live_job(e.seq_id) is None:
-                    continue  # the client gave up during the step
+                if timeout is not None or preempts:
+                    # the client gave up during the step, or the job was taken back (and
+                    # perhaps sent again: an attempt sent at t has no step ending at t)
+                    j = live_job(e.seq_id)
+                    if j is None or j.state is not _DISPATCHED or j.dispatched_at == t:
+                        continue
                 if type(e) is FirstToken:
                     first_token(e.seq_id)
                 elif type(e) is Finished:

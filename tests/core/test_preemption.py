@@ -1,0 +1,116 @@
+"""Making room before the first token (:mod:`velvetrope.core.preemption`), on a ManualClock:
+which job is taken back and when, what becomes of it (queued again at the head of its band,
+or ended 503 ``preempted``), and what is never taken back."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.core.helpers import controller, make_job
+from velvetrope.core import Dispatched, Queued, Usage
+from velvetrope.core.lifecycle import JobState, Reason
+
+TIERS = [
+    {"name": "interactive", "slo": {"ttft_s": 2.0}},
+    {"name": "standard", "slo": {"ttft_s": 10.0}},
+    {"name": "batch", "slo": {"e2e_s": 600}},
+]
+TENANTS = [
+    {"name": "acme", "tier": "interactive"},
+    {"name": "globex", "tier": "standard", "limits": {"tokens_per_minute": 60000}},
+    {"name": "initech", "tier": "batch"},
+]
+
+
+def policy(slots: int = 2, **slo_limit: Any) -> dict[str, Any]:
+    return {
+        "tiers": TIERS,
+        "tenants": TENANTS,
+        "queue": {"bands": "strict"},
+        "saturation": {"enabled": False},
+        "pools": [
+            {"name": "default", "limit": "slo", "max_in_flight": slots, "slo_limit": slo_limit}
+        ],
+    }
+
+
+def test_a_late_top_tier_job_takes_back_the_last_sent_lower_tier_job() -> None:
+    ctl, clock = controller(policy(slots=2))
+    running = make_job("initech", "batch")
+    waiting = make_job("initech", "batch")
+    for j in (running, waiting):
+        assert isinstance(ctl.arrive(j), Dispatched)
+        ctl.sent(j.id)
+    clock.advance(0.1)
+    ctl.first_token(running.id)  # streamed a token: never taken back
+    top = make_job("acme", "interactive")
+    assert isinstance(ctl.arrive(top), Queued)
+    assert ctl.next_deadline() == pytest.approx(0.1 + 0.5 * 2.0)  # when it asks for room
+    clock.advance(0.5)
+    assert ctl.dispatchable() == [] and ctl.take_preempted() == []  # not late yet
+    clock.advance(0.5)  # it has waited half its TTFT: it asks
+    assert ctl.dispatchable() == [top]
+    taken = ctl.take_preempted()
+    assert [(p.job, p.outcome) for p in taken] == [(waiting, None)]
+    assert waiting.state is JobState.QUEUED and waiting.preemptions == 1
+    assert ctl.status()["pools"]["default"]["preemptions"] == 1
+    assert ctl.in_flight == 2 and ctl.queued == 1
+    # the taken-back job is first in its band when a slot frees, and is not taken twice
+    later = make_job("initech", "batch")
+    assert isinstance(ctl.arrive(later), Queued)
+    ctl.complete(running.id, Usage(100, 100))
+    assert ctl.dispatchable() == [waiting]
+    ctl.sent(waiting.id)
+    clock.advance(5.0)
+    ctl.arrive(make_job("acme", "interactive"))
+    clock.advance(1.5)  # past its ask, before its deadline
+    ctl.dispatchable()
+    assert ctl.take_preempted() == []  # preempted once already: it keeps its place
+
+
+def test_a_job_that_can_no_longer_start_in_time_ends_preempted_and_refunded() -> None:
+    ctl, clock = controller(policy(slots=1))
+    victim = make_job("globex", "standard", deadline=0.5)  # its own bound: 0.5 s
+    assert isinstance(ctl.arrive(victim), Dispatched)
+    ctl.sent(victim.id)
+    settled: list[Any] = []
+    ctl.observers.append(settled.append)
+    top = make_job("acme", "interactive")
+    ctl.arrive(top)
+    clock.advance(1.0)
+    assert ctl.dispatchable() == [top]
+    (p,) = ctl.take_preempted()
+    assert p.job is victim and p.outcome is not None
+    assert p.outcome.reason is Reason.PREEMPTED and p.outcome.reason.status == 503
+    assert p.retry_after_s is not None and p.retry_after_s >= 1.0
+    assert victim.state is JobState.REJECTED and ctl.job(victim.id) is None
+    assert [o.job for o in settled] == [victim]
+    (line,) = p.outcome.settlement.lines
+    assert line == ("tenant:globex:tok", victim.cost, 0.0), line  # refunded in full
+    assert ctl.buckets is not None
+    assert ctl.buckets.levels(clock.now())["tenant:globex:tok"][0] == pytest.approx(60000)
+
+
+def test_nothing_is_taken_back_that_is_unsent_of_the_same_band_or_without_a_ttft() -> None:
+    ctl, clock = controller(policy(slots=2))
+    unsent = make_job("initech", "batch")  # dispatched, never reported sent
+    same = make_job("acme", "interactive")
+    for j in (unsent, same):
+        ctl.arrive(j)
+    ctl.sent(same.id)
+    top = make_job("acme", "interactive")
+    ctl.arrive(top)
+    batch = make_job("initech", "batch")  # no TTFT objective: never asks
+    ctl.arrive(batch)
+    clock.advance(1.5)  # past the top job's ask, before its deadline
+    assert ctl.dispatchable() == [] and ctl.take_preempted() == []
+    off, clock2 = controller(policy(slots=1, preempt=False))
+    low = make_job("initech", "batch")
+    off.arrive(low)
+    off.sent(low.id)
+    off.arrive(make_job("acme", "interactive"))
+    clock2.advance(1.5)
+    assert off.dispatchable() == [] and off.take_preempted() == []
+    assert off.status()["pools"]["default"]["preemptions"] is None
