@@ -91,6 +91,7 @@ def _round(tmp: Path, engine: str, tag: str, **victim: Any) -> tuple[list[Any], 
             metric(gw.url, "velvetrope_tokens_settled_total", tier=t)
             for t in ("batch", "interactive")
         ]
+        assert metric(gw.url, "velvetrope_preemptions_total", pool="default") == 1
     finally:
         gw.stop()
     return out, settled[0], settled[1]

@@ -209,8 +209,16 @@ class _StateCollector(Collector):
             "The pool's slots: per engine x live engines, or fixed.",
             labels=["pool"],
         )
+        taken = CounterMetricFamily(
+            "velvetrope_preemptions",
+            "Requests taken back from an engine before their first token to make room for a "
+            "higher tier (queued again, or 503 preempted), by pool (limit: slo pools only).",
+            labels=["pool"],
+        )
         for pool, p in st["pools"].items():
             cap.add_metric([pool], p["max_in_flight"])
+            if p["preemptions"] is not None:
+                taken.add_metric([pool], p["preemptions"])
             for band, b in p["bands"].items():
                 depth.add_metric([pool, band], b["queued"])
                 qtok.add_metric([pool, band], b["tokens"])
@@ -296,7 +304,20 @@ class _StateCollector(Collector):
             for u in engines.upstreams.status():
                 healthy.add_metric([str(u["pool"]), str(u["url"])], 1.0 if u["healthy"] else 0.0)
             extra += _engine_families(engines, self._ctl.clock.now())
-        yield from (depth, qtok, infl, tinfl, drain, cap, fill, draining, bound, healthy, *extra)
+        yield from (
+            depth,
+            qtok,
+            infl,
+            tinfl,
+            drain,
+            cap,
+            taken,
+            fill,
+            draining,
+            bound,
+            healthy,
+            *extra,
+        )
 
 
 class GatewayMetrics:
