@@ -52,7 +52,7 @@ from velvetrope.core.capacity import PoolCapacity
 from velvetrope.core.claims import ClaimSpecs
 from velvetrope.core.estimate import OutputEstimator
 from velvetrope.core.job import Job, Outcome
-from velvetrope.core.lifecycle import JobState, Reason, Settlement, Usage
+from velvetrope.core.lifecycle import JobState, Reason, Settlement, Usage, denied
 from velvetrope.core.limit import AdaptiveLimit
 from velvetrope.core.policy import PolicyConfig, TenantPolicy
 from velvetrope.core.pool import Pool
@@ -425,7 +425,7 @@ class AdmissionController:
         band = job.band = sched.band_of(tier)
         if denial is not None:
             decision = "rejected"
-            why = (Reason.REQUEST_TOO_LARGE if denial.never else Reason.RATE_LIMITED).code
+            why = "request_too_large" if denial.never else denied(denial.key, 0.0)[0].code
         elif not (sched.queued == 0 and pool.capacity.fits(job, now)):
             shed = self._shed(job, pool, band, tier, job.tenant)
             decision, why = ("queued", "capacity") if shed is None else ("rejected", shed[0].code)
@@ -649,8 +649,8 @@ class AdmissionController:
                 f"request needs {job.cost} tokens, more than the capacity of bucket {denial.key!r}"
             )
         else:
-            reason, retry = Reason.RATE_LIMITED, denial.retry_after_s
-            msg = f"rate limit of bucket {denial.key!r} reached; retry in {retry:.2f}s"
+            retry = denial.retry_after_s
+            reason, msg = denied(denial.key, retry)
         self._emit(job, JobState.REJECTED, reason, Settlement(()), now)
         return Rejected(job, reason, retry, msg, denial.snapshots)
 
