@@ -317,6 +317,24 @@ def test_one_gateway_warns_refuses_shadows_and_reloads_without_losing_usage(
         assert r.status_code == 200, r.text
         used += r.json()["usage"]["total_tokens"]
         assert admin_status(gw)["buckets"]["quota:gold:day:2026-12-06:tok"] == 1000 - used
+
+        # velvetrope usage's table: the endpoint's row, aligned
+        table = subprocess.run(
+            [sys.executable, "-m", "velvetrope", "usage", "--url", gw, "--tenant", "gold"],
+            capture_output=True,
+            text=True,
+            env={"VELVETROPE_ADMIN_TOKEN": ADMIN, "PATH": "/usr/bin:/bin"},
+            timeout=60,
+            check=True,
+        ).stdout.splitlines()
+        row = usage(gw, tenant="gold").json()["rows"][0]
+        assert table[0].split() == ["day", "tenant", "model", "requests", "input_tokens",
+                                    "output_tokens", "cost_usd"]  # fmt: skip
+        assert table[1].split() == [
+            "2026-12-06", "gold", "velvetrope-sim", str(served + 1), str(row["input_tokens"]),
+            str(row["output_tokens"]), "0.000000",
+        ]  # fmt: skip
+        assert len(table) == 2 and len(table[0]) == len(table[1])
     finally:
         proc.stop()
 
