@@ -74,6 +74,7 @@ def test_a_daily_budget_reserves_settles_exactly_and_resets_with_the_next_day() 
     denial = buckets.take(big, 0.0)
     assert denial is not None and denial.key == big[0].key and denial.never
     assert book.reset_s(denial.key, now) == epoch("2026-12-07T00:00") - now
+    assert (book.window(denial.key), book.window("quota:nobody")) == ("day", "")
     assert denied(denial.key, 50400.0)[0] is Reason.QUOTA_EXCEEDED
     assert denied("tenant:acme:tok", 1.0)[0] is Reason.RATE_LIMITED
     # the next day is a new bucket, full

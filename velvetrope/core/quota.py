@@ -215,6 +215,12 @@ class QuotaBook:
         held = self._held.get(key)
         return 0.0 if held is None else self._use(held.budget, model, prompt, 0, output)
 
+    def window(self, key: str) -> str:
+        """The window of budget ``key`` (``day``, ``week``, ``month``, ``rolling``; ``""``
+        for a key not known)."""
+        held = self._held.get(key)
+        return "" if held is None else held.budget.window
+
     def reset_s(self, key: str, epoch: float) -> float | None:
         """Seconds from ``epoch`` until calendar budget ``key``'s window ends (``None``: not
         a calendar budget's key, or forgotten)."""

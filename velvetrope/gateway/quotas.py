@@ -44,14 +44,6 @@ _WARNING: Final = b"x-velvetrope-quota-warning"
 _SHADOW: Final = b"x-velvetrope-shadow-quota"
 
 
-def _window(key: str) -> str:
-    """The window of budget ``key`` (``day``, ``week``, ``month``, ``rolling``)."""
-    for w in ("day", "week", "month"):
-        if f":{w}:" in key:
-            return w
-    return "rolling"
-
-
 class Quotas:
     """Budgets and the ledger for one gateway process (see the module docstring)."""
 
@@ -107,14 +99,14 @@ class Quotas:
             too_big = any(c.key == res.key and c.amount > c.capacity for c in claims)
             if reset is None or too_big:
                 return res._replace(snapshots=snaps)
-            self.refusals.labels(_window(res.key), "true").inc()
+            self.refusals.labels(self.book.window(res.key), "true").inc()
             return Denial(reset, res.key, snaps)
         soft = self.settings.soft_threshold
         for s in snaps:
             if s.owner == "quota" and s.remaining <= s.limit * (1.0 - soft):
-                self.warnings.labels(_window(s.key)).inc()
+                self.warnings.labels(self.book.window(s.key)).inc()
                 if self._shadow_refused(job, s):
-                    self.refusals.labels(_window(s.key), "false").inc()
+                    self.refusals.labels(self.book.window(s.key), "false").inc()
         return res._replace(snapshots=snaps)
 
     def _shadow_refused(self, job: Job, s: BucketSnapshot) -> bool:
