@@ -54,6 +54,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "plan": "velvetrope.planner.cli:plan_command",
     "calibrate": "velvetrope.engine.calibrate.cli:calibrate_command",
     "top": "velvetrope.top.cli:top_command",
+    "usage": "velvetrope.gateway.usage_cli:usage_command",
 }
 """Subcommands defined elsewhere, by name: ``"module:function"`` of a typer command function
 (its parameters declared with ``typer.Option``/``typer.Argument``), imported when first used."""

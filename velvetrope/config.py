@@ -32,6 +32,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from velvetrope.core.policy import PolicyConfig
+from velvetrope.core.quota_config import QuotaSettings
 from velvetrope.dialects import DIALECTS, ENGINE_CHOICES, Dialect, custom_dialect, parse_gauge
 from velvetrope.yaml_config import parse_yaml, read_text, validate
 
@@ -383,6 +384,10 @@ class GatewayConfig(_Model):
     )
     gateway: GatewaySettings = Field(default_factory=GatewaySettings)
     state: StateSettings = Field(default_factory=StateSettings)
+    quotas: QuotaSettings = Field(
+        default_factory=QuotaSettings,
+        description="budgets over days, weeks, months or rolling hours, and the usage ledger",
+    )
     autoscale: AutoscaleSettings | None = Field(
         None, description="the engines' KEDA autoscaler, for simulate --autoscale"
     )

@@ -53,7 +53,9 @@ def test_bad_parameters_are_refused() -> None:
     with pytest.raises(PolicyError):
         TokenBucket(0, 1)
     with pytest.raises(PolicyError):
-        TokenBucket(10, 0)
+        TokenBucket(10, -1)  # rate 0 is a budget that never refills; below 0 is nothing
+    with pytest.raises(PolicyError):
+        TokenBucket(10, math.nan)
     with pytest.raises(PolicyError):
         TokenBucket(10, 1, floor=5)
 

@@ -13,8 +13,14 @@ test vectors runs against both.  Inputs and outputs are plain data (:class:`Clai
 answer for the core.
 
 A claim names its bucket by ``key`` and says what it counts by ``kind`` (``"tokens"`` or
-``"requests"``) and who it belongs to by ``owner`` (``"tenant"``, ``"tier"``, ``"model"``);
-nothing is ever parsed out of a key.
+``"requests"``) and who it belongs to by ``owner`` (``"tenant"``, ``"tier"``, ``"model"``;
+``"quota"`` and ``"ledger"`` for the budgets of :mod:`velvetrope.core.quota`); nothing is
+ever parsed out of a key.
+
+A bucket with ``rate`` 0 never refills: a budget over a calendar window (its key names the
+window, so the next window is a new, full bucket) or a ledger counter.  Waiting cannot
+grant it (the wait is ``inf``), and it is never full again once used (``time_to_full`` is
+``inf``).
 """
 
 from __future__ import annotations
@@ -40,10 +46,11 @@ __all__ = [
     "SettleLine",
     "TokenBucket",
     "settle_lines",
+    "time_to_full",
 ]
 
 BucketKind = Literal["tokens", "requests"]
-BucketOwner = Literal["tenant", "tier", "model"]
+BucketOwner = Literal["tenant", "tier", "model", "quota", "ledger"]
 TOKENS: Final[BucketKind] = "tokens"
 REQUESTS: Final[BucketKind] = "requests"
 
@@ -62,8 +69,8 @@ class TokenBucket:
     ):
         if not capacity > 0 or not math.isfinite(capacity):
             raise PolicyError(f"bucket capacity must be a positive finite number, got {capacity}")
-        if not rate > 0 or not math.isfinite(rate):
-            raise PolicyError(f"bucket refill rate must be a positive finite number, got {rate}")
+        if not rate >= 0 or not math.isfinite(rate):
+            raise PolicyError(f"bucket refill rate must be a finite number >= 0, got {rate}")
         floor = -capacity if floor is None else floor
         if floor > 0:
             raise PolicyError(f"bucket floor must be <= 0, got {floor}")
@@ -86,8 +93,15 @@ class TokenBucket:
     def reshape(self, capacity: float, rate: float, floor: float | None, now: float) -> None:
         """Take a new capacity, rate and floor (a reloaded policy): the level is refilled to
         ``now`` at the old rate first; a raised capacity refills from the current level, a
-        lowered one clips it (as the Redis store does, which is given both with each call)."""
+        lowered one clips it (as the Redis store does, which is given both with each call).
+        A budget (rate 0 before and after) keeps what was used instead: its level moves by
+        the change of capacity."""
         self.refill(now)
+        if rate == 0.0 and self.rate == 0.0:
+            self.level += capacity - self.capacity
+            self.capacity = float(capacity)
+            self.floor = -self.capacity if floor is None else float(floor)
+            return
         self.capacity = float(capacity)
         self.rate = float(rate)
         self.floor = -self.capacity if floor is None else float(floor)
@@ -95,11 +109,13 @@ class TokenBucket:
             self.level = self.capacity
 
     def wait_for(self, cost: float, now: float) -> float:
-        """Seconds until ``cost`` could be reserved (0 if it can be now; inf if never)."""
+        """Seconds until ``cost`` could be reserved (0 if it can be now or is 0; inf if never)."""
         if cost > self.capacity:
             return math.inf
         level = self.refill(now)
-        return 0.0 if level >= cost else (cost - level) / self.rate
+        if level >= cost or cost <= 0.0:  # a claim of nothing: granted, even in debt
+            return 0.0
+        return (cost - level) / self.rate if self.rate > 0.0 else math.inf
 
     def reserve(self, cost: float, now: float) -> float:
         """Take ``cost`` if the level allows: return 0.0.  Otherwise take nothing and return
@@ -115,8 +131,15 @@ class TokenBucket:
         self.level = self.floor if level < self.floor else min(level, self.capacity)
 
     def time_to_full(self, now: float) -> float:
-        """Seconds until the bucket is full again."""
-        return max(0.0, (self.capacity - self.refill(now)) / self.rate)
+        """Seconds until the bucket is full again (``inf`` for a used bucket of rate 0)."""
+        return time_to_full(self.capacity, self.refill(now), self.rate)
+
+
+def time_to_full(capacity: float, level: float, rate: float) -> float:
+    """Seconds for a bucket at ``level`` to refill to ``capacity`` at ``rate`` (>= 0)."""
+    if level >= capacity:
+        return 0.0
+    return (capacity - level) / rate if rate > 0.0 else math.inf
 
 
 class Claim(NamedTuple):
@@ -225,11 +248,9 @@ class MemoryBuckets:
         snaps = []
         for c in held:  # each bucket was refilled to now by wait_for
             b = buckets[c.key]
-            reset = (b.capacity - b.level) / b.rate
+            reset = time_to_full(b.capacity, b.level, b.rate)
             snaps.append(
-                new_tuple(
-                    BucketSnapshot, (c.key, c.kind, c.owner, b.capacity, b.level, max(0.0, reset))
-                )
+                new_tuple(BucketSnapshot, (c.key, c.kind, c.owner, b.capacity, b.level, reset))
             )
         return new_tuple(Grant, (held, tuple(snaps)))
 

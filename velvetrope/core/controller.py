@@ -55,7 +55,7 @@ from velvetrope.core.claims import ClaimSpecs
 from velvetrope.core.estimate import OutputEstimator
 from velvetrope.core.job import Job, Outcome
 from velvetrope.core.job_ends import JobEnds, Preempted
-from velvetrope.core.lifecycle import JobState, Reason, Settlement
+from velvetrope.core.lifecycle import JobState, Reason, Settlement, denied
 from velvetrope.core.limit import AdaptiveLimit
 from velvetrope.core.policy import PolicyConfig, TenantPolicy
 from velvetrope.core.pool import Pool
@@ -440,7 +440,7 @@ class AdmissionController(JobEnds):
         band = job.band = sched.band_of(tier)
         if denial is not None:
             decision = "rejected"
-            why = (Reason.REQUEST_TOO_LARGE if denial.never else Reason.RATE_LIMITED).code
+            why = "request_too_large" if denial.never else denied(denial.key, 0.0)[0].code
         elif not (sched.queued == 0 and pool.capacity.fits(job, now)):
             shed = self._shed(job, pool, band, tier, job.tenant)
             decision, why = ("queued", "capacity") if shed is None else ("rejected", shed[0].code)
@@ -585,7 +585,7 @@ class AdmissionController(JobEnds):
                 f"request needs {job.cost} tokens, more than the capacity of bucket {denial.key!r}"
             )
         else:
-            reason, retry = Reason.RATE_LIMITED, denial.retry_after_s
-            msg = f"rate limit of bucket {denial.key!r} reached; retry in {retry:.2f}s"
+            retry = denial.retry_after_s
+            reason, msg = denied(denial.key, retry)
         self._emit(job, JobState.REJECTED, reason, Settlement(()), now)
         return Rejected(job, reason, retry, msg, denial.snapshots)

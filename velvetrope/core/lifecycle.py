@@ -11,7 +11,10 @@ from __future__ import annotations
 import enum
 from typing import NamedTuple
 
-__all__ = ["TERMINAL_STATES", "JobState", "Reason", "Settlement", "Usage"]
+__all__ = ["QUOTA_PREFIX", "TERMINAL_STATES", "JobState", "Reason", "Settlement", "Usage", "denied"]
+
+QUOTA_PREFIX = "quota:"
+"""The key prefix of a budget's bucket (:mod:`velvetrope.core.quota`)."""
 
 
 class JobState(enum.Enum):
@@ -55,6 +58,7 @@ class Reason(enum.Enum):
     UPSTREAM_REJECTED = ("upstream_rejected", 400)  # the engine refused the request as sent
     REMOVED_BY_RELOAD = ("removed_by_reload", 503)  # queued; its tenant, tier or pool went
     PREEMPTED = ("preempted", 503)  # taken back before its first token; too late to requeue
+    QUOTA_EXCEEDED = ("quota_exceeded", 429)  # a budget over a day, week, month or N hours
 
     __hash__ = object.__hash__  # as JobState's
 
@@ -91,3 +95,13 @@ class Settlement(NamedTuple):
     @property
     def empty(self) -> bool:
         return not self.lines
+
+
+def denied(key: str, retry_after_s: float) -> tuple[Reason, str]:
+    """Why a reservation that bucket ``key`` denied (a wait of ``retry_after_s``, finite)
+    is refused, and the message: ``quota_exceeded`` for a budget's bucket, else
+    ``rate_limited``."""
+    if key.startswith(QUOTA_PREFIX):
+        return Reason.QUOTA_EXCEEDED, f"budget {key!r} is spent; it resets in {retry_after_s:.0f}s"
+    msg = f"rate limit of bucket {key!r} reached; retry in {retry_after_s:.2f}s"
+    return Reason.RATE_LIMITED, msg

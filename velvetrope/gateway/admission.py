@@ -8,6 +8,7 @@ first).  In order, with no other caller in between:
 1. draining? → refused before anything is reserved;
 2. route and size (:meth:`~velvetrope.core.controller.AdmissionController.route`,
    :meth:`~velvetrope.core.controller.AdmissionController.claims`);
+   with the job's budgets and ledger counters (:class:`~velvetrope.gateway.quotas.Quotas`);
 3. the store's reservation (:class:`~velvetrope.store.base.Store`): without I/O when the
    store can answer so (memory; a shared store whose state is away), else one round trip
    that also takes the job's fleet slot when it will start at once;
@@ -42,6 +43,7 @@ from velvetrope.core import (
 from velvetrope.core.bucket import Claim, SettleLine, settle_lines
 from velvetrope.core.lifecycle import JobState
 from velvetrope.errors import LifecycleError, StoreUnavailable
+from velvetrope.gateway.quotas import Quotas
 from velvetrope.gateway.slots import FleetSlot
 from velvetrope.store.base import Store
 
@@ -149,10 +151,13 @@ class Admission:
         ctl: AdmissionController,
         store: Store,
         on_route: Callable[[Job], None] | None = None,
+        quotas: Quotas | None = None,
     ) -> None:
         self.ctl = ctl
         self.store = store
         self._on_route = on_route
+        self.quotas = quotas
+        """Budgets and the ledger: claimed, answered and settled with the buckets."""
         self.slots: dict[str, FleetSlot] = {}
         """Per pool, its fleet slot (shared stores only)."""
         if store.shared:
@@ -189,6 +194,9 @@ class Admission:
         if self._on_route is not None:
             self._on_route(job)
         claims = ctl.claims(job)
+        quotas = self.quotas
+        if quotas is not None:
+            claims = quotas.claims(job, claims)
         fleet = self.slots.get(job.pool) if self.slots else None
         slot = fleet.ask(job) if fleet is not None and ctl.would_start(job) else None
         store = self.store
@@ -201,6 +209,8 @@ class Admission:
         except asyncio.CancelledError:  # shut down mid-trip: undo what may have been taken
             self._settle(job, settle_lines(claims, 0), claimed=claims)
             raise
+        if quotas is not None:
+            res = quotas.answer(job, claims, res)
         d = ctl.arrive(job, res)
         if isinstance(d, Rejected):
             self._settle(job, d.settlement.lines)
@@ -344,6 +354,8 @@ class Admission:
         """Settle ``job``'s granted claims (or ``claimed``, the claims it asked for when the
         store's answer never came) with ``lines``, and give back its slot."""
         claims = job.claims if claimed is None else claimed
+        if self.quotas is not None:
+            lines = self.quotas.settle(job, claims, lines)
         self.store.finish(job.id, job.tenant, claims, lines, job.pool)
 
     def start_draining(self) -> None:

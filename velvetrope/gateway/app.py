@@ -3,7 +3,8 @@
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models`` (the
 models of every pool: one live upstream of each is asked, the lists merged, each id once),
 ``GET /v1/models/{id}`` (that model's object, or 404 ``model_not_found``), ``GET /metrics``,
-``GET /healthz``, ``GET /readyz`` and the authenticated ``GET /admin/status``.  An error
+``GET /healthz``, ``GET /readyz`` and the authenticated ``GET /admin/status`` and ``GET
+/admin/usage`` (the usage ledger: :mod:`velvetrope.gateway.usage`).  An error
 that retrying cannot help carries ``x-should-retry: false``.
 
 A completion request goes: authenticate (401) → read the body within the size limit (413)
@@ -35,6 +36,7 @@ from velvetrope.clock import Clock, SystemClock
 from velvetrope.config import ConfigSource, GatewayConfig, hash_key
 from velvetrope.core import AdmissionController, Job, Reason, Usage
 from velvetrope.core.engine_priority import EnginePriority
+from velvetrope.core.quota import is_ledger_key
 from velvetrope.core.routing import MAX_TOKENS
 from velvetrope.errors import (
     ClientDisconnected,
@@ -61,10 +63,12 @@ from velvetrope.gateway.parse import (
     set_engine_priority,
 )
 from velvetrope.gateway.proxy import UpstreamAnswer, forward
+from velvetrope.gateway.quotas import Quotas
 from velvetrope.gateway.relay import UsageTally
 from velvetrope.gateway.reload import Reloader
 from velvetrope.gateway.request_slo import DO_NOT_QUEUE_HEADER, SLO_TTFT_HEADER, request_deadline
 from velvetrope.gateway.upstreams import Resolver, UpstreamState
+from velvetrope.gateway.usage import answer_usage
 from velvetrope.openai.errors import error_body, error_payload, retry_headers
 from velvetrope.openai.tokenizer import ApproxTokenizer, Tokenizer, get_tokenizer
 from velvetrope.serving.asgi import Receive, Scope, Send, header, read_body, respond, serve_lifespan
@@ -99,7 +103,9 @@ class Gateway:
             queue_depth=lambda: self.ctl.queued,
         )
         self.metrics.attach_store(self.store)
-        self.admission = Admission(self.ctl, self.store, self.metrics.on_route)
+        self.quotas = Quotas(config.quotas)
+        self.quotas.register(self.metrics.registry)
+        self.admission = Admission(self.ctl, self.store, self.metrics.on_route, self.quotas)
         self.tokenizer: Tokenizer = get_tokenizer(self.settings.tokenizer)
         cpt = self.tokenizer.chars_per_token if isinstance(self.tokenizer, ApproxTokenizer) else 4
         self.engines = Engines(
@@ -224,6 +230,8 @@ class Gateway:
             await self._models(scope, send, path[11:])
         elif path == "/admin/status":
             await self._admin(scope, send)
+        elif path == "/admin/usage":
+            await answer_usage(self.store, self.quotas, scope, send, self._is_admin(scope))
         else:
             await _error(send, 404, f"no route {path}", "not_found")
 
@@ -321,7 +329,8 @@ class Gateway:
             await _unauthorized(send, "the admin token is missing or wrong")
             return
         status = self.ctl.status()
-        status["buckets"] = {k: lvl for k, (lvl, _) in self.store.levels().items()}
+        levels = self.store.levels().items()
+        status["buckets"] = {k: lvl for k, (lvl, _) in levels if not is_ledger_key(k)}
         status["state"] = self.store.status()
         status["waiting_requests"] = self.admission.waiting
         status["upstreams"] = self.engines.upstream_status(self.clock.now())
@@ -474,7 +483,7 @@ class Gateway:
         return tell
 
     async def _refuse(self, client: ClientStream, r: Refusal) -> None:
-        headers = ratelimit_headers(r.snapshots)
+        headers = ratelimit_headers(r.snapshots) + self.quotas.headers(r.snapshots)
         if r.retry_after_s is not None and math.isfinite(r.retry_after_s):
             headers.append((b"retry-after", str(max(1, math.ceil(r.retry_after_s))).encode()))
         await client.error(r.status, r.message, r.code, headers)
@@ -491,7 +500,7 @@ class Gateway:
         body = parsed.upstream_body()
         told = parsed.max_tokens is not None or MAX_TOKENS in job.degraded
         tally = UsageTally(job.prompt_tokens, job.max_tokens // max(1, job.n) if told else 0)
-        extra = admitted_headers(job, ticket.snapshots)
+        extra = admitted_headers(job, ticket.snapshots) + self.quotas.headers(ticket.snapshots, job)
         if job.shadow is not None:  # shadow mode: what enforcement would have done
             self.metrics.shadow.labels(job.tier, job.shadow, job.shadow_reason).inc()
             said = job.shadow if not job.shadow_reason else f"{job.shadow}; {job.shadow_reason}"

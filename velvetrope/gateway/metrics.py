@@ -47,6 +47,7 @@ from prometheus_client.registry import Collector
 
 from velvetrope.core import AdmissionController, Job, Outcome, Reason
 from velvetrope.core.lifecycle import JobState
+from velvetrope.core.quota import is_ledger_key
 from velvetrope.gateway.counters import LoopCounter, LoopHistogram
 from velvetrope.gateway.series import CounterChild, OutcomeSeries, RequestCounting
 
@@ -232,7 +233,8 @@ class _StateCollector(Collector):
         store = self.store
         if store is not None:
             for key, (level, capacity) in store.levels().items():
-                fill.add_metric([key], level / capacity)
+                if not is_ledger_key(key):  # a ledger counter is no limit
+                    fill.add_metric([key], level / capacity)
         store_up = GaugeMetricFamily(
             "velvetrope_state_up", "1 while shared state answers (always 1 for memory://)."
         )

@@ -20,8 +20,10 @@ level, a lowered one clips it, at each bucket's next use); new tenants, keys, ti
 and upstreams appear; the queued requests of a removed tenant (no longer in the policy, or
 whose last API key was removed), tier or pool are rejected with 503 ``removed_by_reload``,
 its in-flight ones finish; the adaptive limits, the output predictor and fairness counters
-are kept.  With Redis state each replica applies the file it reads: limits are passed with
-every Redis call, so replicas agree once each has reloaded.
+are kept; budgets and prices change for requests admitted from then on, their usage so far
+kept (:class:`~velvetrope.gateway.quotas.Quotas`).  With Redis state each replica applies
+the file it reads: limits are passed with every Redis call, so replicas agree once each has
+reloaded.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from velvetrope.errors import ConfigError, PolicyError
 from velvetrope.gateway.admission import Admission
 from velvetrope.gateway.engines import Engines
 from velvetrope.gateway.metrics import GatewayMetrics
+from velvetrope.gateway.quotas import Quotas
 from velvetrope.gateway.upstream_access import check_access
 from velvetrope.gateway.upstreams import Periodic
 
@@ -86,6 +89,7 @@ class Reloadable(Protocol):
     admin_token: str | None
     admission: Admission
     metrics: GatewayMetrics
+    quotas: Quotas
 
 
 class Reloader:
@@ -169,6 +173,7 @@ class Reloader:
         gw.engines.reconfigure(new)
         gw.keys = {k.digest: k.tenant for k in new.api_keys}
         gw.admin_token = new.resolved_admin_token()
+        gw.quotas.reconfigure(new.quotas)
         gw.config = new
         gw.admission.deliver(outcomes)
         gw.admission.pump()
@@ -205,4 +210,6 @@ def _changes(old: GatewayConfig, new: GatewayConfig) -> list[str]:
         out.append("tiers reordered")
     if old.resolved_admin_token() != new.resolved_admin_token():
         out.append("admin token changed")
+    if old.quotas != new.quotas:
+        out.append("quotas changed")
     return out

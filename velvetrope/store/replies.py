@@ -10,7 +10,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from velvetrope.core.bucket import BucketSnapshot, Claim, Denial, Grant
+from velvetrope.core.bucket import BucketSnapshot, Claim, Denial, Grant, time_to_full
 from velvetrope.core.tuples import new_tuple
 from velvetrope.store.base import LeaseAnswer
 
@@ -52,8 +52,7 @@ def snapshots(claims: Sequence[Claim], r: Sequence[Any], start: int) -> tuple[Bu
     for i, c in enumerate(claims):
         j = start + 2 * i
         level = ldexp(r[j], r[j + 1])
-        reset = (c.capacity - level) / c.rate
-        reset = reset if reset > 0.0 else 0.0
+        reset = time_to_full(c.capacity, level, c.rate)
         out.append(new_tuple(BucketSnapshot, (c.key, c.kind, c.owner, c.capacity, level, reset)))
     return tuple(out)
 

@@ -20,12 +20,21 @@ local function out_exact(out, x)
 end
 
 -- A bucket's level at now, refilled at rate up to cap, and whether its key exists (a
--- missing bucket is full).
+-- missing bucket is full).  A bucket of rate 0 (a budget) keeps its capacity as written
+-- (c): given another (a reload), its level moves by the difference, so what was used stays
+-- used (velvetrope.core.bucket.TokenBucket.reshape).
 local function bucket_level(key, cap, rate, now)
-  local h = redis.call('HMGET', key, 'l', 't')
+  local h = redis.call('HMGET', key, 'l', 't', 'c')
   local level, last = tonumber(h[1]), tonumber(h[2])
   if level == nil or last == nil then
     return cap, false
+  end
+  if rate <= 0 then
+    local was = tonumber(h[3])
+    if was ~= nil and was ~= cap then
+      level = level + cap - was
+    end
+    return level, true
   end
   if now > last then
     level = level + (now - last) * rate
@@ -34,10 +43,31 @@ local function bucket_level(key, cap, rate, now)
   return level, true
 end
 
--- Redis writes the numbers passed to redis.call as strings that read back as the same double.
+-- A bucket of rate 0 never refills (a budget whose key names its window, or a ledger
+-- counter): it is kept this long after its last write, 400 days (velvetrope.core.quota).
+local NO_REFILL_TTL_MS = 34560000000
+
+-- The expiry (ms) of a bucket written at level: when it would be full again, plus slack.
+local function bucket_ttl(level, cap, rate, slack_ms)
+  if rate <= 0 then
+    return NO_REFILL_TTL_MS
+  end
+  return math.ceil(math.max(0, (cap - level) / rate) * 1000) + slack_ms
+end
+
+-- Write a bucket's level at now (and a budget's capacity: see bucket_level).  Redis writes
+-- the numbers passed to redis.call as strings that read back as the same double.
+local function bucket_set(key, level, cap, rate, now)
+  if rate <= 0 then
+    redis.call('HSET', key, 'l', level, 't', now, 'c', cap)
+  else
+    redis.call('HSET', key, 'l', level, 't', now)
+  end
+end
+
 local function bucket_write(key, level, cap, rate, now, slack_ms)
-  redis.call('HSET', key, 'l', level, 't', now)
-  redis.call('PEXPIRE', key, math.ceil(math.max(0, (cap - level) / rate) * 1000) + slack_ms)
+  bucket_set(key, level, cap, rate, now)
+  redis.call('PEXPIRE', key, bucket_ttl(level, cap, rate, slack_ms))
 end
 
 -- Reserve n claims, all or none: bucket i is KEYS[k0 + i], its amount, capacity, rate and
@@ -59,8 +89,8 @@ local function reserve_claims(k0, n, a0, slack, hold_key, hold_ttl, now)
     local w = 0
     if amount > cap then
       w = math.huge
-    elseif level < amount then
-      w = (amount - level) / rate
+    elseif level < amount and amount > 0 then  -- a claim of nothing: granted, even in debt
+      w = rate > 0 and (amount - level) / rate or math.huge
     end
     if w > worst then
       worst, worst_i = w, i
@@ -108,7 +138,7 @@ local function settle_claims(hold_key, k0, n, a0, slack, now)
     end
     if found and level >= before then
       -- not lower: the expiry set when the level was this low or lower is late enough
-      redis.call('HSET', KEYS[k0 + i], 'l', level, 't', now)
+      bucket_set(KEYS[k0 + i], level, cap, rate, now)
     else
       bucket_write(KEYS[k0 + i], level, cap, rate, now, slack)
     end
@@ -136,9 +166,9 @@ local function settle_many(k0, with_ids, now)
   local state, touched, settled, ids = {}, {}, {}, {}
   for b = 1, u do
     local key = KEYS[k0 + b]
-    if state[key] == nil then  -- {level, found, expiry (ms) to set or false, written}
+    if state[key] == nil then  -- {level, found, expiry (ms) to set or false, written, b}
       local level, found = bucket_level(key, shape[3 * b], shape[3 * b + 1], now)
-      state[key] = {level, found, false, false}
+      state[key] = {level, found, false, false, b}
     end
   end
   local a, last, j = 3 * u + 3, #ARGV, 0
@@ -168,7 +198,7 @@ local function settle_many(k0, with_ids, now)
           level = cap
         end
         if not (st[2] and level >= before) then
-          st[3] = math.ceil(math.max(0, (cap - level) / rate) * 1000) + slack
+          st[3] = bucket_ttl(level, cap, rate, slack)
         end
         st[1], st[2] = level, true
       end
@@ -177,7 +207,7 @@ local function settle_many(k0, with_ids, now)
   end
   for _, key in ipairs(touched) do
     local st = state[key]
-    redis.call('HSET', key, 'l', st[1], 't', now)
+    bucket_set(key, st[1], shape[3 * st[5]], shape[3 * st[5] + 1], now)
     if st[3] then
       redis.call('PEXPIRE', key, st[3])
     end

@@ -1,0 +1,300 @@
+"""Budgets (quotas) and the usage ledger as claims: one reservation path, one settlement.
+
+A budget is a bucket like the rate buckets of :mod:`velvetrope.core.claims`, claimed with
+them in the same call to the store and settled with them, exactly once per job, in the
+same settlement (memory, or Redis through the same scripts and outbox):
+
+* a calendar budget (``day``, ``week``, ``month`` in the configured time zone) is a bucket
+  of the budget's size that never refills (rate 0), keyed by its window
+  (``quota:acme:month:2026-12:tok``): the next window is a new key, full;
+* a ``rolling`` budget of ``hours`` is a bucket of the budget's size refilled over that
+  many hours (at most the budget in a burst, the budget per window on average), keyed
+  without a window;
+* a job reserves its expected use (``tokens``: the weighted prompt and expected output;
+  ``cost_usd``: their price) and settles what it used, weighted or priced from the
+  usage the engine reported.  Shadow mode (``enforce: false``) reserves 0, so nothing is
+  refused, and settles the same use.
+
+The ledger is three counters per tenant × model × day (``requests``, ``input``, ``output``),
+each a bucket of capacity 2**53 that never refills, claimed for 0 at admission and settled
+at the end with the counts (so the count is ``2**53 - level``, exact below 2**53): the
+request's settlement is the ledger's only writer, once per job id.  A job counts on the
+day it was admitted (in the time zone), with what it was charged (its usage; nothing for
+one refused or shed before it ran), in shadow mode too.
+
+Everything takes the wall-clock time as epoch seconds from its caller (sans-IO); keys are
+built here and only the ledger's are read back (:func:`ledger_rows`).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import date, datetime, timedelta
+from typing import Final, NamedTuple
+from zoneinfo import ZoneInfo
+
+from velvetrope.core.bucket import REQUESTS, TOKENS, BucketSnapshot, Claim, SettleLine
+from velvetrope.core.lifecycle import QUOTA_PREFIX, Usage
+from velvetrope.core.quota_config import ANY_TENANT, Budget, QuotaSettings
+
+__all__ = [
+    "LEDGER_CAP",
+    "LEDGER_PREFIX",
+    "LedgerRow",
+    "QuotaBook",
+    "is_ledger_key",
+    "ledger_rows",
+    "window_bounds",
+]
+
+LEDGER_CAP: Final = float(2**53)
+"""A ledger counter's capacity: its count is ``LEDGER_CAP - level``, exact below it."""
+LEDGER_PREFIX: Final = "ledger|"
+_METRICS: Final = ("requests", "input", "output")
+_REMEMBER: Final = 65_536
+
+
+def is_ledger_key(key: str) -> bool:
+    """Whether bucket ``key`` is a ledger counter (not a limit to show as a bucket)."""
+    return key.startswith(LEDGER_PREFIX)
+
+
+def window_bounds(window: str, zone: ZoneInfo, epoch: float) -> tuple[str, float, float]:
+    """The calendar ``window`` (``day``, ``week``, ``month``) holding ``epoch`` in ``zone``:
+    its id (``2026-12-06``, ``2026-W49``, ``2026-12``), start and end (epoch seconds)."""
+    d = datetime.fromtimestamp(epoch, zone).date()
+    if window == "day":
+        first, nxt, wid = d, d + timedelta(days=1), d.isoformat()
+    elif window == "week":
+        first = d - timedelta(days=d.weekday())
+        nxt = first + timedelta(days=7)
+        year, week, _ = first.isocalendar()
+        wid = f"{year}-W{week:02d}"
+    elif window == "month":
+        first = d.replace(day=1)
+        nxt = date(d.year + d.month // 12, d.month % 12 + 1, 1)
+        wid = f"{d.year}-{d.month:02d}"
+    else:
+        raise ValueError(f"not a calendar window: {window!r}")
+    return wid, _midnight(first, zone), _midnight(nxt, zone)
+
+
+def _midnight(d: date, zone: ZoneInfo) -> float:
+    return datetime(d.year, d.month, d.day, tzinfo=zone).timestamp()
+
+
+class _Held(NamedTuple):
+    """What a quota key counts: its budget, and the end of its window (``None``: rolling)."""
+
+    budget: Budget
+    ends_at: float | None
+
+
+class QuotaBook:
+    """The budgets and ledger of one configuration: the claims of a job, the settle lines
+    of its end, the reset time of a budget's key.  :meth:`reconfigure` takes a reloaded
+    configuration; usage counted so far stays in the store (keys do not change when a
+    budget's size or weights do)."""
+
+    def __init__(self, settings: QuotaSettings) -> None:
+        self.settings = settings
+        self.zone = ZoneInfo(settings.time_zone)
+        self._of: dict[tuple[str, str | None], tuple[Budget, ...]] = {}
+        self._held: OrderedDict[str, _Held] = OrderedDict()
+
+    def reconfigure(self, settings: QuotaSettings) -> None:
+        """Take reloaded ``settings``: sizes, weights and prices apply to jobs admitted from
+        now on; a job already admitted settles with its own key's budget as reserved."""
+        self.settings = settings
+        self.zone = ZoneInfo(settings.time_zone)
+        self._of = {}
+
+    @property
+    def active(self) -> bool:
+        """Whether jobs claim anything here."""
+        return self.settings.active
+
+    def budgets(self, tenant: str, model: str | None) -> tuple[Budget, ...]:
+        """The budgets a job of ``tenant`` on ``model`` counts against."""
+        k = (tenant, model)
+        out = self._of.get(k)
+        if out is None:
+            out = self._of[k] = tuple(
+                b
+                for b in self.settings.budgets
+                if b.tenant in (tenant, ANY_TENANT) and b.model in (None, model)
+            )
+        return out
+
+    def day(self, epoch: float) -> str:
+        """The ledger's day of ``epoch`` (``YYYY-MM-DD`` in the time zone)."""
+        return datetime.fromtimestamp(epoch, self.zone).date().isoformat()
+
+    def claims(
+        self, tenant: str, model: str | None, prompt: int, output: int, epoch: float
+    ) -> tuple[Claim, ...]:
+        """The claims of a job of ``tenant`` on ``model`` with ``prompt`` tokens and
+        ``output`` expected, admitted at ``epoch``: one per budget (its expected use, 0 in
+        shadow mode), then the ledger's counters (0 each)."""
+        out: list[Claim] = []
+        enforce = self.settings.enforce
+        for b in self.budgets(tenant, model):
+            key, rate, ends = self._key(b, tenant, epoch)
+            self._remember(key, _Held(b, ends))
+            amount = self._use(b, model, prompt, 0, output) if enforce else 0.0
+            out.append(Claim(key, TOKENS, "quota", amount, b.amount, rate))
+        if self.settings.ledger:
+            base = f"{LEDGER_PREFIX}{self.day(epoch)}|{tenant}|{model or ''}|"
+            for m in _METRICS:
+                kind = REQUESTS if m == "requests" else TOKENS
+                out.append(Claim(base + m, kind, "ledger", 0.0, LEDGER_CAP, 0.0, 0.0))
+        return tuple(out)
+
+    def _key(self, b: Budget, tenant: str, epoch: float) -> tuple[str, float, float | None]:
+        """A budget's bucket key for ``tenant`` at ``epoch``, its refill rate and the end
+        of its window (``None``: rolling)."""
+        scope = tenant if b.model is None else f"{tenant}:{b.model}"
+        if b.hours is not None:
+            rate = b.amount / (b.hours * 3600.0)
+            return f"{QUOTA_PREFIX}{scope}:rolling{b.hours:g}h:{b.unit}", rate, None
+        wid, _, end = window_bounds(b.window, self.zone, epoch)
+        return f"{QUOTA_PREFIX}{scope}:{b.window}:{wid}:{b.unit}", 0.0, end
+
+    def _remember(self, key: str, held: _Held) -> None:
+        known = self._held
+        if key in known:
+            known.move_to_end(key)
+        known[key] = held
+        if len(known) > _REMEMBER:
+            known.popitem(last=False)
+
+    def _use(self, b: Budget, model: str | None, prompt: int, cached: int, output: int) -> float:
+        """What ``prompt`` tokens (``cached`` of them cached) and ``output`` count against
+        ``b``: weighted tokens, or dollars (0 for a model without a price)."""
+        if b.tokens is not None:
+            w = b.weights
+            return (prompt - cached) * w.input + cached * w.cached_input + output * w.output
+        price = self.settings.price(model)
+        return 0.0 if price is None else price.cost(prompt, cached, output)
+
+    def settle(
+        self,
+        model: str | None,
+        claims: Sequence[Claim],
+        lines: Sequence[SettleLine],
+        usage: Usage | None,
+        cached: int = 0,
+    ) -> tuple[SettleLine, ...]:
+        """``lines`` (the controller's, one per claim, in order) with each budget's and
+        ledger counter's line set from ``usage`` (``None``: the job never ran): a budget
+        is charged its weighted or priced use when the controller charged the job at all
+        (its line's actual is not 0: a job refused, or refused in shadow mode, is
+        refunded), a ledger counter the job's requests (1 when it used any token), input
+        and output tokens."""
+        out: list[SettleLine] = []
+        prompt, output = (0, 0) if usage is None else usage
+        for c, line in zip(claims, lines, strict=True):
+            owner = c.owner
+            if owner == "quota":
+                held = self._held.get(c.key)
+                used = 0.0
+                if held is not None and line[2] > 0.0:
+                    used = self._use(held.budget, model, prompt, cached, output)
+                elif line[2] > 0.0:  # forgotten (65,536 keys later): its raw tokens
+                    used = float(prompt + output)
+                line = (c.key, c.amount, used)
+            elif owner == "ledger":
+                line = (c.key, 0.0, float(_count(c.key, prompt, output)))
+            out.append(line)
+        return tuple(out)
+
+    def need(self, key: str, model: str | None, prompt: int, output: int) -> float:
+        """What a job of ``prompt`` and ``output`` tokens on ``model`` would reserve from
+        budget ``key`` when enforced (shadow mode reserves 0); 0 for a key not known."""
+        held = self._held.get(key)
+        return 0.0 if held is None else self._use(held.budget, model, prompt, 0, output)
+
+    def window(self, key: str) -> str:
+        """The window of budget ``key`` (``day``, ``week``, ``month``, ``rolling``; ``""``
+        for a key not known)."""
+        held = self._held.get(key)
+        return "" if held is None else held.budget.window
+
+    def reset_s(self, key: str, epoch: float) -> float | None:
+        """Seconds from ``epoch`` until calendar budget ``key``'s window ends (``None``: not
+        a calendar budget's key, or forgotten)."""
+        held = self._held.get(key)
+        if held is None or held.ends_at is None:
+            return None
+        return max(0.0, held.ends_at - epoch)
+
+    def snapshots(
+        self, snaps: tuple[BucketSnapshot, ...], epoch: float
+    ) -> tuple[BucketSnapshot, ...]:
+        """``snaps`` with each calendar budget's reset time set to its window's end."""
+        out = []
+        for s in snaps:
+            reset = self.reset_s(s.key, epoch) if s.owner == "quota" else None
+            out.append(s if reset is None else s._replace(reset_s=reset))
+        return tuple(out)
+
+
+def _count(key: str, prompt: int, output: int) -> int:
+    """A ledger counter's increment for a job that used ``prompt`` and ``output``."""
+    metric = key.rsplit("|", 1)[1]
+    if metric == "input":
+        return prompt
+    if metric == "output":
+        return output
+    return 1 if prompt + output > 0 else 0
+
+
+class LedgerRow(NamedTuple):
+    """One row of the ledger: a tenant's use of a model on a day."""
+
+    day: str
+    tenant: str
+    model: str | None
+    requests: int
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
+
+
+def ledger_rows(
+    levels: Iterable[tuple[str, float]],
+    settings: QuotaSettings,
+    first: str | None = None,
+    last: str | None = None,
+    tenant: str | None = None,
+) -> list[LedgerRow]:
+    """The ledger's rows from counter ``levels`` (``(key, level)``; other keys skipped),
+    days ``first`` to ``last`` (``YYYY-MM-DD``, inclusive; ``None``: unbounded) and one
+    ``tenant`` if given, sorted by day, tenant and model.  Cost is priced at read time
+    from ``settings.prices`` (0 for a model without a price)."""
+    counts: dict[tuple[str, str, str], dict[str, int]] = {}
+    for key, level in levels:
+        if not key.startswith(LEDGER_PREFIX):
+            continue
+        parts = key.split("|")
+        if len(parts) < 5:
+            continue
+        day, model, metric = parts[1], parts[-2], parts[-1]
+        who = "|".join(parts[2:-2])
+        if (first and day < first) or (last and day > last) or (tenant and who != tenant):
+            continue
+        row = counts.setdefault((day, who, model), {})
+        row[metric] = row.get(metric, 0) + int(LEDGER_CAP - level)
+    out = []
+    for (day, who, model), c in sorted(counts.items()):
+        price = settings.price(model or None)
+        inp, outp = c.get("input", 0), c.get("output", 0)
+        cost = 0.0 if price is None else price.cost(inp, 0, outp)
+        out.append(LedgerRow(day, who, model or None, c.get("requests", 0), inp, outp, cost))
+    return out
+
+
+def row_dicts(rows: Sequence[LedgerRow]) -> list[Mapping[str, object]]:
+    """``rows`` as JSON objects."""
+    return [r._asdict() for r in rows]
