@@ -1,12 +1,14 @@
 """The gateway's ASGI application.
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models`` (the
-models of every pool: one live upstream of each is asked, the lists merged, each id once),
+Routes: the admitted endpoints (``POST /v1/chat/completions``, ``/v1/completions``,
+``/v1/embeddings``: :mod:`velvetrope.gateway.endpoints`, with each one's cost),
+``GET /v1/models`` (the models of every pool: one live upstream of each is asked, the
+lists merged, each id once),
 ``GET /v1/models/{id}`` (that model's object, or 404 ``model_not_found``), ``GET /metrics``,
 ``GET /healthz``, ``GET /readyz`` and the authenticated ``GET /admin/status``.  An error
 that retrying cannot help carries ``x-should-retry: false``.
 
-A completion request goes: authenticate (401) → read the body within the size limit (413)
+An admitted request goes: authenticate (401) → read the body within the size limit (413)
 and ``gateway.request_timeout_s`` (408, the connection closed) → parse and validate (400) →
 count prompt tokens → build the job → route it (the policy's rules pick the pool; a
 backed-up tier may be degraded: capped ``max_tokens``, a fallback pool or model) →
@@ -35,7 +37,6 @@ from velvetrope.clock import Clock, SystemClock
 from velvetrope.config import ConfigSource, GatewayConfig, hash_key
 from velvetrope.core import AdmissionController, Job, Reason, Usage
 from velvetrope.core.engine_priority import EnginePriority
-from velvetrope.core.routing import MAX_TOKENS
 from velvetrope.errors import (
     ClientDisconnected,
     RequestError,
@@ -47,12 +48,20 @@ from velvetrope.gateway.admission import Admission, Refusal, Ticket
 from velvetrope.gateway.admission_headers import admitted_headers, ratelimit_headers
 from velvetrope.gateway.client_stream import PROGRESS_HEADER, ClientStream
 from velvetrope.gateway.disconnects import DisconnectWatches, Watch
+from velvetrope.gateway.endpoints import (
+    ENDPOINTS,
+    Endpoint,
+    degrade_prompt_only,
+    parse_prompt_only,
+    prompt_only_job,
+    prompt_usage,
+)
 from velvetrope.gateway.engines import Engines
 from velvetrope.gateway.httpclient import HttpClient
 from velvetrope.gateway.metrics import GatewayMetrics
+from velvetrope.gateway.output_cap import send_output_cap
 from velvetrope.gateway.parse import (
     EXPECTED_TOKENS_HEADER,
-    Kind,
     ParsedRequest,
     degrade_body,
     expected_tokens,
@@ -73,8 +82,6 @@ from velvetrope.store.open import open_store
 __all__ = ["Gateway"]
 
 log = logging.getLogger("velvetrope.gateway")
-
-_UPSTREAM_PATH = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
 
 class Gateway:
@@ -192,19 +199,21 @@ class Gateway:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]
         method = scope["method"]
-        if path == "/v1/chat/completions" or path == "/v1/completions":
+        endpoint = ENDPOINTS.get(path)
+        if endpoint is not None:
             if method != "POST":
-                await _error(send, 405, f"{method} not allowed on {path}")
+                await self._door(send, endpoint.name, 405, _not_allowed(method, path, "POST"))
                 return
-            k: Kind = "chat" if path == "/v1/chat/completions" else "completions"
-            await self._completion(scope, receive, send, k)
+            await self._completion(scope, receive, send, endpoint)
         elif path == "/admin/reload":
             if method != "POST":
-                await _error(send, 405, f"{method} not allowed on {path}")
+                await self._door(send, "other", 405, _not_allowed(method, path, "POST"))
             else:
                 await self._reload(scope, send)
+        elif path not in _GET_PATHS and not (path.startswith("/v1/models/") and len(path) > 11):
+            await self._door(send, "other", 404, f"no route {path}", "not_found")
         elif method != "GET":
-            await _error(send, 405, f"{method} not allowed on {path}")
+            await self._door(send, "other", 405, _not_allowed(method, path, "GET"))
         elif path == "/metrics":
             await respond(
                 send, 200, self.metrics.render(), [(b"content-type", b"text/plain; version=0.0.4")]
@@ -222,10 +231,24 @@ class Gateway:
             await self._models(scope, send, None)
         elif path.startswith("/v1/models/") and len(path) > 11:
             await self._models(scope, send, path[11:])
-        elif path == "/admin/status":
-            await self._admin(scope, send)
         else:
-            await _error(send, 404, f"no route {path}", "not_found")
+            await self._admin(scope, send)
+
+    async def _door(
+        self,
+        send: Send,
+        endpoint: str,
+        status: int,
+        message: str,
+        code: str = "method_not_allowed",
+        param: str | None = None,
+    ) -> None:
+        """Refuse a request before admission, in OpenAI's shape, and count it
+        (``velvetrope_refused_total``): ``endpoint`` is the admitted endpoint's name or
+        ``other`` (never the path: a client must not grow the label set)."""
+        self.metrics.refused.labels(endpoint, str(status), code).inc()
+        headers = _BEARER if status == 401 else ()
+        await _error(send, status, message, code, param, headers)
 
     def _tenant(self, scope: Scope) -> str | None:
         auth = header(scope, b"authorization")
@@ -242,7 +265,7 @@ class Gateway:
         502.  A model found: 200 with its object; not found while every pool answered: 404
         ``model_not_found`` in OpenAI's shape; else the failure's status."""
         if self._tenant(scope) is None:
-            await _unauthorized(send)
+            await self._door(send, "models", 401, _NO_KEY, "invalid_api_key")
             return
         order = [p.name for p in self.config.policy.pools if self.upstreams.pools.get(p.name)]
         answers = await asyncio.gather(*(self._pool_models(p) for p in order))
@@ -329,24 +352,29 @@ class Gateway:
         status["dispatch_held_by_saturation"] = self.engines.saturation_holds()
         await respond(send, 200, orjson.dumps(status))
 
-    async def _completion(self, scope: Scope, receive: Receive, send: Send, kind: Kind) -> None:
+    async def _completion(
+        self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint
+    ) -> None:
         tenant = self._tenant(scope)
         if tenant is None:
-            await _unauthorized(send)
+            await self._door(send, endpoint.name, 401, _NO_KEY, "invalid_api_key")
             return
         try:
             raw = await read_body(scope, receive, self.settings.max_body_bytes)
             tok = self.tokenizer
-            parsed = parse_request(
-                raw,
-                kind,
-                max_tokens_limit=self.settings.max_tokens_limit,
-                count_text=tok.count,
-                count_chat=tok.count_chat,
-                known_keys_only=self._strict,
-            )
+            if endpoint.prompt_only:
+                parsed = parse_prompt_only(raw, tok.count, known_keys_only=self._strict)
+            else:
+                parsed = parse_request(
+                    raw,
+                    endpoint.kind,
+                    max_tokens_limit=self.settings.max_tokens_limit,
+                    count_text=tok.count,
+                    count_chat=tok.count_chat,
+                    known_keys_only=self._strict,
+                )
         except RequestError as e:
-            await _error(send, e.status, e.message, e.code, e.param)
+            await self._door(send, endpoint.name, e.status, e.message, e.code, e.param)
             return
         except ClientDisconnected:
             return
@@ -356,14 +384,18 @@ class Gateway:
             return
         requested = header(scope, self._priority_header)
         tier = self.ctl.resolve_tier(tenant, requested.decode("latin-1") if requested else None)
-        job = job_for(
-            parsed,
-            f"{self._id_prefix}-{next(self._ids)}",
-            tenant,
-            tier,
-            self.settings.default_max_tokens,
-            expected_tokens(header(scope, EXPECTED_TOKENS_HEADER)),
-        )
+        job_id = f"{self._id_prefix}-{next(self._ids)}"
+        if endpoint.prompt_only:
+            job = prompt_only_job(parsed, job_id, tenant, tier)
+        else:
+            job = job_for(
+                parsed,
+                job_id,
+                tenant,
+                tier,
+                self.settings.default_max_tokens,
+                expected_tokens(header(scope, EXPECTED_TOKENS_HEADER)),
+            )
         try:
             job.deadline = request_deadline(
                 header(scope, SLO_TTFT_HEADER),
@@ -371,11 +403,11 @@ class Gateway:
                 self.ctl.clock.now(),
             )
         except RequestError as e:
-            await _error(send, e.status, e.message, e.code, e.param)
+            await self._door(send, endpoint.name, e.status, e.message, e.code, e.param)
             return
         if not self.settings.admission:
             pool, _ = self.ctl.router.match(job)  # rules on model and tier; no prediction
-            await self._passthrough(kind, pool, parsed.stream, parsed.raw, send)
+            await self._passthrough(endpoint, pool, parsed.stream, parsed.raw, send)
             return
         watch = self.watches.watch(receive)
         client = ClientStream(send)
@@ -392,11 +424,15 @@ class Gateway:
             )
             if isinstance(entry, Ticket):
                 ticket = entry
-                degrade_body(parsed, job)
+                if endpoint.prompt_only:
+                    degrade_prompt_only(parsed, job)
+                else:
+                    degrade_body(parsed, job)
+                    send_output_cap(parsed, job)  # the engine generates no more than reserved
                 prio = self._engine_priority().of(job.pool, job.tier)
                 if prio is not None:
                     set_engine_priority(parsed, prio)
-                await self._proxy(kind, ticket, parsed, client, watch)
+                await self._proxy(endpoint, ticket, parsed, client, watch)
             elif isinstance(entry, Refusal):
                 await self._refuse(client, entry)
         except Exception:
@@ -413,7 +449,7 @@ class Gateway:
             self.watches.done(watch)
 
     async def _passthrough(
-        self, kind: Kind, pool: str, stream: bool, body: bytes, send: Send
+        self, endpoint: Endpoint, pool: str, stream: bool, body: bytes, send: Send
     ) -> None:
         """Admission switched off: forward as a plain proxy (the benchmark's baseline)."""
         up = self.upstreams.pick(pool)
@@ -424,7 +460,7 @@ class Gateway:
         try:
             answer = await forward(
                 self.http,
-                up.url + _UPSTREAM_PATH[kind],
+                up.url + endpoint.upstream,
                 body,
                 up.access,
                 stream=stream,
@@ -474,15 +510,19 @@ class Gateway:
         await client.error(r.status, r.message, r.code, headers)
 
     async def _proxy(
-        self, kind: Kind, ticket: Ticket, parsed: ParsedRequest, client: ClientStream, watch: Watch
+        self,
+        endpoint: Endpoint,
+        ticket: Ticket,
+        parsed: ParsedRequest,
+        client: ClientStream,
+        watch: Watch,
     ) -> None:
         """Forward the ticket's job to the least-loaded upstream of its pool, trying the
         next one when one cannot be reached, and end the ticket with what happened."""
         job = ticket.job
         stream = parsed.stream
         body = parsed.upstream_body()
-        told = parsed.max_tokens is not None or MAX_TOKENS in job.degraded
-        tally = UsageTally(job.prompt_tokens, job.max_tokens // max(1, job.n) if told else 0)
+        tally = UsageTally(job.prompt_tokens, job.max_tokens // max(1, job.n))  # told the cap
         extra = admitted_headers(job, ticket.snapshots)
         if job.shadow is not None:  # shadow mode: what enforcement would have done
             self.metrics.shadow.labels(job.tier, job.shadow, job.shadow_reason).inc()
@@ -506,7 +546,7 @@ class Gateway:
             try:
                 answer = await forward(
                     self.http,
-                    up.url + _UPSTREAM_PATH[kind],
+                    up.url + endpoint.upstream,
                     body,
                     up.access,
                     stream=stream,
@@ -548,6 +588,8 @@ class Gateway:
                 watch.target = None
                 engines.returned(up)
             break
+        if endpoint.prompt_only:  # its usage has no completion_tokens: read here
+            tally.usage = prompt_usage(answer.body) or tally.usage
         await self._finish(ticket, up, answer, tally, client, extra)
 
     async def _finish(
@@ -607,5 +649,15 @@ async def _error(
     await respond(send, status, body, [*headers, *retry_headers(status, code)])
 
 
-async def _unauthorized(send: Send, message: str = "missing or invalid API key") -> None:
-    await _error(send, 401, message, "invalid_api_key", None, [(b"www-authenticate", b"Bearer")])
+_NO_KEY = "missing or invalid API key"
+_BEARER = ((b"www-authenticate", b"Bearer"),)
+_GET_PATHS = frozenset({"/metrics", "/healthz", "/readyz", "/v1/models", "/admin/status"})
+"""The GET routes (and ``/v1/models/{id}``); any path not admitted nor here is a 404."""
+
+
+def _not_allowed(method: str, path: str, allowed: str) -> str:
+    return f"{method} not allowed on {path}; use {allowed}"
+
+
+async def _unauthorized(send: Send, message: str = _NO_KEY) -> None:
+    await _error(send, 401, message, "invalid_api_key", None, _BEARER)

@@ -76,7 +76,9 @@ __all__ = [
     "Kind",
     "Prompt",
     "count_prompt_tokens",
+    "known_keys",
     "load_body",
+    "model_of",
     "parse",
     "template_fingerprint",
     "validate",
@@ -226,6 +228,27 @@ def _deeper_than(value: object, levels: int) -> bool:
     return False
 
 
+def known_keys(body: Mapping[str, Any], allowed: frozenset[str]) -> None:
+    """Refuse (400 ``unknown_parameter``) the first top-level key of ``body`` not in
+    ``allowed`` (the gateway's strict mode)."""
+    for key in body:
+        if key not in allowed:
+            raise unknown_parameter(key)
+
+
+def model_of(body: Mapping[str, Any]) -> str:
+    """``body``'s ``model``: present (400 ``missing_required_parameter``), a string
+    (``invalid_type``) and not empty (``invalid_value``)."""
+    model = body.get("model")
+    if model is None:
+        raise missing("model")
+    if not isinstance(model, str):
+        raise invalid_type("model", "a string", model)
+    if not model:
+        raise invalid_value("model", "'model' must not be empty.")
+    return model
+
+
 def _opt_bool(d: Mapping[str, Any], key: str, param: str | None = None) -> bool:
     v = d.get(key)
     if v is None:
@@ -334,17 +357,8 @@ def validate(
     :class:`~velvetrope.errors.RequestError` naming the offending ``param``.
     """
     if known_keys_only:
-        allowed = CHAT_KEYS if kind == "chat" else COMPLETION_KEYS
-        for key in body:
-            if key not in allowed:
-                raise unknown_parameter(key)
-    model = body.get("model")
-    if model is None:
-        raise missing("model")
-    if not isinstance(model, str):
-        raise invalid_type("model", "a string", model)
-    if not model:
-        raise invalid_value("model", "'model' must not be empty.")
+        known_keys(body, CHAT_KEYS if kind == "chat" else COMPLETION_KEYS)
+    model = model_of(body)
     stream = _opt_bool(body, "stream")
     include_usage = False
     options = body.get("stream_options")

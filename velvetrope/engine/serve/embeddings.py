@@ -1,0 +1,176 @@
+"""``POST /v1/embeddings`` of ``velvetrope engine``: prompt-only work in the engine model.
+
+Each input is one sequence that the batcher prefills and that ends with its first token
+(the pooled output): it queues and shares steps with every other sequence, and costs its
+prompt tokens in KV blocks while it runs, as an embedding request does in vLLM.  Nothing is
+generated; the answer is written once every input's prefill is done.
+
+The body is validated by :func:`~velvetrope.openai.embeddings.parse_embeddings` (the
+gateway's checks), then: ``model`` must be the served name (404 ``model_not_found``); an
+input longer than ``max_model_len`` is a 400 ``context_length_exceeded`` (``param``
+``input``); ``dimensions`` above :data:`MAX_DIMENSIONS` a 400.
+
+The answer is OpenAI's: ``{"object": "list", "data": [{"object": "embedding", "index",
+"embedding"}], "model", "usage": {"prompt_tokens", "total_tokens"}}``, the usage counted
+with the engine's tokenizer (summed over the inputs).  Vectors are deterministic
+(:func:`embedding_vector`: the same input, the same unit vector), of
+:data:`DEFAULT_DIMENSIONS` or ``dimensions`` floats, as a list or, with
+``encoding_format: "base64"`` (the OpenAI SDK's default), little-endian float32 in base64.
+A client that hangs up aborts the request's sequences at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import itertools
+import math
+import struct
+from collections.abc import Callable
+
+import orjson
+
+from velvetrope.engine.serve.journal import RequestLoad
+from velvetrope.engine.serve.progress import until_done, watch_disconnect
+from velvetrope.engine.serve.realtime import EngineClosed, EngineRequest, RealtimeEngine
+from velvetrope.errors import PolicyError, RequestError
+from velvetrope.openai.embeddings import count_input_tokens, parse_embeddings
+from velvetrope.openai.errors import above_maximum, model_not_found
+from velvetrope.openai.tokenizer import Tokenizer
+from velvetrope.serving.asgi import Receive, Send, respond
+
+__all__ = ["DEFAULT_DIMENSIONS", "MAX_DIMENSIONS", "EmbeddingServer", "embedding_vector"]
+
+DEFAULT_DIMENSIONS = 64
+"""The length of a vector when the request names no ``dimensions``."""
+
+MAX_DIMENSIONS = 4096
+"""The longest vector the engine writes."""
+
+
+def embedding_vector(key: bytes, dimensions: int) -> list[float]:
+    """A unit vector of ``dimensions`` floats determined by ``key`` (an input's bytes):
+    float32-exact, so its base64 form decodes to the same numbers."""
+    raw = hashlib.shake_256(key).digest(4 * dimensions)
+    ints = struct.unpack(f"<{dimensions}I", raw)
+    v = [i / 2147483648.0 - 1.0 for i in ints]
+    norm = math.sqrt(sum(x * x for x in v)) or 1.0
+    fmt = f"<{dimensions}f"
+    return list(struct.unpack(fmt, struct.pack(fmt, *(x / norm for x in v))))
+
+
+def _unavailable() -> RequestError:
+    return RequestError("The engine is shutting down.", status=503, code="engine_unavailable")
+
+
+def _key(p: str | list[int]) -> bytes:
+    return p.encode("utf-8", "surrogatepass") if isinstance(p, str) else orjson.dumps(p)
+
+
+class EmbeddingServer:
+    """The handler of ``/v1/embeddings`` for the engine serving ``model``: ``engine`` is the
+    real-time driver (``None`` in instant mode: answered at once), ``stopping`` says
+    whether the server is shutting down (503), ``load`` counts the requests held."""
+
+    def __init__(
+        self,
+        model: str,
+        tokenizer: Tokenizer,
+        max_model_len: int,
+        engine: RealtimeEngine | None,
+        load: RequestLoad,
+        stopping: Callable[[], bool],
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.engine = engine
+        self.load = load
+        self.stopping = stopping
+        self._ids = itertools.count()
+        self._watchers: set[asyncio.Task[None]] = set()
+
+    async def handle(self, raw: bytes, arrived: float, receive: Receive, send: Send) -> None:
+        """Answer one request (``arrived``: when it reached the server); raises
+        :class:`~velvetrope.errors.RequestError` for the app to answer."""
+        req = parse_embeddings(raw)
+        if req.model != self.model:
+            raise model_not_found(req.model)
+        dims = req.dimensions or DEFAULT_DIMENSIONS
+        if dims > MAX_DIMENSIONS:
+            raise above_maximum("dimensions", dims, MAX_DIMENSIONS)
+        counts = count_input_tokens(req, self.tokenizer.count)
+        mml = self.max_model_len
+        for i, n in enumerate(counts):
+            if n > mml:
+                raise RequestError(
+                    f"This model's maximum context length is {mml} tokens. However, input "
+                    f"{i} resulted in {n} tokens. Please reduce the length of the input.",
+                    code="context_length_exceeded",
+                    param="input",
+                )
+        if self.stopping():
+            raise _unavailable()
+        rid = f"embd-{next(self._ids)}"
+        request_id = req.body.get("request_id")
+        total = sum(counts)
+        named = request_id if isinstance(request_id, str) else None  # vLLM's, for the journal
+        self.load.begin(rid, named, arrived, total, False)
+        rs: list[EngineRequest] = []
+        try:
+            if self.engine is not None:
+                priority = req.body.get("priority")
+                prio = priority if type(priority) is int else 0
+                rs = self._submit(self.engine, rid, counts, prio, arrived)
+                if not await self._prefilled(self.engine, rs, receive):
+                    return  # the client left: nothing to answer
+        finally:
+            if self.engine is None:
+                self.load.end_instant(rid, total, 0)
+            else:
+                for r in rs:
+                    self.engine.abort(r)  # no-op unless leaving early
+                self.load.end(rid, total, rs)
+        data = []
+        for i, p in enumerate(req.inputs):
+            v = embedding_vector(_key(p), dims)
+            emb: list[float] | str = v
+            if req.encoding_format == "base64":
+                emb = base64.b64encode(struct.pack(f"<{dims}f", *v)).decode()
+            data.append({"object": "embedding", "index": i, "embedding": emb})
+        body = {
+            "object": "list",
+            "data": data,
+            "model": self.model,
+            "usage": {"prompt_tokens": total, "total_tokens": total},
+        }
+        await respond(send, 200, orjson.dumps(body))
+
+    def _submit(
+        self, engine: RealtimeEngine, rid: str, counts: list[int], priority: int, arrived: float
+    ) -> list[EngineRequest]:
+        """One prefill-only sequence per input (its first token ends it), all or none."""
+        rs: list[EngineRequest] = []
+        try:
+            for i, n in enumerate(counts):
+                rs.append(engine.submit(f"{rid}.{i}", n, 1, priority=priority, arrived_at=arrived))
+        except PolicyError as exc:
+            for r in rs:
+                engine.abort(r)
+            raise RequestError(str(exc), param="input") from None
+        except EngineClosed:
+            raise _unavailable() from None
+        return rs
+
+    async def _prefilled(
+        self, engine: RealtimeEngine, rs: list[EngineRequest], receive: Receive
+    ) -> bool:
+        """Wait for every sequence's prefill; ``False`` if the client left first."""
+        watcher = asyncio.create_task(watch_disconnect(receive, engine, rs))
+        self._watchers.add(watcher)
+        watcher.add_done_callback(self._watchers.discard)
+        try:
+            return await until_done(rs)
+        finally:
+            watcher.cancel()

@@ -1,0 +1,137 @@
+"""The endpoints the gateway admits, and what each costs at admission.
+
+=========================  ==========================================  ===================
+Path                       Admission cost (tokens reserved)            Settled from
+=========================  ==========================================  ===================
+``/v1/chat/completions``   prompt + ``max_completion_tokens`` or       ``usage.prompt_tokens``
+                           ``max_tokens`` (else ``default_max_tokens``,   + ``completion_tokens``
+                           sent upstream), times ``n``
+``/v1/completions``        the same, over every prompt of a batch      the same
+``/v1/embeddings``         the input tokens (every input), nothing     ``usage.prompt_tokens``
+                           for output
+=========================  ==========================================  ===================
+
+Every admitted endpoint goes through the same door: the tenant's API key, its tier and
+buckets, the pool's queue (ordered with every other request of the pool: an embedding
+backfill of a batch tenant waits behind an interactive chat like any batch request), the
+least-loaded live upstream, settlement from the engine's reported usage.
+
+A prompt-only request (embeddings) is a job of ``max_tokens`` 1 whose size is set here,
+before the controller sizes it: no output is predicted or reserved, its cost is its input
+(:func:`prompt_only_job`).  Its body goes upstream unchanged but for the fields the
+gateway owns (a client's ``priority``; a degraded job's fallback ``model``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import cast
+
+import orjson
+
+from velvetrope.core import Job, Usage
+from velvetrope.core.routing import FALLBACK_POOL
+from velvetrope.gateway.parse import Kind, ParsedRequest
+from velvetrope.openai.embeddings import count_input_tokens, parse_embeddings
+
+__all__ = [
+    "ENDPOINTS",
+    "Endpoint",
+    "degrade_prompt_only",
+    "parse_prompt_only",
+    "prompt_only_job",
+    "prompt_usage",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One admitted endpoint: its ``name`` (``chat``, ``completions``, ``embeddings``),
+    the ``upstream`` path it is forwarded to, and whether it is ``prompt_only`` work (no
+    output reserved, settled from the prompt tokens the engine reports)."""
+
+    name: str
+    upstream: str
+    prompt_only: bool = False
+
+    @property
+    def kind(self) -> Kind:
+        """The completion kind of a generating endpoint (``chat`` or ``completions``)."""
+        return "chat" if self.name == "chat" else "completions"
+
+
+ENDPOINTS: dict[str, Endpoint] = {
+    "/v1/chat/completions": Endpoint("chat", "/v1/chat/completions"),
+    "/v1/completions": Endpoint("completions", "/v1/completions"),
+    "/v1/embeddings": Endpoint("embeddings", "/v1/embeddings", prompt_only=True),
+}
+"""The admitted endpoints by the path a client sends to."""
+
+
+def parse_prompt_only(
+    raw: bytes, count_text: Callable[[str], int], *, known_keys_only: bool = False
+) -> ParsedRequest:
+    """Validate ``raw`` as an embeddings request
+    (:func:`~velvetrope.openai.embeddings.parse_embeddings`: a 400 naming its ``param``
+    if not) and count its input tokens (at least 1 per input).  A client's ``priority``
+    is removed, as on the completion endpoints (priority comes from the tenant's config).
+    The parsed request's ``kind`` is only a label here: nothing past parsing reads it."""
+    req = parse_embeddings(raw, known_keys_only=known_keys_only)
+    body = req.body
+    rewritten = "priority" in body
+    if rewritten:
+        del body["priority"]
+    return ParsedRequest(
+        kind=cast(Kind, "embeddings"),
+        model=req.model,
+        stream=False,
+        client_wants_usage=True,
+        max_tokens=None,
+        prompt_tokens=sum(count_input_tokens(req, count_text)),
+        raw=raw,
+        body=body,
+        rewritten=rewritten,
+    )
+
+
+def prompt_only_job(parsed: ParsedRequest, job_id: str, tenant: str, tier: str) -> Job:
+    """The job of a prompt-only ``parsed`` for ``tenant`` in ``tier``: sized here (cost =
+    its input tokens; nothing predicted or reserved for output), so the controller keeps
+    that size; ``max_tokens`` is 1 because the core requires a positive cap."""
+    job = Job(
+        id=job_id,
+        tenant=tenant,
+        tier=tier,
+        prompt_tokens=parsed.prompt_tokens,
+        max_tokens=1,
+        model=parsed.model,
+        predicted_output=0,
+        streamed=False,
+    )
+    job.reserved_output = 0
+    job.cost = parsed.prompt_tokens
+    return job
+
+
+def degrade_prompt_only(parsed: ParsedRequest, job: Job) -> None:
+    """Rewrite a degraded prompt-only job's body: only a fallback ``model`` applies (there is
+    no output to cap)."""
+    if FALLBACK_POOL in job.degraded and job.model is not None:
+        parsed.body["model"] = job.model
+        parsed.rewritten = True
+
+
+def prompt_usage(body: bytes | None) -> Usage | None:
+    """The usage of a prompt-only answer: its ``usage.prompt_tokens`` and no output;
+    ``None`` when the body reports none."""
+    if not body:
+        return None
+    try:
+        u = orjson.loads(body)["usage"]
+        p = u["prompt_tokens"]
+    except (orjson.JSONDecodeError, TypeError, KeyError):
+        return None
+    if type(p) is not int or p < 0:
+        return None
+    return Usage(p, 0)
