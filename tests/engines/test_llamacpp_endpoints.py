@@ -1,7 +1,8 @@
 """The endpoints beyond completions, and the output cap, in front of llama.cpp's
 ``llama-server`` (started with ``--embeddings``, mean pooling), with a gateway whose
 ``default_max_tokens`` is small: embeddings through the official ``openai`` SDK answer as
-the engine does straight and are settled from its ``usage.prompt_tokens``; a request that
+the engine does straight and are settled from its ``usage.prompt_tokens``; Responses are
+settled from their ``usage``; a request that
 names no ``max_tokens`` never generates more than the gateway reserved (llama.cpp's own
 default is to generate until the context is full)."""
 
@@ -98,4 +99,28 @@ def test_a_request_without_max_tokens_never_generates_more_than_was_reserved(
         assert u.completion_tokens == DEFAULT_MAX
         settled += u.prompt_tokens + u.completion_tokens
     assert chat.choices[0].finish_reason == "length"
+    assert charged(capped, "gold") - before == pytest.approx(settled, abs=0.5)
+
+
+def test_responses_through_the_sdk_are_capped_and_settled_from_the_engines_usage(
+    capped: str,
+) -> None:
+    """``responses.create`` without ``max_output_tokens`` (llama.cpp's own default: the
+    slot's whole context), streaming and not: the gateway sends ``max_output_tokens`` and
+    settles the ``usage`` of the response (``input_tokens`` + ``output_tokens``)."""
+    before = charged(capped, "gold")
+    settled = 0
+    with _sdk(capped, GOLD) as via:
+        r = via.responses.create(model=MODEL_NAME, input="Tell me a long story")
+        assert r.usage is not None and 0 < r.usage.output_tokens <= DEFAULT_MAX
+        settled += r.usage.input_tokens + r.usage.output_tokens
+        final = None
+        deltas = 0
+        for ev in via.responses.create(model=MODEL_NAME, input="Once upon a time", stream=True):
+            deltas += ev.type == "response.output_text.delta"
+            if ev.type == "response.completed":
+                final = ev.response
+    assert final is not None and final.usage is not None
+    assert 0 < final.usage.output_tokens <= DEFAULT_MAX and deltas >= 1
+    settled += final.usage.input_tokens + final.usage.output_tokens
     assert charged(capped, "gold") - before == pytest.approx(settled, abs=0.5)

@@ -1,7 +1,8 @@
 """The gateway's ASGI application.
 
 Routes: the admitted endpoints (``POST /v1/chat/completions``, ``/v1/completions``,
-``/v1/embeddings``: :mod:`velvetrope.gateway.endpoints`, with each one's cost),
+``/v1/responses``, ``/v1/embeddings``: :mod:`velvetrope.gateway.endpoints`, with each one's
+cost), ``GET``/``DELETE /v1/responses/{id}`` (on the engine that created it),
 ``GET /v1/models`` (the models of every pool: one live upstream of each is asked, the
 lists merged, each id once),
 ``GET /v1/models/{id}`` (that model's object, or 404 ``model_not_found``), ``GET /metrics``,
@@ -51,28 +52,30 @@ from velvetrope.gateway.disconnects import DisconnectWatches, Watch
 from velvetrope.gateway.endpoints import (
     ENDPOINTS,
     Endpoint,
-    degrade_prompt_only,
-    parse_prompt_only,
-    prompt_only_job,
-    prompt_usage,
+    make_job,
+    read_request,
+    read_usage,
+    shape_body,
 )
 from velvetrope.gateway.engines import Engines
 from velvetrope.gateway.httpclient import HttpClient
 from velvetrope.gateway.metrics import GatewayMetrics
-from velvetrope.gateway.output_cap import send_output_cap
 from velvetrope.gateway.parse import (
     EXPECTED_TOKENS_HEADER,
     ParsedRequest,
-    degrade_body,
-    expected_tokens,
-    job_for,
-    parse_request,
     set_engine_priority,
 )
 from velvetrope.gateway.proxy import UpstreamAnswer, forward
-from velvetrope.gateway.relay import UsageTally
+from velvetrope.gateway.relay import UsageTally, relay_events
 from velvetrope.gateway.reload import Reloader
 from velvetrope.gateway.request_slo import DO_NOT_QUEUE_HEADER, SLO_TTFT_HEADER, request_deadline
+from velvetrope.gateway.responses import (
+    ResponseHomes,
+    ResponsesRelay,
+    pinned_exclude,
+    responses_usage,
+    stored_response,
+)
 from velvetrope.gateway.upstreams import Resolver, UpstreamState
 from velvetrope.openai.errors import error_body, error_payload, retry_headers
 from velvetrope.openai.tokenizer import ApproxTokenizer, Tokenizer, get_tokenizer
@@ -135,6 +138,7 @@ class Gateway:
             self.settings.upstream_connect_timeout_s, self.settings.upstream_read_timeout_s
         )
         self.draining = False
+        self.homes = ResponseHomes()  # which engine created each response (Responses API)
         self.watches = DisconnectWatches()
         self.reloader = Reloader(self, config_source)
         self._prio_for = self.ctl.config
@@ -210,6 +214,8 @@ class Gateway:
                 await self._door(send, "other", 405, _not_allowed(method, path, "POST"))
             else:
                 await self._reload(scope, send)
+        elif path.startswith("/v1/responses/") and len(path) > 14:
+            await self._stored(scope, send, method, path[14:])
         elif path not in _GET_PATHS and not (path.startswith("/v1/models/") and len(path) > 11):
             await self._door(send, "other", 404, f"no route {path}", "not_found")
         elif method != "GET":
@@ -249,6 +255,20 @@ class Gateway:
         self.metrics.refused.labels(endpoint, str(status), code).inc()
         headers = _BEARER if status == 401 else ()
         await _error(send, status, message, code, param, headers)
+
+    async def _stored(self, scope: Scope, send: Send, method: str, response_id: str) -> None:
+        """``GET``/``DELETE /v1/responses/{id}``: on the engine that created the response."""
+        tenant = self._tenant(scope)
+        if method not in ("GET", "DELETE"):
+            await self._door(send, "responses", 405, _not_allowed(method, scope["path"], "GET"))
+        elif tenant is None:
+            await self._door(send, "responses", 401, _NO_KEY, "invalid_api_key")
+        else:
+            up = self.upstreams
+            got = await stored_response(
+                self.session, self.homes, up, tenant, method, response_id, self._timeout
+            )
+            await respond(send, got[0], got[1], retry_headers(got[0]))
 
     def _tenant(self, scope: Scope) -> str | None:
         auth = header(scope, b"authorization")
@@ -361,18 +381,8 @@ class Gateway:
             return
         try:
             raw = await read_body(scope, receive, self.settings.max_body_bytes)
-            tok = self.tokenizer
-            if endpoint.prompt_only:
-                parsed = parse_prompt_only(raw, tok.count, known_keys_only=self._strict)
-            else:
-                parsed = parse_request(
-                    raw,
-                    endpoint.kind,
-                    max_tokens_limit=self.settings.max_tokens_limit,
-                    count_text=tok.count,
-                    count_chat=tok.count_chat,
-                    known_keys_only=self._strict,
-                )
+            limit = self.settings.max_tokens_limit
+            parsed = read_request(endpoint, raw, self.tokenizer, limit, self._strict)
         except RequestError as e:
             await self._door(send, endpoint.name, e.status, e.message, e.code, e.param)
             return
@@ -384,18 +394,15 @@ class Gateway:
             return
         requested = header(scope, self._priority_header)
         tier = self.ctl.resolve_tier(tenant, requested.decode("latin-1") if requested else None)
-        job_id = f"{self._id_prefix}-{next(self._ids)}"
-        if endpoint.prompt_only:
-            job = prompt_only_job(parsed, job_id, tenant, tier)
-        else:
-            job = job_for(
-                parsed,
-                job_id,
-                tenant,
-                tier,
-                self.settings.default_max_tokens,
-                expected_tokens(header(scope, EXPECTED_TOKENS_HEADER)),
-            )
+        job = make_job(
+            endpoint,
+            parsed,
+            f"{self._id_prefix}-{next(self._ids)}",
+            tenant,
+            tier,
+            self.settings.default_max_tokens,
+            header(scope, EXPECTED_TOKENS_HEADER),
+        )
         try:
             job.deadline = request_deadline(
                 header(scope, SLO_TTFT_HEADER),
@@ -424,11 +431,7 @@ class Gateway:
             )
             if isinstance(entry, Ticket):
                 ticket = entry
-                if endpoint.prompt_only:
-                    degrade_prompt_only(parsed, job)
-                else:
-                    degrade_body(parsed, job)
-                    send_output_cap(parsed, job)  # the engine generates no more than reserved
+                shape_body(endpoint, parsed, job)  # the engine generates no more than reserved
                 prio = self._engine_priority().of(job.pool, job.tier)
                 if prio is not None:
                     set_engine_priority(parsed, prio)
@@ -530,10 +533,14 @@ class Gateway:
             extra.append((b"x-velvetrope-shadow", said.encode()))
         engines = self.engines
         tried: tuple[str, ...] = ()  # upstreams that could not be reached
+        events = ResponsesRelay() if endpoint.name == "responses" else relay_events
+        home = self.homes.home(parsed.body.get("previous_response_id"), job.tenant)
         # the prefix identity, once, for a prefix-routed pool only (else: nothing to do)
         hashes = engines.prefix_hashes(job.pool, parsed.body) if engines.prefix else ()
         while True:
-            up = engines.pick(job.pool, tried, hashes)
+            pinned = pinned_exclude(self.upstreams, job.pool, home) if home else ()
+            up = engines.pick(job.pool, tried + pinned, hashes) if pinned else None
+            up = up or engines.pick(job.pool, tried, hashes)
             if up is None:
                 ticket.fail(Reason.NO_HEALTHY_UPSTREAM)
                 msg = f"no healthy upstream in pool {job.pool!r}"
@@ -557,6 +564,7 @@ class Gateway:
                     end=client.end,
                     on_first_token=ticket.first_token,
                     extra_headers=extra,
+                    events=events,
                 )
             except asyncio.CancelledError:
                 # our watcher cancels us when the client hangs up; anything else is a
@@ -588,8 +596,11 @@ class Gateway:
                 watch.target = None
                 engines.returned(up)
             break
-        if endpoint.prompt_only:  # its usage has no completion_tokens: read here
-            tally.usage = prompt_usage(answer.body) or tally.usage
+        if answer.body is not None:  # an endpoint with a usage of its own: read here
+            tally.usage = read_usage(endpoint, answer.body) or tally.usage
+        if isinstance(events, ResponsesRelay) and answer.status == 200:
+            rid = events.response_id or responses_usage(answer.body)[1]
+            self.homes.record(rid, up.url, job.tenant)
         await self._finish(ticket, up, answer, tally, client, extra)
 
     async def _finish(

@@ -9,6 +9,9 @@ Path                       Admission cost (tokens reserved)            Settled f
 ``/v1/completions``        the same, over every prompt of a batch      the same
 ``/v1/embeddings``         the input tokens (every input), nothing     ``usage.prompt_tokens``
                            for output
+``/v1/responses``          input, instructions and tools +             ``usage.input_tokens``
+                           ``max_output_tokens`` (else                   + ``output_tokens``
+                           ``default_max_tokens``, sent upstream)
 =========================  ==========================================  ===================
 
 Every admitted endpoint goes through the same door: the tenant's API key, its tier and
@@ -31,29 +34,44 @@ from typing import cast
 import orjson
 
 from velvetrope.core import Job, Usage
-from velvetrope.core.routing import FALLBACK_POOL
-from velvetrope.gateway.parse import Kind, ParsedRequest
+from velvetrope.core.routing import FALLBACK_POOL, MAX_TOKENS
+from velvetrope.gateway.output_cap import send_output_cap
+from velvetrope.gateway.parse import (
+    Kind,
+    ParsedRequest,
+    degrade_body,
+    expected_tokens,
+    job_for,
+    parse_request,
+)
+from velvetrope.gateway.responses import parse_responses_request, responses_usage
 from velvetrope.openai.embeddings import count_input_tokens, parse_embeddings
+from velvetrope.openai.tokenizer import Tokenizer
 
 __all__ = [
     "ENDPOINTS",
     "Endpoint",
     "degrade_prompt_only",
+    "make_job",
     "parse_prompt_only",
     "prompt_only_job",
     "prompt_usage",
+    "read_request",
+    "shape_body",
 ]
 
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
-    """One admitted endpoint: its ``name`` (``chat``, ``completions``, ``embeddings``),
-    the ``upstream`` path it is forwarded to, and whether it is ``prompt_only`` work (no
-    output reserved, settled from the prompt tokens the engine reports)."""
+    """One admitted endpoint: its ``name`` (``chat``, ``completions``, ``embeddings``,
+    ``responses``), the ``upstream`` path it is forwarded to, whether it is ``prompt_only``
+    work (no output reserved, settled from the prompt tokens the engine reports), and the
+    field that carries its output cap (:func:`~velvetrope.gateway.output_cap.send_output_cap`)."""
 
     name: str
     upstream: str
     prompt_only: bool = False
+    cap_field: str = "max_tokens"
 
     @property
     def kind(self) -> Kind:
@@ -65,8 +83,75 @@ ENDPOINTS: dict[str, Endpoint] = {
     "/v1/chat/completions": Endpoint("chat", "/v1/chat/completions"),
     "/v1/completions": Endpoint("completions", "/v1/completions"),
     "/v1/embeddings": Endpoint("embeddings", "/v1/embeddings", prompt_only=True),
+    "/v1/responses": Endpoint("responses", "/v1/responses", cap_field="max_output_tokens"),
 }
 """The admitted endpoints by the path a client sends to."""
+
+
+def read_request(
+    endpoint: Endpoint, raw: bytes, tok: Tokenizer, max_tokens_limit: int, strict: bool
+) -> ParsedRequest:
+    """Validate and count ``raw`` as a request to ``endpoint`` (a 400
+    :class:`~velvetrope.errors.RequestError` naming its ``param`` if not valid);
+    ``strict``: unknown top-level keys are refused."""
+    if endpoint.prompt_only:
+        return parse_prompt_only(raw, tok.count, known_keys_only=strict)
+    if endpoint.name == "responses":
+        return parse_responses_request(
+            raw, tok.count, max_tokens_limit=max_tokens_limit, known_keys_only=strict
+        )
+    return parse_request(
+        raw,
+        endpoint.kind,
+        max_tokens_limit=max_tokens_limit,
+        count_text=tok.count,
+        count_chat=tok.count_chat,
+        known_keys_only=strict,
+    )
+
+
+def make_job(
+    endpoint: Endpoint,
+    parsed: ParsedRequest,
+    job_id: str,
+    tenant: str,
+    tier: str,
+    default_max_tokens: int,
+    expected_header: bytes | None,
+) -> Job:
+    """The admission job of ``parsed`` (:func:`prompt_only_job` or
+    :func:`~velvetrope.gateway.parse.job_for`)."""
+    if endpoint.prompt_only:
+        return prompt_only_job(parsed, job_id, tenant, tier)
+    expected = expected_tokens(expected_header)
+    return job_for(parsed, job_id, tenant, tier, default_max_tokens, expected)
+
+
+def shape_body(endpoint: Endpoint, parsed: ParsedRequest, job: Job) -> None:
+    """The upstream body of an admitted ``job``: a degraded job's cap or fallback model,
+    and the output cap its reservation assumed when the request named none."""
+    if endpoint.prompt_only:
+        degrade_prompt_only(parsed, job)
+        return
+    if endpoint.cap_field == "max_tokens":
+        degrade_body(parsed, job)
+    else:  # the Responses API: its own cap field
+        if MAX_TOKENS in job.degraded:
+            parsed.body[endpoint.cap_field] = job.max_tokens
+            parsed.rewritten = True
+        degrade_prompt_only(parsed, job)  # the fallback model
+    send_output_cap(parsed, job, endpoint.cap_field)
+
+
+def read_usage(endpoint: Endpoint, body: bytes | None) -> Usage | None:
+    """The usage of a whole answer from an endpoint whose usage is not OpenAI's
+    ``prompt_tokens``/``completion_tokens`` pair (embeddings, Responses); ``None`` for the
+    others (the proxy read theirs) or when absent."""
+    if endpoint.prompt_only:
+        return prompt_usage(body)
+    if endpoint.name == "responses":
+        return responses_usage(body)[0]
+    return None
 
 
 def parse_prompt_only(

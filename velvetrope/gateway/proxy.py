@@ -29,6 +29,8 @@ __all__ = ["UpstreamAnswer", "forward"]
 
 Send = Callable[[bytes], Awaitable[None]]
 Start = Callable[[int, list[tuple[bytes, bytes]]], Awaitable[None]]
+Events = Callable[[bytes, UsageTally, bool, Callable[[], None]], bytes]
+"""Reads complete SSE events into the tally, returns what reaches the client."""
 
 
 @dataclass(slots=True)
@@ -55,6 +57,7 @@ async def forward(
     end: Send,
     on_first_token: Callable[[], None],
     extra_headers: list[tuple[bytes, bytes]],
+    events: Events = relay_events,
 ) -> UpstreamAnswer:
     """POST ``body`` to ``url`` (over ``access``'s TLS, with its API key); stream the
     answer to the client through ``start``/``send``; when the upstream's answer is complete
@@ -68,6 +71,9 @@ async def forward(
     Raises what :class:`HttpClient` raises: ``UpstreamTimeout`` when the upstream stalls,
     ``UpstreamUnreachable`` when nothing reached it (another upstream may be tried),
     ``UpstreamError`` when it broke off.
+
+    ``events`` reads a stream's complete events (OpenAI's chunks:
+    :func:`~velvetrope.gateway.relay.relay_events`; another API's typed events: its own).
     """
     try:
         resp = await client.post(url, body, tls=access.tls, auth=access.auth_line)
@@ -100,7 +106,7 @@ async def forward(
                 done, buf = split_complete(buf + piece)
                 if not done:
                     continue
-                out = relay_events(done, relay, client_wants_usage, on_first_token)
+                out = events(done, relay, client_wants_usage, on_first_token)
                 if not buf and resp.at_end:
                     await end(out)  # the last bytes and the end of the response: one write
                     return UpstreamAnswer(200, relay.usage_so_far(), None, ctype)

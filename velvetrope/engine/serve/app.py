@@ -26,6 +26,8 @@ Endpoints
 ``POST /v1/embeddings``
     Prompt-only work: one prefill per input, usage ``prompt_tokens`` (see
     :mod:`.embeddings`).
+``POST /v1/responses``, ``GET``/``DELETE /v1/responses/{id}``
+    OpenAI's Responses API, streaming or not (see :mod:`.responses`).
 ``GET /v1/models``
     The one served model, with its ``max_model_len``.
 ``GET /health``
@@ -124,6 +126,7 @@ from velvetrope.engine.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from velvetrope.engine.serve.metrics import EngineMetrics
 from velvetrope.engine.serve.progress import progress, until_done, watch_disconnect
 from velvetrope.engine.serve.realtime import EngineClosed, EngineRequest, RealtimeEngine
+from velvetrope.engine.serve.responses import ResponsesServer
 from velvetrope.errors import ClientDisconnected, ConfigError, PolicyError, RequestError
 from velvetrope.openai.errors import error_json, invalid_value, model_not_found
 from velvetrope.openai.prefix import CHARS_PER_TOKEN, prefix_hashes
@@ -281,11 +284,17 @@ class EngineApp:
         self._started = False
         self._stopping = False
         self._watchers: set[asyncio.Task[None]] = set()
+        p = config.profile
+        self._responses = ResponsesServer(
+            self._model, tok, p.max_model_len, self._outputs, self._engine, self.load,
+            self._is_stopping,
+        )  # fmt: skip
         self._routes: dict[str, tuple[str, Callable[..., Awaitable[None]]]] = {
             "/v1/completions": ("POST", self._completions),
             "/v1/chat/completions": ("POST", self._chat),
             "/v1/models": ("GET", self._models),
             "/v1/embeddings": ("POST", self._embeddings().handle),
+            "/v1/responses": ("POST", self._responses.handle),
             "/health": ("GET", self._health),
             "/metrics": ("GET", self._metrics),
         }
@@ -344,7 +353,9 @@ class EngineApp:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         arrived = self._clock.now()
-        route = self._routes.get(scope["path"])
+        route = self._routes.get(scope["path"]) or self._responses.route(
+            scope["path"], scope["method"]
+        )
         started = False
 
         async def tracked_send(message: Message) -> None:

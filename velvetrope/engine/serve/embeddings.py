@@ -21,23 +21,18 @@ A client that hangs up aborts the request's sequences at once.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
-import itertools
 import math
 import struct
-from collections.abc import Callable
 
 import orjson
 
-from velvetrope.engine.serve.journal import RequestLoad
-from velvetrope.engine.serve.progress import until_done, watch_disconnect
+from velvetrope.engine.serve.progress import EngineEndpoint, unavailable, until_done
 from velvetrope.engine.serve.realtime import EngineClosed, EngineRequest, RealtimeEngine
 from velvetrope.errors import PolicyError, RequestError
 from velvetrope.openai.embeddings import count_input_tokens, parse_embeddings
 from velvetrope.openai.errors import above_maximum, model_not_found
-from velvetrope.openai.tokenizer import Tokenizer
 from velvetrope.serving.asgi import Receive, Send, respond
 
 __all__ = ["DEFAULT_DIMENSIONS", "MAX_DIMENSIONS", "EmbeddingServer", "embedding_vector"]
@@ -60,36 +55,12 @@ def embedding_vector(key: bytes, dimensions: int) -> list[float]:
     return list(struct.unpack(fmt, struct.pack(fmt, *(x / norm for x in v))))
 
 
-def _unavailable() -> RequestError:
-    return RequestError("The engine is shutting down.", status=503, code="engine_unavailable")
-
-
 def _key(p: str | list[int]) -> bytes:
     return p.encode("utf-8", "surrogatepass") if isinstance(p, str) else orjson.dumps(p)
 
 
-class EmbeddingServer:
-    """The handler of ``/v1/embeddings`` for the engine serving ``model``: ``engine`` is the
-    real-time driver (``None`` in instant mode: answered at once), ``stopping`` says
-    whether the server is shutting down (503), ``load`` counts the requests held."""
-
-    def __init__(
-        self,
-        model: str,
-        tokenizer: Tokenizer,
-        max_model_len: int,
-        engine: RealtimeEngine | None,
-        load: RequestLoad,
-        stopping: Callable[[], bool],
-    ) -> None:
-        self.model = model
-        self.tokenizer = tokenizer
-        self.max_model_len = max_model_len
-        self.engine = engine
-        self.load = load
-        self.stopping = stopping
-        self._ids = itertools.count()
-        self._watchers: set[asyncio.Task[None]] = set()
+class EmbeddingServer(EngineEndpoint):
+    """The handler of ``/v1/embeddings`` (see :class:`EngineEndpoint` for its parts)."""
 
     async def handle(self, raw: bytes, arrived: float, receive: Receive, send: Send) -> None:
         """Answer one request (``arrived``: when it reached the server); raises
@@ -111,7 +82,7 @@ class EmbeddingServer:
                     param="input",
                 )
         if self.stopping():
-            raise _unavailable()
+            raise unavailable()
         rid = f"embd-{next(self._ids)}"
         request_id = req.body.get("request_id")
         total = sum(counts)
@@ -160,16 +131,14 @@ class EmbeddingServer:
                 engine.abort(r)
             raise RequestError(str(exc), param="input") from None
         except EngineClosed:
-            raise _unavailable() from None
+            raise unavailable() from None
         return rs
 
     async def _prefilled(
         self, engine: RealtimeEngine, rs: list[EngineRequest], receive: Receive
     ) -> bool:
         """Wait for every sequence's prefill; ``False`` if the client left first."""
-        watcher = asyncio.create_task(watch_disconnect(receive, engine, rs))
-        self._watchers.add(watcher)
-        watcher.add_done_callback(self._watchers.discard)
+        watcher = self.watch(receive, engine, rs)
         try:
             return await until_done(rs)
         finally:

@@ -1,17 +1,21 @@
 """Waiting on the engine's sequences for one HTTP request (``velvetrope engine``'s
-handlers share these): the tokens as they arrive, and aborting on a client's hang-up."""
+handlers share these): the tokens as they arrive, aborting on a client's hang-up, and
+:class:`EngineEndpoint`, the parts of the handlers beyond completions."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Sequence
+import itertools
+from collections.abc import AsyncGenerator, Callable, Sequence
 
+from velvetrope.engine.serve.journal import RequestLoad
 from velvetrope.engine.serve.realtime import EngineClosed, EngineRequest, RealtimeEngine
 from velvetrope.errors import RequestError
+from velvetrope.openai.tokenizer import Tokenizer
 from velvetrope.serving.asgi import Receive
 
-__all__ = ["progress", "until_done", "watch_disconnect"]
+__all__ = ["EngineEndpoint", "progress", "unavailable", "until_done", "watch_disconnect"]
 
 
 async def progress(rs: Sequence[EngineRequest]) -> AsyncGenerator[tuple[int, int], None]:
@@ -70,3 +74,43 @@ async def until_done(rs: Sequence[EngineRequest]) -> bool:
     except EngineClosed as exc:
         raise RequestError(str(exc), status=503, code="engine_unavailable") from None
     return all(r.finished for r in rs)
+
+
+def unavailable() -> RequestError:
+    """The 503 of an engine that is shutting down."""
+    return RequestError("The engine is shutting down.", status=503, code="engine_unavailable")
+
+
+class EngineEndpoint:
+    """What a handler of the engine serving ``model`` shares with the others: its
+    ``tokenizer`` and ``max_model_len``, the real-time driver ``engine`` (``None`` in
+    instant mode: answered at once), ``load`` (the requests held) and ``stopping`` (whether
+    the server is shutting down: 503)."""
+
+    def __init__(
+        self,
+        model: str,
+        tokenizer: Tokenizer,
+        max_model_len: int,
+        engine: RealtimeEngine | None,
+        load: RequestLoad,
+        stopping: Callable[[], bool],
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.engine = engine
+        self.load = load
+        self.stopping = stopping
+        self._ids = itertools.count()
+        self._watchers: set[asyncio.Task[None]] = set()
+
+    def watch(
+        self, receive: Receive, engine: RealtimeEngine, rs: Sequence[EngineRequest]
+    ) -> asyncio.Task[None]:
+        """Abort ``rs`` when the client hangs up (:func:`watch_disconnect`); cancel the task
+        returned when the request ends."""
+        watcher = asyncio.create_task(watch_disconnect(receive, engine, rs))
+        self._watchers.add(watcher)
+        watcher.add_done_callback(self._watchers.discard)
+        return watcher
