@@ -2,9 +2,9 @@
 ``llama-server`` (started with ``--embeddings``, mean pooling), with a gateway whose
 ``default_max_tokens`` is small: embeddings through the official ``openai`` SDK answer as
 the engine does straight and are settled from its ``usage.prompt_tokens``; Responses are
-settled from their ``usage``; a request that
-names no ``max_tokens`` never generates more than the gateway reserved (llama.cpp's own
-default is to generate until the context is full)."""
+settled from their ``usage``, and so are Anthropic Messages (the ``anthropic`` SDK); a
+request that names no ``max_tokens`` never generates more than the gateway reserved
+(llama.cpp's own default is to generate until the context is full)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import openai
 import pytest
 
@@ -123,4 +124,31 @@ def test_responses_through_the_sdk_are_capped_and_settled_from_the_engines_usage
     assert final is not None and final.usage is not None
     assert 0 < final.usage.output_tokens <= DEFAULT_MAX and deltas >= 1
     settled += final.usage.input_tokens + final.usage.output_tokens
+    assert charged(capped, "gold") - before == pytest.approx(settled, abs=0.5)
+
+
+def test_anthropic_messages_through_the_sdk_are_settled_from_the_engines_usage(
+    embedder: ServerProcess, capped: str
+) -> None:
+    """The official ``anthropic`` SDK with ``base_url`` the gateway and its ``x-api-key``:
+    ``messages.create``, ``messages.stream`` and ``messages.count_tokens`` (the engine's
+    own count), each generation settled from llama.cpp's usage."""
+    msgs: Any = [{"role": "user", "content": "Tell me about the sea"}]
+    before = charged(capped, "gold")
+    settled = 0
+    with anthropic.Anthropic(base_url=capped, api_key=GOLD, max_retries=0, timeout=60) as via:
+        m = via.messages.create(model=MODEL_NAME, max_tokens=8, messages=msgs)
+        assert m.content and m.usage.output_tokens <= 8 and m.usage.input_tokens > 0
+        settled += m.usage.input_tokens + m.usage.output_tokens
+        with via.messages.stream(model=MODEL_NAME, max_tokens=8, messages=msgs) as s:
+            text = "".join(s.text_stream)
+            final = s.get_final_message()
+        assert text and 0 < final.usage.output_tokens <= 8
+        settled += final.usage.input_tokens + final.usage.output_tokens
+        counted = via.messages.count_tokens(model=MODEL_NAME, messages=msgs)
+    with anthropic.Anthropic(base_url=embedder.url, api_key="unused", max_retries=0) as direct:
+        assert (
+            counted.input_tokens
+            == direct.messages.count_tokens(model=MODEL_NAME, messages=msgs).input_tokens
+        )
     assert charged(capped, "gold") - before == pytest.approx(settled, abs=0.5)

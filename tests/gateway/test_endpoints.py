@@ -13,33 +13,30 @@ import httpx
 import openai
 import pytest
 
-from .conftest import admin_status, gateway_config, metric, start_gateway, wait_idle
+from .conftest import (
+    NOT_THE_ENGINES_COUNT,
+    admin_status,
+    charged,
+    gateway_config,
+    metered_config,
+    metric,
+    start_gateway,
+    wait_idle,
+)
 
 pytestmark = pytest.mark.integration
 
 MODEL = "velvetrope-sim"
 GOLD = "sk-gold-0000"
 BRONZE = "sk-bronze-0000"
-BURST = 1_000_000.0
 DEFAULT_MAX = 5
 """``gateway.default_max_tokens`` of the gateway under test."""
 
 
-def _charged(gw: str, tenant: str) -> float:
-    """Tokens charged to ``tenant`` so far, once the gateway is idle (its bucket refills at
-    0.01 token/s: too slowly to matter within a test)."""
-    return BURST - float(wait_idle(gw)["buckets"].get(f"tenant:{tenant}:tok", BURST))
-
-
 @pytest.fixture(scope="module")
 def gw(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    cfg = gateway_config([engine])
-    for t in cfg["policy"]["tenants"]:
-        t["limits"] = {"tokens_per_minute": 0.6, "token_burst": BURST}
+    cfg = metered_config([engine], tokenizer=NOT_THE_ENGINES_COUNT)
     cfg["gateway"]["default_max_tokens"] = DEFAULT_MAX
-    # the gateway counts text at a character a token, the engine at about four: what is
-    # settled shows whose count it is
-    cfg["gateway"]["tokenizer"] = "approx:1"
     p = start_gateway(tmp_path_factory.mktemp("endpoints"), cfg)
     yield p.url
     p.stop()
@@ -63,7 +60,7 @@ def test_embeddings_through_the_sdk_answer_as_direct_and_settle_the_engines_prom
     gw: str, engine: str, encoding: str
 ) -> None:
     direct, via = _sdk(engine), _sdk(gw, BRONZE)
-    before = _charged(gw, "bronze")
+    before = charged(gw, "bronze")
     reported = 0
     fmt: Any = encoding
     with direct, via:
@@ -78,7 +75,7 @@ def test_embeddings_through_the_sdk_answer_as_direct_and_settle_the_engines_prom
             assert got.usage.total_tokens == got.usage.prompt_tokens
             reported += got.usage.prompt_tokens
     # the tenant is charged exactly what the engine reported: the input, no output
-    assert _charged(gw, "bronze") - before == pytest.approx(reported, abs=0.5)
+    assert charged(gw, "bronze") - before == pytest.approx(reported, abs=0.5)
     assert metric(gw, "velvetrope_requests_total", tier="batch", outcome="completed") >= 4
 
 
@@ -145,7 +142,7 @@ def test_a_request_without_max_tokens_generates_no_more_than_was_reserved(gw: st
     msgs: Any = [{"role": "user", "content": "tell me everything"}]
     eos: Any = {"ignore_eos": True}
     opts: Any = {"include_usage": True}
-    before = _charged(gw, "gold")
+    before = charged(gw, "gold")
     settled = 0
     with _sdk(gw) as via:
         chat = via.chat.completions.create(model=MODEL, messages=msgs, extra_body=eos)
@@ -175,7 +172,7 @@ def test_a_request_without_max_tokens_generates_no_more_than_was_reserved(gw: st
     )
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == DEFAULT_MAX
     settled += r.json()["usage"]["total_tokens"]
-    assert _charged(gw, "gold") - before == pytest.approx(settled, abs=0.5)
+    assert charged(gw, "gold") - before == pytest.approx(settled, abs=0.5)
 
 
 def test_the_clients_own_cap_is_kept(gw: str) -> None:

@@ -13,19 +13,20 @@ import httpx
 import openai
 import pytest
 
-from .conftest import gateway_config, start_engine, start_gateway, wait_idle
+from .conftest import (
+    NOT_THE_ENGINES_COUNT,
+    charged,
+    metered_config,
+    start_engine,
+    start_gateway,
+)
 
 pytestmark = pytest.mark.integration
 
 MODEL = "velvetrope-sim"
 GOLD = "sk-gold-0000"
 SILVER = "sk-silver-0000"
-BURST = 1_000_000.0
 DEFAULT_MAX = 6
-
-
-def _charged(gw: str, tenant: str) -> float:
-    return BURST - float(wait_idle(gw)["buckets"].get(f"tenant:{tenant}:tok", BURST))
 
 
 @pytest.fixture(scope="module")
@@ -38,11 +39,8 @@ def two() -> Iterator[tuple[str, str]]:
 
 @pytest.fixture(scope="module")
 def gw(two: tuple[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    cfg = gateway_config(list(two))
-    for t in cfg["policy"]["tenants"]:
-        t["limits"] = {"tokens_per_minute": 0.6, "token_burst": BURST}
+    cfg = metered_config(list(two), tokenizer=NOT_THE_ENGINES_COUNT)
     cfg["gateway"]["default_max_tokens"] = DEFAULT_MAX
-    cfg["gateway"]["tokenizer"] = "approx:1"  # not the engine's count: settlement shows whose
     p = start_gateway(tmp_path_factory.mktemp("responses"), cfg)
     yield p.url
     p.stop()
@@ -60,7 +58,7 @@ def _home(two: tuple[str, str], rid: str) -> str:
 
 
 def test_responses_create_streaming_and_not_is_settled_from_the_engines_usage(gw: str) -> None:
-    before = _charged(gw, "gold")
+    before = charged(gw, "gold")
     settled = 0
     eos: Any = {"ignore_eos": True}
     with _sdk(gw) as c:
@@ -96,7 +94,7 @@ def test_responses_create_streaming_and_not_is_settled_from_the_engines_usage(gw
     assert final is not None and final.usage is not None
     assert final.output_text == text and final.usage.output_tokens == DEFAULT_MAX
     settled += final.usage.total_tokens
-    assert _charged(gw, "gold") - before == pytest.approx(settled, abs=0.5)
+    assert charged(gw, "gold") - before == pytest.approx(settled, abs=0.5)
 
 
 def test_previous_response_id_lands_on_the_engine_that_created_it(

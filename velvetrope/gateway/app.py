@@ -1,11 +1,11 @@
 """The gateway's ASGI application.
 
 Routes: the admitted endpoints (``POST /v1/chat/completions``, ``/v1/completions``,
-``/v1/responses``, ``/v1/embeddings``: :mod:`velvetrope.gateway.endpoints`, with each one's
-cost), ``GET``/``DELETE /v1/responses/{id}`` (on the engine that created it),
-``GET /v1/models`` (the models of every pool: one live upstream of each is asked, the
-lists merged, each id once),
-``GET /v1/models/{id}`` (that model's object, or 404 ``model_not_found``), ``GET /metrics``,
+``/v1/responses``, ``/v1/messages``, ``/v1/embeddings``: :mod:`velvetrope.gateway.endpoints`,
+with each one's cost), ``POST /v1/messages/count_tokens`` (forwarded, not queued),
+``GET``/``DELETE /v1/responses/{id}`` (on the engine that created it), ``GET /v1/models``
+(the models of every pool: :mod:`velvetrope.gateway.models`), ``GET /v1/models/{id}``
+(that model's object, or 404 ``model_not_found``), ``GET /metrics``,
 ``GET /healthz``, ``GET /readyz`` and the authenticated ``GET /admin/status``.  An error
 that retrying cannot help carries ``x-should-retry: false``.
 
@@ -50,8 +50,10 @@ from velvetrope.gateway.admission_headers import admitted_headers, ratelimit_hea
 from velvetrope.gateway.client_stream import PROGRESS_HEADER, ClientStream
 from velvetrope.gateway.disconnects import DisconnectWatches, Watch
 from velvetrope.gateway.endpoints import (
+    COUNT_TOKENS,
     ENDPOINTS,
     Endpoint,
+    events_for,
     make_job,
     read_request,
     read_usage,
@@ -60,13 +62,14 @@ from velvetrope.gateway.endpoints import (
 from velvetrope.gateway.engines import Engines
 from velvetrope.gateway.httpclient import HttpClient
 from velvetrope.gateway.metrics import GatewayMetrics
+from velvetrope.gateway.models import answer_models
 from velvetrope.gateway.parse import (
     EXPECTED_TOKENS_HEADER,
     ParsedRequest,
     set_engine_priority,
 )
 from velvetrope.gateway.proxy import UpstreamAnswer, forward
-from velvetrope.gateway.relay import UsageTally, relay_events
+from velvetrope.gateway.relay import UsageTally
 from velvetrope.gateway.reload import Reloader
 from velvetrope.gateway.request_slo import DO_NOT_QUEUE_HEADER, SLO_TTFT_HEADER, request_deadline
 from velvetrope.gateway.responses import (
@@ -77,7 +80,7 @@ from velvetrope.gateway.responses import (
     stored_response,
 )
 from velvetrope.gateway.upstreams import Resolver, UpstreamState
-from velvetrope.openai.errors import error_body, error_payload, retry_headers
+from velvetrope.openai.errors import error_body, retry_headers
 from velvetrope.openai.tokenizer import ApproxTokenizer, Tokenizer, get_tokenizer
 from velvetrope.serving.asgi import Receive, Scope, Send, header, read_body, respond, serve_lifespan
 from velvetrope.store.open import open_store
@@ -214,6 +217,11 @@ class Gateway:
                 await self._door(send, "other", 405, _not_allowed(method, path, "POST"))
             else:
                 await self._reload(scope, send)
+        elif path == COUNT_TOKENS.upstream:
+            if method != "POST":
+                await self._door(send, COUNT_TOKENS.name, 405, _not_allowed(method, path, "POST"))
+            else:
+                await self._count_tokens(scope, receive, send)
         elif path.startswith("/v1/responses/") and len(path) > 14:
             await self._stored(scope, send, method, path[14:])
         elif path not in _GET_PATHS and not (path.startswith("/v1/models/") and len(path) > 11):
@@ -254,7 +262,29 @@ class Gateway:
         ``other`` (never the path: a client must not grow the label set)."""
         self.metrics.refused.labels(endpoint, str(status), code).inc()
         headers = _BEARER if status == 401 else ()
-        await _error(send, status, message, code, param, headers)
+        if endpoint in ("messages", COUNT_TOKENS.name):  # Anthropic's API, Anthropic's shape
+            await ClientStream(send, anthropic=True).error(status, message, code, headers)
+        else:
+            await _error(send, status, message, code, param, headers)
+
+    async def _count_tokens(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``POST /v1/messages/count_tokens``: validated, then forwarded to an upstream of
+        the model's pool (authenticated, not queued: nothing is generated)."""
+        ep = COUNT_TOKENS
+        tenant = self._tenant(scope)
+        if tenant is None:
+            await self._door(send, ep.name, 401, _NO_KEY, "invalid_api_key")
+            return
+        try:
+            raw = await read_body(scope, receive, self.settings.max_body_bytes)
+            parsed = read_request(ep, raw, self.tokenizer, 1 << 30, self._strict)
+        except RequestError as e:
+            await self._door(send, ep.name, e.status, e.message, e.code, e.param)
+            return
+        except ClientDisconnected:
+            return
+        job = make_job(ep, parsed, "count", tenant, self.ctl.resolve_tier(tenant, None), 1, None)
+        await self._passthrough(ep, self.ctl.router.match(job)[0], False, raw, send)
 
     async def _stored(self, scope: Scope, send: Send, method: str, response_id: str) -> None:
         """``GET``/``DELETE /v1/responses/{id}``: on the engine that created the response."""
@@ -271,71 +301,23 @@ class Gateway:
             await respond(send, got[0], got[1], retry_headers(got[0]))
 
     def _tenant(self, scope: Scope) -> str | None:
+        """The tenant of the request's API key: ``Authorization: Bearer KEY``, or
+        Anthropic's ``x-api-key: KEY``; ``None`` if neither names a known key."""
         auth = header(scope, b"authorization")
-        if auth is None or auth[:7].lower() != b"bearer ":
-            return None
-        return self.keys.get(hash_key(auth[7:].decode("latin-1").strip()))
+        if auth is not None and auth[:7].lower() == b"bearer ":
+            key = auth[7:]
+        else:
+            key = header(scope, b"x-api-key") or b""
+        return self.keys.get(hash_key(key.decode("latin-1").strip())) if key else None
 
     async def _models(self, scope: Scope, send: Send, model_id: str | None) -> None:
-        """``GET /v1/models`` (``model_id`` None) or ``GET /v1/models/{model_id}``.
-
-        One live upstream of each pool is asked at once; their lists are merged in the
-        order of ``policy.pools``, each id once (the first pool's object).  With some pools
-        unanswered the list has what the others said; with none, 503 (no live upstream) or
-        502.  A model found: 200 with its object; not found while every pool answered: 404
-        ``model_not_found`` in OpenAI's shape; else the failure's status."""
+        """``GET /v1/models`` (``model_id`` None) or ``GET /v1/models/{model_id}``
+        (:mod:`velvetrope.gateway.models`)."""
         if self._tenant(scope) is None:
             await self._door(send, "models", 401, _NO_KEY, "invalid_api_key")
             return
         order = [p.name for p in self.config.policy.pools if self.upstreams.pools.get(p.name)]
-        answers = await asyncio.gather(*(self._pool_models(p) for p in order))
-        models: dict[str, dict[str, object]] = {}
-        failure: tuple[int, str, str] | None = None
-        for answer in answers:
-            if isinstance(answer, tuple):
-                failure = failure or answer
-                continue
-            for m in answer:
-                models.setdefault(str(m["id"]), m)
-        if model_id is None:
-            if failure is not None and not models:
-                await _error(send, *failure)
-                return
-            listing = {"object": "list", "data": list(models.values())}
-            await respond(send, 200, orjson.dumps(listing))
-        elif model_id in models:
-            await respond(send, 200, orjson.dumps(models[model_id]))
-        elif failure is not None:
-            await _error(send, *failure)
-        else:
-            msg = f"The model '{model_id}' does not exist or you do not have access to it."
-            body = error_payload(404, msg, "model_not_found", None, "invalid_request_error")
-            await respond(send, 404, orjson.dumps(body), retry_headers(404))
-
-    async def _pool_models(self, pool: str) -> list[dict[str, object]] | tuple[int, str, str]:
-        """The model objects one live upstream of ``pool`` lists (those with a string
-        ``id``), or the error to answer when none could say: ``(status, message, code)``."""
-        live = self.upstreams.live(pool)
-        if not live or self.session is None:
-            return 503, f"no healthy upstream in pool {pool!r}", "no_healthy_upstream"
-        up = min(live, key=lambda u: u.in_flight)
-        try:
-            a = up.access
-            async with self.session.get(
-                up.url + "/v1/models", timeout=self._timeout, headers=a.headers, ssl=a.aiohttp_ssl
-            ) as r:
-                raw = await r.read()
-                if r.status != 200:
-                    detail = raw[:200].decode("utf-8", "replace")
-                    return 502, f"upstream {up.url} answered {r.status}: {detail}", "upstream_error"
-            data = orjson.loads(raw)["data"]
-            if not isinstance(data, list):
-                raise TypeError("data is not a list")
-        except (aiohttp.ClientError, TimeoutError, OSError) as e:
-            return 502, f"upstream {up.url} failed: {e}", "upstream_error"
-        except (orjson.JSONDecodeError, KeyError, TypeError) as e:
-            return 502, f"upstream {up.url} listed no models: {e}", "upstream_error"
-        return [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+        await answer_models(send, self.session, self.upstreams, order, self._timeout, model_id)
 
     def _is_admin(self, scope: Scope) -> bool:
         auth = header(scope, b"authorization")
@@ -417,7 +399,7 @@ class Gateway:
             await self._passthrough(endpoint, pool, parsed.stream, parsed.raw, send)
             return
         watch = self.watches.watch(receive)
-        client = ClientStream(send)
+        client = ClientStream(send, endpoint.anthropic)
         ticket: Ticket | None = None
         try:
             progress = None
@@ -533,7 +515,7 @@ class Gateway:
             extra.append((b"x-velvetrope-shadow", said.encode()))
         engines = self.engines
         tried: tuple[str, ...] = ()  # upstreams that could not be reached
-        events = ResponsesRelay() if endpoint.name == "responses" else relay_events
+        events = events_for(endpoint)
         home = self.homes.home(parsed.body.get("previous_response_id"), job.tenant)
         # the prefix identity, once, for a prefix-routed pool only (else: nothing to do)
         hashes = engines.prefix_hashes(job.pool, parsed.body) if engines.prefix else ()

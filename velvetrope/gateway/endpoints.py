@@ -12,6 +12,8 @@ Path                       Admission cost (tokens reserved)            Settled f
 ``/v1/responses``          input, instructions and tools +             ``usage.input_tokens``
                            ``max_output_tokens`` (else                   + ``output_tokens``
                            ``default_max_tokens``, sent upstream)
+``/v1/messages``           system, messages and tools + ``max_tokens``   the same (a stream's
+                           (Anthropic's API requires it)                  ``message_delta``)
 =========================  ==========================================  ===================
 
 Every admitted endpoint goes through the same door: the tenant's API key, its tier and
@@ -35,6 +37,7 @@ import orjson
 
 from velvetrope.core import Job, Usage
 from velvetrope.core.routing import FALLBACK_POOL, MAX_TOKENS
+from velvetrope.gateway.messages import MessagesRelay, messages_usage, parse_messages_request
 from velvetrope.gateway.output_cap import send_output_cap
 from velvetrope.gateway.parse import (
     Kind,
@@ -44,14 +47,18 @@ from velvetrope.gateway.parse import (
     job_for,
     parse_request,
 )
-from velvetrope.gateway.responses import parse_responses_request, responses_usage
+from velvetrope.gateway.proxy import Events
+from velvetrope.gateway.relay import relay_events
+from velvetrope.gateway.responses import ResponsesRelay, parse_responses_request, responses_usage
 from velvetrope.openai.embeddings import count_input_tokens, parse_embeddings
 from velvetrope.openai.tokenizer import Tokenizer
 
 __all__ = [
+    "COUNT_TOKENS",
     "ENDPOINTS",
     "Endpoint",
     "degrade_prompt_only",
+    "events_for",
     "make_job",
     "parse_prompt_only",
     "prompt_only_job",
@@ -72,6 +79,8 @@ class Endpoint:
     upstream: str
     prompt_only: bool = False
     cap_field: str = "max_tokens"
+    anthropic: bool = False
+    """Anthropic's API: errors in its shape (:mod:`velvetrope.openai.anthropic`)."""
 
     @property
     def kind(self) -> Kind:
@@ -84,8 +93,12 @@ ENDPOINTS: dict[str, Endpoint] = {
     "/v1/completions": Endpoint("completions", "/v1/completions"),
     "/v1/embeddings": Endpoint("embeddings", "/v1/embeddings", prompt_only=True),
     "/v1/responses": Endpoint("responses", "/v1/responses", cap_field="max_output_tokens"),
+    "/v1/messages": Endpoint("messages", "/v1/messages", anthropic=True),
 }
 """The admitted endpoints by the path a client sends to."""
+
+COUNT_TOKENS = Endpoint("count_tokens", "/v1/messages/count_tokens", anthropic=True)
+"""Anthropic's token count: authenticated and forwarded, not admitted (nothing generated)."""
 
 
 def read_request(
@@ -100,6 +113,12 @@ def read_request(
         return parse_responses_request(
             raw, tok.count, max_tokens_limit=max_tokens_limit, known_keys_only=strict
         )
+    if endpoint.anthropic:
+        count_only = endpoint is COUNT_TOKENS
+        return parse_messages_request(
+            raw, tok.count, max_tokens_limit=max_tokens_limit, known_keys_only=strict,
+            count_only=count_only,
+        )  # fmt: skip
     return parse_request(
         raw,
         endpoint.kind,
@@ -151,7 +170,18 @@ def read_usage(endpoint: Endpoint, body: bytes | None) -> Usage | None:
         return prompt_usage(body)
     if endpoint.name == "responses":
         return responses_usage(body)[0]
+    if endpoint.anthropic:
+        return messages_usage(body)
     return None
+
+
+def events_for(endpoint: Endpoint) -> Events:
+    """What reads a stream of ``endpoint`` (one per request when it keeps state)."""
+    if endpoint.name == "responses":
+        return ResponsesRelay()
+    if endpoint.anthropic:
+        return MessagesRelay()
+    return relay_events
 
 
 def parse_prompt_only(

@@ -32,10 +32,10 @@ import orjson
 from velvetrope.core import Usage
 from velvetrope.gateway.parse import Kind, ParsedRequest
 from velvetrope.gateway.relay import UsageTally
+from velvetrope.gateway.typed_events import TypedEvents
 from velvetrope.gateway.upstreams import UpstreamPools
 from velvetrope.openai.errors import error_body
 from velvetrope.openai.responses import count_input_tokens, parse_responses
-from velvetrope.openai.sse import event_data
 
 __all__ = [
     "ResponseHomes",
@@ -45,9 +45,6 @@ __all__ = [
     "responses_usage",
     "stored_response",
 ]
-
-_DELTA = re.compile(rb'"type"\s*:\s*"response\.output_text\.delta"')
-_STATE = re.compile(rb'"type"\s*:\s*"response\.(created|completed|incomplete|failed)"')
 
 
 def parse_responses_request(
@@ -100,43 +97,26 @@ def responses_usage(body: bytes | None) -> tuple[Usage | None, str | None]:
     return _usage_of(obj), rid if isinstance(rid, str) else None
 
 
-class ResponsesRelay:
-    """Reads a Responses stream's events on their way to the client (the ``events`` hook
-    of :func:`~velvetrope.gateway.proxy.forward`); ``response_id`` is the id that
-    ``response.created`` announced."""
+class ResponsesRelay(TypedEvents):
+    """Reads a Responses stream's events on their way to the client (see
+    :class:`~velvetrope.gateway.typed_events.TypedEvents`): the usage of the final event,
+    and ``response_id``, the id that ``response.created`` announced."""
 
     __slots__ = ("response_id",)
+
+    delta = re.compile(rb'"type"\s*:\s*"response\.output_text\.delta"')
+    state = re.compile(rb'"type"\s*:\s*"response\.(created|completed|incomplete|failed)"')
 
     def __init__(self) -> None:
         self.response_id: str | None = None
 
-    def __call__(
-        self, data: bytes, tally: UsageTally, wants_usage: bool, on_first: Callable[[], None]
-    ) -> bytes:
-        """Account complete events ``data`` into ``tally``; return them unchanged."""
-        n = len(_DELTA.findall(data))
-        if n:
-            tally.completion_tokens += n
-            if not tally.first_token:
-                tally.first_token = True
-                on_first()
-        if _STATE.search(data) is None:
-            return data
-        for event in data.split(b"\n\n"):
-            m = _STATE.search(event)
-            payload = event_data(event + b"\n") if m is not None else None
-            if payload is None:
-                continue
-            try:
-                response = orjson.loads(payload).get("response")
-            except (orjson.JSONDecodeError, AttributeError):
-                continue
-            if m is not None and m.group(1) == b"created":
-                rid = response.get("id") if isinstance(response, dict) else None
-                self.response_id = rid if isinstance(rid, str) else None
-            else:
-                tally.usage = _usage_of(response) or tally.usage
-        return data
+    def on_event(self, kind: bytes, obj: dict[str, Any], tally: UsageTally) -> None:
+        response = obj.get("response")
+        if kind == b"created":
+            rid = response.get("id") if isinstance(response, dict) else None
+            self.response_id = rid if isinstance(rid, str) else None
+        else:
+            tally.usage = _usage_of(response) or tally.usage
 
 
 class ResponseHomes:

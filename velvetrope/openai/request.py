@@ -78,6 +78,7 @@ __all__ = [
     "count_prompt_tokens",
     "known_keys",
     "load_body",
+    "message_list",
     "model_of",
     "parse",
     "template_fingerprint",
@@ -284,7 +285,9 @@ def _at_least_zero(d: Mapping[str, Any], key: str) -> None:
         raise below_minimum(key, v, 0)
 
 
-def _messages(value: object) -> tuple[Mapping[str, Any], ...]:
+def message_list(value: object) -> list[dict[str, Any]]:
+    """``messages``: present, an array, not empty, of objects (400 naming the first
+    defect); the checks of each message are the API's own."""
     if value is None:
         raise missing("messages")
     if not isinstance(value, list):
@@ -292,9 +295,15 @@ def _messages(value: object) -> tuple[Mapping[str, Any], ...]:
     if not value:
         raise invalid_value("messages", "'messages' must contain at least one message.")
     for i, m in enumerate(value):
-        p = f"messages[{i}]"
         if not isinstance(m, dict):
-            raise invalid_type(p, "an object", m)
+            raise invalid_type(f"messages[{i}]", "an object", m)
+    return value
+
+
+def _messages(value: object) -> tuple[Mapping[str, Any], ...]:
+    messages = message_list(value)
+    for i, m in enumerate(messages):
+        p = f"messages[{i}]"
         role = m.get("role")
         if role is None:
             raise missing(f"{p}.role")
@@ -314,7 +323,7 @@ def _messages(value: object) -> tuple[Mapping[str, Any], ...]:
                 check_part(part, f"{p}.content[{j}]")
         if len(m) > 2 or content is None:  # more than a role and a content: tool calls...
             check_message(m, p)
-    return tuple(value)
+    return tuple(messages)
 
 
 def _is_token_list(v: object) -> bool:

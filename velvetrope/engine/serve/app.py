@@ -28,6 +28,8 @@ Endpoints
     :mod:`.embeddings`).
 ``POST /v1/responses``, ``GET``/``DELETE /v1/responses/{id}``
     OpenAI's Responses API, streaming or not (see :mod:`.responses`).
+``POST /v1/messages``, ``POST /v1/messages/count_tokens``
+    Anthropic's Messages API, streaming or not (see :mod:`.messages`).
 ``GET /v1/models``
     The one served model, with its ``max_model_len``.
 ``GET /health``
@@ -122,6 +124,7 @@ from velvetrope.engine.profile import EngineProfile
 from velvetrope.engine.serve.bodies import Completion, StreamWriter, full_body
 from velvetrope.engine.serve.embeddings import EmbeddingServer
 from velvetrope.engine.serve.journal import RequestLoad
+from velvetrope.engine.serve.messages import MessagesServer
 from velvetrope.engine.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from velvetrope.engine.serve.metrics import EngineMetrics
 from velvetrope.engine.serve.progress import progress, until_done, watch_disconnect
@@ -285,16 +288,17 @@ class EngineApp:
         self._stopping = False
         self._watchers: set[asyncio.Task[None]] = set()
         p = config.profile
-        self._responses = ResponsesServer(
-            self._model, tok, p.max_model_len, self._outputs, self._engine, self.load,
-            self._is_stopping,
-        )  # fmt: skip
+        parts = (self._model, tok, p.max_model_len, self._outputs, self._engine, self.load)
+        self._responses = ResponsesServer(*parts, self._is_stopping)
+        self._messages = MessagesServer(*parts, self._is_stopping)
         self._routes: dict[str, tuple[str, Callable[..., Awaitable[None]]]] = {
             "/v1/completions": ("POST", self._completions),
             "/v1/chat/completions": ("POST", self._chat),
             "/v1/models": ("GET", self._models),
             "/v1/embeddings": ("POST", self._embeddings().handle),
             "/v1/responses": ("POST", self._responses.handle),
+            "/v1/messages": ("POST", self._messages.handle),
+            "/v1/messages/count_tokens": ("POST", self._messages.count_tokens),
             "/health": ("GET", self._health),
             "/metrics": ("GET", self._metrics),
         }

@@ -7,13 +7,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import os
 from collections.abc import AsyncGenerator, Callable, Sequence
+from typing import Protocol
 
+from velvetrope.engine.outputs import OutputPolicy
 from velvetrope.engine.serve.journal import RequestLoad
 from velvetrope.engine.serve.realtime import EngineClosed, EngineRequest, RealtimeEngine
-from velvetrope.errors import RequestError
+from velvetrope.errors import PolicyError, RequestError
 from velvetrope.openai.tokenizer import Tokenizer
-from velvetrope.serving.asgi import Receive
+from velvetrope.serving.asgi import Receive, Send
 
 __all__ = ["EngineEndpoint", "progress", "unavailable", "until_done", "watch_disconnect"]
 
@@ -114,3 +117,117 @@ class EngineEndpoint:
         self._watchers.add(watcher)
         watcher.add_done_callback(self._watchers.discard)
         return watcher
+
+    async def generate(
+        self, rid: str, prompt: int, tokens: int, arrived: float, receive: Receive
+    ) -> bool:
+        """Run one sequence of ``prompt`` and ``tokens`` tokens to its end (instant mode:
+        nothing to run); ``False`` if the client left first."""
+        engine = self.engine
+        if engine is None:
+            return True
+        r = self.submit(engine, rid, prompt, tokens, arrived)
+        watcher = self.watch(receive, engine, [r])
+        try:
+            return await until_done([r])
+        finally:
+            engine.abort(r)
+            watcher.cancel()
+            self.load.end(rid, prompt, [r])
+
+    def submit(
+        self, engine: RealtimeEngine, rid: str, prompt: int, tokens: int, arrived: float
+    ) -> EngineRequest:
+        """Submit one sequence (counted as held: end it with ``load.end``)."""
+        try:
+            r = engine.submit(rid, prompt, tokens, arrived_at=arrived)
+        except PolicyError as exc:
+            raise RequestError(str(exc), param="input") from None
+        except EngineClosed:
+            raise unavailable() from None
+        self.load.begin(rid, None, arrived, prompt, False)
+        return r
+
+
+_SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+
+
+class EventWriter(Protocol):
+    """The events of one streamed answer, in an API's own shape."""
+
+    def head(self) -> bytes:
+        """What comes before the first token."""
+
+    def delta(self, start: int, n: int) -> bytes:
+        """Tokens ``start .. start+n-1`` of the text."""
+
+    def tail(self) -> bytes:
+        """What ends the answer once every token was sent."""
+
+    def error(self, message: str) -> bytes:
+        """The event that ends a stream cut by the engine stopping."""
+
+
+class GeneratingEndpoint(EngineEndpoint):
+    """An :class:`EngineEndpoint` that generates: ``outputs`` draws the output lengths, and
+    :meth:`stream` writes a streamed answer in an API's events."""
+
+    def __init__(
+        self,
+        model: str,
+        tokenizer: Tokenizer,
+        max_model_len: int,
+        outputs: OutputPolicy,
+        engine: RealtimeEngine | None,
+        load: RequestLoad,
+        stopping: Callable[[], bool],
+    ) -> None:
+        super().__init__(model, tokenizer, max_model_len, engine, load, stopping)
+        self.outputs = outputs
+        self.prefix = os.urandom(6).hex()
+        """Makes the ids this process writes unique across engines."""
+
+    async def stream(
+        self,
+        rid: str,
+        prompt: int,
+        tokens: int,
+        arrived: float,
+        receive: Receive,
+        send: Send,
+        events: EventWriter,
+    ) -> None:
+        """Run one sequence and stream it as ``events``: the head, a delta per batch of
+        tokens the engine delivers (instant mode: one), the tail; nothing more once the
+        client left, the error event if the engine stopped."""
+        engine = self.engine
+        r = None if engine is None else self.submit(engine, rid, prompt, tokens, arrived)
+        watcher = None if engine is None or r is None else self.watch(receive, engine, [r])
+
+        async def body(data: bytes, more: bool = True) -> None:
+            await send({"type": "http.response.body", "body": data, "more_body": more})
+
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": _SSE})
+            await body(events.head())
+            if r is None:  # instant mode: the whole text at once
+                if tokens:
+                    await body(events.delta(0, tokens))
+            else:
+                sent = 0
+                try:
+                    async for _, n in progress([r]):
+                        await body(events.delta(sent, n))
+                        sent += n
+                except EngineClosed as exc:
+                    await body(events.error(str(exc)), False)
+                    return
+                if not r.finished:
+                    return  # the client left
+            await body(events.tail(), False)
+        finally:
+            if engine is not None and r is not None:
+                engine.abort(r)
+                self.load.end(rid, prompt, [r])
+            if watcher is not None:
+                watcher.cancel()

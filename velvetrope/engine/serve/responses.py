@@ -28,7 +28,6 @@ false): ``previous_response_id`` must name one (else 404 ``not_found``), and
 from __future__ import annotations
 
 import itertools
-import os
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -36,15 +35,12 @@ from typing import Any
 
 import orjson
 
-from velvetrope.engine.outputs import OutputDecision, OutputPolicy
-from velvetrope.engine.serve.bodies import filler_text
-from velvetrope.engine.serve.journal import RequestLoad
-from velvetrope.engine.serve.progress import EngineEndpoint, progress, unavailable, until_done
-from velvetrope.engine.serve.realtime import EngineClosed, EngineRequest, RealtimeEngine
-from velvetrope.errors import PolicyError, RequestError
+from velvetrope.engine.outputs import OutputDecision
+from velvetrope.engine.serve.bodies import filler_seed, filler_text
+from velvetrope.engine.serve.progress import GeneratingEndpoint, unavailable
+from velvetrope.errors import RequestError
 from velvetrope.openai.errors import model_not_found
 from velvetrope.openai.responses import count_input_tokens, parse_responses
-from velvetrope.openai.tokenizer import Tokenizer
 from velvetrope.serving.asgi import Receive, Send, respond
 
 __all__ = ["STORED", "ResponsesServer"]
@@ -60,23 +56,11 @@ def _event(kind: str, seq: int, **fields: Any) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
 
 
-class ResponsesServer(EngineEndpoint):
-    """The Responses handlers (see :class:`EngineEndpoint` for its parts; ``outputs`` draws
-    the output lengths)."""
+class ResponsesServer(GeneratingEndpoint):
+    """The Responses handlers (see :class:`GeneratingEndpoint` for their parts)."""
 
-    def __init__(
-        self,
-        model: str,
-        tokenizer: Tokenizer,
-        max_model_len: int,
-        outputs: OutputPolicy,
-        engine: RealtimeEngine | None,
-        load: RequestLoad,
-        stopping: Callable[[], bool],
-    ) -> None:
-        super().__init__(model, tokenizer, max_model_len, engine, load, stopping)
-        self.outputs = outputs
-        self._prefix = os.urandom(6).hex()
+    def __init__(self, *parts: Any) -> None:
+        super().__init__(*parts)
         self._stored: OrderedDict[str, dict[str, Any]] = OrderedDict()
 
     def route(self, path: str, method: str) -> tuple[str, Callable[..., Awaitable[None]]] | None:
@@ -134,15 +118,16 @@ class ResponsesServer(EngineEndpoint):
         d = self.outputs.decide(key, cap, ignore_eos=req.body.get("ignore_eos") is True)
         if self.stopping():
             raise unavailable()
-        rid = f"resp_{self._prefix}{next(self._ids):08x}"
+        rid = f"resp_{self.prefix}{next(self._ids):08x}"
         obj = self._response(rid, req.body, req.previous_response_id)
         store = req.body.get("store") is not False
         if req.stream:
-            await self._stream(obj, prompt, d, arrived, receive, send, store)
+            events = self._events(obj, prompt, d, store)
+            await self.stream(rid, prompt, d.tokens, arrived, receive, send, events)
         else:
-            if await self._generate(obj["id"], prompt, d, arrived, receive) is None:
+            if not await self.generate(obj["id"], prompt, d.tokens, arrived, receive):
                 return  # the client left
-            self._finish(obj, prompt, d, store)
+            self.finish(obj, prompt, d, store)
             await respond(send, 200, orjson.dumps(obj))
 
     def _response(self, rid: str, body: dict[str, Any], previous: str | None) -> dict[str, Any]:
@@ -170,9 +155,9 @@ class ResponsesServer(EngineEndpoint):
             "usage": None,
         }
 
-    def _finish(self, obj: dict[str, Any], prompt: int, d: OutputDecision, store: bool) -> None:
+    def finish(self, obj: dict[str, Any], prompt: int, d: OutputDecision, store: bool) -> None:
         """Complete ``obj`` with its message, status and usage; remember it if ``store``."""
-        obj["output"] = [_message(obj["id"], filler_text(_base(d), 0, d.tokens), "completed")]
+        obj["output"] = [_message(obj["id"], filler_text(filler_seed(d), 0, d.tokens), "completed")]
         if d.finish_reason == "length":
             obj["status"] = "incomplete"
             obj["incomplete_details"] = {"reason": "max_output_tokens"}
@@ -190,104 +175,59 @@ class ResponsesServer(EngineEndpoint):
             if len(self._stored) > STORED:
                 self._stored.popitem(last=False)
 
-    async def _generate(
-        self, rid: str, prompt: int, d: OutputDecision, arrived: float, receive: Receive
-    ) -> list[EngineRequest] | None:
-        """Run the sequence to its end (instant mode: nothing to run); ``None`` if the
-        client left first."""
-        engine = self.engine
-        if engine is None:
-            return []
-        r = self._submit(engine, rid, prompt, d.tokens, arrived)
-        watcher = self.watch(receive, engine, [r])
-        try:
-            return [r] if await until_done([r]) else None
-        finally:
-            engine.abort(r)
-            watcher.cancel()
-            self.load.end(rid, prompt, [r])
+    def _events(
+        self, obj: dict[str, Any], prompt: int, d: OutputDecision, store: bool
+    ) -> _ResponseEvents:
+        return _ResponseEvents(self, obj, prompt, d, store)
 
-    def _submit(
-        self, engine: RealtimeEngine, rid: str, prompt: int, tokens: int, arrived: float
-    ) -> EngineRequest:
-        try:
-            r = engine.submit(rid, prompt, tokens, arrived_at=arrived)
-        except PolicyError as exc:
-            raise RequestError(str(exc), param="input") from None
-        except EngineClosed:
-            raise unavailable() from None
-        self.load.begin(rid, None, arrived, prompt, False)
-        return r
 
-    async def _stream(
+class _ResponseEvents:
+    """The typed events of one streamed response (an
+    :class:`~velvetrope.engine.serve.progress.EventWriter`)."""
+
+    def __init__(
         self,
+        server: ResponsesServer,
         obj: dict[str, Any],
         prompt: int,
         d: OutputDecision,
-        arrived: float,
-        receive: Receive,
-        send: Send,
         store: bool,
     ) -> None:
-        rid = obj["id"]
-        engine = self.engine
-        r = None if engine is None else self._submit(engine, rid, prompt, d.tokens, arrived)
-        watcher = None if engine is None or r is None else self.watch(receive, engine, [r])
-        seq = itertools.count()
-        at = {"item_id": "msg_" + rid[5:], "output_index": 0, "content_index": 0}
-        item = _message(rid, None, "in_progress")
-        head = (
+        self.server, self.obj, self.prompt, self.d, self.store = server, obj, prompt, d, store
+        self.seq = itertools.count()
+        self.at = {"item_id": "msg_" + obj["id"][5:], "output_index": 0, "content_index": 0}
+        self.base = filler_seed(d)
+
+    def head(self) -> bytes:
+        obj, seq = self.obj, self.seq
+        item = _message(obj["id"], None, "in_progress")
+        return (
             _event("response.created", next(seq), response=obj)
             + _event("response.in_progress", next(seq), response=obj)
             + _event("response.output_item.added", next(seq), output_index=0, item=item)
-            + _event("response.content_part.added", next(seq), **at, part=_part(""))
+            + _event("response.content_part.added", next(seq), **self.at, part=_part(""))
         )
-        base = _base(d)
 
-        async def delta(start: int, n: int) -> None:
-            text = filler_text(base, start, n)
-            ev = _event("response.output_text.delta", next(seq), **at, delta=text, logprobs=[])
-            await send({"type": "http.response.body", "body": ev, "more_body": True})
+    def delta(self, start: int, n: int) -> bytes:
+        text = filler_text(self.base, start, n)
+        return _event(
+            "response.output_text.delta", next(self.seq), **self.at, delta=text, logprobs=[]
+        )
 
-        try:
-            await send({"type": "http.response.start", "status": 200, "headers": _SSE})
-            await send({"type": "http.response.body", "body": head, "more_body": True})
-            if r is None:  # instant mode: the whole text at once
-                if d.tokens:
-                    await delta(0, d.tokens)
-            else:
-                sent = 0
-                try:
-                    async for _, n in progress([r]):
-                        await delta(sent, n)
-                        sent += n
-                except EngineClosed as exc:
-                    err = _event("error", next(seq), code="engine_unavailable", message=str(exc))
-                    await send({"type": "http.response.body", "body": err, "more_body": False})
-                    return
-                if not r.finished:
-                    return  # the client left
-            self._finish(obj, prompt, d, store)
-            text = filler_text(base, 0, d.tokens)
-            done = obj["output"][0]
-            final = "response.completed" if obj["status"] == "completed" else "response.incomplete"
-            tail = (
-                _event("response.output_text.done", next(seq), **at, text=text, logprobs=[])
-                + _event("response.content_part.done", next(seq), **at, part=_part(text))
-                + _event("response.output_item.done", next(seq), output_index=0, item=done)
-                + _event(final, next(seq), response=obj)
-            )
-            await send({"type": "http.response.body", "body": tail, "more_body": False})
-        finally:
-            if engine is not None and r is not None:
-                engine.abort(r)
-                self.load.end(rid, prompt, [r])
-            if watcher is not None:
-                watcher.cancel()
+    def tail(self) -> bytes:
+        obj, seq, at = self.obj, self.seq, self.at
+        self.server.finish(obj, self.prompt, self.d, self.store)
+        text = filler_text(self.base, 0, self.d.tokens)
+        final = "response.completed" if obj["status"] == "completed" else "response.incomplete"
+        return (
+            _event("response.output_text.done", next(seq), **at, text=text, logprobs=[])
+            + _event("response.content_part.done", next(seq), **at, part=_part(text))
+            + _event("response.output_item.done", next(seq), output_index=0, item=obj["output"][0])
+            + _event(final, next(seq), response=obj)
+        )
 
-
-def _base(d: OutputDecision) -> int:
-    return int(d.key_hash * 4294967296.0)
+    def error(self, message: str) -> bytes:
+        return _event("error", next(self.seq), code="engine_unavailable", message=message)
 
 
 def _part(text: str) -> dict[str, Any]:
