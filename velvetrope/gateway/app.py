@@ -1,11 +1,12 @@
 """The gateway's ASGI application.
 
 Routes: the admitted endpoints (``POST /v1/chat/completions``, ``/v1/completions``,
-``/v1/responses``, ``/v1/messages``, ``/v1/embeddings``: :mod:`velvetrope.gateway.endpoints`,
-with each one's cost), ``POST /v1/messages/count_tokens`` (forwarded, not queued),
-``GET``/``DELETE /v1/responses/{id}`` (on the engine that created it), ``GET /v1/models``
-(the models of every pool: :mod:`velvetrope.gateway.models`), ``GET /v1/models/{id}``
-(that model's object, or 404 ``model_not_found``), ``GET /metrics``,
+``/v1/responses``, ``/v1/messages``, ``/v1/embeddings``, rerank and score:
+:mod:`velvetrope.gateway.endpoints`, with each one's cost),
+``POST /v1/messages/count_tokens`` (forwarded, not queued), ``GET``/``DELETE
+/v1/responses/{id}`` (on the engine that created it), ``GET /v1/models`` (the models of
+every pool: :mod:`velvetrope.gateway.models`), ``GET /v1/models/{id}`` (that model's
+object, or 404 ``model_not_found``), ``GET /metrics``,
 ``GET /healthz``, ``GET /readyz`` and the authenticated ``GET /admin/status``.  An error
 that retrying cannot help carries ``x-should-retry: false``.
 
@@ -415,7 +416,7 @@ class Gateway:
                 ticket = entry
                 shape_body(endpoint, parsed, job)  # the engine generates no more than reserved
                 prio = self._engine_priority().of(job.pool, job.tier)
-                if prio is not None:
+                if prio is not None and not endpoint.anthropic:  # vLLM's field: OpenAI's APIs
                     set_engine_priority(parsed, prio)
                 await self._proxy(endpoint, ticket, parsed, client, watch)
             elif isinstance(entry, Refusal):

@@ -9,6 +9,8 @@ Path                       Admission cost (tokens reserved)            Settled f
 ``/v1/completions``        the same, over every prompt of a batch      the same
 ``/v1/embeddings``         the input tokens (every input), nothing     ``usage.prompt_tokens``
                            for output
+``/v1/rerank``, ``/rerank``  each (query, document) pair's tokens,      ``usage.prompt_tokens``
+``/v1/score``              nothing for output                            (else ``total_tokens``)
 ``/v1/responses``          input, instructions and tools +             ``usage.input_tokens``
                            ``max_output_tokens`` (else                   + ``output_tokens``
                            ``default_max_tokens``, sent upstream)
@@ -21,9 +23,9 @@ buckets, the pool's queue (ordered with every other request of the pool: an embe
 backfill of a batch tenant waits behind an interactive chat like any batch request), the
 least-loaded live upstream, settlement from the engine's reported usage.
 
-A prompt-only request (embeddings) is a job of ``max_tokens`` 1 whose size is set here,
-before the controller sizes it: no output is predicted or reserved, its cost is its input
-(:func:`prompt_only_job`).  Its body goes upstream unchanged but for the fields the
+A prompt-only request (embeddings, rerank, score) is a job of ``max_tokens`` 1 whose size
+is set here, before the controller sizes it: no output is predicted or reserved, its cost
+is its input (:func:`prompt_only_job`).  Its body goes upstream unchanged but for the fields the
 gateway owns (a client's ``priority``; a degraded job's fallback ``model``).
 """
 
@@ -51,6 +53,7 @@ from velvetrope.gateway.proxy import Events
 from velvetrope.gateway.relay import relay_events
 from velvetrope.gateway.responses import ResponsesRelay, parse_responses_request, responses_usage
 from velvetrope.openai.embeddings import count_input_tokens, parse_embeddings
+from velvetrope.openai.rerank import count_pair_tokens, parse_rerank, parse_score
 from velvetrope.openai.tokenizer import Tokenizer
 
 __all__ = [
@@ -92,6 +95,9 @@ ENDPOINTS: dict[str, Endpoint] = {
     "/v1/chat/completions": Endpoint("chat", "/v1/chat/completions"),
     "/v1/completions": Endpoint("completions", "/v1/completions"),
     "/v1/embeddings": Endpoint("embeddings", "/v1/embeddings", prompt_only=True),
+    "/v1/rerank": Endpoint("rerank", "/v1/rerank", prompt_only=True),
+    "/rerank": Endpoint("rerank", "/rerank", prompt_only=True),
+    "/v1/score": Endpoint("score", "/v1/score", prompt_only=True),
     "/v1/responses": Endpoint("responses", "/v1/responses", cap_field="max_output_tokens"),
     "/v1/messages": Endpoint("messages", "/v1/messages", anthropic=True),
 }
@@ -108,7 +114,7 @@ def read_request(
     :class:`~velvetrope.errors.RequestError` naming its ``param`` if not valid);
     ``strict``: unknown top-level keys are refused."""
     if endpoint.prompt_only:
-        return parse_prompt_only(raw, tok.count, known_keys_only=strict)
+        return parse_prompt_only(raw, tok.count, name=endpoint.name, strict=strict)
     if endpoint.name == "responses":
         return parse_responses_request(
             raw, tok.count, max_tokens_limit=max_tokens_limit, known_keys_only=strict
@@ -185,25 +191,30 @@ def events_for(endpoint: Endpoint) -> Events:
 
 
 def parse_prompt_only(
-    raw: bytes, count_text: Callable[[str], int], *, known_keys_only: bool = False
+    raw: bytes, count_text: Callable[[str], int], *, name: str = "embeddings", strict: bool = False
 ) -> ParsedRequest:
-    """Validate ``raw`` as an embeddings request
-    (:func:`~velvetrope.openai.embeddings.parse_embeddings`: a 400 naming its ``param``
-    if not) and count its input tokens (at least 1 per input).  A client's ``priority``
-    is removed, as on the completion endpoints (priority comes from the tenant's config).
-    The parsed request's ``kind`` is only a label here: nothing past parsing reads it."""
-    req = parse_embeddings(raw, known_keys_only=known_keys_only)
-    body = req.body
+    """Validate ``raw`` as a ``name`` request (``embeddings``:
+    :func:`~velvetrope.openai.embeddings.parse_embeddings`; ``rerank`` or ``score``:
+    :mod:`velvetrope.openai.rerank`; a 400 naming its ``param`` if not) and count its input
+    tokens (at least 1 per input or pair).  A client's ``priority`` is removed, as on the
+    completion endpoints (priority comes from the tenant's config).  The parsed request's
+    ``kind`` is only a label here: nothing past parsing reads it."""
+    if name == "embeddings":
+        req = parse_embeddings(raw, known_keys_only=strict)
+        model, body, tokens = req.model, req.body, sum(count_input_tokens(req, count_text))
+    else:
+        pairs = parse_rerank(raw) if name == "rerank" else parse_score(raw)
+        model, body, tokens = pairs.model, pairs.body, sum(count_pair_tokens(pairs, count_text))
     rewritten = "priority" in body
     if rewritten:
         del body["priority"]
     return ParsedRequest(
-        kind=cast(Kind, "embeddings"),
-        model=req.model,
+        kind=cast(Kind, name),
+        model=model,
         stream=False,
         client_wants_usage=True,
         max_tokens=None,
-        prompt_tokens=sum(count_input_tokens(req, count_text)),
+        prompt_tokens=tokens,
         raw=raw,
         body=body,
         rewritten=rewritten,
@@ -238,13 +249,14 @@ def degrade_prompt_only(parsed: ParsedRequest, job: Job) -> None:
 
 
 def prompt_usage(body: bytes | None) -> Usage | None:
-    """The usage of a prompt-only answer: its ``usage.prompt_tokens`` and no output;
-    ``None`` when the body reports none."""
+    """The usage of a prompt-only answer: its ``usage.prompt_tokens`` (vLLM's rerank
+    reports only ``total_tokens``: then that) and no output; ``None`` when the body
+    reports neither."""
     if not body:
         return None
     try:
         u = orjson.loads(body)["usage"]
-        p = u["prompt_tokens"]
+        p = u["prompt_tokens"] if "prompt_tokens" in u else u["total_tokens"]
     except (orjson.JSONDecodeError, TypeError, KeyError):
         return None
     if type(p) is not int or p < 0:

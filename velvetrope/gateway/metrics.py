@@ -392,7 +392,8 @@ class GatewayMetrics:
             "Requests refused at the door, before admission: a missing or wrong API key "
             "(401), a malformed body (400), an unknown path (404) or method (405), a body "
             "too large (413) or too slow (408); endpoint: the admitted endpoint's name "
-            "(chat, completions, embeddings, responses, messages, count_tokens; models for "
+            "(chat, completions, embeddings, rerank, score, responses, messages, count_tokens; "
+            "models for "
             "/v1/models), else 'other'.",
             ["endpoint", "status", "code"],
         )

@@ -28,6 +28,9 @@ Endpoints
     :mod:`.embeddings`).
 ``POST /v1/responses``, ``GET``/``DELETE /v1/responses/{id}``
     OpenAI's Responses API, streaming or not (see :mod:`.responses`).
+``POST /v1/rerank``, ``POST /rerank``, ``POST /v1/score``
+    A reranker's work, prompt-only: one prefill per (query, document) pair (see
+    :mod:`.pairs`).
 ``POST /v1/messages``, ``POST /v1/messages/count_tokens``
     Anthropic's Messages API, streaming or not (see :mod:`.messages`).
 ``GET /v1/models``
@@ -122,11 +125,11 @@ from velvetrope.engine.batcher import Batcher
 from velvetrope.engine.outputs import OutputDecision, OutputPolicy
 from velvetrope.engine.profile import EngineProfile
 from velvetrope.engine.serve.bodies import Completion, StreamWriter, full_body
-from velvetrope.engine.serve.embeddings import EmbeddingServer
 from velvetrope.engine.serve.journal import RequestLoad
 from velvetrope.engine.serve.messages import MessagesServer
 from velvetrope.engine.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from velvetrope.engine.serve.metrics import EngineMetrics
+from velvetrope.engine.serve.pairs import PairsServer
 from velvetrope.engine.serve.progress import progress, until_done, watch_disconnect
 from velvetrope.engine.serve.realtime import EngineClosed, EngineRequest, RealtimeEngine
 from velvetrope.engine.serve.responses import ResponsesServer
@@ -291,11 +294,17 @@ class EngineApp:
         parts = (self._model, tok, p.max_model_len, self._outputs, self._engine, self.load)
         self._responses = ResponsesServer(*parts, self._is_stopping)
         self._messages = MessagesServer(*parts, self._is_stopping)
+        pairs = PairsServer(
+            self._model, tok, p.max_model_len, self._engine, self.load, self._is_stopping
+        )
         self._routes: dict[str, tuple[str, Callable[..., Awaitable[None]]]] = {
             "/v1/completions": ("POST", self._completions),
             "/v1/chat/completions": ("POST", self._chat),
             "/v1/models": ("GET", self._models),
-            "/v1/embeddings": ("POST", self._embeddings().handle),
+            "/v1/embeddings": ("POST", pairs.handle),
+            "/v1/rerank": ("POST", pairs.rerank),
+            "/rerank": ("POST", pairs.rerank),
+            "/v1/score": ("POST", pairs.score),
             "/v1/responses": ("POST", self._responses.handle),
             "/v1/messages": ("POST", self._messages.handle),
             "/v1/messages/count_tokens": ("POST", self._messages.count_tokens),
@@ -307,12 +316,6 @@ class EngineApp:
         if not config.health_route:
             del self._routes["/health"]
         self._auth = None if config.api_key is None else b"Bearer " + config.api_key.encode()
-
-    def _embeddings(self) -> EmbeddingServer:
-        p = self._profile
-        return EmbeddingServer(
-            self._model, self._tok, p.max_model_len, self._engine, self.load, self._is_stopping
-        )
 
     def _is_stopping(self) -> bool:
         return self._stopping

@@ -25,6 +25,7 @@ import base64
 import hashlib
 import math
 import struct
+from typing import Any
 
 import orjson
 
@@ -71,38 +72,13 @@ class EmbeddingServer(EngineEndpoint):
         dims = req.dimensions or DEFAULT_DIMENSIONS
         if dims > MAX_DIMENSIONS:
             raise above_maximum("dimensions", dims, MAX_DIMENSIONS)
-        counts = count_input_tokens(req, self.tokenizer.count)
-        mml = self.max_model_len
-        for i, n in enumerate(counts):
-            if n > mml:
-                raise RequestError(
-                    f"This model's maximum context length is {mml} tokens. However, input "
-                    f"{i} resulted in {n} tokens. Please reduce the length of the input.",
-                    code="context_length_exceeded",
-                    param="input",
-                )
+        counts = self.fitting(count_input_tokens(req, self.tokenizer.count), "input", "input")
         if self.stopping():
             raise unavailable()
         rid = f"embd-{next(self._ids)}"
-        request_id = req.body.get("request_id")
         total = sum(counts)
-        named = request_id if isinstance(request_id, str) else None  # vLLM's, for the journal
-        self.load.begin(rid, named, arrived, total, False)
-        rs: list[EngineRequest] = []
-        try:
-            if self.engine is not None:
-                priority = req.body.get("priority")
-                prio = priority if type(priority) is int else 0
-                rs = self._submit(self.engine, rid, counts, prio, arrived)
-                if not await self._prefilled(self.engine, rs, receive):
-                    return  # the client left: nothing to answer
-        finally:
-            if self.engine is None:
-                self.load.end_instant(rid, total, 0)
-            else:
-                for r in rs:
-                    self.engine.abort(r)  # no-op unless leaving early
-                self.load.end(rid, total, rs)
+        if not await self.prefill(rid, counts, req.body, arrived, receive):
+            return  # the client left: nothing to answer
         data = []
         for i, p in enumerate(req.inputs):
             v = embedding_vector(_key(p), dims)
@@ -117,6 +93,47 @@ class EmbeddingServer(EngineEndpoint):
             "usage": {"prompt_tokens": total, "total_tokens": total},
         }
         await respond(send, 200, orjson.dumps(body))
+
+    def fitting(self, counts: list[int], what: str, param: str | None) -> list[int]:
+        """``counts`` (each prefill's tokens), once each fits ``max_model_len``: else a 400
+        ``context_length_exceeded`` naming the ``what`` (``input``, ``pair``) that does not."""
+        mml = self.max_model_len
+        for i, n in enumerate(counts):
+            if n > mml:
+                raise RequestError(
+                    f"This model's maximum context length is {mml} tokens. However, {what} "
+                    f"{i} resulted in {n} tokens. Please reduce its length.",
+                    code="context_length_exceeded",
+                    param=param,
+                )
+        return counts
+
+    async def prefill(
+        self, rid: str, counts: list[int], body: dict[str, Any], arrived: float, receive: Receive
+    ) -> bool:
+        """Run one prefill-only sequence per entry of ``counts`` (its prompt tokens) to its
+        first token (instant mode: nothing to run); ``False`` if the client left first.
+        ``body``'s ``request_id`` names it in the journal, its ``priority`` (vLLM's) orders
+        it in a priority-scheduled engine."""
+        total = sum(counts)
+        request_id = body.get("request_id")
+        named = request_id if isinstance(request_id, str) else None  # vLLM's, for the journal
+        self.load.begin(rid, named, arrived, total, False)
+        rs: list[EngineRequest] = []
+        try:
+            if self.engine is not None:
+                priority = body.get("priority")
+                prio = priority if type(priority) is int else 0
+                rs = self._submit(self.engine, rid, counts, prio, arrived)
+                return await self._prefilled(self.engine, rs, receive)
+            return True
+        finally:
+            if self.engine is None:
+                self.load.end_instant(rid, total, 0)
+            else:
+                for r in rs:
+                    self.engine.abort(r)  # no-op unless leaving early
+                self.load.end(rid, total, rs)
 
     def _submit(
         self, engine: RealtimeEngine, rid: str, counts: list[int], priority: int, arrived: float
