@@ -16,9 +16,12 @@ from velvetrope.serving import launch
 from velvetrope.serving.launch import ServerProcess, free_port
 
 __all__ = [
+    "NOT_THE_ENGINES_COUNT",
     "Proc",
     "admin_status",
+    "charged",
     "free_port",
+    "metered_config",
     "metric",
     "start_engine",
     "start_gateway",
@@ -62,6 +65,33 @@ def gateway_config(engines: list[str], **policy: Any) -> dict[str, Any]:
     for k, v in policy.items():
         base["policy"][k] = v
     return base
+
+
+METERED_BURST = 1_000_000.0
+"""The token burst of every tenant of :func:`metered_config`."""
+
+
+NOT_THE_ENGINES_COUNT = "approx:1"
+"""A gateway tokenizer that counts a character a token, where ``velvetrope engine`` counts
+about four: a gateway that settles what the engine reported shows it (its own count would
+be some four times larger)."""
+
+
+def metered_config(engines: list[str], **gateway: Any) -> dict[str, Any]:
+    """:func:`gateway_config` with every tenant's token bucket refilling so slowly (0.01
+    token/s) that what was charged is read off its level (:func:`charged`), and these
+    ``gateway`` settings."""
+    cfg = gateway_config(engines)
+    for t in cfg["policy"]["tenants"]:
+        t["limits"] = {"tokens_per_minute": 0.6, "token_burst": METERED_BURST}
+    cfg["gateway"].update(gateway)
+    return cfg
+
+
+def charged(gw: str, tenant: str) -> float:
+    """Tokens charged to ``tenant`` of a :func:`metered_config` gateway so far, once idle."""
+    level = wait_idle(gw)["buckets"].get(f"tenant:{tenant}:tok", METERED_BURST)
+    return METERED_BURST - float(level)
 
 
 def start_gateway(tmp: Path, config: dict[str, Any], ready_path: str = "/readyz") -> ServerProcess:

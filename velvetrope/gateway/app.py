@@ -1,13 +1,17 @@
 """The gateway's ASGI application.
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models`` (the
-models of every pool: one live upstream of each is asked, the lists merged, each id once),
-``GET /v1/models/{id}`` (that model's object, or 404 ``model_not_found``), ``GET /metrics``,
+Routes: the admitted endpoints (``POST /v1/chat/completions``, ``/v1/completions``,
+``/v1/responses``, ``/v1/messages``, ``/v1/embeddings``, rerank and score:
+:mod:`velvetrope.gateway.endpoints`, with each one's cost),
+``POST /v1/messages/count_tokens`` (forwarded, not queued), ``GET``/``DELETE
+/v1/responses/{id}`` (on the engine that created it), ``GET /v1/models`` (the models of
+every pool: :mod:`velvetrope.gateway.models`), ``GET /v1/models/{id}`` (that model's
+object, or 404 ``model_not_found``), ``GET /metrics``,
 ``GET /healthz``, ``GET /readyz`` and the authenticated ``GET /admin/status`` and ``GET
 /admin/usage`` (the usage ledger: :mod:`velvetrope.gateway.usage`).  An error
 that retrying cannot help carries ``x-should-retry: false``.
 
-A completion request goes: authenticate (401) → read the body within the size limit (413)
+An admitted request goes: authenticate (401) → read the body within the size limit (413)
 and ``gateway.request_timeout_s`` (408, the connection closed) → parse and validate (400) →
 count prompt tokens → build the job → route it (the policy's rules pick the pool; a
 backed-up tier may be degraded: capped ``max_tokens``, a fallback pool or model) →
@@ -37,7 +41,6 @@ from velvetrope.config import ConfigSource, GatewayConfig, hash_key
 from velvetrope.core import AdmissionController, Job, Reason, Usage
 from velvetrope.core.engine_priority import EnginePriority
 from velvetrope.core.quota import is_ledger_key
-from velvetrope.core.routing import MAX_TOKENS
 from velvetrope.errors import (
     ClientDisconnected,
     RequestError,
@@ -49,17 +52,23 @@ from velvetrope.gateway.admission import Admission, Refusal, Ticket
 from velvetrope.gateway.admission_headers import admitted_headers, ratelimit_headers
 from velvetrope.gateway.client_stream import PROGRESS_HEADER, ClientStream
 from velvetrope.gateway.disconnects import DisconnectWatches, Watch
+from velvetrope.gateway.endpoints import (
+    COUNT_TOKENS,
+    ENDPOINTS,
+    Endpoint,
+    events_for,
+    make_job,
+    read_request,
+    read_usage,
+    shape_body,
+)
 from velvetrope.gateway.engines import Engines
 from velvetrope.gateway.httpclient import HttpClient
 from velvetrope.gateway.metrics import GatewayMetrics
+from velvetrope.gateway.models import answer_models
 from velvetrope.gateway.parse import (
     EXPECTED_TOKENS_HEADER,
-    Kind,
     ParsedRequest,
-    degrade_body,
-    expected_tokens,
-    job_for,
-    parse_request,
     set_engine_priority,
 )
 from velvetrope.gateway.proxy import UpstreamAnswer, forward
@@ -67,9 +76,16 @@ from velvetrope.gateway.quotas import Quotas
 from velvetrope.gateway.relay import UsageTally
 from velvetrope.gateway.reload import Reloader
 from velvetrope.gateway.request_slo import DO_NOT_QUEUE_HEADER, SLO_TTFT_HEADER, request_deadline
+from velvetrope.gateway.responses import (
+    ResponseHomes,
+    ResponsesRelay,
+    pinned_exclude,
+    responses_usage,
+    stored_response,
+)
 from velvetrope.gateway.upstreams import Resolver, UpstreamState
 from velvetrope.gateway.usage import answer_usage
-from velvetrope.openai.errors import error_body, error_payload, retry_headers
+from velvetrope.openai.errors import error_body, retry_headers
 from velvetrope.openai.tokenizer import ApproxTokenizer, Tokenizer, get_tokenizer
 from velvetrope.serving.asgi import Receive, Scope, Send, header, read_body, respond, serve_lifespan
 from velvetrope.store.open import open_store
@@ -77,8 +93,6 @@ from velvetrope.store.open import open_store
 __all__ = ["Gateway"]
 
 log = logging.getLogger("velvetrope.gateway")
-
-_UPSTREAM_PATH = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
 
 class Gateway:
@@ -134,6 +148,7 @@ class Gateway:
             self.settings.upstream_connect_timeout_s, self.settings.upstream_read_timeout_s
         )
         self.draining = False
+        self.homes = ResponseHomes()  # which engine created each response (Responses API)
         self.watches = DisconnectWatches()
         self.reloader = Reloader(self, config_source)
         self._prio_for = self.ctl.config
@@ -198,19 +213,28 @@ class Gateway:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]
         method = scope["method"]
-        if path == "/v1/chat/completions" or path == "/v1/completions":
+        endpoint = ENDPOINTS.get(path)
+        if endpoint is not None:
             if method != "POST":
-                await _error(send, 405, f"{method} not allowed on {path}")
+                await self._door(send, endpoint.name, 405, _not_allowed(method, path, "POST"))
                 return
-            k: Kind = "chat" if path == "/v1/chat/completions" else "completions"
-            await self._completion(scope, receive, send, k)
+            await self._completion(scope, receive, send, endpoint)
         elif path == "/admin/reload":
             if method != "POST":
-                await _error(send, 405, f"{method} not allowed on {path}")
+                await self._door(send, "other", 405, _not_allowed(method, path, "POST"))
             else:
                 await self._reload(scope, send)
+        elif path == COUNT_TOKENS.upstream:
+            if method != "POST":
+                await self._door(send, COUNT_TOKENS.name, 405, _not_allowed(method, path, "POST"))
+            else:
+                await self._count_tokens(scope, receive, send)
+        elif path.startswith("/v1/responses/") and len(path) > 14:
+            await self._stored(scope, send, method, path[14:])
+        elif path not in _GET_PATHS and not (path.startswith("/v1/models/") and len(path) > 11):
+            await self._door(send, "other", 404, f"no route {path}", "not_found")
         elif method != "GET":
-            await _error(send, 405, f"{method} not allowed on {path}")
+            await self._door(send, "other", 405, _not_allowed(method, path, "GET"))
         elif path == "/metrics":
             await respond(
                 send, 200, self.metrics.render(), [(b"content-type", b"text/plain; version=0.0.4")]
@@ -228,79 +252,81 @@ class Gateway:
             await self._models(scope, send, None)
         elif path.startswith("/v1/models/") and len(path) > 11:
             await self._models(scope, send, path[11:])
-        elif path == "/admin/status":
-            await self._admin(scope, send)
         elif path == "/admin/usage":
             await answer_usage(self.store, self.quotas, scope, send, self._is_admin(scope))
         else:
-            await _error(send, 404, f"no route {path}", "not_found")
+            await self._admin(scope, send)
+
+    async def _door(
+        self,
+        send: Send,
+        endpoint: str,
+        status: int,
+        message: str,
+        code: str = "method_not_allowed",
+        param: str | None = None,
+    ) -> None:
+        """Refuse a request before admission, in OpenAI's shape, and count it
+        (``velvetrope_refused_total``): ``endpoint`` is the admitted endpoint's name or
+        ``other`` (never the path: a client must not grow the label set)."""
+        self.metrics.refused.labels(endpoint, str(status), code).inc()
+        headers = _BEARER if status == 401 else ()
+        if endpoint in ("messages", COUNT_TOKENS.name):  # Anthropic's API, Anthropic's shape
+            await ClientStream(send, anthropic=True).error(status, message, code, headers)
+        else:
+            await _error(send, status, message, code, param, headers)
+
+    async def _count_tokens(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``POST /v1/messages/count_tokens``: validated, then forwarded to an upstream of
+        the model's pool (authenticated, not queued: nothing is generated)."""
+        ep = COUNT_TOKENS
+        tenant = self._tenant(scope)
+        if tenant is None:
+            await self._door(send, ep.name, 401, _NO_KEY, "invalid_api_key")
+            return
+        try:
+            raw = await read_body(scope, receive, self.settings.max_body_bytes)
+            parsed = read_request(ep, raw, self.tokenizer, 1 << 30, self._strict)
+        except RequestError as e:
+            await self._door(send, ep.name, e.status, e.message, e.code, e.param)
+            return
+        except ClientDisconnected:
+            return
+        job = make_job(ep, parsed, "count", tenant, self.ctl.resolve_tier(tenant, None), 1, None)
+        await self._passthrough(ep, self.ctl.router.match(job)[0], False, raw, send)
+
+    async def _stored(self, scope: Scope, send: Send, method: str, response_id: str) -> None:
+        """``GET``/``DELETE /v1/responses/{id}``: on the engine that created the response."""
+        tenant = self._tenant(scope)
+        if method not in ("GET", "DELETE"):
+            await self._door(send, "responses", 405, _not_allowed(method, scope["path"], "GET"))
+        elif tenant is None:
+            await self._door(send, "responses", 401, _NO_KEY, "invalid_api_key")
+        else:
+            up = self.upstreams
+            got = await stored_response(
+                self.session, self.homes, up, tenant, method, response_id, self._timeout
+            )
+            await respond(send, got[0], got[1], retry_headers(got[0]))
 
     def _tenant(self, scope: Scope) -> str | None:
+        """The tenant of the request's API key: ``Authorization: Bearer KEY``, or
+        Anthropic's ``x-api-key: KEY``; ``None`` if neither names a known key."""
         auth = header(scope, b"authorization")
-        if auth is None or auth[:7].lower() != b"bearer ":
-            return None
-        return self.keys.get(hash_key(auth[7:].decode("latin-1").strip()))
+        if auth is not None and auth[:7].lower() == b"bearer ":
+            key = auth[7:]
+        else:
+            key = header(scope, b"x-api-key") or b""
+        return self.keys.get(hash_key(key.decode("latin-1").strip())) if key else None
 
     async def _models(self, scope: Scope, send: Send, model_id: str | None) -> None:
-        """``GET /v1/models`` (``model_id`` None) or ``GET /v1/models/{model_id}``.
-
-        One live upstream of each pool is asked at once; their lists are merged in the
-        order of ``policy.pools``, each id once (the first pool's object).  With some pools
-        unanswered the list has what the others said; with none, 503 (no live upstream) or
-        502.  A model found: 200 with its object; not found while every pool answered: 404
-        ``model_not_found`` in OpenAI's shape; else the failure's status."""
+        """``GET /v1/models`` (``model_id`` None) or ``GET /v1/models/{model_id}``
+        (:mod:`velvetrope.gateway.models`)."""
         if self._tenant(scope) is None:
-            await _unauthorized(send)
+            await self._door(send, "models", 401, _NO_KEY, "invalid_api_key")
             return
         order = [p.name for p in self.config.policy.pools if self.upstreams.pools.get(p.name)]
-        answers = await asyncio.gather(*(self._pool_models(p) for p in order))
-        models: dict[str, dict[str, object]] = {}
-        failure: tuple[int, str, str] | None = None
-        for answer in answers:
-            if isinstance(answer, tuple):
-                failure = failure or answer
-                continue
-            for m in answer:
-                models.setdefault(str(m["id"]), m)
-        if model_id is None:
-            if failure is not None and not models:
-                await _error(send, *failure)
-                return
-            listing = {"object": "list", "data": list(models.values())}
-            await respond(send, 200, orjson.dumps(listing))
-        elif model_id in models:
-            await respond(send, 200, orjson.dumps(models[model_id]))
-        elif failure is not None:
-            await _error(send, *failure)
-        else:
-            msg = f"The model '{model_id}' does not exist or you do not have access to it."
-            body = error_payload(404, msg, "model_not_found", None, "invalid_request_error")
-            await respond(send, 404, orjson.dumps(body), retry_headers(404))
-
-    async def _pool_models(self, pool: str) -> list[dict[str, object]] | tuple[int, str, str]:
-        """The model objects one live upstream of ``pool`` lists (those with a string
-        ``id``), or the error to answer when none could say: ``(status, message, code)``."""
-        live = self.upstreams.live(pool)
-        if not live or self.session is None:
-            return 503, f"no healthy upstream in pool {pool!r}", "no_healthy_upstream"
-        up = min(live, key=lambda u: u.in_flight)
-        try:
-            a = up.access
-            async with self.session.get(
-                up.url + "/v1/models", timeout=self._timeout, headers=a.headers, ssl=a.aiohttp_ssl
-            ) as r:
-                raw = await r.read()
-                if r.status != 200:
-                    detail = raw[:200].decode("utf-8", "replace")
-                    return 502, f"upstream {up.url} answered {r.status}: {detail}", "upstream_error"
-            data = orjson.loads(raw)["data"]
-            if not isinstance(data, list):
-                raise TypeError("data is not a list")
-        except (aiohttp.ClientError, TimeoutError, OSError) as e:
-            return 502, f"upstream {up.url} failed: {e}", "upstream_error"
-        except (orjson.JSONDecodeError, KeyError, TypeError) as e:
-            return 502, f"upstream {up.url} listed no models: {e}", "upstream_error"
-        return [m for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+        await answer_models(send, self.session, self.upstreams, order, self._timeout, model_id)
 
     def _is_admin(self, scope: Scope) -> bool:
         auth = header(scope, b"authorization")
@@ -338,24 +364,19 @@ class Gateway:
         status["dispatch_held_by_saturation"] = self.engines.saturation_holds()
         await respond(send, 200, orjson.dumps(status))
 
-    async def _completion(self, scope: Scope, receive: Receive, send: Send, kind: Kind) -> None:
+    async def _completion(
+        self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint
+    ) -> None:
         tenant = self._tenant(scope)
         if tenant is None:
-            await _unauthorized(send)
+            await self._door(send, endpoint.name, 401, _NO_KEY, "invalid_api_key")
             return
         try:
             raw = await read_body(scope, receive, self.settings.max_body_bytes)
-            tok = self.tokenizer
-            parsed = parse_request(
-                raw,
-                kind,
-                max_tokens_limit=self.settings.max_tokens_limit,
-                count_text=tok.count,
-                count_chat=tok.count_chat,
-                known_keys_only=self._strict,
-            )
+            limit = self.settings.max_tokens_limit
+            parsed = read_request(endpoint, raw, self.tokenizer, limit, self._strict)
         except RequestError as e:
-            await _error(send, e.status, e.message, e.code, e.param)
+            await self._door(send, endpoint.name, e.status, e.message, e.code, e.param)
             return
         except ClientDisconnected:
             return
@@ -365,13 +386,14 @@ class Gateway:
             return
         requested = header(scope, self._priority_header)
         tier = self.ctl.resolve_tier(tenant, requested.decode("latin-1") if requested else None)
-        job = job_for(
+        job = make_job(
+            endpoint,
             parsed,
             f"{self._id_prefix}-{next(self._ids)}",
             tenant,
             tier,
             self.settings.default_max_tokens,
-            expected_tokens(header(scope, EXPECTED_TOKENS_HEADER)),
+            header(scope, EXPECTED_TOKENS_HEADER),
         )
         try:
             job.deadline = request_deadline(
@@ -380,14 +402,14 @@ class Gateway:
                 self.ctl.clock.now(),
             )
         except RequestError as e:
-            await _error(send, e.status, e.message, e.code, e.param)
+            await self._door(send, endpoint.name, e.status, e.message, e.code, e.param)
             return
         if not self.settings.admission:
             pool, _ = self.ctl.router.match(job)  # rules on model and tier; no prediction
-            await self._passthrough(kind, pool, parsed.stream, parsed.raw, send)
+            await self._passthrough(endpoint, pool, parsed.stream, parsed.raw, send)
             return
         watch = self.watches.watch(receive)
-        client = ClientStream(send)
+        client = ClientStream(send, endpoint.anthropic)
         ticket: Ticket | None = None
         try:
             progress = None
@@ -400,13 +422,13 @@ class Gateway:
                 job, watch.gone, progress, self.settings.progress_interval_s
             )
             if isinstance(entry, Ticket):
-                degrade_body(parsed, job)
+                shape_body(endpoint, parsed, job)  # the engine generates no more than reserved
                 prio = self._engine_priority().of(job.pool, job.tier)
-                if prio is not None:
+                if prio is not None and not endpoint.anthropic:  # vLLM's field: OpenAI's APIs
                     set_engine_priority(parsed, prio)
             while isinstance(entry, Ticket):  # again when it is taken back (preemption)
                 ticket = entry
-                if not await self._proxy(kind, ticket, parsed, client, watch):
+                if not await self._proxy(endpoint, ticket, parsed, client, watch):
                     break
                 entry = await self.admission.again(
                     ticket, watch.gone, progress, self.settings.progress_interval_s
@@ -428,7 +450,7 @@ class Gateway:
             self.watches.done(watch)
 
     async def _passthrough(
-        self, kind: Kind, pool: str, stream: bool, body: bytes, send: Send
+        self, endpoint: Endpoint, pool: str, stream: bool, body: bytes, send: Send
     ) -> None:
         """Admission switched off: forward as a plain proxy (the benchmark's baseline)."""
         up = self.upstreams.pick(pool)
@@ -439,7 +461,7 @@ class Gateway:
         try:
             answer = await forward(
                 self.http,
-                up.url + _UPSTREAM_PATH[kind],
+                up.url + endpoint.upstream,
                 body,
                 up.access,
                 stream=stream,
@@ -489,7 +511,12 @@ class Gateway:
         await client.error(r.status, r.message, r.code, headers)
 
     async def _proxy(
-        self, kind: Kind, ticket: Ticket, parsed: ParsedRequest, client: ClientStream, watch: Watch
+        self,
+        endpoint: Endpoint,
+        ticket: Ticket,
+        parsed: ParsedRequest,
+        client: ClientStream,
+        watch: Watch,
     ) -> bool:
         """Forward the ticket's job to the least-loaded upstream of its pool, trying the
         next one when one cannot be reached, and end the ticket with what happened; true
@@ -498,8 +525,7 @@ class Gateway:
         job = ticket.job
         stream = parsed.stream
         body = parsed.upstream_body()
-        told = parsed.max_tokens is not None or MAX_TOKENS in job.degraded
-        tally = UsageTally(job.prompt_tokens, job.max_tokens // max(1, job.n) if told else 0)
+        tally = UsageTally(job.prompt_tokens, job.max_tokens // max(1, job.n))  # told the cap
         extra = admitted_headers(job, ticket.snapshots) + self.quotas.headers(ticket.snapshots, job)
         if job.shadow is not None:  # shadow mode: what enforcement would have done
             self.metrics.shadow.labels(job.tier, job.shadow, job.shadow_reason).inc()
@@ -507,10 +533,14 @@ class Gateway:
             extra.append((b"x-velvetrope-shadow", said.encode()))
         engines = self.engines
         tried: tuple[str, ...] = ()  # upstreams that could not be reached
+        events = events_for(endpoint)
+        home = self.homes.home(parsed.body.get("previous_response_id"), job.tenant)
         # the prefix identity, once, for a prefix-routed pool only (else: nothing to do)
         hashes = engines.prefix_hashes(job.pool, parsed.body) if engines.prefix else ()
         while True:
-            up = engines.pick(job.pool, tried, hashes)
+            pinned = pinned_exclude(self.upstreams, job.pool, home) if home else ()
+            up = engines.pick(job.pool, tried + pinned, hashes) if pinned else None
+            up = up or engines.pick(job.pool, tried, hashes)
             if up is None:
                 ticket.fail(Reason.NO_HEALTHY_UPSTREAM)
                 msg = f"no healthy upstream in pool {job.pool!r}"
@@ -524,7 +554,7 @@ class Gateway:
             try:
                 answer = await forward(
                     self.http,
-                    up.url + _UPSTREAM_PATH[kind],
+                    up.url + endpoint.upstream,
                     body,
                     up.access,
                     stream=stream,
@@ -535,6 +565,7 @@ class Gateway:
                     end=client.end,
                     on_first_token=ticket.first_token,
                     extra_headers=extra,
+                    events=events,
                 )
             except asyncio.CancelledError:
                 if ticket.preempted is not None and not watch.gone.done():
@@ -573,6 +604,11 @@ class Gateway:
                 ticket.task = None
                 engines.returned(up)
             break
+        if answer.body is not None:  # an endpoint with a usage of its own: read here
+            tally.usage = read_usage(endpoint, answer.body) or tally.usage
+        if isinstance(events, ResponsesRelay) and answer.status == 200:
+            rid = events.response_id or responses_usage(answer.body)[1]
+            self.homes.record(rid, up.url, job.tenant)
         await self._finish(ticket, up, answer, tally, client, extra)
         return False
 
@@ -633,5 +669,17 @@ async def _error(
     await respond(send, status, body, [*headers, *retry_headers(status, code)])
 
 
-async def _unauthorized(send: Send, message: str = "missing or invalid API key") -> None:
-    await _error(send, 401, message, "invalid_api_key", None, [(b"www-authenticate", b"Bearer")])
+_NO_KEY = "missing or invalid API key"
+_BEARER = ((b"www-authenticate", b"Bearer"),)
+_GET_PATHS = frozenset(
+    {"/metrics", "/healthz", "/readyz", "/v1/models", "/admin/status", "/admin/usage"}
+)
+"""The GET routes (and ``/v1/models/{id}``); any path not admitted nor here is a 404."""
+
+
+def _not_allowed(method: str, path: str, allowed: str) -> str:
+    return f"{method} not allowed on {path}; use {allowed}"
+
+
+async def _unauthorized(send: Send, message: str = _NO_KEY) -> None:
+    await _error(send, 401, message, "invalid_api_key", None, _BEARER)

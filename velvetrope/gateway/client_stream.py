@@ -2,8 +2,9 @@
 
 :class:`ClientStream` is how the gateway answers once a request was admitted (or is
 waiting): it starts the response at most once, relays an upstream's stream chunk by chunk,
-and answers an error in OpenAI's shape either as a plain response (nothing sent yet) or,
-once a stream has begun, as an SSE error event with the same code, then the end.  An error
+and answers an error in OpenAI's shape (Anthropic's on its Messages API) either as a plain
+response (nothing sent yet) or, once a stream has begun, as an SSE error event with the same
+code, then the end.  An error
 answer that retrying cannot help carries ``x-should-retry: false``
 (:func:`~velvetrope.openai.errors.retry_headers`), so OpenAI's SDKs do not send it again.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from velvetrope.openai import anthropic
 from velvetrope.openai.errors import error_body, retry_headers
 from velvetrope.openai.sse import SSE_HEADERS, error_event
 from velvetrope.serving.asgi import Send, respond
@@ -31,10 +33,12 @@ PROGRESS_HEADER = b"x-velvetrope-progress"
 class ClientStream:
     """One response to one client: started at most once."""
 
-    __slots__ = ("comments", "ended", "send", "started")
+    __slots__ = ("anthropic", "comments", "ended", "send", "started")
 
-    def __init__(self, send: Send) -> None:
+    def __init__(self, send: Send, anthropic: bool = False) -> None:
         self.send = send
+        self.anthropic = anthropic
+        """Errors in Anthropic's shape and statuses (the Messages API)."""
         self.started = False
         self.ended = False
         self.comments = 0
@@ -72,6 +76,15 @@ class ClientStream:
     ) -> None:
         """Answer an error: a response with ``status``, or, once a stream began, an SSE
         error event carrying the same body, then the end of the stream."""
+        if self.anthropic:
+            status = anthropic.error_status(status)
+            if self.started:
+                await self.chunk(anthropic.error_event(status, message))
+                await self.end()
+            else:
+                body = anthropic.error_body(status, message)
+                await respond(self.send, status, body, [*headers, *retry_headers(status, code)])
+            return
         if self.started:
             await self.chunk(error_event(status, message, code))
             await self.end()

@@ -410,6 +410,16 @@ class GatewayMetrics:
             "needs_restart (a setting that only a restart changes).",
             ["result"],
         )
+        self.refused = self._counter(
+            "velvetrope_refused_total",
+            "Requests refused at the door, before admission: a missing or wrong API key "
+            "(401), a malformed body (400), an unknown path (404) or method (405), a body "
+            "too large (413) or too slow (408); endpoint: the admitted endpoint's name "
+            "(chat, completions, embeddings, rerank, score, responses, messages, count_tokens; "
+            "models for "
+            "/v1/models), else 'other'.",
+            ["endpoint", "status", "code"],
+        )
         self._store_children: dict[str, Any] = {}
         self._state_collector = _StateCollector(ctl)
         self.registry.register(self._state_collector)

@@ -33,6 +33,8 @@ __all__ = ["UpstreamAnswer", "forward"]
 
 Send = Callable[[bytes], Awaitable[None]]
 Start = Callable[[int, list[tuple[bytes, bytes]]], Awaitable[None]]
+Events = Callable[[bytes, UsageTally, bool, Callable[[], None]], bytes]
+"""Reads complete SSE events into the tally, returns what reaches the client."""
 
 
 @dataclass(slots=True)
@@ -59,6 +61,7 @@ async def forward(
     end: Send,
     on_first_token: Callable[[], None],
     extra_headers: list[tuple[bytes, bytes]],
+    events: Events = relay_events,
 ) -> UpstreamAnswer:
     """POST ``body`` to ``url`` (over ``access``'s TLS, with its API key); stream the
     answer to the client through ``start``/``send``; when the upstream's answer is complete
@@ -72,6 +75,9 @@ async def forward(
     Raises what :class:`HttpClient` raises: ``UpstreamTimeout`` when the upstream stalls,
     ``UpstreamUnreachable`` when nothing reached it (another upstream may be tried),
     ``UpstreamError`` when it broke off.
+
+    ``events`` reads a stream's complete events (OpenAI's chunks:
+    :func:`~velvetrope.gateway.relay.relay_events`; another API's typed events: its own).
     """
     try:
         resp = await client.post(url, body, tls=access.tls, auth=access.auth_line)
@@ -106,7 +112,7 @@ async def forward(
                 done, buf = split_complete(buf + piece)
                 if not done:
                     continue
-                out = relay_events(done, relay, client_wants_usage, on_first_token)
+                out = events(done, relay, client_wants_usage, on_first_token)
                 last = not buf and resp.at_end
                 if not started:  # the response starts with the first token (or the end)
                     if not relay.first_token and not last:

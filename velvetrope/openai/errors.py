@@ -34,6 +34,7 @@ __all__ = [
     "invalid_type",
     "invalid_value",
     "missing",
+    "model_not_found",
     "nested_too_deep",
     "not_an_object",
     "retry_headers",
@@ -189,6 +190,16 @@ def unknown_parameter(key: str) -> RequestError:
     """A top-level field the server does not know (``unknown_parameter``)."""
     return RequestError(
         f"Unrecognized request argument supplied: {key}", code="unknown_parameter", param=key
+    )
+
+
+def model_not_found(model: str) -> RequestError:
+    """An engine does not serve ``model`` (404 ``model_not_found``, OpenAI's wording)."""
+    return RequestError(
+        f"The model `{model}` does not exist or you do not have access to it.",
+        status=404,
+        code="model_not_found",
+        param="model",
     )
 
 

@@ -76,7 +76,10 @@ __all__ = [
     "Kind",
     "Prompt",
     "count_prompt_tokens",
+    "known_keys",
     "load_body",
+    "message_list",
+    "model_of",
     "parse",
     "template_fingerprint",
     "validate",
@@ -226,6 +229,27 @@ def _deeper_than(value: object, levels: int) -> bool:
     return False
 
 
+def known_keys(body: Mapping[str, Any], allowed: frozenset[str]) -> None:
+    """Refuse (400 ``unknown_parameter``) the first top-level key of ``body`` not in
+    ``allowed`` (the gateway's strict mode)."""
+    for key in body:
+        if key not in allowed:
+            raise unknown_parameter(key)
+
+
+def model_of(body: Mapping[str, Any]) -> str:
+    """``body``'s ``model``: present (400 ``missing_required_parameter``), a string
+    (``invalid_type``) and not empty (``invalid_value``)."""
+    model = body.get("model")
+    if model is None:
+        raise missing("model")
+    if not isinstance(model, str):
+        raise invalid_type("model", "a string", model)
+    if not model:
+        raise invalid_value("model", "'model' must not be empty.")
+    return model
+
+
 def _opt_bool(d: Mapping[str, Any], key: str, param: str | None = None) -> bool:
     v = d.get(key)
     if v is None:
@@ -261,7 +285,9 @@ def _at_least_zero(d: Mapping[str, Any], key: str) -> None:
         raise below_minimum(key, v, 0)
 
 
-def _messages(value: object) -> tuple[Mapping[str, Any], ...]:
+def message_list(value: object) -> list[dict[str, Any]]:
+    """``messages``: present, an array, not empty, of objects (400 naming the first
+    defect); the checks of each message are the API's own."""
     if value is None:
         raise missing("messages")
     if not isinstance(value, list):
@@ -269,9 +295,15 @@ def _messages(value: object) -> tuple[Mapping[str, Any], ...]:
     if not value:
         raise invalid_value("messages", "'messages' must contain at least one message.")
     for i, m in enumerate(value):
-        p = f"messages[{i}]"
         if not isinstance(m, dict):
-            raise invalid_type(p, "an object", m)
+            raise invalid_type(f"messages[{i}]", "an object", m)
+    return value
+
+
+def _messages(value: object) -> tuple[Mapping[str, Any], ...]:
+    messages = message_list(value)
+    for i, m in enumerate(messages):
+        p = f"messages[{i}]"
         role = m.get("role")
         if role is None:
             raise missing(f"{p}.role")
@@ -291,7 +323,7 @@ def _messages(value: object) -> tuple[Mapping[str, Any], ...]:
                 check_part(part, f"{p}.content[{j}]")
         if len(m) > 2 or content is None:  # more than a role and a content: tool calls...
             check_message(m, p)
-    return tuple(value)
+    return tuple(messages)
 
 
 def _is_token_list(v: object) -> bool:
@@ -334,17 +366,8 @@ def validate(
     :class:`~velvetrope.errors.RequestError` naming the offending ``param``.
     """
     if known_keys_only:
-        allowed = CHAT_KEYS if kind == "chat" else COMPLETION_KEYS
-        for key in body:
-            if key not in allowed:
-                raise unknown_parameter(key)
-    model = body.get("model")
-    if model is None:
-        raise missing("model")
-    if not isinstance(model, str):
-        raise invalid_type("model", "a string", model)
-    if not model:
-        raise invalid_value("model", "'model' must not be empty.")
+        known_keys(body, CHAT_KEYS if kind == "chat" else COMPLETION_KEYS)
+    model = model_of(body)
     stream = _opt_bool(body, "stream")
     include_usage = False
     options = body.get("stream_options")

@@ -23,6 +23,16 @@ Endpoints
     ``max_tokens``) and ``priority`` (used when the engine runs with
     ``scheduling="priority"``; lower is served first).  Sampling
     fields (temperature, stop, logprobs, ...) are accepted and ignored.
+``POST /v1/embeddings``
+    Prompt-only work: one prefill per input, usage ``prompt_tokens`` (see
+    :mod:`.embeddings`).
+``POST /v1/responses``, ``GET``/``DELETE /v1/responses/{id}``
+    OpenAI's Responses API, streaming or not (see :mod:`.responses`).
+``POST /v1/rerank``, ``POST /rerank``, ``POST /v1/score``
+    A reranker's work, prompt-only: one prefill per (query, document) pair (see
+    :mod:`.pairs`).
+``POST /v1/messages``, ``POST /v1/messages/count_tokens``
+    Anthropic's Messages API, streaming or not (see :mod:`.messages`).
 ``GET /v1/models``
     The one served model, with its ``max_model_len``.
 ``GET /health``
@@ -104,7 +114,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -116,11 +126,15 @@ from velvetrope.engine.outputs import OutputDecision, OutputPolicy
 from velvetrope.engine.profile import EngineProfile
 from velvetrope.engine.serve.bodies import Completion, StreamWriter, full_body
 from velvetrope.engine.serve.journal import RequestLoad
+from velvetrope.engine.serve.messages import MessagesServer
 from velvetrope.engine.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from velvetrope.engine.serve.metrics import EngineMetrics
+from velvetrope.engine.serve.pairs import PairsServer
+from velvetrope.engine.serve.progress import progress, until_done, watch_disconnect
 from velvetrope.engine.serve.realtime import EngineClosed, EngineRequest, RealtimeEngine
+from velvetrope.engine.serve.responses import ResponsesServer
 from velvetrope.errors import ClientDisconnected, ConfigError, PolicyError, RequestError
-from velvetrope.openai.errors import error_json, invalid_value
+from velvetrope.openai.errors import error_json, invalid_value, model_not_found
 from velvetrope.openai.prefix import CHARS_PER_TOKEN, prefix_hashes
 from velvetrope.openai.request import (
     COMPLETIONS_DEFAULT_MAX_TOKENS,
@@ -276,10 +290,24 @@ class EngineApp:
         self._started = False
         self._stopping = False
         self._watchers: set[asyncio.Task[None]] = set()
+        p = config.profile
+        parts = (self._model, tok, p.max_model_len, self._outputs, self._engine, self.load)
+        self._responses = ResponsesServer(*parts, self._is_stopping)
+        self._messages = MessagesServer(*parts, self._is_stopping)
+        pairs = PairsServer(
+            self._model, tok, p.max_model_len, self._engine, self.load, self._is_stopping
+        )
         self._routes: dict[str, tuple[str, Callable[..., Awaitable[None]]]] = {
             "/v1/completions": ("POST", self._completions),
             "/v1/chat/completions": ("POST", self._chat),
             "/v1/models": ("GET", self._models),
+            "/v1/embeddings": ("POST", pairs.handle),
+            "/v1/rerank": ("POST", pairs.rerank),
+            "/rerank": ("POST", pairs.rerank),
+            "/v1/score": ("POST", pairs.score),
+            "/v1/responses": ("POST", self._responses.handle),
+            "/v1/messages": ("POST", self._messages.handle),
+            "/v1/messages/count_tokens": ("POST", self._messages.count_tokens),
             "/health": ("GET", self._health),
             "/metrics": ("GET", self._metrics),
         }
@@ -288,6 +316,9 @@ class EngineApp:
         if not config.health_route:
             del self._routes["/health"]
         self._auth = None if config.api_key is None else b"Bearer " + config.api_key.encode()
+
+    def _is_stopping(self) -> bool:
+        return self._stopping
 
     @property
     def engine(self) -> RealtimeEngine | None:
@@ -329,7 +360,9 @@ class EngineApp:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         arrived = self._clock.now()
-        route = self._routes.get(scope["path"])
+        route = self._routes.get(scope["path"]) or self._responses.route(
+            scope["path"], scope["method"]
+        )
         started = False
 
         async def tracked_send(message: Message) -> None:
@@ -425,12 +458,7 @@ class EngineApp:
         if self.config.faults:
             _inject_fault(body)
         if req.model != self._model:
-            raise RequestError(
-                f"The model `{req.model}` does not exist or you do not have access to it.",
-                status=404,
-                code="model_not_found",
-                param="model",
-            )
+            raise model_not_found(req.model)
         key: bytes
         if kind == "chat":
             key = orjson.dumps(req.messages)
@@ -577,20 +605,14 @@ class EngineApp:
     ) -> None:
         rs = self._submit(engine, c)
         self.load.begin(c.rid, c.request_id, c.arrived, c.prompt_tokens, c.stream)
-        watcher = asyncio.create_task(_watch_disconnect(receive, engine, rs))
+        watcher = asyncio.create_task(watch_disconnect(receive, engine, rs))
         self._watchers.add(watcher)
         watcher.add_done_callback(self._watchers.discard)
         try:
             if c.stream:
                 await self._stream(c, rs, send)
             else:
-                try:
-                    async with contextlib.aclosing(_progress(rs)) as progress:
-                        async for _ in progress:
-                            pass
-                except EngineClosed as exc:
-                    raise RequestError(str(exc), status=503, code="engine_unavailable") from None
-                if all(r.finished for r in rs):
+                if await until_done(rs):
                     await _send_json(send, 200, full_body(c, self._model, self._ext(rs)))
         finally:
             for r in rs:
@@ -604,8 +626,8 @@ class EngineApp:
         sent = [0] * len(rs)
         left = len(rs)
         try:
-            async with contextlib.aclosing(_progress(rs)) as progress:
-                async for i, n in progress:
+            async with contextlib.aclosing(progress(rs)) as tokens:
+                async for i, n in tokens:
                     r = rs[i]
                     last = r.finished and r.pending_tokens == 0
                     body = w.tokens(i, sent[i], n, last)
@@ -617,52 +639,6 @@ class EngineApp:
         except EngineClosed as exc:
             end = error_event(503, str(exc), "engine_unavailable")
             await send({"type": "http.response.body", "body": end, "more_body": False})
-
-
-async def _progress(rs: Sequence[EngineRequest]) -> AsyncGenerator[tuple[int, int], None]:
-    """``(choice, new tokens)`` as the choices' tokens arrive, until every choice has
-    delivered its last token; stops early (with nothing more) when one is aborted (the
-    client is gone).  Raises :class:`EngineClosed` if the engine stops first."""
-    if len(rs) == 1:  # the common case, without a task per read
-        (r,) = rs
-        while True:
-            n = await r.next_tokens()
-            if n == 0:
-                return
-            yield 0, n
-            if r.finished and r.pending_tokens == 0:
-                return
-    reads = {asyncio.ensure_future(r.next_tokens()): i for i, r in enumerate(rs)}
-    try:
-        while reads:
-            done, _ = await asyncio.wait(reads, return_when=asyncio.FIRST_COMPLETED)
-            for fut in done:
-                i = reads.pop(fut)
-                n = fut.result()
-                if n == 0:
-                    return
-                yield i, n
-                r = rs[i]
-                if not (r.finished and r.pending_tokens == 0):
-                    reads[asyncio.ensure_future(r.next_tokens())] = i
-    finally:
-        for fut in reads:
-            if fut.done() and not fut.cancelled():
-                fut.exception()  # retrieved: the reason is already on its way up, or moot
-            fut.cancel()
-
-
-async def _watch_disconnect(
-    receive: Receive, engine: RealtimeEngine, rs: Sequence[EngineRequest]
-) -> None:
-    """Abort every sequence of ``rs`` as soon as the client disconnects (a no-op for those
-    that have finished)."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            for r in rs:
-                engine.abort(r)
-            return
 
 
 async def _send_json(

@@ -26,7 +26,7 @@ import orjson
 from velvetrope.engine.outputs import OutputDecision
 from velvetrope.openai.sse import DONE, json_event
 
-__all__ = ["FILLER_WORDS", "Completion", "StreamWriter", "filler_text", "full_body"]
+__all__ = ["FILLER_WORDS", "Completion", "StreamWriter", "filler_seed", "filler_text", "full_body"]
 
 # fmt: off
 FILLER_WORDS: tuple[str, ...] = (
@@ -62,7 +62,8 @@ def filler_text(base: int, start: int, n: int) -> str:
     return "".join(FILLER_WORDS[_word_index(base, i)] for i in range(start, start + n))
 
 
-def _base(decision: OutputDecision) -> int:
+def filler_seed(decision: OutputDecision) -> int:
+    """The seed of a choice's filler text (:func:`filler_text`'s ``base``)."""
     return int(decision.key_hash * 4294967296.0)
 
 
@@ -124,7 +125,7 @@ def full_body(c: Completion, model: str, ext: dict[str, float]) -> dict[str, Any
     """The non-streaming answer; ``ext`` is the ``velvetrope`` field (model predictions)."""
     choices: list[dict[str, Any]] = []
     for i, d in enumerate(c.choices):
-        text = filler_text(_base(d), 0, d.tokens)
+        text = filler_text(filler_seed(d), 0, d.tokens)
         if c.chat:
             content: dict[str, Any] = {
                 "message": {"role": "assistant", "content": text, "refusal": None}
@@ -181,7 +182,7 @@ class StreamWriter:
         """SSE bytes for tokens ``start .. start+n-1`` of choice ``i``: for a chat that
         starts, the role chunk first; with ``last``, the choice's finish."""
         c = self._c
-        base = _base(c.choices[i])
+        base = filler_seed(c.choices[i])
         head, tail = self._heads[i], self._tail
         usage_extra: dict[str, Any] = {"usage": None} if c.include_usage else {}
         parts: list[bytes] = []

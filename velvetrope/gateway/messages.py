@@ -1,0 +1,102 @@
+"""Anthropic's Messages API through the gateway (``POST /v1/messages``,
+``/v1/messages/count_tokens``).
+
+A Messages request is admitted like a chat: its input (``system``, ``messages``, ``tools``:
+:func:`~velvetrope.openai.anthropic.parse_messages`) is the prompt and its ``max_tokens``,
+which Anthropic's API requires, the output reserved (so there is no cap to add).  A stream's
+events (``message_start``, ``content_block_delta``, ``message_delta``, ``message_stop``)
+pass through unchanged; :class:`MessagesRelay` reads them on the way: each text delta is at
+least one generated token (the first one the first-token signal), ``message_start``'s usage
+gives the input tokens and ``message_delta``'s the output (its input too when the engine
+says so there), which is what the tenant is settled.  A whole answer is settled from its
+body's ``usage`` (:func:`messages_usage`).  Errors on these paths, the gateway's own
+included, are in Anthropic's shape (:mod:`velvetrope.openai.anthropic`), an overloaded 503
+answered as 529.  ``count_tokens`` is authenticated and forwarded to an engine of the
+model's pool, not queued (it generates nothing).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any, cast
+
+import orjson
+
+from velvetrope.core import Usage
+from velvetrope.gateway.parse import Kind, ParsedRequest
+from velvetrope.gateway.relay import UsageTally
+from velvetrope.gateway.typed_events import TypedEvents
+from velvetrope.openai.anthropic import count_input_tokens, parse_messages
+
+__all__ = ["MessagesRelay", "messages_usage", "parse_messages_request"]
+
+
+def parse_messages_request(
+    raw: bytes,
+    count_text: Callable[[str], int],
+    *,
+    max_tokens_limit: int,
+    known_keys_only: bool = False,
+    count_only: bool = False,
+) -> ParsedRequest:
+    """Validate ``raw`` as a Messages request (``count_only``: a ``count_tokens`` one) and
+    count its input.  The parsed request's ``kind`` is only a label."""
+    req = parse_messages(
+        raw,
+        known_keys_only=known_keys_only,
+        max_tokens_limit=max_tokens_limit,
+        count_only=count_only,
+    )
+    return ParsedRequest(
+        kind=cast(Kind, "messages"),
+        model=req.model,
+        stream=req.stream,
+        client_wants_usage=True,
+        max_tokens=req.max_tokens,
+        prompt_tokens=count_input_tokens(req, count_text),
+        raw=raw,
+        body=req.body,
+        rewritten=False,
+    )
+
+
+def _counts(u: object) -> tuple[int | None, int | None]:
+    if not isinstance(u, dict):
+        return None, None
+    i, o = u.get("input_tokens"), u.get("output_tokens")
+    return (i if type(i) is int else None), (o if type(o) is int else None)
+
+
+def messages_usage(body: bytes | None) -> Usage | None:
+    """A whole answer's ``usage`` (``input_tokens``, ``output_tokens``), if it has both."""
+    try:
+        obj = orjson.loads(body or b"")
+    except orjson.JSONDecodeError:
+        return None
+    i, o = _counts(obj.get("usage") if isinstance(obj, dict) else None)
+    return Usage(i, o) if i is not None and o is not None else None
+
+
+class MessagesRelay(TypedEvents):
+    """Reads a Messages stream's events on their way to the client (see
+    :class:`~velvetrope.gateway.typed_events.TypedEvents`): ``message_start``'s input
+    tokens, then ``message_delta``'s usage."""
+
+    __slots__ = ("input_tokens",)
+
+    delta = re.compile(rb'"type"\s*:\s*"content_block_delta"')
+    state = re.compile(rb'"type"\s*:\s*"message_(start|delta)"')
+
+    def __init__(self) -> None:
+        self.input_tokens: int | None = None
+
+    def on_event(self, kind: bytes, obj: dict[str, Any], tally: UsageTally) -> None:
+        if kind == b"start":
+            msg = obj.get("message")
+            self.input_tokens = _counts(msg.get("usage") if isinstance(msg, dict) else None)[0]
+            return
+        i, o = _counts(obj.get("usage"))
+        i = i if i is not None else self.input_tokens
+        if i is not None and o is not None:
+            tally.usage = Usage(i, o)
