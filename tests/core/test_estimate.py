@@ -115,3 +115,26 @@ def test_window_quantile_reads_the_window_of_its_last_refresh_point(
         if rng.random() < 0.3:
             s = sorted(xs[max(0, at - window) : at])
             assert w.value() == s[min(len(s) - 1, int(0.9 * len(s)))]
+
+
+def test_prompt_only_work_teaches_the_estimator_nothing() -> None:
+    """An embedding or rerank job (predicted output 0, nothing reserved) completes with no
+    output: the output-length estimate of its tenant's chat requests does not move."""
+    from velvetrope.clock import ManualClock
+    from velvetrope.core import AdmissionController, PolicyConfig, Usage
+
+    cfg = PolicyConfig.model_validate({"estimator": {"kind": "tenant", "sketch": "window"}})
+    ctl = AdmissionController(cfg, ManualClock())
+    for i in range(20):
+        chat = Job(f"c{i}", "t", "default", 10, 1000)
+        ctl.route(chat)
+        ctl.arrive(chat)
+        ctl.complete(chat.id, Usage(10, 200))
+    before = ctl.estimator.predict(Job("x", "t", "default", 10, 1000))
+    for i in range(300):  # past 90% of the window: without the rule, p90 would be 0
+        emb = Job(f"e{i}", "t", "default", 10, 1, predicted_output=0)
+        emb.cost = 10  # sized as prompt-only work is, by its endpoint
+        ctl.route(emb)
+        ctl.arrive(emb)
+        ctl.complete(emb.id, Usage(10, 0))
+    assert ctl.estimator.predict(Job("y", "t", "default", 10, 1000)) == before == 200

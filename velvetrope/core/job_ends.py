@@ -101,7 +101,9 @@ class JobEnds:
         if job.state is not _DISPATCHED:
             raise LifecycleError(f"job {job_id!r} is {job.state.value}, not dispatched")
         est = self.estimator
-        if isinstance(est, LengthPredictor):  # narrowed: a direct compiled call
+        if job.predicted_output == 0:
+            pass  # prompt-only work (embeddings, rerank): no output length to learn from
+        elif isinstance(est, LengthPredictor):  # narrowed: a direct compiled call
             est.observe(job, usage.completion_tokens)
         else:
             est.observe(job, usage.completion_tokens)
