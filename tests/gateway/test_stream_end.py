@@ -10,6 +10,7 @@ says (all at once, or the terminating chunk later), so what the relay sees is de
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import pytest
@@ -122,3 +123,74 @@ def test_an_end_that_comes_later_follows_the_bytes_on_its_own() -> None:
     assert sent == [("start", b"200"), ("more", EVENTS)]  # the caller ends the response
     assert accepted == 1
     assert tokens == 2
+
+
+THINKING = b'data: {"choices":[{"index":0,"delta":{"reasoning_content":"Hm"}}]}\n\n'
+ROLE = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
+
+
+@pytest.mark.parametrize("first", [THINKING, ROLE])
+def test_the_response_starts_with_the_first_generated_token_even_if_it_is_not_text(
+    first: bytes,
+) -> None:
+    """The client's response starts with the engine's first generated token, reasoning
+    included; an event before it (a role-only delta) is held until then.  The upstream
+    writes ``first`` and waits (3 s at most) for the client's response to start before it
+    writes the answer's text: a reasoning model's thinking reaches the client as it comes,
+    a role-only chunk does not start the response."""
+    log: list[str] = []
+    started = asyncio.Event()
+
+    async def go() -> list[str]:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await read_request(reader)
+            writer.write(HEAD + _chunk(first))
+            await writer.drain()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(started.wait(), 3.0)
+            log.append("upstream: the text")
+            rest = b'data: {"choices":[{"index":0,"delta":{"content":"a"}}]}\n\n' + DONE
+            writer.write(_chunk(rest) + b"0\r\n\r\n")
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        http = HttpClient(10.0, 10.0)
+
+        async def start(status: int, headers: Any) -> None:
+            log.append("client: start")
+            started.set()
+
+        async def send(data: bytes) -> None:
+            log.append("client: bytes")
+
+        firsts: list[str] = []
+        try:
+            await forward(
+                http,
+                f"http://127.0.0.1:{port}/v1/chat/completions",
+                b"{}",
+                UpstreamAccess(),
+                stream=True,
+                client_wants_usage=True,
+                relay=UsageTally(0),
+                start=start,
+                send=send,
+                end=send,
+                on_first_token=lambda: firsts.append("first token"),
+                extra_headers=[],
+            )
+        finally:
+            http.close()
+            server.close()
+            await server.wait_closed()
+        assert firsts == ["first token"]
+        return log
+
+    log = asyncio.run(go())
+    if first is THINKING:
+        assert log[:2] == ["client: start", "client: bytes"], log  # before the text
+        assert log.index("upstream: the text") > 1, log
+    else:
+        assert log[0] == "upstream: the text" and log[1] == "client: start", log

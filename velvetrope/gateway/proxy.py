@@ -17,6 +17,7 @@ client disconnect mid-stream settles what was really generated.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -30,6 +31,14 @@ from velvetrope.gateway.upstream_access import UpstreamAccess
 from velvetrope.openai.sse import split_complete, usage_of
 
 __all__ = ["UpstreamAnswer", "forward"]
+
+_GENERATED = re.compile(
+    rb'"(?:reasoning_content|reasoning)"\s*:\s*"[^"]'  # a reasoning model's thinking
+    rb'|"tool_calls"\s*:\s*\[\s*\{'  # a tool call's first delta
+    rb'|"type"\s*:\s*"response\.[a-z_.]+\.delta"'  # any of the Responses API's deltas
+)
+"""Generated output that is not the answer's text: the first token all the same (the
+response starts, and the job is no longer preemptible)."""
 
 Send = Callable[[bytes], Awaitable[None]]
 Start = Callable[[int, list[tuple[bytes, bytes]]], Awaitable[None]]
@@ -115,6 +124,9 @@ async def forward(
                 out = events(done, relay, client_wants_usage, on_first_token)
                 last = not buf and resp.at_end
                 if not started:  # the response starts with the first token (or the end)
+                    if not relay.first_token and _GENERATED.search(done) is not None:
+                        relay.first_token = True  # reasoning or a tool call, not text yet
+                        on_first_token()
                     if not relay.first_token and not last:
                         held += out
                         continue
