@@ -25,6 +25,7 @@ import pytest
 import redis
 import yaml
 
+from tests.support.polling import poll
 from tests.support.redis_server import RedisServer
 from velvetrope.clock import OFFSET_ENV
 from velvetrope.core.quota import LEDGER_CAP
@@ -81,12 +82,8 @@ def usage(gw: str, **query: str) -> httpx.Response:
     return r
 
 
-def until(pred: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout_s}s")
-        time.sleep(0.02)
+def until(pred: Callable[[], bool], what: str) -> None:
+    poll(pred, 20.0, what)
 
 
 class Tally:

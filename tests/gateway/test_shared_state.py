@@ -11,7 +11,6 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -19,6 +18,7 @@ import httpx
 import pytest
 import redis
 
+from tests.support.polling import poll
 from tests.support.redis_server import RedisCluster, RedisServer
 from velvetrope.serving import launch
 
@@ -59,16 +59,6 @@ def body(max_tokens: int, stream: bool = False) -> dict[str, Any]:
         "ignore_eos": True,
         "stream": stream,
     }
-
-
-def poll(pred: Callable[[], bool], timeout_s: float, what: str) -> float:
-    """Seconds until ``pred()`` holds (polled every 20 ms); fails after ``timeout_s``."""
-    t0 = time.monotonic()
-    while not pred():
-        if time.monotonic() - t0 > timeout_s:
-            raise AssertionError(f"{what}: not within {timeout_s}s")
-        time.sleep(0.02)
-    return time.monotonic() - t0
 
 
 def redis_ms(r: redis.Redis) -> int:

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from tests.support.raw_http import read_request
 from velvetrope.gateway.httpclient import HttpClient
-from velvetrope.gateway.proxy import forward
+from velvetrope.gateway.proxy import UpstreamAnswer, forward
 from velvetrope.gateway.relay import UsageTally
 from velvetrope.gateway.upstream_access import UpstreamAccess
 from velvetrope.openai.sse import DONE
@@ -33,6 +34,32 @@ HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding
 
 def _chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+async def _forward(
+    http: HttpClient,
+    port: int,
+    relay: UsageTally,
+    start: Any,
+    send: Any,
+    end: Any,
+    on_first_token: Callable[[], None],
+) -> UpstreamAnswer:
+    """One streamed chat completion from the raw upstream on ``port``, relayed."""
+    return await forward(
+        http,
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        b"{}",
+        UpstreamAccess(),
+        stream=True,
+        client_wants_usage=True,
+        relay=relay,
+        start=start,
+        send=send,
+        end=end,
+        on_first_token=on_first_token,
+        extra_headers=[],
+    )
 
 
 async def _relay(split_end: bool) -> tuple[list[tuple[str, bytes]], int, int]:
@@ -86,20 +113,7 @@ async def _relay(split_end: bool) -> tuple[list[tuple[str, bytes]], int, int]:
         for _ in range(2):
             sent.clear()
             relay = UsageTally(0)
-            answer = await forward(
-                http,
-                f"http://127.0.0.1:{port}/v1/chat/completions",
-                b"{}",
-                UpstreamAccess(),
-                stream=True,
-                client_wants_usage=True,
-                relay=relay,
-                start=start,
-                send=send,
-                end=end,
-                on_first_token=lambda: None,
-                extra_headers=[],
-            )
+            answer = await _forward(http, port, relay, start, send, end, lambda: None)
             assert answer.status == 200
             runs.append(list(sent))
     finally:
@@ -167,19 +181,8 @@ def test_the_response_starts_with_the_first_generated_token_even_if_it_is_not_te
 
         firsts: list[str] = []
         try:
-            await forward(
-                http,
-                f"http://127.0.0.1:{port}/v1/chat/completions",
-                b"{}",
-                UpstreamAccess(),
-                stream=True,
-                client_wants_usage=True,
-                relay=UsageTally(0),
-                start=start,
-                send=send,
-                end=send,
-                on_first_token=lambda: firsts.append("first token"),
-                extra_headers=[],
+            await _forward(
+                http, port, UsageTally(0), start, send, send, lambda: firsts.append("first token")
             )
         finally:
             http.close()

@@ -339,6 +339,12 @@ class Admission:
 
     def ended(self, o: Outcome) -> None:
         """A job ended: settle it in the store, give back its slot, dispatch what fits."""
+        self._release(o)
+        self.pump()
+
+    def _release(self, o: Outcome) -> None:
+        """:meth:`ended` but for the dispatch: forget the job's ticket, settle it in the
+        store, wake its pool's fleet slot."""
         job = o.job
         self._tickets.pop(job.id, None)
         self._settle(job, o.settlement.lines)
@@ -346,7 +352,6 @@ class Admission:
             fleet = self.slots.get(job.pool)
             if fleet is not None:
                 fleet.released()
-        self.pump()
 
     def _settle(
         self, job: Job, lines: tuple[SettleLine, ...], claimed: tuple[Claim, ...] | None = None
@@ -383,13 +388,9 @@ class Admission:
         """Stop the relays of jobs the controller took back from their engines; settle
         those it ended (refunded), give back their slots."""
         for p in taken:
-            job = p.job
-            ticket = self._tickets.pop(job.id, None)
+            ticket = self._tickets.pop(p.job.id, None)
             if p.outcome is not None:
-                self._settle(job, p.outcome.settlement.lines)
-                fleet = self.slots.get(job.pool) if self.slots else None
-                if fleet is not None:
-                    fleet.released()
+                self._release(p.outcome)
             if ticket is not None:
                 ticket.preempt(p)
 
