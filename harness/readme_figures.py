@@ -56,6 +56,12 @@ CHECKS = (
         ROOT / "docs" / "concepts" / "slo-limits.md",
     ),
     Check(
+        ("bench/policy_suite.py",),
+        "settled:",
+        ("tiers_at_or_above", "total_ratio_min", "total_ratio_mean", "unsettled"),
+        ROOT / "docs" / "concepts" / "slo-limits.md",
+    ),
+    Check(
         ("bench/tpot_limit_convergence.py",),
         "tpot_limit:",
         ("known_after_s", "samples", "before_step", "after_step", "settled_s"),

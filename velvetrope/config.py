@@ -168,6 +168,17 @@ class Upstream(_Model):
     tls_verify: bool = Field(
         True, description="https: verify the engine's certificate and host name"
     )
+    priority: Literal["auto", "low_first", "high_first", "off"] = Field(
+        "auto",
+        description="how a pool with engine_priority sends the tier as this engine's "
+        "request 'priority': low_first (vLLM's --scheduling-policy priority: 0 = the top "
+        "tier, lower served first), high_first (SGLang's --enable-priority-scheduling, "
+        "whose default serves larger values first: 0 = the top tier, -1 the next), off; "
+        "auto: high_first for an engine pinned or detected as sglang, off for tgi, trtllm "
+        "and llamacpp (they have no such field), else low_first.  An engine that refuses "
+        "the field is found out on its first refusal and served without it "
+        "(velvetrope.gateway.priority_forwarding)",
+    )
 
     @field_validator("url")
     @classmethod

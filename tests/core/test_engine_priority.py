@@ -10,7 +10,7 @@ def _config(**pool: object) -> PolicyConfig:
     return PolicyConfig.model_validate(
         {
             "tiers": [{"name": "gold"}, {"name": "silver"}, {"name": "bronze"}],
-            "pools": [{"name": "a", **pool}, {"name": "b"}],
+            "pools": [{"name": "a", **pool}, {"name": "b", "engine_priority": False}],
         }
     )
 
@@ -23,8 +23,13 @@ def test_a_pool_with_engine_priority_forwards_the_tier_index() -> None:
     assert rule.of("a", "unknown") is None
 
 
-def test_off_by_default_nothing_is_forwarded() -> None:
+def test_on_by_default() -> None:
     rule = EnginePriority(_config())
+    assert rule.table() == {("a", "gold"): 0, ("a", "silver"): 1, ("a", "bronze"): 2}
+
+
+def test_off_nothing_is_forwarded() -> None:
+    rule = EnginePriority(_config(engine_priority=False))
     assert not rule.enabled
     assert rule.of("a", "gold") is None
     assert rule.table() == {}

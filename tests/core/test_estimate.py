@@ -58,6 +58,25 @@ def test_drain_meter_counts_busy_time_only() -> None:
 def test_drain_meter_prior() -> None:
     m = DrainMeter(prior=50.0)
     assert m.seconds_for(100) == pytest.approx(2.0)
+    assert m.turned_over
+
+
+def test_drain_meter_turns_over_once_as_many_jobs_ended_as_were_ever_in_flight() -> None:
+    """Ten jobs start at once; the first to end are the short ones, so the rate measured
+    from them understates the engines.  Until ten have ended the rate predicts no wait
+    longer than the busy time it was measured over."""
+    m = DrainMeter(alpha=1.0, window_s=1.0)
+    for n in range(10):
+        m.busy(0.0, n)  # ten in flight
+    m.finish(1.0, 10, 100)  # a short job: 100 tokens over 1 s busy
+    assert m.rate == pytest.approx(100.0) and not m.turned_over
+    assert m.trusted_for(1.0) and not m.trusted_for(120.0)
+    for k in range(8):  # eight more end over the next 8 s
+        m.finish(2.0 + k, 9 - k, 800)
+    assert not m.turned_over  # nine of ten ended
+    assert m.trusted_for(9.0) and not m.trusted_for(9.5)  # 9 s measured
+    m.finish(10.0, 1, 800)  # the tenth
+    assert m.turned_over and m.trusted_for(120.0)
 
 
 def test_window_quantile_is_exact_over_its_window_and_follows_drift() -> None:

@@ -85,3 +85,40 @@ def test_the_forwarded_tier_puts_the_top_tier_ahead_in_the_engines_queue(
     assert forwarded.index("i") < 2, forwarded  # ahead of at least two earlier batch jobs
     plain = _finish_order(tmp_path / "off", engine_priority=False)
     assert plain == ["b", "b", "b", "i"], plain  # arrival order: the client's -10 was dropped
+
+
+def test_an_engine_left_fcfs_refuses_the_tier_once_and_every_request_is_served(
+    tmp_path: Path,
+) -> None:
+    """The default config forwards the tier; ``velvetrope engine`` run FCFS refuses a nonzero
+    ``priority`` as vLLM does (400).  The first batch request is sent again without it and
+    answered; the gateway then sends that engine no priority, so no request is refused
+    again: the engine was asked once more than there were requests, and only once."""
+    eng = start_engine(50.0)  # FCFS
+    cfg = gateway_config([eng.url], saturation={"enabled": False})
+    assert "engine_priority" not in cfg["policy"]["pools"][0]  # the default
+    gw = start_gateway(tmp_path, cfg)
+    try:
+        with httpx.Client(timeout=60) as c:
+            direct = c.post(eng.url + "/v1/completions", json=_body(5, priority=2))
+            assert direct.status_code == 400, direct.text
+            assert "Priority scheduling is not enabled" in direct.json()["error"]["message"]
+
+            def served(headers: dict[str, str]) -> dict[str, Any]:
+                r = c.post(gw.url + "/v1/completions", json=_body(7), headers=headers)
+                assert r.status_code == 200, r.text
+                assert r.json()["usage"]["completion_tokens"] == 7
+                (up,) = c.get(
+                    gw.url + "/admin/status", headers={"Authorization": "Bearer test-admin-token"}
+                ).json()["upstreams"]
+                return dict(up)
+
+            assert served(GOLD)["requests"] == 1  # band 0: vLLM takes 0 in any mode
+            first = served(BRONZE)
+            assert (first["requests"], first["priority"]) == (3, "refused")  # asked twice
+            assert served(BRONZE)["requests"] == 4  # then once per request
+            assert served(GOLD)["requests"] == 5
+        assert gw.stderr_text().count("refused the request priority") == 1
+    finally:
+        gw.stop()
+        eng.stop()

@@ -9,7 +9,9 @@ with the saturation rule on (``conv-overload``, ``code-prefix``, ``routes-degrad
 pinned again when the rule held a cold start to a slow-start window and the replica choice
 began to prefer engines with room (issue 33), and ``conv-overload`` and ``code-prefix``
 (the default profile's, rescaled by ``load``) once more when ``llama3-8b-h100`` took vLLM
-V1's default of 1024 seats on an H100 (issue 29); see
+V1's default of 1024 seats on an H100 (issue 29), and the three ``stress-*`` runs once
+the drain rate stopped refusing waits longer than it had measured before its first turnover
+(issue 39); see
 :mod:`tests.sim.golden` for what each scenario exercises and for how to regenerate both
 after a change meant to change decisions (``python -m tests.sim.golden --write``).
 """
@@ -22,9 +24,9 @@ import pytest
 from tests.sim.golden import SCENARIOS, digest, first_difference, records, stored
 
 GOLDEN = {
-    "stress-least-loaded": "3f9ba03449b9d70e0e85cc980140a70e668ec7e2",
-    "stress-round-robin": "66a4c11b417c89b85e9291cbed8b5dd646fae64d",
-    "stress-same-instant": "487eb906d11e62740b8687a5e44c7449d73f4fe1",
+    "stress-least-loaded": "065d66541ab4b6b31992d8959d7df76b59aa9403",
+    "stress-round-robin": "2f0bb556a7363cbaa23e9d58fdf8db2c4e90d5c9",
+    "stress-same-instant": "8585540386970ab8ce7cdc45e95c09c795e35148",
     "conv-overload": "26fef8d22e17940b079bf4ba0fe2833b47eaeb03",
     "code-prefix": "8020944ff0d6bc728a5d26349d2998ce66e4418d",
     "routes-degrade-engines": "cd03549406d9f27e196f31c560d573ae6fa7e01e",

@@ -555,6 +555,18 @@ class AdmissionController(JobEnds):
         feed it readings and the live engines, and report each job sent to an engine."""
         return self._saturation.get(pool)
 
+    def engines_ordered(self, pool: str, ordered: bool) -> None:
+        """Whether ``pool``'s engines order their own waiting queues by the priority the
+        pool forwards (``engine_priority``; :mod:`.engine_priority`).  The driver learns
+        it from the engines: one that refuses the field, or runs FCFS, does not.  The
+        headroom rule counts on that order only while it holds (and only in a pool that
+        forwards the priority)."""
+        sat = self._saturation.get(pool)
+        if sat is None or sat.headroom is None:
+            return
+        forwards = any(p.engine_priority for p in self.config.pools if p.name == pool)
+        sat.headroom.ordered = ordered and forwards
+
     def pool_limit(self, pool: str) -> AdaptiveLimit | None:
         """The adaptive in-flight limit of ``pool`` (``None`` with a fixed ``max_in_flight``)."""
         return self._pools[pool].limit

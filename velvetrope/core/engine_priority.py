@@ -2,11 +2,13 @@
 
 vLLM's ``--scheduling-policy priority`` orders its waiting queue by the request body's
 ``priority`` field, lower first (ties by arrival), and preempts the running sequence with
-the largest ``(priority, arrival)`` when it runs out of KV cache.  A pool whose policy sets
-``engine_priority: true`` forwards each job's tier band as that field: the tier's index in
-``policy.tiers`` (0 = the top tier, so the top tier is served first).  Off (the default),
-nothing is forwarded and a client's own ``priority`` never reaches the engine either (the
-gateway strips it: priority comes only from the tenant's configuration).
+the largest ``(priority, arrival)`` when it runs out of KV cache.  A pool with
+``engine_priority`` (on by default) forwards each job's tier band as that field: the
+tier's index in ``policy.tiers`` (0 = the top tier, so the top tier is served first); how
+each engine is sent it, and what an engine that refuses it teaches the gateway, is
+:mod:`velvetrope.gateway.priority_forwarding`'s.  Off, nothing is forwarded.  A client's
+own ``priority`` never reaches the engine (the gateway strips it: priority comes only from
+the tenant's configuration).
 
 One rule for the gateway (which writes the field into the upstream body) and the simulator
 (which hands it to the engine model's batcher): :class:`EnginePriority`.

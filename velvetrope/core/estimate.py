@@ -222,9 +222,27 @@ class DrainMeter:
     Call :meth:`busy` whenever the number of jobs in flight may change (before the change)
     and :meth:`finished` when a job ends.  ``rate`` is ``None`` until a first window closes,
     unless a prior was given.
+
+    **Turnover.**  Work is counted when it finishes, so while the first jobs sent are still
+    running the rate understates the engines: the jobs that finished early are only the
+    shortest (Little's law holds over a residence time, not less).  The rate has
+    :attr:`turned_over` once as many jobs have ended as were ever in flight at once (a
+    prior counts as turned over).  Before that, :meth:`trusted_for` a wait only as long as
+    the busy time it was measured over: a rate from a few seconds of short jobs does not
+    predict a two-minute wait.
     """
 
-    __slots__ = ("_acc", "_alpha", "_busy", "_last", "_window", "rate")
+    __slots__ = (
+        "_acc",
+        "_alpha",
+        "_busy",
+        "_ended",
+        "_last",
+        "_peak",
+        "_seen",
+        "_window",
+        "rate",
+    )
 
     def __init__(self, alpha: float = 0.3, window_s: float = 1.0, prior: float | None = None):
         self._alpha = alpha
@@ -233,17 +251,39 @@ class DrainMeter:
         self._busy = 0.0
         self._last: float | None = None
         self.rate: float | None = prior
+        self._peak = 0 if prior is None else -1  # -1: turned over (a prior)
+        self._ended = 0
+        self._seen = 0.0  # busy seconds measured, all told
+
+    @property
+    def turned_over(self) -> bool:
+        """Whether as many jobs have ended as were ever in flight at once (see above)."""
+        return self._peak < 0
+
+    def trusted_for(self, wait_s: float) -> bool:
+        """Whether the rate may predict a wait of ``wait_s`` seconds: it has turned over,
+        or it was measured over at least that much busy time."""
+        return self._peak < 0 or wait_s <= self._seen
 
     def busy(self, now: float, in_flight: int) -> None:
         """Account the time since the last call as busy if ``in_flight > 0`` during it."""
         last = self._last
         if last is not None and in_flight > 0 and now > last:
             self._busy += now - last
+            self._seen += now - last
         self._last = now
+        if in_flight > self._peak >= 0:
+            self._peak = in_flight
 
     def finished(self, tokens: int) -> None:
-        """Count ``tokens`` of work completed; close a window when enough busy time passed."""
+        """Count ``tokens`` of work completed (one job); close a window when enough busy
+        time passed."""
         self._acc += tokens
+        peak = self._peak
+        if peak >= 0:
+            self._ended += 1
+            if self._ended >= peak:
+                self._peak = -1
         if self._busy >= self._window:
             sample = self._acc / self._busy
             r = self.rate
@@ -253,10 +293,7 @@ class DrainMeter:
 
     def finish(self, now: float, in_flight: int, tokens: int) -> None:
         """:meth:`busy` then :meth:`finished`, for a job ending at ``now``."""
-        last = self._last
-        if last is not None and in_flight > 0 and now > last:
-            self._busy += now - last
-        self._last = now
+        self.busy(now, in_flight)
         self.finished(tokens)
 
     def seconds_for(self, tokens: float) -> float | None:

@@ -332,10 +332,14 @@ class PoolPolicy(_Model):
         description="Settings of the prefix-aware routing modes.",
     )
     engine_priority: bool = Field(
-        False,
+        True,
         description="Forward each job's tier band (its index in tiers, 0 = top) to the "
-        "engines as vLLM's request 'priority' (lower is served first), for engines run "
-        "with --scheduling-policy priority.",
+        "engines as their request 'priority', so that whatever an engine queues is ordered "
+        "by tier too (vLLM run with --scheduling-policy priority, SGLang with "
+        "--enable-priority-scheduling; the gateway's upstreams[].priority says how each "
+        "engine reads it).  On by default: an engine that does not order by priority "
+        "refuses the field, the gateway learns that on the first refusal and stops "
+        "sending it there, and the pool's headroom rule stops counting on that order.",
     )
 
     @model_validator(mode="after")

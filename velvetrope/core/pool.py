@@ -211,9 +211,11 @@ class Pool:
     ) -> tuple[Reason, float | None, str] | None:
         """Why ``job``, which cannot start at once, may not queue in band ``band``: its
         tenant's bound (429), the band's and the global one (503), the predicted wait
-        against its tier's ``max_wait`` (503; not while the engines are in slow start, when
-        the drain rate measured so far understates them: the job's deadline still expires
-        it); as ``(reason, retry_after_s, message)``, or ``None``: it may queue."""
+        against its tier's ``max_wait`` (503; not while the engines are in slow start, nor
+        while the drain rate cannot yet predict a wait that long
+        (:meth:`~velvetrope.core.estimate.DrainMeter.trusted_for`), when the rate measured
+        so far understates them: the job's deadline still expires it); as ``(reason,
+        retry_after_s, message)``, or ``None``: it may queue."""
         sched = self.sched
         if tenant_bound is not None and tenant_queued >= tenant_bound:
             msg = (
@@ -233,6 +235,8 @@ class Pool:
             return Reason.WAIT_EXCEEDS_SLO, self.retry_s(ahead), msg
         sat = self.saturation
         if max_wait is not None and eta is not None and eta > max_wait:
+            if not self.drain.trusted_for(max_wait):  # the first jobs' rate understates
+                return None
             if sat is not None and sat.warming(job.arrival):  # asked as the job arrives
                 return None  # a rate measured in slow start understates the engines
             msg = (

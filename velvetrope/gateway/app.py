@@ -39,7 +39,6 @@ import orjson
 from velvetrope.clock import Clock, SystemClock
 from velvetrope.config import ConfigSource, GatewayConfig, hash_key
 from velvetrope.core import AdmissionController, Job, Reason, Usage
-from velvetrope.core.engine_priority import EnginePriority
 from velvetrope.core.quota import is_ledger_key
 from velvetrope.errors import (
     ClientDisconnected,
@@ -151,8 +150,6 @@ class Gateway:
         self.homes = ResponseHomes()  # which engine created each response (Responses API)
         self.watches = DisconnectWatches()
         self.reloader = Reloader(self, config_source)
-        self._prio_for = self.ctl.config
-        self._prio = EnginePriority(self._prio_for)
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -423,12 +420,11 @@ class Gateway:
             )
             if isinstance(entry, Ticket):
                 shape_body(endpoint, parsed, job)  # the engine generates no more than reserved
-                prio = self._engine_priority().of(job.pool, job.tier)
-                if prio is not None and not endpoint.anthropic:  # vLLM's field: OpenAI's APIs
-                    set_engine_priority(parsed, prio)
+            # the engines' priority field: on OpenAI's APIs only (Anthropic's has none)
+            band = None if endpoint.anthropic else self.engines.priority.band(job.pool, job.tier)
             while isinstance(entry, Ticket):  # again when it is taken back (preemption)
                 ticket = entry
-                if not await self._proxy(endpoint, ticket, parsed, client, watch):
+                if not await self._proxy(endpoint, ticket, parsed, client, watch, band):
                     break
                 entry = await self.admission.again(
                     ticket, watch.gone, progress, self.settings.progress_interval_s
@@ -484,13 +480,6 @@ class Gateway:
                 send, answer.status, answer.body or b"", [(b"content-type", answer.content_type)]
             )
 
-    def _engine_priority(self) -> EnginePriority:
-        """The engine-priority rule of the policy in force (rebuilt after a reload)."""
-        cfg = self.ctl.config
-        if cfg is not self._prio_for:
-            self._prio_for, self._prio = cfg, EnginePriority(cfg)
-        return self._prio
-
     def _progress(self, job: Job, client: ClientStream) -> Callable[[], Awaitable[None]]:
         """The comment a waiting streaming request gets every ``progress_interval_s``."""
 
@@ -517,14 +506,16 @@ class Gateway:
         parsed: ParsedRequest,
         client: ClientStream,
         watch: Watch,
+        band: int | None,
     ) -> bool:
         """Forward the ticket's job to the least-loaded upstream of its pool, trying the
         next one when one cannot be reached, and end the ticket with what happened; true
         when the controller took the job back before its first token instead (the
-        upstream request was closed; nothing was sent to the client)."""
+        upstream request was closed; nothing was sent to the client).  ``band``: the
+        priority the pool forwards, sent as each upstream reads it (``None``: none)."""
         job = ticket.job
         stream = parsed.stream
-        body = parsed.upstream_body()
+        forwarding = self.engines.priority
         tally = UsageTally(job.prompt_tokens, job.max_tokens // max(1, job.n))  # told the cap
         extra = admitted_headers(job, ticket.snapshots) + self.quotas.headers(ticket.snapshots, job)
         if job.shadow is not None:  # shadow mode: what enforcement would have done
@@ -537,15 +528,22 @@ class Gateway:
         home = self.homes.home(parsed.body.get("previous_response_id"), job.tenant)
         # the prefix identity, once, for a prefix-routed pool only (else: nothing to do)
         hashes = engines.prefix_hashes(job.pool, parsed.body) if engines.prefix else ()
+        again: UpstreamState | None = None  # it refused the priority: again, without it
         while True:
-            pinned = pinned_exclude(self.upstreams, job.pool, home) if home else ()
-            up = engines.pick(job.pool, tried + pinned, hashes) if pinned else None
-            up = up or engines.pick(job.pool, tried, hashes)
+            if again is None:
+                pinned = pinned_exclude(self.upstreams, job.pool, home) if home else ()
+                up = engines.pick(job.pool, tried + pinned, hashes) if pinned else None
+                up = up or engines.pick(job.pool, tried, hashes)
+            else:
+                up, again = again, None
             if up is None:
                 ticket.fail(Reason.NO_HEALTHY_UPSTREAM)
                 msg = f"no healthy upstream in pool {job.pool!r}"
                 await client.error(503, msg, "no_healthy_upstream", [(b"retry-after", b"1")])
                 return False
+            sent = None if band is None else forwarding.wire(up, band)
+            set_engine_priority(parsed, sent)
+            body = parsed.upstream_body()
             engines.sent(job, up)
             me = asyncio.current_task(watch.loop)
             assert me is not None
@@ -603,6 +601,9 @@ class Gateway:
                 watch.target = None
                 ticket.task = None
                 engines.returned(up)
+            if sent is not None and forwarding.learn(up, sent, answer.status, answer.body):
+                again = up
+                continue
             break
         if answer.body is not None:  # an endpoint with a usage of its own: read here
             tally.usage = read_usage(endpoint, answer.body) or tally.usage

@@ -27,6 +27,7 @@ from velvetrope.clock import Clock
 from velvetrope.config import GatewayConfig
 from velvetrope.core import AdmissionController, EngineSaturation, Job
 from velvetrope.core.prefix_routing import PrefixRouter, prefix_routers
+from velvetrope.gateway.priority_forwarding import PriorityForwarding
 from velvetrope.gateway.scrape import Scraper
 from velvetrope.gateway.upstreams import Resolver, UpstreamPools, UpstreamState
 from velvetrope.openai.prefix import CHARS_PER_TOKEN, prefix_hashes
@@ -69,7 +70,13 @@ class Engines:
             if self.rules or also
             else None
         )
+        self.priority = PriorityForwarding(config, ctl, clock, self._spoken)
+        """The ``priority`` each upstream is sent (the tier, in its engine's reading)."""
         self.upstreams.changed()
+
+    def _spoken(self, url: str) -> str | None:
+        w = None if self.scraper is None else self.scraper.watches.get(url)
+        return None if w is None else w.spoken
 
     def reconfigure(self, config: GatewayConfig) -> None:
         """Take a reloaded ``config``'s upstreams, after the controller took its policy:
@@ -84,6 +91,7 @@ class Engines:
                     self.rules.setdefault(pool, rule)
         if self.scraper is not None:
             self.scraper.reconfigure(config)
+        self.priority.reconfigure(config)
         self.upstreams.changed()
 
     def follow(self) -> None:
@@ -176,11 +184,14 @@ class Engines:
         metrics are read in, its saturation state (``on``, ``blind``, ``stale``; ``off``: a
         prefix-routed pool without the rule, read for its prefix-cache counters), the last
         scrape's failure, if any, and its prefix cache (:meth:`Scraper.status`; ``None``:
-        its pool is not scraped, or it was not scraped yet)."""
+        its pool is not scraped, or it was not scraped yet); and ``priority``, how it is
+        sent the tier (:meth:`PriorityForwarding.state`)."""
         out = self.upstreams.status()
         scraper = self.scraper
-        for u in out:
-            u["engine"] = None if scraper is None else scraper.status(str(u["url"]), now)
+        states = [up for ups in self.upstreams.pools.values() for up in ups]  # status's order
+        for u, up in zip(out, states, strict=True):
+            u["engine"] = None if scraper is None else scraper.status(up.url, now)
+            u["priority"] = self.priority.state(up, now)
         return out
 
     def saturation_holds(self) -> int:

@@ -204,8 +204,15 @@ def degrade_body(parsed: ParsedRequest, job: Job) -> None:
     parsed.rewritten = True
 
 
-def set_engine_priority(parsed: ParsedRequest, priority: int) -> None:
-    """Send ``parsed`` upstream with vLLM's ``priority`` field set to ``priority`` (see
-    :class:`~velvetrope.core.engine_priority.EnginePriority`)."""
-    parsed.body["priority"] = priority
-    parsed.rewritten = True
+def set_engine_priority(parsed: ParsedRequest, priority: int | None) -> None:
+    """Send ``parsed`` upstream with the engine's ``priority`` field set to ``priority``,
+    or without the field (``None``): see
+    :mod:`~velvetrope.gateway.priority_forwarding`."""
+    body = parsed.body
+    if priority is None:
+        if "priority" in body:
+            del body["priority"]
+            parsed.rewritten = True
+    elif body.get("priority") != priority:
+        body["priority"] = priority
+        parsed.rewritten = True

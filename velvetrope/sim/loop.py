@@ -177,7 +177,9 @@ def run_simulation(
     KEDA's model (:mod:`velvetrope.sim.autoscale`; the result's :attr:`SimResult.autoscale`).
     ``engine_scheduling``: the engines' waiting-queue policy, ``fcfs`` or ``priority``
     (vLLM's ``--scheduling-policy``); a job's priority is what the gateway would forward
-    (a pool's ``engine_priority``: the tier's index), else 0.
+    (a pool's ``engine_priority``: the tier's index), else 0.  FCFS engines refuse a
+    priority (vLLM answers 400), so, as the gateway learns from the first refusal, none is
+    forwarded to them and the pools' headroom rules do not count on the engines' order.
     Bad parameters raise :class:`~velvetrope.errors.PolicyError`.  The same inputs give the
     same result, bit for bit.
     """
@@ -251,8 +253,12 @@ def run_simulation(
         prefix_tokens=[r.prefix_tokens for r in workload],
         blocks=[r.block_hashes for r in workload],
         block_tokens=[r.block_tokens for r in workload],
-        engine_priority=EnginePriority(policy).table(),
+        engine_priority=EnginePriority(policy).table() if engine_scheduling == "priority"
+        else {},
     )  # fmt: skip
+    if engine_scheduling != "priority":
+        for name in pool_names:
+            ctl.engines_ordered(name, False)
     attached = None
     if autoscale is not None:
         from velvetrope.sim.autoscale import attach

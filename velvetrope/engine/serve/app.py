@@ -21,7 +21,9 @@ Endpoints
     draw; chunks carry their choice's ``index``; usage counts the prompt once and the
     completion tokens of every choice), vLLM's ``ignore_eos`` (generate exactly
     ``max_tokens``) and ``priority`` (used when the engine runs with
-    ``scheduling="priority"``; lower is served first).  Sampling
+    ``scheduling="priority"``; lower is served first; run FCFS, the engine answers a
+    nonzero one on any endpoint with vLLM's 400 "Got priority N but Priority scheduling
+    is not enabled.").  Sampling
     fields (temperature, stop, logprobs, ...) are accepted and ignored.
 ``POST /v1/embeddings``
     Prompt-only work: one prefill per input, usage ``prompt_tokens`` (see
@@ -384,6 +386,8 @@ class EngineApp:
                 )
             if method == "POST":
                 body = await read_body(scope, receive, self.config.max_body_bytes)
+                if self.config.scheduling == "fcfs" and b'"priority"' in body:
+                    _refuse_priority(body)
                 await handler(body, arrived, receive, tracked_send)
             else:
                 await handler(tracked_send)
@@ -648,6 +652,18 @@ async def _send_json(
     extra_headers: Iterable[tuple[bytes, bytes]] = (),
 ) -> None:
     await respond(send, status, orjson.dumps(body), extra_headers)
+
+
+def _refuse_priority(body: bytes) -> None:
+    """As vLLM run FCFS: a nonzero ``priority`` is a 400 (0, null or a body that is not
+    JSON pass on to the endpoint, which says what else is wrong)."""
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return
+    p = obj.get("priority") if isinstance(obj, dict) else None
+    if isinstance(p, int) and not isinstance(p, bool) and p != 0:
+        raise invalid_value("priority", f"Got priority {p} but Priority scheduling is not enabled.")
 
 
 async def _send_error(send: Send, exc: RequestError) -> None:
