@@ -1,0 +1,150 @@
+"""A spent budget that downgrades instead of refusing, through real processes.
+
+``velvetrope engine`` upstream, ``velvetrope serve`` on ``memory://`` with two pools on
+that engine, the official ``openai`` client.  Tenant ``gold`` (tier ``interactive``) has a
+daily budget with ``on_exceeded: downgrade`` to tier ``batch`` in pool ``cheap``; tenant
+``bronze`` has one that refuses.  The calendar is the test's (``VELVETROPE_WALL_OFFSET_FILE``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from tests.support.prometheus import metric_sum
+from velvetrope.config import parse_config
+from velvetrope.errors import ConfigError
+from velvetrope.serving import launch
+
+from .conftest import ADMIN, admin_status, wait_idle
+from .test_quotas import Calendar, quota_config, usage
+
+pytestmark = pytest.mark.integration
+
+ADMIN_H = {"Authorization": f"Bearer {ADMIN}"}
+DAY = "2027-04-14"
+GOLD_KEY = f"quota:gold:day:{DAY}:tok"
+DOWNGRADE = {"on_exceeded": "downgrade", "downgrade_to_tier": "batch"}
+
+
+def downgrade_config(engine: str) -> dict[str, Any]:
+    budgets = [
+        {"tenant": "gold", "window": "day", "tokens": 300, **DOWNGRADE,
+         "downgrade_to_pool": "cheap"},
+        {"tenant": "bronze", "window": "day", "tokens": 300},
+    ]  # fmt: skip
+    cfg = quota_config(engine, {"url": "memory://"}, budgets=budgets)
+    cfg["policy"]["pools"].append({"name": "cheap", "max_in_flight": 8})
+    cfg["upstreams"]["cheap"] = [{"url": engine}]
+    return cfg
+
+
+def chat(client: openai.OpenAI) -> Any:
+    return client.chat.completions.with_raw_response.create(
+        model="velvetrope-sim",
+        messages=[{"role": "user", "content": "hello there, how are you today?"}],
+        max_tokens=40,
+        extra_body={"ignore_eos": True},
+    )
+
+
+def test_over_budget_gold_is_served_downgraded_and_bronze_is_refused(
+    engine: str, tmp_path: Path
+) -> None:
+    cal = Calendar(tmp_path / "offset")
+    cal.set(f"{DAY}T10:00:00")
+    proc = launch.start_gateway(downgrade_config(engine), tmp_path, env=cal.env)
+    gw = proc.url
+    gold = openai.OpenAI(base_url=gw + "/v1", api_key="sk-gold-0000", max_retries=0)
+    bronze = openai.OpenAI(base_url=gw + "/v1", api_key="sk-bronze-0000", max_retries=0)
+    try:
+        inp = out = served = 0
+        down = None
+        for _ in range(20):  # at its own tier until the budget is spent, then downgraded
+            raw = chat(gold)
+            assert raw.http_response.status_code == 200
+            done = raw.parse()
+            inp += done.usage.prompt_tokens
+            out += done.usage.completion_tokens
+            served += 1
+            if "x-velvetrope-degraded" in raw.headers:
+                down = raw.headers
+                break
+            assert raw.headers["x-velvetrope-pool"] == "default"
+        assert down is not None, "never downgraded"
+        assert down["x-velvetrope-degraded"] == "quota, tier=batch, pool=cheap"
+        assert down["x-velvetrope-pool"] == "cheap"
+        own = inp + out - done.usage.total_tokens  # what gold used at its own tier
+        assert 300 - 80 < own <= 300 + 80
+        wait_idle(gw)
+        # the downgraded request is not charged to the spent budget ...
+        level = admin_status(gw)["buckets"][GOLD_KEY]
+        assert level == 300 - own
+        raw = chat(gold)  # ... so the next one is downgraded too
+        assert raw.headers["x-velvetrope-degraded"] == "quota, tier=batch, pool=cheap"
+        done = raw.parse()
+        inp += done.usage.prompt_tokens
+        out += done.usage.completion_tokens
+        served += 1
+        wait_idle(gw)
+        assert admin_status(gw)["buckets"][GOLD_KEY] == level
+        # ... and counted in the ledger once, as every request
+        rows = usage(gw, tenant="gold").json()["rows"]
+        got = [(r["day"], r["requests"], r["input_tokens"], r["output_tokens"]) for r in rows]
+        assert got == [(DAY, served, inp, out)]
+        metrics = httpx.get(gw + "/metrics").text
+        downgrades = 'velvetrope_quota_downgrades_total{enforced="true",tier="batch",window="day"}'
+        assert f"{downgrades} 2.0" in metrics
+        assert metric_sum(metrics, "velvetrope_requests_total", tier="batch") == 2
+        assert metric_sum(metrics, "velvetrope_quota_refusals_total") == 0
+
+        # a budget that refuses: 429 quota_exceeded with the reset in Retry-After
+        refused: openai.RateLimitError | None = None
+        for _ in range(20):
+            try:
+                chat(bronze)
+            except openai.RateLimitError as e:
+                refused = e
+                break
+        assert refused is not None and refused.code == "quota_exceeded"
+        retry = int(refused.response.headers["retry-after"])
+        assert 14 * 3600 - 5 <= retry <= 14 * 3600 + 1  # 10:00 UTC to midnight
+        assert "x-velvetrope-degraded" not in refused.response.headers
+
+        # shadow mode (by reload): gold runs at its own tier; the header says what would be
+        path = next(tmp_path.glob("gateway-*.yaml"))
+        shadow = yaml.safe_load(path.read_text())
+        shadow["quotas"]["enforce"] = False
+        path.write_text(yaml.safe_dump(shadow))
+        assert httpx.post(gw + "/admin/reload", headers=ADMIN_H).status_code == 200
+        raw = chat(gold)
+        assert raw.headers["x-velvetrope-shadow-quota"] == "downgraded; tier=batch; pool=cheap"
+        assert "x-velvetrope-degraded" not in raw.headers
+        assert raw.headers["x-velvetrope-pool"] == "default"
+        metrics = httpx.get(gw + "/metrics").text
+        shadowed = 'velvetrope_quota_downgrades_total{enforced="false",tier="batch",window="day"}'
+        assert f"{shadowed} 1.0" in metrics
+    finally:
+        proc.stop()
+
+
+@pytest.mark.parametrize(
+    ("budget", "says"),
+    [
+        ({"on_exceeded": "downgrade"}, "needs downgrade_to_tier or downgrade_to_pool"),
+        ({"downgrade_to_tier": "batch"}, "with on_exceeded: downgrade, and only then"),
+        ({**DOWNGRADE, "downgrade_to_tier": "gold"}, "downgrade_to_tier 'gold'"),
+        ({**DOWNGRADE, "downgrade_to_pool": "nowhere"}, "downgrade_to_pool 'nowhere'"),
+        ({"on_exceeded": "ignore"}, "on_exceeded"),
+    ],
+)
+def test_a_downgrade_names_where_to(budget: dict[str, Any], says: str) -> None:
+    cfg = quota_config("http://127.0.0.1:1", {"url": "memory://"})
+    cfg["quotas"]["budgets"] = [{"tenant": "gold", "window": "day", "tokens": 10, **budget}]
+    with pytest.raises(ConfigError, match=says):
+        parse_config(cfg, "gateway.yaml")
