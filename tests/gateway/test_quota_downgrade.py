@@ -8,6 +8,8 @@ daily budget with ``on_exceeded: downgrade`` to tier ``batch`` in pool ``cheap``
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +117,21 @@ def test_over_budget_gold_is_served_downgraded_and_bronze_is_refused(
         retry = int(refused.response.headers["retry-after"])
         assert 14 * 3600 - 5 <= retry <= 14 * 3600 + 1  # 10:00 UTC to midnight
         assert "x-velvetrope-degraded" not in refused.response.headers
+
+        # the budgets' burn: /admin/status, and velvetrope top's table of it
+        wait_idle(gw)
+        burn = {b["scope"]: b for b in admin_status(gw)["budgets"]}
+        assert (burn["gold"]["used"], burn["gold"]["limit"]) == (own, 300)
+        assert burn["gold"]["window"] == "day" and burn["bronze"]["used"] > 300 - 80
+        assert 14 * 3600 - 60 <= burn["gold"]["reset_s"] <= 14 * 3600
+        top = subprocess.run(
+            [sys.executable, "-m", "velvetrope", "top", "--url", gw, "--admin-token", ADMIN,
+             "--once", "--interval", "0"],
+            capture_output=True, text=True, timeout=60, check=True,
+            env={"COLUMNS": "160", "PATH": "/usr/bin:/bin"},
+        ).stdout.splitlines()  # fmt: skip
+        row = next(r for r in (line.split() for line in top) if r[:2] == ["gold", "day"])
+        assert row[-3:-1] == [f"{own}/300", f"{own / 3:.0f}%"]  # used/limit, share
 
         # shadow mode (by reload): gold runs at its own tier; the header says what would be
         path = next(tmp_path.glob("gateway-*.yaml"))

@@ -49,9 +49,11 @@ __all__ = [
     "LEDGER_CAP",
     "LEDGER_PREFIX",
     "QUOTA_DOWNGRADE",
+    "BudgetBurn",
     "Downgrade",
     "LedgerRow",
     "QuotaBook",
+    "budget_key_parts",
     "downgrade",
     "is_ledger_key",
     "ledger_rows",
@@ -296,6 +298,27 @@ class QuotaBook:
             return None
         return max(0.0, held.ends_at - epoch)
 
+    def burn(
+        self, levels: Iterable[tuple[str, tuple[float, float]]], epoch: float
+    ) -> list[BudgetBurn]:
+        """Each budget in ``levels`` (``(key, (level, capacity))``, other keys skipped) of
+        the window holding ``epoch`` (a calendar budget of an earlier window is left out):
+        what it used of its limit, and when its window ends, sorted by key."""
+        out = []
+        for key, (level, capacity) in sorted(levels):
+            parts = budget_key_parts(key)
+            if parts is None:
+                continue
+            scope, window, wid, unit = parts
+            reset: float | None = None
+            if wid is not None:
+                now_id, _, end = window_bounds(window, self.zone, epoch)
+                if now_id != wid:
+                    continue
+                reset = max(0.0, end - epoch)
+            out.append(BudgetBurn(key, scope, window, unit, capacity - level, capacity, reset))
+        return out
+
     def snapshots(
         self, snaps: tuple[BucketSnapshot, ...], epoch: float
     ) -> tuple[BucketSnapshot, ...]:
@@ -305,6 +328,35 @@ class QuotaBook:
             reset = self.reset_s(s.key, epoch) if s.owner == "quota" else None
             out.append(s if reset is None else s._replace(reset_s=reset))
         return tuple(out)
+
+
+class BudgetBurn(NamedTuple):
+    """A budget's burn: its ``key``, ``scope`` (``tenant`` or ``tenant:model``), ``window``
+    (``day``, ``week``, ``month`` or ``rolling6h``), ``unit`` (``tok``, ``usd``), what was
+    ``used`` of its ``limit``, and the seconds until its window ends (``None``: rolling)."""
+
+    key: str
+    scope: str
+    window: str
+    unit: str
+    used: float
+    limit: float
+    reset_s: float | None
+
+
+def budget_key_parts(key: str) -> tuple[str, str, str | None, str] | None:
+    """A budget's bucket key split: ``(scope, window, window id or None, unit)``
+    (``quota:acme:day:2026-12-06:tok`` → ``("acme", "day", "2026-12-06", "tok")``,
+    ``quota:acme:rolling6h:tok`` → ``("acme", "rolling6h", None, "tok")``); ``None`` for
+    a key that is not a budget's."""
+    if not key.startswith(QUOTA_PREFIX):
+        return None
+    parts = key[len(QUOTA_PREFIX) :].split(":")
+    if len(parts) >= 3 and parts[-2].startswith("rolling"):
+        return ":".join(parts[:-2]), parts[-2], None, parts[-1]
+    if len(parts) >= 4 and parts[-3] in ("day", "week", "month"):
+        return ":".join(parts[:-3]), parts[-3], parts[-2], parts[-1]
+    return None
 
 
 def _count(key: str, prompt: int, output: int) -> int:

@@ -27,8 +27,8 @@ that ran on a spent budget that would have refused or downgraded it, which its
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Final
+from collections.abc import Iterable, Sequence
+from typing import Any, Final
 
 from prometheus_client import CollectorRegistry
 
@@ -157,6 +157,11 @@ class Quotas:
         if len(lines) != len(claims) or not any(c.owner in ("quota", "ledger") for c in claims):
             return tuple(lines)
         return self.book.settle(job.model, claims, lines, job.usage)
+
+    def burn(self, levels: Iterable[tuple[str, tuple[float, float]]]) -> list[dict[str, Any]]:
+        """``/admin/status``'s ``budgets``: each budget of the current window in the store's
+        ``levels``, used of its limit (:meth:`~velvetrope.core.quota.QuotaBook.burn`)."""
+        return [b._asdict() for b in self.book.burn(levels, self.clock.now())]
 
     def headers(self, snaps: tuple[BucketSnapshot, ...], job: Job | None = None) -> list[Header]:
         """The budget headers of a response from the claimed buckets' ``snaps`` (with the
