@@ -8,16 +8,22 @@ daily budget with ``on_exceeded: downgrade`` to tier ``batch`` in pool ``cheap``
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
+import uuid
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
+import redis
 import yaml
 
+from tests.support.polling import poll
 from tests.support.prometheus import metric_sum
 from velvetrope.config import parse_config
 from velvetrope.errors import ConfigError
@@ -165,3 +171,52 @@ def test_a_downgrade_names_where_to(budget: dict[str, Any], says: str) -> None:
     cfg["quotas"]["budgets"] = [{"tenant": "gold", "window": "day", "tokens": 10, **budget}]
     with pytest.raises(ConfigError, match=says):
         parse_config(cfg, "gateway.yaml")
+
+
+def settled_at(level: Callable[[], float], left: float) -> bool:
+    return level() == left
+
+
+def test_on_redis_the_downgrade_is_the_same_and_settled_once(
+    engine: str, fresh_redis: str, tmp_path: Path
+) -> None:
+    """The store's denial comes from the Lua script: the same downgrade, the spent budget
+    untouched by it in Redis, and the ledger there equal to what the engine reported."""
+    cal = Calendar(tmp_path / "offset")
+    cal.set(f"{DAY}T10:00:00")
+    cfg = downgrade_config(engine)
+    ns = f"t{uuid.uuid4().hex[:8]}"
+    cfg["state"] = {"url": fresh_redis, "namespace": ns, "call_timeout_ms": 1000}
+    proc = launch.start_gateway(cfg, tmp_path, env=cal.env)
+    gold = openai.OpenAI(base_url=proc.url + "/v1", api_key="sk-gold-0000", max_retries=0)
+    r_ = redis.Redis.from_url(fresh_redis)
+
+    def level() -> float:
+        raw = r_.hget(f"{ns}:{{t:gold}}:b:{GOLD_KEY}", "l")
+        return float(raw) if raw is not None else math.nan
+
+    try:
+        served = inp = out = downgraded = 0
+        spent_at = math.nan
+        for _ in range(12):
+            raw = chat(gold)
+            done = raw.parse()
+            served += 1
+            inp += done.usage.prompt_tokens
+            out += done.usage.completion_tokens
+            if "x-velvetrope-degraded" in raw.headers:
+                assert raw.headers["x-velvetrope-degraded"] == "quota, tier=batch, pool=cheap"
+                downgraded += 1
+                if downgraded == 1:
+                    left = 300.0 - (inp + out - done.usage.total_tokens)  # less gold's own use
+                    poll(partial(settled_at, level, left), 20.0, "settled before the downgrade")
+                    spent_at = level()
+        assert downgraded >= 2
+        poll(lambda: usage(proc.url, tenant="gold").json()["rows"][0]["requests"] == served,
+             20.0, "every request in the ledger")  # fmt: skip
+        row = usage(proc.url, tenant="gold").json()["rows"][0]
+        assert (row["requests"], row["input_tokens"], row["output_tokens"]) == (served, inp, out)
+        assert level() == spent_at  # the downgraded requests were not charged to it
+    finally:
+        proc.stop()
+        r_.close()
