@@ -67,11 +67,10 @@ class Quotas:
             "by window.",
             ["window", "enforced"],
         )
-
         self.downgrades = LoopCounter(
             "velvetrope_quota_downgrades",
-            "Requests over a spent budget with on_exceeded: downgrade, served downgraded "
-            "(enforced=false: shadow mode, would have been), by window and tier served at.",
+            "Requests over a spent budget with on_exceeded: downgrade, downgraded instead of "
+            "refused (enforced=false: shadow mode, would have been), by window and new tier.",
             ["window", "tier", "enforced"],
         )
 
