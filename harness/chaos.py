@@ -11,10 +11,15 @@ of :mod:`harness.chaos_faults` happen (``--short``: only a Redis restart), lets 
 settle, reads what it left (:mod:`harness.chaos_state`), stops every process it started, and
 counts the invariants (:mod:`harness.chaos_checks`).
 
+Every gateway keeps the usage ledger (``quotas.ledger``) in that Redis, which runs with the
+persistence the ledger needs (``appendonly yes``, ``appendfsync always``: a restart keeps
+what was acknowledged; ``--redis-empty``: none, a restart comes back empty and the ledger
+is not checked).
+
 Output: detail lines per policy (``chaos: ...``), and last, one verdict line per policy::
 
     chaos: policy=P requests=N status_500=K unfinished=K leaked_slots=K leaked_holds=K \
-settle_mismatch=K inflight_over_limit=K priority_inversions=K
+settle_mismatch=K inflight_over_limit=K priority_inversions=K ledger_mismatch=K
 
 Exit status 0 iff every counter of every policy is 0 and nothing kept a check from being
 made; 1 otherwise; 2 on a bad command line.  Ctrl-C stops every process it started.
@@ -37,7 +42,15 @@ from typing import Any
 import httpx
 import orjson
 
-from harness.chaos_checks import Verdict, inflight, outcomes, priority, settlement, statuses
+from harness.chaos_checks import (
+    Verdict,
+    inflight,
+    ledger,
+    outcomes,
+    priority,
+    settlement,
+    statuses,
+)
 from harness.chaos_faults import Event, play, schedule
 from harness.chaos_fleet import Fleet, FleetSpec
 from harness.chaos_load import Rotation, Shot, drive, plan
@@ -45,6 +58,7 @@ from harness.chaos_state import (
     JournalEntry,
     Sample,
     read_journal,
+    read_ledger,
     read_redis,
     sample_states,
     state_context,
@@ -201,9 +215,12 @@ def _journals(
     return entries, totals
 
 
-def _gateway_counters(fleet: Fleet, shots: Sequence[Shot], v: Verdict) -> tuple[float, float]:
-    """Terminal outcomes and settled tokens summed over every gateway process."""
-    outcomes_total = settled = 0.0
+def _gateway_counters(
+    fleet: Fleet, shots: Sequence[Shot], v: Verdict
+) -> tuple[float, float, float]:
+    """Terminal outcomes, settled tokens and tokens the ledger did not record (settled in
+    the local fallback) summed over every gateway process."""
+    outcomes_total = settled = unrecorded = 0.0
     for slot in fleet.gateways:
         for i, inc in enumerate(slot.runs):
             if inc.metrics is None or inc.metrics_at is None:
@@ -219,7 +236,10 @@ def _gateway_counters(fleet: Fleet, shots: Sequence[Shot], v: Verdict) -> tuple[
                 v.problems.append(f"{slot.name}#{i}: {len(late)} answers after its final /metrics")
             outcomes_total += metric_sum(inc.metrics, "velvetrope_requests_total")
             settled += metric_sum(inc.metrics, "velvetrope_tokens_settled_total")
-    return outcomes_total, settled
+            unrecorded += metric_sum(
+                inc.metrics, "velvetrope_ledger_unrecorded_total", kind="tokens"
+            )
+    return outcomes_total, settled, unrecorded
 
 
 def _logs(fleet: Fleet, v: Verdict) -> None:
@@ -286,19 +306,28 @@ def _write_logs(fleet: Fleet) -> None:
 
 
 def run_policy(
-    policy: str, seconds: float, rate: float, seed: int, full: bool, keep: bool = False
+    policy: str,
+    seconds: float,
+    rate: float,
+    seed: int,
+    full: bool,
+    keep: bool = False,
+    redis_empty: bool = False,
 ) -> Verdict:
     """One run under ``policy`` (see the module docstring); its verdict.  With ``keep``
-    the run's directory (configs, journals, stderr) is left in place and named."""
+    the run's directory (configs, journals, stderr) is left in place and named; with
+    ``redis_empty`` Redis runs without persistence (a restart comes back empty, and the
+    ledger is not checked)."""
     v = Verdict(policy)
     workdir = Path(tempfile.mkdtemp(prefix=f"vr-chaos-{policy}-"))
-    spec = FleetSpec(policy=policy)
+    spec = FleetSpec(policy=policy, redis_empty=redis_empty)
     fleet = Fleet(workdir, spec, f"chaos-{policy}-{uuid.uuid4().hex[:6]}")
     shots = plan(rate, seconds, seed, f"{policy}-{seed}")
     events: list[Event] = []
     samples: list[Sample] = []
     began = time.monotonic()
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+    ledger_totals: dict[str, int] | None = None
     try:
         fleet.start()
         start_s = time.monotonic() - began
@@ -309,6 +338,7 @@ def run_policy(
         failed = fleet.keep_final_metrics()
         v.problems += [f"final /metrics: {f}" for f in failed]
         _redis_checks(fleet, v)
+        ledger_totals = None if spec.redis_empty else read_ledger(fleet.redis.port, fleet.namespace)
     finally:
         fleet.close()
     sent = [s for s in shots if s.sent_at is not None]
@@ -332,10 +362,11 @@ def run_policy(
         end = "" if ev.end is None else f"..{ev.end - t0:.1f}s"
         v.details.append(f"fault {ev.name} at {ev.start - t0:.1f}s{end} {ev.note}".rstrip())
     statuses(shots, v)
-    gateway_outcomes, settled = _gateway_counters(fleet, shots, v)
+    gateway_outcomes, settled, unrecorded = _gateway_counters(fleet, shots, v)
     outcomes(shots, gateway_outcomes, residue, v)
     entries, totals = _journals(fleet, v)
     settlement(shots, entries, settled, totals, v)
+    ledger(ledger_totals, settled, unrecorded, v)
     killed = {
         (slot.name, i): inc.killed_at
         for slot in fleet.engines
@@ -366,6 +397,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=32)
     ap.add_argument("--short", action="store_true", help="one fault: a Redis restart")
     ap.add_argument("--keep", action="store_true", help="keep configs, journals and logs")
+    ap.add_argument(
+        "--redis-empty",
+        action="store_true",
+        help="Redis without persistence: restarted empty (the ledger is not checked)",
+    )
     args = ap.parse_args(argv)
     if args.seconds <= 0 or args.rate <= 0:
         ap.error("--seconds and --rate must be positive")
@@ -373,7 +409,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     verdicts: list[Verdict] = []
     for policy in policies:
         say(f"policy={policy}: {args.seconds:g}s at {args.rate:g}/s ...")
-        v = run_policy(policy, args.seconds, args.rate, args.seed, not args.short, args.keep)
+        v = run_policy(
+            policy, args.seconds, args.rate, args.seed, not args.short, args.keep,
+            args.redis_empty,
+        )  # fmt: skip
         for line in v.details:
             say(f"  [{policy}] {line}")
         for line in v.problems:

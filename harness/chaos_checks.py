@@ -39,6 +39,7 @@ __all__ = [
     "Verdict",
     "gateway_prompt_tokens",
     "inflight",
+    "ledger",
     "outcomes",
     "priority",
     "settlement",
@@ -53,6 +54,7 @@ COUNTERS = (
     "settle_mismatch",
     "inflight_over_limit",
     "priority_inversions",
+    "ledger_mismatch",
 )
 
 
@@ -259,6 +261,27 @@ def settlement(
             if off
             else None,
         )
+
+
+def ledger(totals: dict[str, int] | None, settled: float, unrecorded: float, v: Verdict) -> None:
+    """``ledger_mismatch``, in tokens: the usage ledger's input and output tokens in Redis
+    (``totals``, ``None``: not checked, Redis having restarted empty) against the tokens
+    the gateways settled (``velvetrope_tokens_settled_total``, which ``settle_mismatch``
+    ties to the engines' journals) less those settled in the local fallback while Redis
+    was away (``velvetrope_ledger_unrecorded_total{kind="tokens"}``, fail_open only): the
+    ledger is written by the settlements that reach Redis, each once."""
+    if totals is None:
+        v.details.append("ledger: not checked (Redis restarted empty: the ledger with it)")
+        return
+    counted = totals["input"] + totals["output"]
+    expected = round(settled - unrecorded)
+    off = abs(counted - expected)
+    v.add("ledger_mismatch", off, f"ledger {counted} tokens vs settled {expected}" if off else None)
+    v.details.append(
+        f"ledger: {totals['requests']} requests, {totals['input']} input + {totals['output']} "
+        f"output tokens = settled {settled:.0f} less {unrecorded:.0f} in the local fallback; "
+        f"off by {off}"
+    )
 
 
 # -- concurrency at the engines ----------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 Faults, each at a fixed fraction of the load's duration (:func:`schedule`):
 
-* ``redis_restart``: Redis SIGKILLed, restarted empty on the same port after 1 s;
+* ``redis_restart``: Redis SIGKILLed, restarted on the same port after 1 s, from its
+  append-only file (or empty, without persistence: ``FleetSpec.redis_empty``);
 * ``redis_pause``: Redis SIGSTOPped for 3 s, then SIGCONT;
 * ``engine_restart``: ``engine-a`` SIGKILLed, restarted on its port after 2 s (a new
   journal; the instant just before the signal is kept: it held its requests until then);

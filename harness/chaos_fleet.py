@@ -98,6 +98,10 @@ class FleetSpec:
     hold_ttl_s: float = 120.0
     drain_notice_s: float = 8.0
     call_timeout_ms: float = 50.0
+    redis_empty: bool = False
+    """Redis without persistence, so a restart comes back empty (the leases' re-assertion);
+    otherwise ``appendonly yes`` with ``appendfsync always``, the persistence the usage
+    ledger needs (``docs/concepts/quotas.md``): a restart keeps what was acknowledged."""
 
 
 def gateway_config(
@@ -132,6 +136,7 @@ def gateway_config(
             "saturation": {"enabled": False},
         },
         "upstreams": {"default": [{"url": u} for u in engines]},
+        "quotas": {"ledger": True},  # every settlement also counts in the ledger
         "gateway": {
             "tokenizer": TOKENIZER,
             "drain_grace_s": 20.0,
@@ -210,7 +215,8 @@ class Fleet:
         self.workdir = workdir
         self.spec = spec
         self.namespace = namespace
-        self.redis = RedisServer()
+        aof = [] if spec.redis_empty else ["--appendonly", "yes", "--appendfsync", "always"]
+        self.redis = RedisServer(args=aof)
         self.engines = [Slot("engine-a"), Slot("engine-b")]
         self.gateways = [Slot("gateway-a"), Slot("gateway-b")]
         self.redis_started = False

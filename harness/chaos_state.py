@@ -22,12 +22,14 @@ import orjson
 import redis
 
 from harness.chaos_fleet import TENANTS, Fleet
+from velvetrope.core.quota import LEDGER_CAP, LEDGER_PREFIX
 
 __all__ = [
     "JournalEntry",
     "RedisView",
     "Sample",
     "read_journal",
+    "read_ledger",
     "read_redis",
     "sample_states",
     "state_context",
@@ -200,3 +202,17 @@ def state_context(samples: Sequence[Sample], at: float, t0: float) -> str:
             f"local {st['local_leases']}, fallbacks +{grew} in the second before"
         )
     return "; ".join(out)
+
+
+def read_ledger(port: int, namespace: str) -> dict[str, int]:
+    """The usage ledger's totals in Redis (``velvetrope.core.quota``'s counters): requests,
+    input and output tokens, summed over every tenant, model and day."""
+    totals = {"requests": 0, "input": 0, "output": 0}
+    with redis.Redis(port=port, socket_timeout=5) as r:
+        for raw in r.scan_iter(match=f"{namespace}:*:b:{LEDGER_PREFIX}*", count=1000):
+            key = raw.decode()
+            level = r.hget(key, "l")
+            metric = key.rsplit("|", 1)[1]
+            if level is not None and metric in totals:
+                totals[metric] += int(LEDGER_CAP - float(level))
+    return totals

@@ -32,7 +32,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from velvetrope.core.policy import PolicyConfig
-from velvetrope.core.quota_config import QuotaSettings
+from velvetrope.core.quota_config import QuotaSettings, check_downgrades
 from velvetrope.dialects import DIALECTS, ENGINE_CHOICES, Dialect, custom_dialect, parse_gauge
 from velvetrope.yaml_config import parse_yaml, read_text, validate
 
@@ -441,6 +441,7 @@ class GatewayConfig(_Model):
         for name in self.upstreams:
             if name not in pools:
                 raise ValueError(f"upstreams names pool {name!r}, not in policy.pools")
+        check_downgrades(self.quotas, {t.name for t in self.policy.tiers}, pools)
         digests = [k.digest for k in self.api_keys]
         if len(set(digests)) != len(digests):
             raise ValueError("the same API key is listed twice")

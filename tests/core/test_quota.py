@@ -12,7 +12,13 @@ from pydantic import ValidationError
 
 from velvetrope.core.bucket import MemoryBuckets, TokenBucket, settle_lines
 from velvetrope.core.lifecycle import Reason, Usage, denied
-from velvetrope.core.quota import LEDGER_CAP, QuotaBook, ledger_rows, window_bounds
+from velvetrope.core.quota import (
+    LEDGER_CAP,
+    QuotaBook,
+    budget_key_parts,
+    ledger_rows,
+    window_bounds,
+)
 from velvetrope.core.quota_config import QuotaSettings
 from velvetrope.errors import PolicyError
 
@@ -182,3 +188,22 @@ def test_unknown_time_zones_and_twin_budgets_are_refused() -> None:
     twin = {"tenant": "a", "window": "day", "tokens": 5}
     with pytest.raises(ValidationError, match="over the same window"):
         settings(budgets=[twin, twin])
+
+
+def test_budget_keys_split_and_burn_shows_the_current_windows_only() -> None:
+    assert budget_key_parts("quota:acme:day:2026-12-06:tok") == ("acme", "day", "2026-12-06", "tok")
+    assert budget_key_parts("quota:acme:m-70b:month:2026-12:usd") == (
+        "acme:m-70b", "month", "2026-12", "usd",
+    )  # fmt: skip
+    assert budget_key_parts("quota:acme:rolling6h:tok") == ("acme", "rolling6h", None, "tok")
+    assert budget_key_parts("tenant:acme:tok") is None
+    book = QuotaBook(settings())
+    now = epoch("2026-12-06T22:00")  # two hours to midnight, Paris
+    levels = [
+        ("quota:acme:day:2026-12-06:tok", (700.0, 1000.0)),
+        ("quota:acme:day:2026-12-05:tok", (0.0, 1000.0)),  # yesterday's: left out
+        ("quota:acme:rolling6h:tok", (-5.0, 50.0)),
+        ("tenant:acme:tok", (1.0, 2.0)),
+    ]
+    got = [(b.scope, b.window, b.used, b.limit, b.reset_s) for b in book.burn(levels, now)]
+    assert got == [("acme", "day", 300.0, 1000.0, 7200.0), ("acme", "rolling6h", 55.0, 50.0, None)]

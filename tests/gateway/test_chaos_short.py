@@ -15,7 +15,7 @@ def test_a_redis_restart_under_load_breaks_no_invariant() -> None:
     5 s: no 500, every request ended once, nothing leaked, settlements add up, the fleet's
     ``max_in_flight`` held at the engines through the fallback and the leases re-asserted
     after it, the priority order held."""
-    v = run_policy("fail_open", seconds=15.0, rate=30.0, seed=7, full=False)
+    v = run_policy("fail_open", seconds=15.0, rate=30.0, seed=7, full=False, redis_empty=True)
     report = "\n".join([*v.details, *v.problems, v.line()])
     assert v.requests > 300, report
     assert not v.problems, report

@@ -8,6 +8,7 @@ from harness.chaos_checks import (
     Verdict,
     gateway_prompt_tokens,
     inflight,
+    ledger,
     outcomes,
     priority,
     settlement,
@@ -170,12 +171,24 @@ def test_statuses_count_500s_and_internal_errors_mid_stream_only() -> None:
     assert "502/upstream_error=1" in v.details[0] and "200+event/internal_error=1" in v.details[0]
 
 
+def test_the_ledger_equals_the_settled_tokens_less_the_local_fallbacks() -> None:
+    v = Verdict("fail_open")
+    ledger({"requests": 3, "input": 40, "output": 60}, 130.0, 30.0, v)
+    assert v.counts["ledger_mismatch"] == 0 and "off by 0" in v.details[-1]
+    ledger({"requests": 3, "input": 40, "output": 59}, 130.0, 30.0, v)  # one token lost
+    assert v.counts["ledger_mismatch"] == 1
+    v = Verdict("fail_open")
+    ledger(None, 130.0, 0.0, v)  # Redis restarted empty: said, not counted
+    assert v.ok and "not checked" in v.details[-1]
+
+
 def test_the_verdict_line_and_its_exit_status() -> None:
     v = Verdict("fail_open", requests=7)
     assert v.ok
     assert v.line() == (
         "chaos: policy=fail_open requests=7 status_500=0 unfinished=0 leaked_slots=0 "
-        "leaked_holds=0 settle_mismatch=0 inflight_over_limit=0 priority_inversions=0"
+        "leaked_holds=0 settle_mismatch=0 inflight_over_limit=0 priority_inversions=0 "
+        "ledger_mismatch=0"
     )
     v.problems.append("a check could not be made")
     assert not v.ok

@@ -13,6 +13,9 @@ import redis
 from tests.support.redis_server import RedisServer
 from velvetrope.clock import ManualClock, SystemClock
 from velvetrope.core.bucket import Claim, Denial, Grant, settle_lines
+from velvetrope.core.lifecycle import Usage
+from velvetrope.core.quota import QuotaBook
+from velvetrope.core.quota_config import QuotaSettings
 from velvetrope.errors import StoreUnavailable
 from velvetrope.serving.launch import free_port
 from velvetrope.store.base import Slot
@@ -106,6 +109,26 @@ def test_dead_redis_fails_open_at_this_replicas_share_without_a_timeout_per_requ
             too_big = await state.reserve("z", "a", [claim(600)])  # > 500: never locally
             assert isinstance(too_big, Denial) and too_big.never
             assert state.fallbacks["reserve_local"] >= 50
+        finally:
+            await state.stop(flush_s=0)
+
+    asyncio.run(main())
+
+
+def test_settled_in_the_fallback_the_ledger_misses_and_says_how_much() -> None:
+    """fail_open with Redis away: a job reserved locally settles locally, its ledger counts
+    with it; ``status()["ledger_unrecorded"]`` (the gateway's
+    ``velvetrope_ledger_unrecorded_total``) counts what the ledger in Redis misses."""
+
+    async def main() -> None:
+        state, _ = guarded(f"redis://127.0.0.1:{free_port()}/0", expected_replicas=1)
+        book = QuotaBook(QuotaSettings(ledger=True))
+        try:
+            claims = [claim(10), *book.claims("a", "m", 7, 3, 0.0)]
+            assert isinstance(await state.reserve("j", "a", claims), Grant)
+            lines = book.settle("m", claims, settle_lines(claims, 12), Usage(7, 5))
+            state.finish("j", "a", claims, lines, "default")
+            assert state.status()["ledger_unrecorded"] == {"requests": 1, "tokens": 12}
         finally:
             await state.stop(flush_s=0)
 

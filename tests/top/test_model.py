@@ -361,6 +361,28 @@ def test_buckets_other_than_tenants_have_their_own_rows() -> None:
     assert "batch" not in {t.name for t in view.tenants}
 
 
+def budget(scope: str, used: float, **kw: object) -> dict[str, object]:
+    key = f"quota:{scope}:day:2026-12-07:tok"
+    return {"key": key, "scope": scope, "window": "day", "unit": "tok", "used": used,
+            "limit": 1000.0, "reset_s": 3600.0, **kw}  # fmt: skip
+
+
+def test_budgets_show_their_burn_the_most_used_over_gateways_not_as_buckets() -> None:
+    a, b = status("redis-1-gw0"), status("redis-1-gw1")
+    a["budgets"] = [budget("acme", 250.0), budget("globex", 1200.0)]
+    b["budgets"] = [budget("acme", 400.0), {"key": "quota:x:day:d:tok", "used": "?"}]
+    a["buckets"] = dict(a["buckets"], **{"quota:acme:day:2026-12-07:tok": 750.0})
+    view = build_view([Sample(GW, 1.0, a, None), Sample(GW_B, 1.0, b, None)], {})
+    got = [(r.scope, r.window, r.used, r.limit, r.share, r.reset_s) for r in view.budgets]
+    assert got == [
+        ("acme", "day", 400.0, 1000.0, 0.4, 3600.0),
+        ("globex", "day", 1200.0, 1000.0, 1.2, 3600.0),
+    ]
+    assert not any(k.key.startswith("quota:") for k in view.buckets)
+    filtered = build_view([Sample(GW, 1.0, a, None)], {}, Controls(filter="glob"))
+    assert [r.scope for r in filtered.budgets] == ["globex"]
+
+
 def test_recorded_metrics_parse_to_the_samples_written() -> None:
     m = parse_metrics(text("memory-1-gw0"))
     assert m.value("velvetrope_in_flight", pool="default") == 4.0

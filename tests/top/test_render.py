@@ -162,3 +162,26 @@ def test_the_filter_shows_in_the_keys_line() -> None:
     assert [ln.split()[0] for ln in kept if ln.split()[0] in {"bronze", "gold", "silver"}] == [
         "bronze"
     ]
+
+
+def test_budget_burn_shows_used_of_limit_share_and_reset() -> None:
+    st = status("memory-1-gw0")
+    st["budgets"] = [
+        {"key": "quota:acme:day:2026-12-07:tok", "scope": "acme", "window": "day",
+         "unit": "tok", "used": 250.0, "limit": 1000.0, "reset_s": 7200.0},
+        {"key": "quota:globex:rolling6h:usd", "scope": "globex", "window": "rolling6h",
+         "unit": "usd", "used": 61.0, "limit": 50.0, "reset_s": None},
+    ]  # fmt: skip
+    view = build_view([Sample(GW, 1.0, st, None)], {})
+    lines = frame(view, 120, None)
+    assert cells(lines, "BUDGET") == ["BUDGET", "WINDOW", "USED", "USED%", "RESET"]
+    assert cells(lines, "acme") == [
+        "acme",
+        "day",
+        f"{bar(250, 1000, 10)} 250/1000",
+        "25%",
+        "120m",
+    ]
+    assert cells(lines, "globex") == [
+        "globex", "rolling6h", f"{bar(61, 50, 10)} $61.0/$50.0", "122%", "rolling",
+    ]  # fmt: skip

@@ -22,6 +22,12 @@ request's settlement is the ledger's only writer, once per job id.  A job counts
 day it was admitted (in the time zone), with what it was charged (its usage; nothing for
 one refused or shed before it ran), in shadow mode too.
 
+A budget with ``on_exceeded: downgrade`` does not refuse: a job its spent budget denied is
+downgraded (:meth:`QuotaBook.exceeded`, :func:`downgrade`: the budget's tier, then the
+route's pool for it, or the budget's pool) and reserved again without that budget's claim,
+so it is not charged to the spent budget but is to the tenant's others and to the ledger,
+settled once like any job.  The gateway and the simulator both apply these two.
+
 Everything takes the wall-clock time as epoch seconds from its caller (sans-IO); keys are
 built here and only the ledger's are read back (:func:`ledger_rows`).
 """
@@ -29,20 +35,26 @@ built here and only the ledger's are read back (:func:`ledger_rows`).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import date, datetime, timedelta
 from typing import Final, NamedTuple
 from zoneinfo import ZoneInfo
 
-from velvetrope.core.bucket import REQUESTS, TOKENS, BucketSnapshot, Claim, SettleLine
+from velvetrope.core.bucket import REQUESTS, TOKENS, BucketSnapshot, Claim, Denial, SettleLine
+from velvetrope.core.job import Job
 from velvetrope.core.lifecycle import QUOTA_PREFIX, Usage
 from velvetrope.core.quota_config import ANY_TENANT, Budget, QuotaSettings
 
 __all__ = [
     "LEDGER_CAP",
     "LEDGER_PREFIX",
+    "QUOTA_DOWNGRADE",
+    "BudgetBurn",
+    "Downgrade",
     "LedgerRow",
     "QuotaBook",
+    "budget_key_parts",
+    "downgrade",
     "is_ledger_key",
     "ledger_rows",
     "window_bounds",
@@ -52,6 +64,8 @@ LEDGER_CAP: Final = float(2**53)
 """A ledger counter's capacity: its count is ``LEDGER_CAP - level``, exact below it."""
 LEDGER_PREFIX: Final = "ledger|"
 _METRICS: Final = ("requests", "input", "output")
+QUOTA_DOWNGRADE: Final = "quota"
+"""The ``Job.degraded`` action of a job downgraded by a spent budget."""
 _REMEMBER: Final = 65_536
 
 
@@ -82,6 +96,37 @@ def window_bounds(window: str, zone: ZoneInfo, epoch: float) -> tuple[str, float
 
 def _midnight(d: date, zone: ZoneInfo) -> float:
     return datetime(d.year, d.month, d.day, tzinfo=zone).timestamp()
+
+
+class Downgrade(NamedTuple):
+    """A job over budget ``key`` (of ``window``) served at ``tier`` and/or in ``pool``
+    (``None``: unchanged) instead of refused."""
+
+    key: str
+    window: str
+    tier: str | None
+    pool: str | None
+
+    def describe(self) -> str:
+        """``tier=batch; pool=cheap`` (what is given)."""
+        parts = [f"tier={self.tier}"] if self.tier is not None else []
+        if self.pool is not None:
+            parts.append(f"pool={self.pool}")
+        return "; ".join(parts)
+
+
+def downgrade(job: Job, d: Downgrade, route: Callable[[Job], object]) -> None:
+    """Downgrade ``job`` as ``d`` says: its tier, then ``route`` (the controller's: the
+    pool for the new tier, and any degradation of it), then ``d``'s pool if given; marks
+    ``job.degraded`` with :data:`QUOTA_DOWNGRADE` (once).  Call before the job's claims
+    are made again (its tier's buckets change with it)."""
+    if d.tier is not None:
+        job.tier = d.tier
+    route(job)
+    if d.pool is not None:
+        job.pool = d.pool
+    if QUOTA_DOWNGRADE not in job.degraded:
+        job.degraded = (*job.degraded, QUOTA_DOWNGRADE)
 
 
 class _Held(NamedTuple):
@@ -132,17 +177,26 @@ class QuotaBook:
         return datetime.fromtimestamp(epoch, self.zone).date().isoformat()
 
     def claims(
-        self, tenant: str, model: str | None, prompt: int, output: int, epoch: float
+        self,
+        tenant: str,
+        model: str | None,
+        prompt: int,
+        output: int,
+        epoch: float,
+        skip: Sequence[str] = (),
     ) -> tuple[Claim, ...]:
         """The claims of a job of ``tenant`` on ``model`` with ``prompt`` tokens and
         ``output`` expected, admitted at ``epoch``: one per budget (its expected use, 0 in
-        shadow mode), then the ledger's counters (0 each)."""
+        shadow mode) but those keyed in ``skip`` (spent budgets it was downgraded for),
+        then the ledger's counters (0 each)."""
         out: list[Claim] = []
         enforce = self.settings.enforce
         for b in self.budgets(tenant, model):
             key, rate, ends = self._key(b, tenant, epoch)
+            if key in skip:
+                continue
             self._remember(key, _Held(b, ends))
-            amount = self._use(b, model, prompt, 0, output) if enforce else 0.0
+            amount = self.use(b, model, prompt, 0, output) if enforce else 0.0
             out.append(Claim(key, TOKENS, "quota", amount, b.amount, rate))
         if self.settings.ledger:
             base = f"{LEDGER_PREFIX}{self.day(epoch)}|{tenant}|{model or ''}|"
@@ -169,7 +223,7 @@ class QuotaBook:
         if len(known) > _REMEMBER:
             known.popitem(last=False)
 
-    def _use(self, b: Budget, model: str | None, prompt: int, cached: int, output: int) -> float:
+    def use(self, b: Budget, model: str | None, prompt: int, cached: int, output: int) -> float:
         """What ``prompt`` tokens (``cached`` of them cached) and ``output`` count against
         ``b``: weighted tokens, or dollars (0 for a model without a price)."""
         if b.tokens is not None:
@@ -200,7 +254,7 @@ class QuotaBook:
                 held = self._held.get(c.key)
                 used = 0.0
                 if held is not None and line[2] > 0.0:
-                    used = self._use(held.budget, model, prompt, cached, output)
+                    used = self.use(held.budget, model, prompt, cached, output)
                 elif line[2] > 0.0:  # forgotten (65,536 keys later): its raw tokens
                     used = float(prompt + output)
                 line = (c.key, c.amount, used)
@@ -213,7 +267,22 @@ class QuotaBook:
         """What a job of ``prompt`` and ``output`` tokens on ``model`` would reserve from
         budget ``key`` when enforced (shadow mode reserves 0); 0 for a key not known."""
         held = self._held.get(key)
-        return 0.0 if held is None else self._use(held.budget, model, prompt, 0, output)
+        return 0.0 if held is None else self.use(held.budget, model, prompt, 0, output)
+
+    def exceeded(self, denial: Denial) -> Downgrade | None:
+        """What a job the store denied gets instead of a refusal: the :class:`Downgrade` of
+        the budget that denied it when that budget says ``on_exceeded: downgrade``, else
+        ``None`` (refused: a rate bucket, or a budget that refuses)."""
+        return self.downgrade_for(denial.key)
+
+    def downgrade_for(self, key: str) -> Downgrade | None:
+        """The :class:`Downgrade` of budget ``key`` when spent (``None``: it refuses, or the
+        key is not a budget's)."""
+        held = self._held.get(key)
+        if held is None or held.budget.on_exceeded != "downgrade":
+            return None
+        b = held.budget
+        return Downgrade(key, b.window, b.downgrade_to_tier, b.downgrade_to_pool)
 
     def window(self, key: str) -> str:
         """The window of budget ``key`` (``day``, ``week``, ``month``, ``rolling``; ``""``
@@ -229,6 +298,27 @@ class QuotaBook:
             return None
         return max(0.0, held.ends_at - epoch)
 
+    def burn(
+        self, levels: Iterable[tuple[str, tuple[float, float]]], epoch: float
+    ) -> list[BudgetBurn]:
+        """Each budget in ``levels`` (``(key, (level, capacity))``, other keys skipped) of
+        the window holding ``epoch`` (a calendar budget of an earlier window is left out):
+        what it used of its limit, and when its window ends, sorted by key."""
+        out = []
+        for key, (level, capacity) in sorted(levels):
+            parts = budget_key_parts(key)
+            if parts is None:
+                continue
+            scope, window, wid, unit = parts
+            reset: float | None = None
+            if wid is not None:
+                now_id, _, end = window_bounds(window, self.zone, epoch)
+                if now_id != wid:
+                    continue
+                reset = max(0.0, end - epoch)
+            out.append(BudgetBurn(key, scope, window, unit, capacity - level, capacity, reset))
+        return out
+
     def snapshots(
         self, snaps: tuple[BucketSnapshot, ...], epoch: float
     ) -> tuple[BucketSnapshot, ...]:
@@ -238,6 +328,35 @@ class QuotaBook:
             reset = self.reset_s(s.key, epoch) if s.owner == "quota" else None
             out.append(s if reset is None else s._replace(reset_s=reset))
         return tuple(out)
+
+
+class BudgetBurn(NamedTuple):
+    """A budget's burn: its ``key``, ``scope`` (``tenant`` or ``tenant:model``), ``window``
+    (``day``, ``week``, ``month`` or ``rolling6h``), ``unit`` (``tok``, ``usd``), what was
+    ``used`` of its ``limit``, and the seconds until its window ends (``None``: rolling)."""
+
+    key: str
+    scope: str
+    window: str
+    unit: str
+    used: float
+    limit: float
+    reset_s: float | None
+
+
+def budget_key_parts(key: str) -> tuple[str, str, str | None, str] | None:
+    """A budget's bucket key split: ``(scope, window, window id or None, unit)``
+    (``quota:acme:day:2026-12-06:tok`` → ``("acme", "day", "2026-12-06", "tok")``,
+    ``quota:acme:rolling6h:tok`` → ``("acme", "rolling6h", None, "tok")``); ``None`` for
+    a key that is not a budget's."""
+    if not key.startswith(QUOTA_PREFIX):
+        return None
+    parts = key[len(QUOTA_PREFIX) :].split(":")
+    if len(parts) >= 3 and parts[-2].startswith("rolling"):
+        return ":".join(parts[:-2]), parts[-2], None, parts[-1]
+    if len(parts) >= 4 and parts[-3] in ("day", "week", "month"):
+        return ":".join(parts[:-3]), parts[-3], parts[-2], parts[-1]
+    return None
 
 
 def _count(key: str, prompt: int, output: int) -> int:

@@ -16,9 +16,19 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["ANY_TENANT", "Budget", "Price", "QuotaSettings", "Weights", "Window"]
+__all__ = [
+    "ANY_TENANT",
+    "Budget",
+    "OnExceeded",
+    "Price",
+    "QuotaSettings",
+    "Weights",
+    "Window",
+    "check_downgrades",
+]
 
 Window = Literal["day", "week", "month", "rolling"]
+OnExceeded = Literal["refuse", "downgrade"]
 ANY_TENANT = "*"
 """A budget's ``tenant`` that gives every tenant a budget of its own."""
 
@@ -75,6 +85,25 @@ class Budget(_Model):
         None, gt=0, description="the budget in dollars from quotas.prices (or give tokens)"
     )
     weights: Weights = Field(default_factory=Weights, description="token weights (tokens only)")
+    on_exceeded: OnExceeded = Field(
+        "refuse",
+        description="what a request that does not fit in the spent budget gets: refuse "
+        "(default): 429 quota_exceeded until the window resets; downgrade: served all the "
+        "same at downgrade_to_tier and/or in downgrade_to_pool, not charged to this budget "
+        "(still to the tenant's other budgets and the ledger)",
+    )
+    downgrade_to_tier: str | None = Field(
+        None,
+        min_length=1,
+        description="on_exceeded: downgrade: the tier (of policy.tiers) the request runs at "
+        "instead of its own (absent: its own tier)",
+    )
+    downgrade_to_pool: str | None = Field(
+        None,
+        min_length=1,
+        description="on_exceeded: downgrade: the pool (of policy.pools) the request is sent "
+        "to instead of the one its route chose (absent: the route's pool, for the new tier)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Budget:
@@ -82,6 +111,16 @@ class Budget(_Model):
             raise ValueError("a budget gives exactly one of tokens and cost_usd")
         if (self.window == "rolling") != (self.hours is not None):
             raise ValueError("hours is given with window: rolling, and only then")
+        to = (self.downgrade_to_tier, self.downgrade_to_pool)
+        if self.on_exceeded == "downgrade" and to == (None, None):
+            raise ValueError(
+                "on_exceeded: downgrade needs downgrade_to_tier or downgrade_to_pool (or both)"
+            )
+        if self.on_exceeded == "refuse" and to != (None, None):
+            raise ValueError(
+                "downgrade_to_tier and downgrade_to_pool are given with on_exceeded: "
+                "downgrade, and only then"
+            )
         return self
 
     @property
@@ -153,3 +192,19 @@ class QuotaSettings(_Model):
     def active(self) -> bool:
         """Whether anything is to be reserved or counted."""
         return bool(self.budgets) or self.ledger
+
+
+def check_downgrades(settings: QuotaSettings, tiers: set[str], pools: set[str]) -> None:
+    """Raise ``ValueError`` for a budget that downgrades to a tier not in ``tiers`` or a
+    pool not in ``pools`` (the policy's names; an empty set is not checked: the preset's)."""
+    for b in settings.budgets:
+        if tiers and b.downgrade_to_tier is not None and b.downgrade_to_tier not in tiers:
+            raise ValueError(
+                f"quotas.budgets: downgrade_to_tier {b.downgrade_to_tier!r} of tenant "
+                f"{b.tenant!r} is not in policy.tiers {sorted(tiers)}"
+            )
+        if pools and b.downgrade_to_pool is not None and b.downgrade_to_pool not in pools:
+            raise ValueError(
+                f"quotas.budgets: downgrade_to_pool {b.downgrade_to_pool!r} of tenant "
+                f"{b.tenant!r} is not in policy.pools {sorted(pools)}"
+            )

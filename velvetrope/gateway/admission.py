@@ -11,7 +11,9 @@ first).  In order, with no other caller in between:
    with the job's budgets and ledger counters (:class:`~velvetrope.gateway.quotas.Quotas`);
 3. the store's reservation (:class:`~velvetrope.store.base.Store`): without I/O when the
    store can answer so (memory; a shared store whose state is away), else one round trip
-   that also takes the job's fleet slot when it will start at once;
+   that also takes the job's fleet slot when it will start at once; denied by a spent
+   budget that downgrades, the job is downgraded (:func:`~velvetrope.core.quota.downgrade`)
+   and steps 2-3 run again without that budget;
 4. arrive in the controller; if queued, wait for dispatch, expiry or the client's
    disconnect (a single timer armed at the controller's next deadline);
 5. with fleet slots, the dispatched job's slot (:class:`~velvetrope.gateway.slots.FleetSlot`).
@@ -42,6 +44,7 @@ from velvetrope.core import (
 )
 from velvetrope.core.bucket import Claim, SettleLine, settle_lines
 from velvetrope.core.lifecycle import JobState
+from velvetrope.core.quota import downgrade
 from velvetrope.errors import LifecycleError, StoreUnavailable
 from velvetrope.gateway.quotas import Quotas
 from velvetrope.gateway.slots import FleetSlot
@@ -193,24 +196,32 @@ class Admission:
         ctl.route(job)
         if self._on_route is not None:
             self._on_route(job)
-        claims = ctl.claims(job)
         quotas = self.quotas
-        if quotas is not None:
-            claims = quotas.claims(job, claims)
-        fleet = self.slots.get(job.pool) if self.slots else None
-        slot = fleet.ask(job) if fleet is not None and ctl.would_start(job) else None
-        store = self.store
-        try:
-            res = store.reserve_now(job.id, job.tenant, claims, slot)
-            if res is None:
-                res = await store.reserve(job.id, job.tenant, claims, slot)
-        except StoreUnavailable as e:
-            return _refusal(ctl.reject(job, Reason.STATE_UNAVAILABLE, str(e), 1.0))
-        except asyncio.CancelledError:  # shut down mid-trip: undo what may have been taken
-            self._settle(job, settle_lines(claims, 0), claimed=claims)
-            raise
-        if quotas is not None:
+        spent: tuple[str, ...] = ()
+        while True:  # again only for a downgrade: a spent budget is claimed once at most
+            claims = ctl.claims(job)
+            if quotas is not None:
+                claims = quotas.claims(job, claims, spent)
+            fleet = self.slots.get(job.pool) if self.slots else None
+            slot = fleet.ask(job) if fleet is not None and ctl.would_start(job) else None
+            store = self.store
+            try:
+                res = store.reserve_now(job.id, job.tenant, claims, slot)
+                if res is None:
+                    res = await store.reserve(job.id, job.tenant, claims, slot)
+            except StoreUnavailable as e:
+                return _refusal(ctl.reject(job, Reason.STATE_UNAVAILABLE, str(e), 1.0))
+            except asyncio.CancelledError:  # shut down mid-trip: undo what may have been taken
+                self._settle(job, settle_lines(claims, 0), claimed=claims)
+                raise
+            if quotas is None:
+                break
             res = quotas.answer(job, claims, res)
+            down = quotas.downgrade(res)
+            if down is None or down.key in spent:
+                break
+            spent += (down.key,)  # nothing was reserved: downgrade, and reserve again
+            downgrade(job, down, ctl.route)
         d = ctl.arrive(job, res)
         if isinstance(d, Rejected):
             self._settle(job, d.settlement.lines)

@@ -6,7 +6,8 @@
 * ``x-velvetrope-queue-ms``: how long the request waited in the queue.
 * ``x-velvetrope-pool`` and ``x-velvetrope-route`` (the rule that chose the pool), and for
   a degraded request ``x-velvetrope-degraded``: what was given up, e.g.
-  ``max_tokens=50, pool=spare`` (:func:`route_headers`).
+  ``max_tokens=50, pool=spare``, or for a budget spent (``on_exceeded: downgrade``)
+  ``quota, tier=batch, pool=default`` (:func:`route_headers`).
 * ``x-velvetrope-timing: arrived=A dispatched=D seq=S pid=P``, only when the environment variable
   ``VELVETROPE_TIMING_HEADER`` is ``1`` when this module is imported (a harness's switch,
   off by default: it shows the gateway's clock): the job's arrival in the admission
@@ -29,6 +30,7 @@ from typing import Final
 
 from velvetrope.core.bucket import BucketSnapshot
 from velvetrope.core.job import Job
+from velvetrope.core.quota import QUOTA_DOWNGRADE
 from velvetrope.core.routing import FALLBACK_POOL, MAX_TOKENS
 
 __all__ = [
@@ -103,9 +105,11 @@ def route_headers(job: Job) -> list[Header]:
     out = list(fixed)
     degraded = job.degraded
     if degraded:
-        parts = []
+        parts: list[str] = []
         for action in degraded:
-            if action == MAX_TOKENS:
+            if action == QUOTA_DOWNGRADE:
+                parts.insert(0, f"quota, tier={job.tier}, pool={pool}")
+            elif action == MAX_TOKENS:
                 parts.append(f"max_tokens={job.max_tokens // max(1, job.n)}")
             elif action == FALLBACK_POOL:
                 parts.append(f"pool={pool}")

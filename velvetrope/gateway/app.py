@@ -354,6 +354,7 @@ class Gateway:
         status = self.ctl.status()
         levels = self.store.levels().items()
         status["buckets"] = {k: lvl for k, (lvl, _) in levels if not is_ledger_key(k)}
+        status["budgets"] = self.quotas.burn(levels)
         status["state"] = self.store.status()
         status["waiting_requests"] = self.admission.waiting
         status["upstreams"] = self.engines.upstream_status(self.clock.now())

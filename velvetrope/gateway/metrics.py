@@ -259,6 +259,12 @@ class _StateCollector(Collector):
             " rejected (refused by shared state, e.g. a key of another type).",
             labels=["reason"],
         )
+        unrecorded = CounterMetricFamily(
+            "velvetrope_ledger_unrecorded",
+            "Requests and tokens settled in the local fallback while shared state was away "
+            "(on_store_error: fail_open): missing from the usage ledger, by kind.",
+            labels=["kind"],
+        )
         extra: list[Any] = [store_up]
         if store is not None:
             ss = store.status()
@@ -271,7 +277,9 @@ class _StateCollector(Collector):
                 outbox.add_metric([], ss["outbox"])
                 lost.add_metric(["overflow"], ss["outbox_dropped"])
                 lost.add_metric(["rejected"], ss["outbox_rejected"])
-                extra += [fallbacks, replicas, fleet_depth, outbox, lost]
+                for kind in ("requests", "tokens"):
+                    unrecorded.add_metric([kind], ss["ledger_unrecorded"].get(kind, 0))
+                extra += [fallbacks, replicas, fleet_depth, outbox, lost, unrecorded]
         try:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:  # read outside the event loop (a test, a thread)

@@ -376,6 +376,24 @@ def _measured_plan(
     )  # fmt: skip
 
 
+def _budget_lines(
+    config: str, trace: str | None, tenants: str | None, rps: float, start: str | None
+) -> None:
+    """Print :func:`~velvetrope.sim.quota_whatif.plan_budget_lines` (errors exit 2)."""
+    from velvetrope.sim.quota_whatif import parse_start, plan_budget_lines
+
+    try:
+        if trace is None:
+            raise PolicyError("--config's budgets need --trace (whose requests they count)")
+        lines = plan_budget_lines(config, trace, tenants, rps, parse_start(start))
+    except (VelvetropeError, OSError) as exc:
+        typer.echo(f"velvetrope plan: error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo("")
+    for line in lines:
+        typer.echo(line)
+
+
 def plan_command(
     profile: Annotated[
         str | None,
@@ -478,6 +496,16 @@ def plan_command(
     scaled_object: Annotated[
         Path | None,
         typer.Option(help="A KEDA ScaledObject file whose other settings the answer keeps."),
+    ] = None,
+    config: Annotated[
+        str | None,
+        typer.Option(help="Gateway config: with --trace, when its budgets run out at this rate."),
+    ] = None,
+    tenants: Annotated[
+        str | None, typer.Option(help="With --config: tenant mix tenant[:tier]:weight,...")
+    ] = None,
+    start: Annotated[
+        str | None, typer.Option(help="With --config: the budgets' start, ISO (default: now).")
     ] = None,
 ) -> None:
     """Size a fleet for a workload and an SLO, and derive the admission settings.
@@ -614,6 +642,8 @@ def plan_command(
         return
     for line in format_plan(plan):
         typer.echo(line)
+    if config is not None:
+        _budget_lines(config, trace, tenants, full.design_rps, start)
     if features:
         typer.echo("")
         typer.echo(f"engine features: {features}")

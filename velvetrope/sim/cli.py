@@ -10,7 +10,10 @@ rules, degradation, capacity per engine, the saturation rule) and, unless ``--re
 given, one replica per static upstream the config lists for each pool (4 for a pool listing
 none).  Before running it says how routing and tiers will apply: the rules in force, and,
 when the trace names no tenants and no ``--tenants`` mix is given, that every request runs
-as one tenant in one tier.
+as one tenant in one tier.  With budgets in the config's ``quotas`` (from ``--start``, the
+budgets' calendar), a single run applies them as the gateway would, prints when each
+tenant's budgets run out at the workload's pace and, when a budget downgrades, the top
+tier's SLO with refusals instead (:mod:`velvetrope.sim.quota_whatif`); a sweep ignores them.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from velvetrope.errors import PolicyError, VelvetropeError
 if TYPE_CHECKING:
     from velvetrope.config import GatewayConfig
     from velvetrope.core import PolicyConfig
+    from velvetrope.core.quota_config import QuotaSettings
     from velvetrope.sim.autoscale import AutoscaleSpec
     from velvetrope.sim.workload import TenantMix, TraceRequest
 
@@ -53,6 +57,16 @@ def _policy(
     if preset is not None:
         policy = policy.model_copy(update={"preset": preset})
     return policy, gw.gateway.default_max_tokens, replicas or _config_replicas(gw)
+
+
+def _budgets(config: Path | None) -> QuotaSettings | None:
+    """The config's quotas when it has budgets (else ``None``)."""
+    if config is None:
+        return None
+    from velvetrope.config import load_config
+
+    quotas = load_config(config).quotas
+    return quotas if quotas.budgets else None
 
 
 def _config_replicas(gw: GatewayConfig) -> dict[str, int]:
@@ -203,6 +217,10 @@ def simulate_command(
         ),
     ] = None,
     seed: Annotated[int, typer.Option(min=0, help="Seed: tenant mix, predictor, capacity.")] = 0,
+    start: Annotated[
+        str | None,
+        typer.Option(help="Wall-clock time of the run's start, ISO (budgets' calendar; now)."),
+    ] = None,
     system_prompt: Annotated[
         int,
         typer.Option(
@@ -296,10 +314,23 @@ def simulate_command(
             reps = base.pop("replicas")
             if autoscale is not None:
                 base["autoscale"] = _autoscale_spec(autoscale, config, startup, duration or 0.0)
-            res = run_simulation(policy, workload, reps, prof, **base)
+            budgets = _budgets(config)
+            said: list[str] = []
+            if budgets is None:
+                res = run_simulation(policy, workload, reps, prof, **base)
+            else:
+                from velvetrope.sim.quota_whatif import parse_start, simulate_with_budgets
+
+                at = parse_start(start)
+                res, said = simulate_with_budgets(policy, workload, reps, prof, base, budgets, at)
             wall = time.perf_counter() - t0
             console.print(tier_table(res))
             path = write_report(res, out)
+            if said:
+                for line in said:
+                    typer.echo(line)
+                with path.open("a", encoding="utf-8") as f:
+                    f.write("\n## Budgets\n\n```text\n" + "\n".join(said) + "\n```\n")
             if res.autoscale is not None:
                 from velvetrope.sim.autoscale_report import autoscale_rows, write_autoscale
 

@@ -96,7 +96,10 @@ from velvetrope.sim.workload import TraceRequest, rescale_time, trace_stats
 if TYPE_CHECKING:
     from velvetrope.sim.autoscale import AutoscaleSpec
 
-__all__ = ["policy_label", "run_simulation", "scale_to_load"]
+__all__ = ["Budgets", "policy_label", "run_simulation", "scale_to_load"]
+
+Budgets = Callable[[Sequence[TraceRequest]], tuple[Sequence[TraceRequest], Sequence[str | None]]]
+"""A what-if's budgets: the requests kept, and the tier each is forced to (or ``None``)."""
 
 _INF = math.inf
 _QUEUED = JobState.QUEUED
@@ -152,6 +155,7 @@ def run_simulation(
     autoscale: AutoscaleSpec | None = None,
     engine_names: Sequence[str] | None = None,
     engine_scheduling: str = "fcfs",
+    budgets: Budgets | None = None,
 ) -> SimResult:
     """Replay ``workload`` (sorted by ``t``) through ``config`` on a modelled fleet.
 
@@ -180,6 +184,9 @@ def run_simulation(
     (a pool's ``engine_priority``: the tier's index), else 0.  FCFS engines refuse a
     priority (vLLM answers 400), so, as the gateway learns from the first refusal, none is
     forwarded to them and the pools' headroom rules do not count on the engines' order.
+    ``budgets`` takes the workload once rescaled and returns the requests its budgets let
+    through and, one per request, the tier a downgrade forces (``None``: resolved as
+    usual), whatever its tenant may ask for (:func:`velvetrope.sim.quotas.apply_quotas`).
     Bad parameters raise :class:`~velvetrope.errors.PolicyError`.  The same inputs give the
     same result, bit for bit.
     """
@@ -219,6 +226,9 @@ def run_simulation(
     if load is not None:
         capacity = fleet_capacity(profile, workload, len(fleet), seed=seed)
         workload = scale_to_load(workload, load, capacity)
+    forced_tiers: Sequence[str | None] | None = None
+    if budgets is not None:
+        workload, forced_tiers = budgets(workload)
 
     # -- per-request inputs, prepared once ---------------------------------------------
     n = len(workload)
@@ -235,7 +245,13 @@ def run_simulation(
     tier_names = {t.name for t in policy.tiers}
     tier_cache: dict[tuple[str, str | None], str] = {}
     tiers: list[str] = []
-    for r in workload:
+    if forced_tiers is not None and len(forced_tiers) != len(workload):
+        raise PolicyError("budgets must give one tier (or None) per request it keeps")
+    for i, r in enumerate(workload):
+        forced = forced_tiers[i] if forced_tiers is not None else None
+        if forced is not None:
+            tiers.append(forced)
+            continue
         key = (r.tenant, r.tier)
         tier = tier_cache.get(key)
         if tier is None:

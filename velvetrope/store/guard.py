@@ -58,6 +58,7 @@ from redis.exceptions import RedisError
 
 from velvetrope.clock import Clock
 from velvetrope.core.bucket import Claim, Denial, Grant, MemoryBuckets, SettleLine, settle_lines
+from velvetrope.core.quota import LEDGER_PREFIX
 from velvetrope.errors import StoreUnavailable
 from velvetrope.store.base import Slot
 from velvetrope.store.breaker import CircuitBreaker
@@ -119,6 +120,7 @@ class GuardedStore:
         self._observe = observe_call or (lambda op, s: None)
         self._queue_depth = queue_depth or (lambda: 0)
         self._local_jobs: set[str] = set()  # reserved in the local fallback
+        self.unledgered: Counter[str] = Counter()  # ledger counts settled locally: not in it
         self._seen: dict[str, tuple[float, float]] = {}  # bucket -> (level, capacity) seen
         self._leases: dict[str, dict[str, int]] = {}  # pool -> job id -> tokens, in Redis
         self._local_leases: dict[str, dict[str, int]] = {}  # pool -> job id -> tokens
@@ -435,6 +437,10 @@ class GuardedStore:
         if job_id in self._local_jobs:
             self._local_jobs.discard(job_id)
             self.local.settle(lines, self.clock.now(), job_id)
+            for key, _, actual in lines:  # the ledger is Redis's: count what it misses
+                if key.startswith(LEDGER_PREFIX):
+                    kind = "requests" if key.endswith("|requests") else "tokens"
+                    self.unledgered[kind] += int(actual)
             return
         self._settle_remote(job_id, tenant, claims, lines)
 
@@ -593,6 +599,7 @@ class GuardedStore:
             "fleet_queue_depth": self.fleet_queue_depth,
             "on_store_error": self.on_store_error,
             "fallbacks": dict(self.fallbacks),
+            "ledger_unrecorded": dict(self.unledgered),
             "outbox": len(self.outbox),
             "outbox_sent": self.outbox.sent,
             "outbox_retried": self.outbox.retried,

@@ -22,6 +22,9 @@ Figures and where they come from:
   count); per pool, the predicted wait: queued tokens over the measured drain rate.
 * **Buckets**: level from the status, fill (level over capacity) from
   ``velvetrope_bucket_fill_ratio``.
+* **Budgets** (budget burn): each budget of the current window from the status's
+  ``budgets``, used of its limit, and when its window resets; over several gateways, the
+  most used any reports (with Redis they share one).  Budgets are not among the buckets.
 
 **Order and filter** (:class:`~velvetrope.top.controls.Controls`): tenants by the sort
 column, ties by name; outcomes by rate, then total; pools and bands as first reported;
@@ -48,6 +51,7 @@ from velvetrope.top.exposition import Labels
 from velvetrope.top.rows import (
     BandRow,
     BucketRow,
+    BudgetRow,
     EngineRow,
     OutcomeRow,
     PoolRow,
@@ -87,6 +91,8 @@ class View:
     tenant_rates: bool
     """Whether the gateways label requests by tenant (else the tenants have no rates)."""
     controls: Controls = field(default_factory=Controls)
+    budgets: list[BudgetRow] = field(default_factory=list)
+    """The budgets of the current windows, by whose, window and unit."""
 
     @property
     def up(self) -> int:
@@ -145,6 +151,25 @@ def _bucket_levels(
                 k = _label(labels, "bucket")
                 fills[k] = min(fills.get(k, v), v)
     return levels, fills
+
+
+def _budgets(answered: Sequence[Sample], keep: Callable[[str], bool]) -> list[BudgetRow]:
+    """Each budget any of ``answered`` reports, the most used (see the module docstring)."""
+    most: dict[str, BudgetRow] = {}
+    for s in answered:
+        for b in (s.status or {}).get("budgets") or []:
+            try:
+                reset = b.get("reset_s")
+                row = BudgetRow(
+                    str(b["scope"]), str(b["window"]), str(b["unit"]), float(b["used"]),
+                    float(b["limit"]), None if reset is None else float(reset),
+                )  # fmt: skip
+            except (KeyError, TypeError, ValueError, AttributeError):
+                continue  # a field missing or malformed: not shown, never an error
+            key = str(b["key"])
+            if keep(row.scope) and (key not in most or row.used > most[key].used):
+                most[key] = row
+    return [most[k] for k in sorted(most)]
 
 
 def _split_bucket(key: str) -> tuple[str, str, str]:
@@ -236,8 +261,11 @@ def build_view(
     buckets = [
         BucketRow(k, levels[k], fills.get(k))
         for k in sorted(levels)
-        if _split_bucket(k)[0] != "tenant" and keep_bucket(k)
+        if _split_bucket(k)[0] not in ("tenant", "quota") and keep_bucket(k)
     ]
+    scopes = [str(b.get("scope")) for s in answered for b in (s.status or {}).get("budgets") or []
+              if isinstance(b, dict)]  # fmt: skip
+    budgets = _budgets(answered, _keep(controls.filter, scopes))
 
     by_reason = counter_rates(
         pairs, _REQUESTS, lambda ls: (_label(ls, "outcome"), _label(ls, "reason"))
@@ -273,4 +301,5 @@ def build_view(
         rejected_per_s=rejected,
         tenant_rates=labelled,
         controls=controls,
+        budgets=budgets,
     )

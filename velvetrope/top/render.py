@@ -4,7 +4,8 @@
 ``height`` lines (``None``: every row) that fits ``width`` columns (80×24 over a plain SSH
 terminal included).  From top to bottom: a title line with the totals, the gateways (one
 row each, their shared state), the pools, the bands beside the outcomes per second, the
-tenants beside the other buckets, the engines, and a line of keys.  Side by side needs
+tenants beside the other buckets, the budgets (their burn), the engines, and a line of
+keys.  Side by side needs
 :data:`PAIR_WIDTH` columns; narrower, the pairs are stacked.
 
 **Height.**  When the rows do not fit, :func:`allot` shares the lines between the tables:
@@ -138,7 +139,7 @@ def render(
     """The frame of ``view`` in ``width`` columns and at most ``height`` lines (``None``:
     every row; see the module docstring).  ``clock``: a time of day for the title;
     ``keys``: end with the line of keys (and the filter being typed)."""
-    gateways, pools, first, second, engines = sections(view)
+    gateways, pools, first, second, budgets, engines = sections(view)
     layout: list[tuple[Section, ...]] = [(gateways,), (pools,)]
     for pair in (first, second):
         present = tuple(s for s in pair if s.rows)
@@ -146,7 +147,7 @@ def render(
             layout.append(present)
         else:
             layout += [(s,) for s in present]
-    layout.append((engines,))
+    layout += [(budgets,), (engines,)]
     layout = [g for g in layout if any(s.rows for s in g)]  # the gateways: a row each at least
     wants = [max(len(s.rows) for s in g) for g in layout]
     got = wants if height is None else allot(wants, max(0, height - 1 - keys))

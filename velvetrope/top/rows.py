@@ -18,6 +18,7 @@ __all__ = [
     "DENIED",
     "BandRow",
     "BucketRow",
+    "BudgetRow",
     "EngineRow",
     "OutcomeRow",
     "PoolRow",
@@ -143,6 +144,25 @@ class BucketRow:
     key: str
     level: float
     fill: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetRow:
+    """A budget of the current window (``/admin/status``'s ``budgets``): whose
+    (``tenant`` or ``tenant:model``), its window and unit, used of its limit, seconds until
+    its window ends (``None``: rolling, or not said)."""
+
+    scope: str
+    window: str
+    unit: str
+    used: float
+    limit: float
+    reset_s: float | None
+
+    @property
+    def share(self) -> float | None:
+        """Used over limit (``None`` for a limit that is not positive)."""
+        return self.used / self.limit if self.limit > 0 else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -170,6 +170,20 @@ def _buckets(view: View) -> Section:
     return Section([Col("BUCKET", "left"), Col("LEVEL", drop=1), Col("FILL")], body)
 
 
+def _budgets(view: View) -> Section:
+    """Budget burn: used of each budget's limit, as a bar and a share, and its reset."""
+    body: list[list[Cell]] = []
+    for b in view.budgets:
+        unit = "$" if b.unit == "usd" else ""
+        used = f"{bar(b.used, b.limit, 10)} {unit}{_small(b.used)}/{unit}{_small(b.limit)}"
+        share = b.share
+        style = "bold red" if share is not None and share >= 1 else ""
+        reset = "rolling" if b.reset_s is None else _secs(b.reset_s)
+        body.append([b.scope, b.window, used, Text(_pct(share), style), reset])
+    cols = [Col("BUDGET", "left"), Col("WINDOW", "left"), Col("USED", "left", 2)]
+    return Section([*cols, Col("USED%"), Col("RESET", drop=1)], body)
+
+
 def _engine(e: EngineRow) -> list[Cell]:
     health = Text("ok", "green") if e.healthy else Text("down", "bold red")
     brk = Text(e.breaker.replace("half_open", "half"), _BREAKER_STYLE.get(e.breaker, "bold red"))
@@ -191,13 +205,14 @@ def _engines(view: View) -> Section:
 
 def sections(
     view: View,
-) -> tuple[Section, Section, tuple[Section, Section], tuple[Section, Section], Section]:
+) -> tuple[Section, Section, tuple[Section, Section], tuple[Section, Section], Section, Section]:
     """The frame's tables from top to bottom: gateways, pools, (bands, outcomes),
-    (tenants, other buckets), engines."""
+    (tenants, other buckets), budgets, engines."""
     return (
         _replicas(view.replicas),
         _pools(view),
         (_bands(view), _outcomes(view)),
         (_tenants(view), _buckets(view)),
+        _budgets(view),
         _engines(view),
     )
