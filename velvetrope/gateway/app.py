@@ -66,6 +66,7 @@ from velvetrope.gateway.engines import Engines
 from velvetrope.gateway.httpclient import HttpClient
 from velvetrope.gateway.metrics import GatewayMetrics
 from velvetrope.gateway.models import answer_models
+from velvetrope.gateway.other_paths import OtherPaths, is_other_path, no_route
 from velvetrope.gateway.parse import (
     EXPECTED_TOKENS_HEADER,
     ParsedRequest,
@@ -150,6 +151,10 @@ class Gateway:
         self.draining = False
         self.homes = ResponseHomes()  # which engine created each response (Responses API)
         self.watches = DisconnectWatches()
+        self.other = OtherPaths(
+            self.admission, self.engines, self.watches, lambda: self.session, self._timeout,
+            lambda: f"{self._id_prefix}-{next(self._ids)}",
+        )  # fmt: skip
         self.reloader = Reloader(self, config_source)
         self._prio_for = self.ctl.config
         self._prio = EnginePriority(self._prio_for)
@@ -232,7 +237,11 @@ class Gateway:
         elif path.startswith("/v1/responses/") and len(path) > 14:
             await self._stored(scope, send, method, path[14:])
         elif path not in _GET_PATHS and not (path.startswith("/v1/models/") and len(path) > 11):
-            await self._door(send, "other", 404, f"no route {path}", "not_found")
+            if self.settings.other_paths == "pass" and is_other_path(path):
+                tenant = self._tenant(scope)
+                await self.other.handle(scope, receive, send, tenant, self.settings, self._door)
+            else:  # gateway.other_paths: refuse (the default), or not a path it decides
+                await self._door(send, "other", 404, no_route(path), "not_found")
         elif method != "GET":
             await self._door(send, "other", 405, _not_allowed(method, path, "GET"))
         elif path == "/metrics":

@@ -86,6 +86,12 @@ class Endpoint:
     """Anthropic's API: errors in its shape (:mod:`velvetrope.openai.anthropic`)."""
 
     @property
+    def job_kind(self) -> str:
+        """The job's endpoint kind (:attr:`~velvetrope.core.Job.kind`): the name, with a
+        score counted as ``rerank`` (metrics keep a fixed set of kinds)."""
+        return "rerank" if self.name == "score" else self.name
+
+    @property
     def kind(self) -> Kind:
         """The completion kind of a generating endpoint (``chat`` or ``completions``)."""
         return "chat" if self.name == "chat" else "completions"
@@ -145,11 +151,14 @@ def make_job(
     expected_header: bytes | None,
 ) -> Job:
     """The admission job of ``parsed`` (:func:`prompt_only_job` or
-    :func:`~velvetrope.gateway.parse.job_for`)."""
+    :func:`~velvetrope.gateway.parse.job_for`), its ``kind`` the endpoint's."""
     if endpoint.prompt_only:
-        return prompt_only_job(parsed, job_id, tenant, tier)
-    expected = expected_tokens(expected_header)
-    return job_for(parsed, job_id, tenant, tier, default_max_tokens, expected)
+        job = prompt_only_job(parsed, job_id, tenant, tier)
+    else:
+        expected = expected_tokens(expected_header)
+        job = job_for(parsed, job_id, tenant, tier, default_max_tokens, expected)
+    job.kind = endpoint.job_kind
+    return job
 
 
 def shape_body(endpoint: Endpoint, parsed: ParsedRequest, job: Job) -> None:

@@ -332,10 +332,11 @@ class GatewayMetrics:
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.tenant_label = tenant_label
-        labels = ["tier", "outcome", "reason"] + (["tenant"] if tenant_label else [])
+        labels = ["tier", "outcome", "reason", "endpoint"] + (["tenant"] if tenant_label else [])
         self.requests = self._counter(
             "velvetrope_requests_total",
-            "Requests by tier, outcome and reason.",
+            "Requests by tier, outcome, reason and endpoint kind (chat, completions, "
+            "responses, messages, embeddings, rerank, passthrough).",
             labels,
         )
         self.queue_wait = self._histogram(
@@ -358,13 +359,13 @@ class GatewayMetrics:
         )
         self.reserved = self._counter(
             "velvetrope_tokens_reserved_total",
-            "Tokens reserved from buckets at admission, by tier.",
-            ["tier"],
+            "Tokens reserved from buckets at admission, by tier and endpoint kind.",
+            ["tier", "endpoint"],
         )
         self.settled = self._counter(
             "velvetrope_tokens_settled_total",
-            "Tokens actually used at settlement, by tier.",
-            ["tier"],
+            "Tokens actually used at settlement, by tier and endpoint kind.",
+            ["tier", "endpoint"],
         )
         self.store_calls = self._histogram(
             "velvetrope_state_call_seconds",
@@ -416,8 +417,8 @@ class GatewayMetrics:
             "(401), a malformed body (400), an unknown path (404) or method (405), a body "
             "too large (413) or too slow (408); endpoint: the admitted endpoint's name "
             "(chat, completions, embeddings, rerank, score, responses, messages, count_tokens; "
-            "models for "
-            "/v1/models), else 'other'.",
+            "models for /v1/models; passthrough for a path gateway.other_paths passes), else "
+            "'other'.",
             ["endpoint", "status", "code"],
         )
         self._store_children: dict[str, Any] = {}
@@ -458,8 +459,10 @@ class GatewayMetrics:
             child = self._store_children[op] = self.store_calls.labels(op)
         child.observe(seconds)
 
-    def _series(self, tier: str, state: JobState, reason: Reason, tenant: str) -> OutcomeSeries:
-        values = [tier, state.value, reason.code]
+    def _series(
+        self, tier: str, state: JobState, reason: Reason, tenant: str, endpoint: str
+    ) -> OutcomeSeries:
+        values = [tier, state.value, reason.code, endpoint]
         if self.tenant_label:
             values.append(tenant)
         return (
@@ -467,8 +470,8 @@ class GatewayMetrics:
             self.queue_wait.labels(tier),
             self.ttft.labels(tier),
             self.e2e.labels(tier),
-            self.reserved.labels(tier),
-            self.settled.labels(tier),
+            self.reserved.labels(tier, endpoint),
+            self.settled.labels(tier, endpoint),
         )
 
     def _routed(self, pool: str, rule: str) -> CounterChild:
