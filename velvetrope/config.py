@@ -260,6 +260,12 @@ class StateSettings(_Model):
     hold_ttl_s: float = Field(
         6 * 3600.0, gt=0, description="a reservation not settled this long is forgotten"
     )
+    response_ttl_s: float = Field(
+        24 * 3600.0,
+        gt=0,
+        description="with Redis state: how long the engine that created a Responses API "
+        "response is remembered for previous_response_id (shared by every replica)",
+    )
 
     @property
     def shared(self) -> bool:

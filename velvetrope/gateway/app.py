@@ -77,8 +77,8 @@ from velvetrope.gateway.quotas import Quotas
 from velvetrope.gateway.relay import UsageTally
 from velvetrope.gateway.reload import Reloader
 from velvetrope.gateway.request_slo import DO_NOT_QUEUE_HEADER, SLO_TTFT_HEADER, request_deadline
+from velvetrope.gateway.response_homes import response_homes
 from velvetrope.gateway.responses import (
-    ResponseHomes,
     ResponsesRelay,
     pinned_exclude,
     responses_usage,
@@ -149,7 +149,7 @@ class Gateway:
             self.settings.upstream_connect_timeout_s, self.settings.upstream_read_timeout_s
         )
         self.draining = False
-        self.homes = ResponseHomes()  # which engine created each response (Responses API)
+        self.homes = response_homes(self.store, config.state)  # who created each response
         self.watches = DisconnectWatches()
         self.other = OtherPaths(
             self.admission, self.engines, self.watches, lambda: self.session, self._timeout,
@@ -543,7 +543,7 @@ class Gateway:
         engines = self.engines
         tried: tuple[str, ...] = ()  # upstreams that could not be reached
         events = events_for(endpoint)
-        home = self.homes.home(parsed.body.get("previous_response_id"), job.tenant)
+        home = await self.homes.find(parsed.body.get("previous_response_id"), job.tenant)
         # the prefix identity, once, for a prefix-routed pool only (else: nothing to do)
         hashes = engines.prefix_hashes(job.pool, parsed.body) if engines.prefix else ()
         while True:
