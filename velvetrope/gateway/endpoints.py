@@ -38,6 +38,7 @@ from typing import cast
 import orjson
 
 from velvetrope.core import Job, Usage
+from velvetrope.core.kinds import size_prompt_only
 from velvetrope.core.routing import FALLBACK_POOL, MAX_TOKENS
 from velvetrope.gateway.messages import MessagesRelay, messages_usage, parse_messages_request
 from velvetrope.gateway.output_cap import send_output_cap
@@ -231,22 +232,11 @@ def parse_prompt_only(
 
 
 def prompt_only_job(parsed: ParsedRequest, job_id: str, tenant: str, tier: str) -> Job:
-    """The job of a prompt-only ``parsed`` for ``tenant`` in ``tier``: sized here (cost =
-    its input tokens; nothing predicted or reserved for output), so the controller keeps
-    that size; ``max_tokens`` is 1 because the core requires a positive cap."""
-    job = Job(
-        id=job_id,
-        tenant=tenant,
-        tier=tier,
-        prompt_tokens=parsed.prompt_tokens,
-        max_tokens=1,
-        model=parsed.model,
-        predicted_output=0,
-        streamed=False,
-    )
-    job.reserved_output = 0
-    job.cost = parsed.prompt_tokens
-    return job
+    """The job of a prompt-only ``parsed`` for ``tenant`` in ``tier``, sized by the core's
+    rule (:func:`~velvetrope.core.kinds.size_prompt_only`: cost = its input tokens, nothing
+    predicted or reserved for output), which the controller keeps and the simulator shares."""
+    job = Job(job_id, tenant, tier, parsed.prompt_tokens, 1, model=parsed.model)
+    return size_prompt_only(job)
 
 
 def degrade_prompt_only(parsed: ParsedRequest, job: Job) -> None:

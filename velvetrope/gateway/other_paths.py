@@ -40,6 +40,7 @@ import orjson
 
 from velvetrope.config import GatewaySettings
 from velvetrope.core import Job, Reason, Usage
+from velvetrope.core.kinds import size_prompt_only
 from velvetrope.errors import ClientDisconnected, RequestError
 from velvetrope.gateway.admission import Admission, Ticket
 from velvetrope.gateway.disconnects import DisconnectWatches
@@ -87,20 +88,7 @@ def body_model(body: bytes) -> str | None:
 def passthrough_job(job_id: str, tenant: str, tier: str, model: str | None, cost: int) -> Job:
     """A pass-through request's job: a fixed ``cost`` in tokens (its "prompt"), nothing
     predicted or reserved for output, its first token its whole answer."""
-    job = Job(
-        id=job_id,
-        tenant=tenant,
-        tier=tier,
-        prompt_tokens=cost,
-        max_tokens=1,
-        model=model,
-        predicted_output=0,
-        streamed=False,
-        kind=PASSTHROUGH,
-    )
-    job.reserved_output = 0
-    job.cost = cost
-    return job
+    return size_prompt_only(Job(job_id, tenant, tier, cost, 1, model=model, kind=PASSTHROUGH))
 
 
 class OtherPaths:

@@ -172,6 +172,9 @@ class JobRecords:
     shadow: NDArray[np.str_] | None = None
     """Shadow mode (``enforce: false``): ``decision`` or ``decision reason`` as
     enforcement would have decided (empty: the request was enforced)."""
+    endpoint: NDArray[np.str_] | None = None
+    """The endpoint kind of each request (``chat``, ``embeddings``, ...; ``None``: all
+    ``chat``).  A prompt-only request's ``output`` is 0 and its first token its end."""
 
     def __len__(self) -> int:
         return int(self.arrival.size)
@@ -193,6 +196,18 @@ class JobRecords:
                 key = (tier, decision, reason)
                 out[key] = out.get(key, 0) + 1
         return out
+
+    def endpoint_counts(self) -> dict[str, tuple[int, int]]:
+        """Requests and completed requests by endpoint kind (the gateway's
+        ``velvetrope_requests_total{endpoint}``); empty when every request is a chat."""
+        kinds = self.endpoint
+        if kinds is None or not np.any(kinds != "chat"):
+            return {}
+        done = self.completed
+        return {
+            k: (int(np.sum(kinds == k)), int(np.sum(done & (kinds == k))))
+            for k in sorted(set(kinds.tolist()))
+        }
 
     def ttft(self) -> FloatArray:
         return self.first_token - self.arrival

@@ -155,6 +155,10 @@ def tier_table(result: SimResult) -> Table:
         notes.append("not completed: " + ", ".join(f"{k} {v:,}" for k, v in sorted(lost.items())))
         if "upstream_error" in lost:
             notes.append(f"upstream_error: {UPSTREAM_ERROR_NOTE}")
+    kinds = result.records.endpoint_counts()
+    if kinds:
+        said = ", ".join(f"{k} {n:,} ({d:,} done)" for k, (n, d) in kinds.items())
+        notes.append(f"by endpoint: {said}")
     shadow = result.records.shadow_counts()
     if shadow:
         said = ", ".join(f"{t} {d} {r or '-'} {n:,}" for (t, d, r), n in sorted(shadow.items()))
