@@ -8,11 +8,13 @@ refuse``), passed through with request-count admission when the config says ``pa
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 
-from .conftest import charged, metered_config, metric, start_gateway, wait_idle
+from .conftest import admin_status, charged, metered_config, metric, start_gateway, wait_idle
+from .test_reload import Running
 
 pytestmark = pytest.mark.integration
 
@@ -184,3 +186,22 @@ def test_a_passed_request_waits_in_its_tier_like_any_job_when_its_bucket_is_empt
         assert codes == [200, 200, 429]  # the third finds the bucket spent: refused, not passed
     finally:
         p.stop()
+
+
+def test_the_setting_is_shown_and_a_reload_that_changes_it_is_refused_naming_it(
+    engine: str, tmp_path: Path
+) -> None:
+    gw = Running(tmp_path, metered_config([engine]))
+    try:
+        assert admin_status(gw.url)["other_paths"] == "refuse"
+        gw.write(lambda c: c["gateway"].update(other_paths="pass"))
+        r = gw.reload()
+        assert r.status_code == 409
+        err = r.json()["error"]
+        assert err["code"] == "needs_restart"
+        assert err["message"] == "needs a restart to change: gateway.other_paths"
+        # unchanged: still refused, still shown so
+        assert httpx.post(gw.url + "/tokenize", json={}, headers=GOLD).status_code == 404
+        assert admin_status(gw.url)["other_paths"] == "refuse"
+    finally:
+        gw.proc.stop()

@@ -132,3 +132,19 @@ def test_a_bad_endpoint_line_is_refused_naming_the_line(
 def test_a_prompt_only_request_is_checked_when_built() -> None:
     with pytest.raises(PolicyError, match="prompt-only"):
         TraceRequest(0.0, 10, 5, "b", endpoint="embeddings")
+
+
+def test_shadow_decisions_of_a_mixed_run_are_reported_by_endpoint() -> None:
+    cfg = _config().model_dump()
+    cfg["tiers"][1]["enforce"] = False  # the backfill's tier in shadow mode
+    result = run_simulation(
+        PolicyConfig.model_validate(cfg), _mixed(7)[:1500], 1, load_profile("llama3-8b-a100")
+    )
+    counts = result.records.shadow_counts(by_endpoint=True)
+    assert counts and {k[0] for k in counts} == {"batch"}
+    assert {k[3] for k in counts} == {"embeddings"}
+    assert sum(counts.values()) == int(np.sum(result.records.endpoint == "embeddings"))
+    assert sum(result.records.shadow_counts().values()) == sum(counts.values())
+    caption = str(tier_table(result).caption)
+    assert "shadow (enforce: false, all passed through): batch " in caption
+    assert "embeddings" in caption.split("shadow")[1]

@@ -371,6 +371,7 @@ class Gateway:
         status["upstreams"] = self.engines.upstream_status(self.clock.now())
         status["engine_load"] = self.engines.engine_load(self.clock.now())
         status["dispatch_held_by_saturation"] = self.engines.saturation_holds()
+        status["other_paths"] = self.settings.other_paths  # /tokenize, /v1/audio/*, ...
         await respond(send, 200, orjson.dumps(status))
 
     async def _completion(
@@ -537,7 +538,7 @@ class Gateway:
         tally = UsageTally(job.prompt_tokens, job.max_tokens // max(1, job.n))  # told the cap
         extra = admitted_headers(job, ticket.snapshots) + self.quotas.headers(ticket.snapshots, job)
         if job.shadow is not None:  # shadow mode: what enforcement would have done
-            self.metrics.shadow.labels(job.tier, job.shadow, job.shadow_reason).inc()
+            self.metrics.shadow.labels(job.tier, job.shadow, job.shadow_reason, job.kind).inc()
             said = job.shadow if not job.shadow_reason else f"{job.shadow}; {job.shadow_reason}"
             extra.append((b"x-velvetrope-shadow", said.encode()))
         engines = self.engines

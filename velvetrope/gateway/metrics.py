@@ -402,8 +402,9 @@ class GatewayMetrics:
             "velvetrope_shadow_decisions",
             "Shadow mode (enforce: false): the decision enforcement would have made for a "
             "request that was passed through (admitted, queued, rejected) and why (a "
-            "rejection's code; 'capacity': it would have waited for a slot).",
-            ["tier", "decision", "reason"],
+            "rejection's code; 'capacity': it would have waited for a slot), by endpoint "
+            "kind.",
+            ["tier", "decision", "reason", "endpoint"],
         )
         self.reloads = self._counter(
             "velvetrope_config_reload",

@@ -184,16 +184,21 @@ class JobRecords:
         done: NDArray[np.bool_] = np.equal(self.state, "completed")
         return done
 
-    def shadow_counts(self) -> dict[tuple[str, str, str], int]:
-        """Shadow decisions by ``(tier, decision, reason)`` (the gateway's
-        ``velvetrope_shadow_decisions_total``)."""
-        out: dict[tuple[str, str, str], int] = {}
+    def shadow_counts(self, by_endpoint: bool = False) -> dict[tuple[str, ...], int]:
+        """Shadow decisions by ``(tier, decision, reason)``, and the endpoint kind last with
+        ``by_endpoint`` (the gateway's ``velvetrope_shadow_decisions_total``)."""
+        out: dict[tuple[str, ...], int] = {}
         if self.shadow is None:
             return out
-        for tier, said in zip(self.tier.tolist(), self.shadow.tolist(), strict=True):
+        kinds = self.endpoint.tolist() if self.endpoint is not None else None
+        for i, (tier, said) in enumerate(
+            zip(self.tier.tolist(), self.shadow.tolist(), strict=True)
+        ):
             if said:
                 decision, _, reason = said.partition(" ")
-                key = (tier, decision, reason)
+                key: tuple[str, ...] = (tier, decision, reason)
+                if by_endpoint:
+                    key += (kinds[i] if kinds is not None else "chat",)
                 out[key] = out.get(key, 0) + 1
         return out
 
