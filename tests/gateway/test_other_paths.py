@@ -205,3 +205,29 @@ def test_the_setting_is_shown_and_a_reload_that_changes_it_is_refused_naming_it(
         assert admin_status(gw.url)["other_paths"] == "refuse"
     finally:
         gw.proc.stop()
+
+
+def test_a_passed_request_takes_the_tier_its_header_asks_for_where_allowed(passing: str) -> None:
+    def done(tier: str) -> float:
+        return metric(
+            passing, "velvetrope_requests_total", endpoint="passthrough", tier=tier, outcome=DONE
+        )
+
+    before = done("interactive"), done("standard")
+    silver = {"Authorization": "Bearer sk-silver-0000"}
+    asked = {**silver, "x-velvetrope-tier": "interactive"}  # silver may ask for interactive
+    assert httpx.post(passing + "/tokenize", json={"prompt": "a"}, headers=asked).is_success
+    assert httpx.post(passing + "/tokenize", json={"prompt": "a"}, headers=silver).is_success
+    wait_idle(passing)
+    assert (done("interactive"), done("standard")) == (before[0] + 1, before[1] + 1)
+
+
+def test_a_pure_proxy_passes_them_without_admission(engine: str, tmp_path: Path) -> None:
+    cfg = metered_config([engine], other_paths="pass", admission=False)
+    p = start_gateway(tmp_path, cfg)
+    try:
+        r = httpx.post(p.url + "/tokenize", json={"prompt": "hello"}, headers=GOLD)
+        assert r.status_code == 200 and r.json()["count"] >= 1
+        assert metric(p.url, "velvetrope_requests_total") == 0  # nothing admitted
+    finally:
+        p.stop()

@@ -10,7 +10,8 @@ What becomes of them is ``gateway.other_paths``:
     operator opens it knowingly.
 ``pass``
     Passed through with **request-count admission**: the API key is checked (401), the body
-    read within ``max_body_bytes`` (413), and the request becomes a job of fixed cost
+    read within ``max_body_bytes`` (413), and the request becomes a job (in the tenant's tier,
+    or the one ``gateway.priority_header`` asks for where the tenant may) of fixed cost
     ``gateway.other_paths_cost_tokens`` (1 token by default, nothing reserved for output)
     that queues in its tenant's tier and band with every other job of its pool, takes a
     slot of the pool while it runs, and is settled at that same cost whatever the engine
@@ -25,7 +26,8 @@ What becomes of them is ``gateway.other_paths``:
 
 Contract: every admitted pass-through job ends exactly once (completed, failed, or
 cancelled by the client's disconnect, which closes the upstream request), so in-flight
-counts and balances stay exact.
+counts and balances stay exact.  With ``gateway.admission: false`` (a pure proxy) a passed
+path is only routed and forwarded, like every other request then.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from velvetrope.gateway.admission import Admission, Ticket
 from velvetrope.gateway.disconnects import DisconnectWatches
 from velvetrope.gateway.engines import Engines
 from velvetrope.openai.errors import error_body, retry_headers
-from velvetrope.serving.asgi import Receive, Scope, Send, read_body, respond
+from velvetrope.serving.asgi import Receive, Scope, Send, header, read_body, respond
 
 __all__ = ["PASSTHROUGH", "OtherPaths", "is_other_path", "no_route", "passthrough_job"]
 
@@ -133,10 +135,27 @@ class OtherPaths:
             return
         except ClientDisconnected:
             return
-        tier = self.admission.ctl.resolve_tier(tenant, None)
+        asked = header(scope, settings.priority_header.lower().encode())
+        tier = self.admission.ctl.resolve_tier(tenant, asked.decode("latin-1") if asked else None)
         cost = settings.other_paths_cost_tokens
         job = passthrough_job(self.new_id(), tenant, tier, body_model(body), cost)
-        await self.serve(scope, receive, send, job, body)
+        if settings.admission:
+            await self.serve(scope, receive, send, job, body)
+        else:  # a pure proxy (gateway.admission: false): routed, not admitted
+            await self.proxy(scope, send, job, body)
+
+    async def proxy(self, scope: Scope, send: Send, job: Job, body: bytes) -> None:
+        """Forward without admission to an upstream of the pool the rules choose."""
+        up = self.engines.pick(self.admission.ctl.router.match(job)[0])
+        if up is None:
+            await error(send, 503, "no healthy upstream", "no_healthy_upstream")
+            return
+        try:
+            status, ctype, answer = await self._forward(scope, up, body)
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            await error(send, 502, f"upstream {up.url} failed: {e}", "upstream_error")
+            return
+        await respond(send, status, answer, [(b"content-type", ctype)])
 
     async def serve(
         self, scope: Scope, receive: Receive, send: Send, job: Job, body: bytes
