@@ -24,7 +24,7 @@ TTFT_S = 1.0
 """The top tier's TTFT objective."""
 
 
-def _config(bands: str = "strict") -> PolicyConfig:
+def mixed_config(bands: str = "strict") -> PolicyConfig:
     return PolicyConfig.model_validate(
         {
             "tiers": [
@@ -42,7 +42,7 @@ def _config(bands: str = "strict") -> PolicyConfig:
     )
 
 
-def _mixed(seed: int) -> list[TraceRequest]:
+def mixed_trace(seed: int) -> list[TraceRequest]:
     """60 s of interactive chat (3/s) with, from t=10 s, a backfill of 4,000 embedding
     calls of 200-1,500 tokens in 20 s (200/s: several times what the engine prefills)."""
     rng = np.random.default_rng(seed)
@@ -59,12 +59,12 @@ def _mixed(seed: int) -> list[TraceRequest]:
     return sorted(out, key=lambda r: r.t)
 
 
-def _run(reqs: list[TraceRequest], bands: str = "strict") -> Any:
-    return run_simulation(_config(bands), reqs, 1, load_profile("llama3-8b-a100"), seed=1)
+def run_mixed(reqs: list[TraceRequest], bands: str = "strict") -> Any:
+    return run_simulation(mixed_config(bands), reqs, 1, load_profile("llama3-8b-a100"), seed=1)
 
 
 def test_an_embedding_backfill_on_a_chat_pool_leaves_the_top_tier_its_ttft() -> None:
-    result = _run(_mixed(7))
+    result = run_mixed(mixed_trace(7))
     rec = result.records
     chat, emb = rec.endpoint == "chat", rec.endpoint == "embeddings"
     assert int(chat.sum()) == 180 and int(emb.sum()) == 4000
@@ -86,7 +86,7 @@ def test_an_embedding_backfill_on_a_chat_pool_leaves_the_top_tier_its_ttft() -> 
 def test_without_tiers_the_same_backfill_breaks_the_chats_ttft() -> None:
     """The test above can fail: with one band for every tier (``bands: single``) the chats
     queue behind the backfill, and fewer than 90% of them start within their objective."""
-    rec = _run(_mixed(7), bands="single").records
+    rec = run_mixed(mixed_trace(7), bands="single").records
     chat = rec.endpoint == "chat"
     ttft = rec.ttft()[chat]
     met = int(np.sum(rec.completed[chat] & (ttft <= TTFT_S)))
@@ -135,10 +135,10 @@ def test_a_prompt_only_request_is_checked_when_built() -> None:
 
 
 def test_shadow_decisions_of_a_mixed_run_are_reported_by_endpoint() -> None:
-    cfg = _config().model_dump()
+    cfg = mixed_config().model_dump()
     cfg["tiers"][1]["enforce"] = False  # the backfill's tier in shadow mode
     result = run_simulation(
-        PolicyConfig.model_validate(cfg), _mixed(7)[:1500], 1, load_profile("llama3-8b-a100")
+        PolicyConfig.model_validate(cfg), mixed_trace(7)[:1500], 1, load_profile("llama3-8b-a100")
     )
     counts = result.records.shadow_counts(by_endpoint=True)
     assert counts and {k[0] for k in counts} == {"batch"}
