@@ -13,7 +13,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .conftest import admin_status, charged, metered_config, metric, start_gateway, wait_idle
+from .conftest import (
+    admin_status,
+    charged,
+    free_port,
+    metered_config,
+    metric,
+    start_gateway,
+    wait_idle,
+)
 from .test_reload import Running
 
 pytestmark = pytest.mark.integration
@@ -229,5 +237,20 @@ def test_a_pure_proxy_passes_them_without_admission(engine: str, tmp_path: Path)
         r = httpx.post(p.url + "/tokenize", json={"prompt": "hello"}, headers=GOLD)
         assert r.status_code == 200 and r.json()["count"] >= 1
         assert metric(p.url, "velvetrope_requests_total") == 0  # nothing admitted
+    finally:
+        p.stop()
+
+
+def test_an_upstream_that_cannot_be_reached_is_passed_over(engine: str, tmp_path: Path) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    cfg = metered_config([dead, engine], other_paths="pass", other_paths_cost_tokens=COST)
+    p = start_gateway(tmp_path, cfg, ready_path="/healthz")
+    try:
+        codes = [
+            httpx.post(p.url + "/tokenize", json={"prompt": "x"}, headers=GOLD).status_code
+            for _ in range(6)
+        ]
+        assert codes == [200] * 6
+        assert charged(p.url, "gold") == pytest.approx(6 * COST, abs=0.5)
     finally:
         p.stop()

@@ -21,8 +21,10 @@ What becomes of them is ``gateway.other_paths``:
     ``model`` when the body is a JSON object that names one (a multipart upload's model is
     not read: the tenant's default pool).  The method, query string, ``content-type`` and
     body go to the least-loaded live upstream of the pool unchanged; the answer (status,
-    ``content-type`` and body) comes back whole.  An upstream that cannot be reached is
-    tried no more and the next one is; none left: 503 ``no_healthy_upstream``.
+    ``content-type`` and body) comes back whole.  An upstream that cannot be connected to is
+    tried no more and the next one is (none left: 503 ``no_healthy_upstream``); one that
+    fails after the request was sent is not retried (the call may have done its work): 502
+    ``upstream_error``, charged the fixed cost.
 
 Contract: every admitted pass-through job ends exactly once (completed, failed, or
 cancelled by the client's disconnect, which closes the upstream request), so in-flight
@@ -33,6 +35,8 @@ path is only routed and forwarded, like every other request then.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -54,6 +58,8 @@ __all__ = ["PASSTHROUGH", "OtherPaths", "is_other_path", "no_route", "passthroug
 
 PASSTHROUGH = "passthrough"
 """The endpoint kind of a passed-through request (metrics' ``endpoint`` label)."""
+
+log = logging.getLogger("velvetrope.gateway")
 
 Door = Callable[..., Awaitable[None]]
 """The gateway's refusal at the door: ``(send, endpoint, status, message, code[, param])``."""
@@ -200,11 +206,11 @@ class OtherPaths:
                         me.uncancel()
                         return
                     raise
-                except (aiohttp.ClientConnectionError, OSError) as e:
+                except aiohttp.ClientConnectorError as e:  # not reached: nothing was sent
                     self.engines.upstreams.mark_failed(up, str(e))
                     tried += (up.url,)
                     continue
-                except (aiohttp.ClientError, TimeoutError) as e:
+                except (aiohttp.ClientError, TimeoutError, OSError) as e:
                     self.engines.upstreams.failed(up, str(e))
                     ticket.fail(Reason.UPSTREAM_ERROR, Usage(job.cost, 0))
                     await error(send, 502, f"upstream {up.url} failed: {e}", "upstream_error")
@@ -222,6 +228,14 @@ class OtherPaths:
                 self.engines.upstreams.answered_error(up, status, job.tenant)
                 ticket.fail(Reason.UPSTREAM_ERROR, Usage(job.cost, 0))
             await respond(send, status, answer, [(b"content-type", ctype)])
+        except Exception:  # a bug: logged, the job ended once, answered in OpenAI's shape
+            log.exception("velvetrope: unexpected error passing %s through", job.id)
+            if ticket is not None:
+                ticket.fail(Reason.UPSTREAM_ERROR, Usage(job.cost, 0))
+            else:
+                self.admission.abandon(job)
+            with contextlib.suppress(Exception):
+                await error(send, 500, "internal error in the gateway", "internal_error")
         finally:
             self.watches.done(watch)
 
