@@ -117,6 +117,8 @@ def test_a_trace_line_may_be_an_embedding_call_and_round_trips(tmp_path: Path) -
         ('{"t": 0, "tenant": "b", "prompt_tokens": 9, "output_tokens": 0, '
          '"endpoint": "audio"}', "endpoint must be one of chat, completions"),
         ('{"t": 0, "tenant": "b", "prompt_tokens": 9, "output_tokens": 0, '
+         '"endpoint": "passthrough"}', "embeddings, rerank, got 'passthrough'"),
+        ('{"t": 0, "tenant": "b", "prompt_tokens": 9, "output_tokens": 0, '
          '"endpoint": 3}', "'endpoint' must be a string"),
     ],
 )  # fmt: skip

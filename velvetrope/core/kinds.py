@@ -19,11 +19,14 @@ from typing import Final
 
 from velvetrope.core.job import Job
 
-__all__ = ["GENERATING", "KINDS", "PROMPT_ONLY", "size_prompt_only"]
+__all__ = ["GENERATING", "KINDS", "PROMPT_ONLY", "SIMULATED", "size_prompt_only"]
 
 GENERATING: Final = ("chat", "completions", "responses", "messages")
 PROMPT_ONLY: Final = ("embeddings", "rerank")
 KINDS: Final = (*GENERATING, *PROMPT_ONLY, "passthrough")
+SIMULATED: Final = (*GENERATING, *PROMPT_ONLY)
+"""The kinds a simulator trace may hold: a passed-through call is charged a fixed cost
+whatever work it is, so a trace cannot say what it would cost an engine."""
 
 
 def size_prompt_only(job: Job) -> Job:

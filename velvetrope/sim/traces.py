@@ -26,9 +26,9 @@ the shared prompt prefix of :class:`~velvetrope.sim.workload.TraceRequest`), ``m
 (non-empty string or null: the requested model, which routing rules see), ``block_hashes``
 (a list of integers: the chained hashes of the prompt's leading blocks) with
 ``block_tokens`` (integer ``>= 1``, the tokens a block), ``endpoint`` (the endpoint kind,
-default ``chat``: ``chat``, ``completions``, ``responses``, ``messages``, ``embeddings``,
-``rerank`` or ``passthrough``; an ``embeddings`` or ``rerank`` line is prompt-only work, its
-``output_tokens`` 0 and no ``max_tokens``, e.g.
+default ``chat``: ``chat``, ``completions``, ``responses``, ``messages``, ``embeddings`` or
+``rerank``, not ``passthrough``, whose work a trace cannot tell; an ``embeddings`` or
+``rerank`` line is prompt-only work, its ``output_tokens`` 0 and no ``max_tokens``, e.g.
 ``{"t": 1.5, "tenant": "bronze", "endpoint": "embeddings", "prompt_tokens": 300,
 "output_tokens": 0}``).  Unknown or
 repeated keys and wrong types are errors.  ``t`` must be non-decreasing

@@ -31,7 +31,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from velvetrope import checks
-from velvetrope.core.kinds import KINDS, PROMPT_ONLY
+from velvetrope.core.kinds import PROMPT_ONLY, SIMULATED
 from velvetrope.errors import PolicyError
 
 __all__ = [
@@ -106,7 +106,8 @@ class TraceRequest:
     each, as chained hashes (equal hash at the same position: the same prefix up to the end
     of that block, as in Mooncake's ``hash_ids``); prefix-aware routing keys on them and an
     engine with prefix caching reuses them.  Hashes need ``block_tokens >= 1``.
-    ``endpoint`` is the endpoint kind (:data:`~velvetrope.core.kinds.KINDS`, default ``chat``);
+    ``endpoint`` is the endpoint kind (:data:`~velvetrope.core.kinds.SIMULATED`: ``chat``, the
+    default, ``completions``, ``responses``, ``messages``, ``embeddings`` or ``rerank``);
     a prompt-only kind (``embeddings``, ``rerank``) has ``output_tokens`` 0 and no
     ``max_tokens``, and is admitted as the gateway admits it
     (:func:`~velvetrope.core.kinds.size_prompt_only`).
@@ -162,8 +163,10 @@ class TraceRequest:
                 f"and need a non-empty prefix_id (got {self.prefix_id!r})"
             )
         object.__setattr__(self, "prefix_tokens", shared)
-        if self.endpoint not in KINDS:
-            raise PolicyError(f"endpoint must be one of {', '.join(KINDS)}, got {self.endpoint!r}")
+        if self.endpoint not in SIMULATED:
+            raise PolicyError(
+                f"endpoint must be one of {', '.join(SIMULATED)}, got {self.endpoint!r}"
+            )
         if self.endpoint in PROMPT_ONLY and (output or self.max_tokens is not None):
             raise PolicyError(
                 f"a {self.endpoint} request is prompt-only: output_tokens must be 0 and "
