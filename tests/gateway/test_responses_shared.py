@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 import redis
+
+from tests.support.redis_server import RedisServer
 
 from .conftest import start_gateway
 from .test_responses import _home, _sdk, two
@@ -62,3 +65,37 @@ def test_a_follow_up_through_another_replica_lands_on_the_creating_engine(
         a.stop()
         b.stop()
         r.close()
+
+
+def test_with_redis_away_a_replica_still_routes_its_own_follow_ups(
+    tmp_path: Path, two: tuple[str, str], own_redis: RedisServer
+) -> None:
+    cfg = shared_config(two[0], own_redis.url, call_timeout_ms=200)
+    cfg["upstreams"] = {"default": [{"url": u} for u in two]}
+    a = start_gateway(tmp_path, cfg)
+    b = start_gateway(tmp_path, second(cfg))
+    try:
+        own_redis.pause()  # Redis stops answering: every call runs out of its budget
+        with _sdk(a.url) as via_a:
+            firsts = [via_a.responses.create(model=MODEL, input=f"away {i}") for i in range(4)]
+            for f in firsts:  # A remembers what it created, Redis or not
+                follow = via_a.responses.create(
+                    model=MODEL, input="still there?", previous_response_id=f.id
+                )
+                assert _home(two, follow.id) == _home(two, f.id)
+        # B cannot know them: routed as any request; the engine that lacks one answers its
+        # own 404, never the gateway a 5xx
+        for f in firsts:
+            r = httpx.post(
+                b.url + "/v1/responses",
+                json={"model": MODEL, "input": "x", "previous_response_id": f.id},
+                headers={"Authorization": "Bearer sk-gold-0000"},
+                timeout=30,
+            )
+            assert r.status_code in (200, 404), r.text
+            if r.status_code == 404:
+                assert f.id in r.json()["error"]["message"]
+    finally:
+        own_redis.resume()
+        a.stop()
+        b.stop()

@@ -9,8 +9,10 @@ after ``state.response_ttl_s`` (24 h by default): a follow-up that reaches anoth
 replica finds the engine there and is routed to it.  Redis is asked only for an id this
 process does not know (the answer is then kept locally); the write does not hold up the
 answer (it is sent at once, not awaited); a Redis that cannot answer within the state's call
-budget makes the id unknown (the request is routed as any other, and an engine that does
-not hold the response answers its own 404), never an error of the gateway.
+budget, or that the store's breaker holds to be away (then it is not asked), makes the id
+unknown (the request is routed as any other, and an engine that does not hold the response
+answers its own 404), never an error of the gateway; a response created meanwhile is
+remembered by its own replica only.
 
 Contract: :meth:`ResponseHomes.find` answers the url recorded for ``(id, tenant)`` or
 ``None``: never another tenant's response.
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 from velvetrope.config import StateSettings
@@ -32,10 +35,20 @@ log = logging.getLogger("velvetrope.gateway")
 
 class SharedHomes:
     """The Redis side of :class:`ResponseHomes`: ``client`` a redis-py asyncio client,
-    keys under ``namespace``, values kept ``ttl_s``, each call bounded by ``budget_s``."""
+    keys under ``namespace``, values kept ``ttl_s``, each call bounded by ``budget_s`` and
+    made only while ``up()`` (the store's breaker is closed: a Redis known to be away costs
+    no wait)."""
 
-    def __init__(self, client: Any, namespace: str, ttl_s: float, budget_s: float) -> None:
+    def __init__(
+        self,
+        client: Any,
+        namespace: str,
+        ttl_s: float,
+        budget_s: float,
+        up: Callable[[], bool] = lambda: True,
+    ) -> None:
         self.client = client
+        self.up = up
         self.ns = namespace
         self.ttl_ms = max(1, int(ttl_s * 1000))
         self.budget_s = budget_s
@@ -46,8 +59,11 @@ class SharedHomes:
     def key(self, response_id: str) -> str:
         return f"{self.ns}:resp:{response_id}"
 
-    def _spawn(self, call: Any) -> None:
-        task = asyncio.ensure_future(self._bounded(call))
+    def _spawn(self, call: Callable[[], Any]) -> None:
+        if not self.up():
+            self.failures += 1
+            return
+        task = asyncio.ensure_future(self._bounded(call()))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
@@ -61,14 +77,19 @@ class SharedHomes:
 
     def put(self, response_id: str, url: str, tenant: str) -> None:
         """Write the id's home (not awaited)."""
-        self._spawn(self.client.set(self.key(response_id), f"{tenant}\n{url}", px=self.ttl_ms))
+        key, value = self.key(response_id), f"{tenant}\n{url}"
+        self._spawn(lambda: self.client.set(key, value, px=self.ttl_ms))
 
     def drop(self, response_id: str) -> None:
         """Forget the id (not awaited)."""
-        self._spawn(self.client.delete(self.key(response_id)))
+        key = self.key(response_id)
+        self._spawn(lambda: self.client.delete(key))
 
     async def get(self, response_id: str) -> tuple[str, str] | None:
         """``(url, tenant)`` of the id, or ``None`` (unknown, or Redis did not answer)."""
+        if not self.up():
+            self.failures += 1
+            return None
         raw = await self._bounded(self.client.get(self.key(response_id)))
         if raw is None:
             return None
@@ -140,4 +161,6 @@ def response_homes(store: Any, state: StateSettings) -> ResponseHomes:
     if not getattr(store, "shared", False) or redis is None:
         return ResponseHomes()
     budget = state.call_timeout_ms / 1000.0
-    return ResponseHomes(shared=SharedHomes(redis.client, redis.ns, state.response_ttl_s, budget))
+    up = (lambda: bool(store.up)) if hasattr(store, "up") else (lambda: True)
+    shared = SharedHomes(redis.client, redis.ns, state.response_ttl_s, budget, up)
+    return ResponseHomes(shared=shared)
