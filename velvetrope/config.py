@@ -271,6 +271,12 @@ class StateSettings(_Model):
     hold_ttl_s: float = Field(
         6 * 3600.0, gt=0, description="a reservation not settled this long is forgotten"
     )
+    response_ttl_s: float = Field(
+        24 * 3600.0,
+        gt=0,
+        description="with Redis state: how long the engine that created a Responses API "
+        "response is remembered for previous_response_id (shared by every replica)",
+    )
 
     @property
     def shared(self) -> bool:
@@ -309,6 +315,17 @@ class GatewaySettings(_Model):
         "OpenAI's and vLLM's known ones",
     )
     default_max_tokens: int = Field(1024, ge=1, description="when the request names none")
+    other_paths: Literal["refuse", "pass"] = Field(
+        "refuse",
+        description="/tokenize, /detokenize, /v1/audio/* and any other /v1/ path the gateway "
+        "does not meter: refuse = 404 not_found (the default: the gateway cannot tell what "
+        "such a call costs an engine, and a path forwarded unmetered is a path around every "
+        "budget); pass = forwarded to an upstream of the pool with request-count admission "
+        "(API key, queue, tier, a slot, other_paths_cost_tokens from the tenant's bucket)",
+    )
+    other_paths_cost_tokens: int = Field(
+        1, ge=1, description="what one passed-through request costs the tenant's buckets"
+    )
     tokenizer: str = Field(
         "approx", description="prompt token counting: approx, cl100k_base, o200k_base, hf:PATH"
     )

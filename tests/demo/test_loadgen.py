@@ -276,3 +276,16 @@ def test_bad_arguments() -> None:
         ClientPlan(hang_up_after_tokens=0)
     with pytest.raises(PolicyError):
         ClientPlan(hang_up_after_s=0.0)
+
+
+@pytest.mark.integration
+def test_an_embedding_line_is_replayed_as_an_embeddings_call(fast_engine: ServerProcess) -> None:
+    reqs = [
+        TraceRequest(0.0, 200, 12, "t0"),
+        TraceRequest(0.01, 300, 0, "t0", endpoint="embeddings"),
+        TraceRequest(0.02, 50, 0, "t0", endpoint="embeddings"),
+    ]
+    res = replay_sync(reqs, ReplayConfig((fast_engine.url,), deadline_s=20))
+    assert [r.outcome for r in res.results] == [ReplayOutcome.COMPLETED] * 3
+    assert [r.tokens for r in res.results] == [12, 0, 0]  # an embedding generates nothing
+    assert all(r.status == 200 and r.ttft_s is not None for r in res.results)

@@ -176,3 +176,25 @@ def test_bad_workload_file_names_file_and_field(tmp_path: Path) -> None:
     res = runner.invoke(app, ["plan", "--workload", str(f)])
     assert res.exit_code == 2
     assert str(f) in res.stderr and "'arrival_rate_p99_1m'" in res.stderr
+
+
+def test_a_trace_with_embedding_calls_plans_them_as_prefill_only(tmp_path: Path) -> None:
+    from velvetrope.sim.traces import write_jsonl
+    from velvetrope.sim.workload import TraceRequest
+
+    reqs = []
+    for i in range(400):
+        t = i * 0.05
+        if i % 4 == 0:
+            reqs.append(TraceRequest(t, 800, 0, "b", endpoint="embeddings"))
+        else:
+            reqs.append(TraceRequest(t, 300, 120, "a"))
+    trace = tmp_path / "mixed.jsonl"
+    write_jsonl(reqs, trace)
+    args = ["plan", "--trace", str(trace), "--peak-rps", "20", "--service-model", "analytic"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert "prompt-only       100 of 400 requests have no output" in r.output
+    assert "cut to fit" not in r.output  # an embedding is not a cut request
+    # each embedding costs its prefill alone: the mean tokens per request count no output
+    assert "tokens per request on average" in r.output

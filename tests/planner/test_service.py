@@ -55,7 +55,7 @@ def test_length_mix_fits_the_engine_and_counts_iterations() -> None:
     m = LengthMix.fit([100, 5000, 3000, 10], [0, 10, 2000, 4095], prof)
     assert m.output.tolist() == [1, 10, 2000, 4095]  # 0 -> 1 (an engine emits a token)
     assert m.prompt.tolist() == [100, 4086, 2096, 1]  # cut so prompt + output <= 4096
-    assert m.clipped == 4
+    assert m.clipped == 3  # an output of 0 is prompt-only work (its prefill), not a cut
     # ceil(P / 2048) prefill iterations, the last emitting token 1, then O - 1 decodes
     assert m.first.tolist() == [1, 2, 2, 1]
     assert m.work.tolist() == [1, 11, 2001, 4095]

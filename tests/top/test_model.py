@@ -10,6 +10,7 @@ import pytest
 from tests.top.samples import sample, status, text
 from velvetrope.top import SORTS, Controls, Sample, View, build_view, parse_metrics
 from velvetrope.top.rows import DENIED
+from velvetrope.top.sections import sections
 
 GW = "http://gw-a:8080"
 GW_B = "http://gw-b:8080"
@@ -401,3 +402,29 @@ def test_metrics_escapes_and_bad_lines() -> None:
     assert m.value("velvetrope_x", a='q"uote\n') == 1.5
     with pytest.raises(ValueError, match=r".+"):
         parse_metrics("velvetrope_x{a= 1\n")
+
+
+def _with_endpoints(chat: int, emb: int) -> str:
+    head = 'velvetrope_requests_total{tier="batch",outcome="completed",reason="completed",'
+    return (
+        f'{head}endpoint="chat"}} {chat}\n'
+        f'{head}endpoint="embeddings"}} {emb}\n'
+        'velvetrope_requests_total{tier="batch",outcome="rejected",reason="queue_full",'
+        'endpoint="embeddings"} 2\n'
+    )
+
+
+def test_requests_by_endpoint_kind_have_rates_and_totals_in_the_outcomes_table() -> None:
+    st = status("memory-1-gw0")
+    before = Sample(GW, 0.0, st, parse_metrics(_with_endpoints(10, 100)))
+    now = Sample(GW, 2.0, st, parse_metrics(_with_endpoints(14, 160)))
+    view = build_view([now], {GW: before})
+    assert [(e.outcome, e.per_s, e.total) for e in view.endpoints] == [
+        ("embeddings", 30.0, 162),
+        ("chat", 2.0, 14),
+    ]
+    assert build_view([now], {}).endpoints[0].per_s is None  # no previous poll: totals only
+    rows = sections(view)[2][1].rows
+    assert [str(r[0]) for r in rows[-2:]] == ["endpoint embeddings", "endpoint chat"]
+    # a gateway without the label (recorded before it existed) shows no endpoint rows
+    assert memory_view().endpoints == []

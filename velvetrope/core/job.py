@@ -53,8 +53,11 @@ class Job:
     a fingerprint of the prompt's template (its system prompt or first message's prefix),
     which the estimator may condition on.  ``streamed`` says whether the first token is
     seen when it is produced (``False``: a response delivered whole, whose first token is
-    recorded at the end).  ``deadline`` is an absolute time on the controller's clock after
-    which a still-queued job expires.  :meth:`AdmissionController.route
+    recorded at the end).  ``kind`` is the endpoint kind, a label only (``chat``,
+    ``completions``, ``responses``, ``messages``, ``embeddings``, ``rerank``,
+    ``passthrough``): metrics and reports group by it; no policy reads it.  ``deadline`` is
+    an absolute time on the controller's clock after which a still-queued job expires.
+    :meth:`AdmissionController.route
     <velvetrope.core.controller.AdmissionController.route>` sets ``pool``, ``route`` (the rule
     that chose it, or ``"default"``) and, when the job was degraded, ``degraded`` (the
     actions taken: ``"max_tokens"``, ``"pool"``) with the capped ``max_tokens`` and the
@@ -75,6 +78,7 @@ class Job:
     template: str | None
     expected_output: int | None
     streamed: bool
+    kind: str
     # -- filled by the controller --
     route: str | None
     degraded: tuple[str, ...]
@@ -109,6 +113,7 @@ class Job:
         template: str | None = None,
         expected_output: int | None = None,
         streamed: bool = True,
+        kind: str = "chat",
     ) -> None:
         """The caller's fields; the controller's start empty (a new job has ``ARRIVED``).
         Written out, not generated: a compiled class builds it without Python code."""
@@ -126,6 +131,7 @@ class Job:
         self.template = template
         self.expected_output = expected_output
         self.streamed = streamed
+        self.kind = kind
         self.route = None
         self.degraded = ()
         self.state = JobState.ARRIVED

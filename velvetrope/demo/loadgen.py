@@ -4,7 +4,9 @@
 ``t`` (seconds after the start of the run), whether or not earlier requests have finished:
 the offered load is the trace's, never throttled by the servers' answers (*open loop*).
 Each request is a ``POST {base_url}/v1/completions``, streaming unless its client's plan
-says otherwise (below), with
+says otherwise (below); a request whose ``endpoint`` is ``embeddings`` is a ``POST
+/v1/embeddings`` of one input of ``prompt_tokens`` tokens, answered whole (its first token
+is its answer, its output 0).  A completion has
 
 * a synthetic prompt of exactly ``prompt_tokens`` tokens under ``cl100k_base`` (and under the
   4-characters-per-token ``approx`` estimate): :data:`FILLER_WORD` repeated (:func:`prompt_text`);
@@ -272,6 +274,13 @@ class ReplayResult:
         return Counter(r.outcome for r in self.results)
 
 
+def _embedding_body(req: TraceRequest, model: str, priority: int | None) -> bytes:
+    body: dict[str, object] = {"model": model, "input": prompt_text(req.prompt_tokens)}
+    if priority is not None:
+        body["priority"] = priority
+    return orjson.dumps(body)
+
+
 def _body(req: TraceRequest, model: str, stream: bool, priority: int | None) -> bytes:
     body: dict[str, object] = {
         "model": model,
@@ -362,7 +371,7 @@ async def _whole(resp: aiohttp.ClientResponse, res: RequestResult, t_send: float
         obj = orjson.loads(await resp.read())
     except orjson.JSONDecodeError:
         return False
-    if not isinstance(obj, dict) or "error" in obj or not obj.get("choices"):
+    if not isinstance(obj, dict) or "error" in obj or not (obj.get("choices") or obj.get("data")):
         return False
     res.ttft_s = time.monotonic() - t_send
     usage = obj.get("usage")
@@ -394,13 +403,16 @@ async def _one(
     planned = hang_s is not None and hang_s < budget
     if hang_s is not None and planned:
         budget = hang_s
+    prio = cfg.priority_for(req.tier)
+    embed = req.endpoint == "embeddings"
+    stream = plan.stream and not embed
+    if embed:
+        path, data = "/v1/embeddings", _embedding_body(req, cfg.model, prio)
+    else:
+        path, data = "/v1/completions", _body(req, cfg.model, stream, prio)
     try:
         async with asyncio.timeout(max(budget, 0.0)):
-            async with session.post(
-                res.url + "/v1/completions",
-                data=_body(req, cfg.model, plan.stream, cfg.priority_for(req.tier)),
-                headers=headers,
-            ) as resp:
+            async with session.post(res.url + path, data=data, headers=headers) as resp:
                 res.status = resp.status
                 if resp.status == 200:
                     live.accepted += 1
@@ -416,7 +428,7 @@ async def _one(
                         res.outcome = ReplayOutcome.ERROR
                         live.errors += 1
                     return
-                if plan.stream:
+                if stream:
                     ended = await _stream(resp, res, live, t_send, plan.hang_up_after_tokens)
                 else:
                     ended = await _whole(resp, res, t_send)

@@ -65,6 +65,7 @@ from velvetrope.gateway.engines import Engines
 from velvetrope.gateway.httpclient import HttpClient
 from velvetrope.gateway.metrics import GatewayMetrics
 from velvetrope.gateway.models import answer_models
+from velvetrope.gateway.other_paths import OtherPaths, is_other_path, no_route
 from velvetrope.gateway.parse import (
     EXPECTED_TOKENS_HEADER,
     ParsedRequest,
@@ -75,8 +76,8 @@ from velvetrope.gateway.quotas import Quotas
 from velvetrope.gateway.relay import UsageTally
 from velvetrope.gateway.reload import Reloader
 from velvetrope.gateway.request_slo import DO_NOT_QUEUE_HEADER, SLO_TTFT_HEADER, request_deadline
+from velvetrope.gateway.response_homes import response_homes
 from velvetrope.gateway.responses import (
-    ResponseHomes,
     ResponsesRelay,
     pinned_exclude,
     responses_usage,
@@ -147,8 +148,12 @@ class Gateway:
             self.settings.upstream_connect_timeout_s, self.settings.upstream_read_timeout_s
         )
         self.draining = False
-        self.homes = ResponseHomes()  # which engine created each response (Responses API)
+        self.homes = response_homes(self.store, config.state)  # who created each response
         self.watches = DisconnectWatches()
+        self.other = OtherPaths(
+            self.admission, self.engines, self.watches, lambda: self.session, self._timeout,
+            lambda: f"{self._id_prefix}-{next(self._ids)}",
+        )  # fmt: skip
         self.reloader = Reloader(self, config_source)
 
     # -- lifecycle ---------------------------------------------------------------
@@ -229,7 +234,11 @@ class Gateway:
         elif path.startswith("/v1/responses/") and len(path) > 14:
             await self._stored(scope, send, method, path[14:])
         elif path not in _GET_PATHS and not (path.startswith("/v1/models/") and len(path) > 11):
-            await self._door(send, "other", 404, f"no route {path}", "not_found")
+            if self.settings.other_paths == "pass" and is_other_path(path):
+                tenant = self._tenant(scope)
+                await self.other.handle(scope, receive, send, tenant, self.settings, self._door)
+            else:  # gateway.other_paths: refuse (the default), or not a path it decides
+                await self._door(send, "other", 404, no_route(path), "not_found")
         elif method != "GET":
             await self._door(send, "other", 405, _not_allowed(method, path, "GET"))
         elif path == "/metrics":
@@ -360,6 +369,7 @@ class Gateway:
         status["upstreams"] = self.engines.upstream_status(self.clock.now())
         status["engine_load"] = self.engines.engine_load(self.clock.now())
         status["dispatch_held_by_saturation"] = self.engines.saturation_holds()
+        status["other_paths"] = self.settings.other_paths  # /tokenize, /v1/audio/*, ...
         await respond(send, 200, orjson.dumps(status))
 
     async def _completion(
@@ -520,13 +530,13 @@ class Gateway:
         tally = UsageTally(job.prompt_tokens, job.max_tokens // max(1, job.n))  # told the cap
         extra = admitted_headers(job, ticket.snapshots) + self.quotas.headers(ticket.snapshots, job)
         if job.shadow is not None:  # shadow mode: what enforcement would have done
-            self.metrics.shadow.labels(job.tier, job.shadow, job.shadow_reason).inc()
+            self.metrics.shadow.labels(job.tier, job.shadow, job.shadow_reason, job.kind).inc()
             said = job.shadow if not job.shadow_reason else f"{job.shadow}; {job.shadow_reason}"
             extra.append((b"x-velvetrope-shadow", said.encode()))
         engines = self.engines
         tried: tuple[str, ...] = ()  # upstreams that could not be reached
         events = events_for(endpoint)
-        home = self.homes.home(parsed.body.get("previous_response_id"), job.tenant)
+        home = await self.homes.find(parsed.body.get("previous_response_id"), job.tenant)
         # the prefix identity, once, for a prefix-routed pool only (else: nothing to do)
         hashes = engines.prefix_hashes(job.pool, parsed.body) if engines.prefix else ()
         again: UpstreamState | None = None  # it refused the priority: again, without it

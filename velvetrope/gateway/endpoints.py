@@ -38,6 +38,7 @@ from typing import cast
 import orjson
 
 from velvetrope.core import Job, Usage
+from velvetrope.core.kinds import size_prompt_only
 from velvetrope.core.routing import FALLBACK_POOL, MAX_TOKENS
 from velvetrope.gateway.messages import MessagesRelay, messages_usage, parse_messages_request
 from velvetrope.gateway.output_cap import send_output_cap
@@ -84,6 +85,12 @@ class Endpoint:
     cap_field: str = "max_tokens"
     anthropic: bool = False
     """Anthropic's API: errors in its shape (:mod:`velvetrope.openai.anthropic`)."""
+
+    @property
+    def job_kind(self) -> str:
+        """The job's endpoint kind (:attr:`~velvetrope.core.Job.kind`): the name, with a
+        score counted as ``rerank`` (metrics keep a fixed set of kinds)."""
+        return "rerank" if self.name == "score" else self.name
 
     @property
     def kind(self) -> Kind:
@@ -145,11 +152,14 @@ def make_job(
     expected_header: bytes | None,
 ) -> Job:
     """The admission job of ``parsed`` (:func:`prompt_only_job` or
-    :func:`~velvetrope.gateway.parse.job_for`)."""
+    :func:`~velvetrope.gateway.parse.job_for`), its ``kind`` the endpoint's."""
     if endpoint.prompt_only:
-        return prompt_only_job(parsed, job_id, tenant, tier)
-    expected = expected_tokens(expected_header)
-    return job_for(parsed, job_id, tenant, tier, default_max_tokens, expected)
+        job = prompt_only_job(parsed, job_id, tenant, tier)
+    else:
+        expected = expected_tokens(expected_header)
+        job = job_for(parsed, job_id, tenant, tier, default_max_tokens, expected)
+    job.kind = endpoint.job_kind
+    return job
 
 
 def shape_body(endpoint: Endpoint, parsed: ParsedRequest, job: Job) -> None:
@@ -222,22 +232,11 @@ def parse_prompt_only(
 
 
 def prompt_only_job(parsed: ParsedRequest, job_id: str, tenant: str, tier: str) -> Job:
-    """The job of a prompt-only ``parsed`` for ``tenant`` in ``tier``: sized here (cost =
-    its input tokens; nothing predicted or reserved for output), so the controller keeps
-    that size; ``max_tokens`` is 1 because the core requires a positive cap."""
-    job = Job(
-        id=job_id,
-        tenant=tenant,
-        tier=tier,
-        prompt_tokens=parsed.prompt_tokens,
-        max_tokens=1,
-        model=parsed.model,
-        predicted_output=0,
-        streamed=False,
-    )
-    job.reserved_output = 0
-    job.cost = parsed.prompt_tokens
-    return job
+    """The job of a prompt-only ``parsed`` for ``tenant`` in ``tier``, sized by the core's
+    rule (:func:`~velvetrope.core.kinds.size_prompt_only`: cost = its input tokens, nothing
+    predicted or reserved for output), which the controller keeps and the simulator shares."""
+    job = Job(job_id, tenant, tier, parsed.prompt_tokens, 1, model=parsed.model)
+    return size_prompt_only(job)
 
 
 def degrade_prompt_only(parsed: ParsedRequest, job: Job) -> None:

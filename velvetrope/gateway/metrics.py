@@ -340,10 +340,11 @@ class GatewayMetrics:
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.tenant_label = tenant_label
-        labels = ["tier", "outcome", "reason"] + (["tenant"] if tenant_label else [])
+        labels = ["tier", "outcome", "reason", "endpoint"] + (["tenant"] if tenant_label else [])
         self.requests = self._counter(
             "velvetrope_requests_total",
-            "Requests by tier, outcome and reason.",
+            "Requests by tier, outcome, reason and endpoint kind (chat, completions, "
+            "responses, messages, embeddings, rerank, passthrough).",
             labels,
         )
         self.queue_wait = self._histogram(
@@ -366,13 +367,13 @@ class GatewayMetrics:
         )
         self.reserved = self._counter(
             "velvetrope_tokens_reserved_total",
-            "Tokens reserved from buckets at admission, by tier.",
-            ["tier"],
+            "Tokens reserved from buckets at admission, by tier and endpoint kind.",
+            ["tier", "endpoint"],
         )
         self.settled = self._counter(
             "velvetrope_tokens_settled_total",
-            "Tokens actually used at settlement, by tier.",
-            ["tier"],
+            "Tokens actually used at settlement, by tier and endpoint kind.",
+            ["tier", "endpoint"],
         )
         self.store_calls = self._histogram(
             "velvetrope_state_call_seconds",
@@ -409,8 +410,9 @@ class GatewayMetrics:
             "velvetrope_shadow_decisions",
             "Shadow mode (enforce: false): the decision enforcement would have made for a "
             "request that was passed through (admitted, queued, rejected) and why (a "
-            "rejection's code; 'capacity': it would have waited for a slot).",
-            ["tier", "decision", "reason"],
+            "rejection's code; 'capacity': it would have waited for a slot), by endpoint "
+            "kind.",
+            ["tier", "decision", "reason", "endpoint"],
         )
         self.reloads = self._counter(
             "velvetrope_config_reload",
@@ -424,8 +426,8 @@ class GatewayMetrics:
             "(401), a malformed body (400), an unknown path (404) or method (405), a body "
             "too large (413) or too slow (408); endpoint: the admitted endpoint's name "
             "(chat, completions, embeddings, rerank, score, responses, messages, count_tokens; "
-            "models for "
-            "/v1/models), else 'other'.",
+            "models for /v1/models; passthrough for a path gateway.other_paths passes), else "
+            "'other'.",
             ["endpoint", "status", "code"],
         )
         self._store_children: dict[str, Any] = {}
@@ -466,8 +468,10 @@ class GatewayMetrics:
             child = self._store_children[op] = self.store_calls.labels(op)
         child.observe(seconds)
 
-    def _series(self, tier: str, state: JobState, reason: Reason, tenant: str) -> OutcomeSeries:
-        values = [tier, state.value, reason.code]
+    def _series(
+        self, tier: str, state: JobState, reason: Reason, tenant: str, endpoint: str
+    ) -> OutcomeSeries:
+        values = [tier, state.value, reason.code, endpoint]
         if self.tenant_label:
             values.append(tenant)
         return (
@@ -475,8 +479,8 @@ class GatewayMetrics:
             self.queue_wait.labels(tier),
             self.ttft.labels(tier),
             self.e2e.labels(tier),
-            self.reserved.labels(tier),
-            self.settled.labels(tier),
+            self.reserved.labels(tier, endpoint),
+            self.settled.labels(tier, endpoint),
         )
 
     def _routed(self, pool: str, rule: str) -> CounterChild:

@@ -156,7 +156,7 @@ class Reloader:
         nothing and say why."""
         gw = self.gateway
         old = gw.config
-        needs = [s for s in _RESTART_SECTIONS if getattr(old, s) != getattr(new, s)]
+        needs = [f for s in _RESTART_SECTIONS for f in _differing(s, old, new)]
         try:
             policy = apply_preset(new.policy)
             AdmissionController(policy, ManualClock())  # every policy check, on a throwaway
@@ -180,6 +180,18 @@ class Reloader:
         if outcomes:
             changes.append(f"{len(outcomes)} queued requests rejected (removed_by_reload)")
         return ReloadResult("ok", "; ".join(changes) or "no change", tuple(changes))
+
+
+def _differing(section: str, old: GatewayConfig, new: GatewayConfig) -> list[str]:
+    """The settings of ``section`` that differ between ``old`` and ``new``, each named
+    ``section.field`` (``gateway.other_paths``); the section alone when it is no model."""
+    a, b = getattr(old, section), getattr(new, section)
+    if a == b:
+        return []
+    names = getattr(type(a), "model_fields", None)
+    if names is None or type(a) is not type(b):
+        return [section]
+    return [f"{section}.{f}" for f in names if getattr(a, f) != getattr(b, f)] or [section]
 
 
 def _changes(old: GatewayConfig, new: GatewayConfig) -> list[str]:

@@ -14,15 +14,14 @@ settled from its body's ``usage`` (:func:`responses_usage`).
 
 Engines keep a response's state in their own memory, so a request that names
 ``previous_response_id``, and a ``GET`` or ``DELETE`` of a response, must reach the engine
-that created it.  :class:`ResponseHomes` remembers, per response id, that engine and the
-tenant it was created for (bounded: the oldest ids are forgotten first; in this process
-only, not shared over Redis).  Another tenant's id is unknown to a tenant.
+that created it.  :class:`~velvetrope.gateway.response_homes.ResponseHomes` remembers, per
+response id, that engine and the tenant it was created for (bounded; shared over Redis when
+state is Redis).  Another tenant's id is unknown to a tenant.
 """
 
 from __future__ import annotations
 
 import re
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -32,13 +31,13 @@ import orjson
 from velvetrope.core import Usage
 from velvetrope.gateway.parse import Kind, ParsedRequest
 from velvetrope.gateway.relay import UsageTally
+from velvetrope.gateway.response_homes import ResponseHomes
 from velvetrope.gateway.typed_events import TypedEvents
 from velvetrope.gateway.upstreams import UpstreamPools
 from velvetrope.openai.errors import error_body
 from velvetrope.openai.responses import count_input_tokens, parse_responses
 
 __all__ = [
-    "ResponseHomes",
     "ResponsesRelay",
     "parse_responses_request",
     "pinned_exclude",
@@ -119,35 +118,6 @@ class ResponsesRelay(TypedEvents):
             tally.usage = _usage_of(response) or tally.usage
 
 
-class ResponseHomes:
-    """Response id → (the upstream that created it, its tenant), the ``limit`` newest."""
-
-    def __init__(self, limit: int = 100_000) -> None:
-        self.limit = limit
-        self._homes: OrderedDict[str, tuple[str, str]] = OrderedDict()
-
-    def record(self, response_id: str | None, url: str, tenant: str) -> None:
-        """``response_id`` (if any) was created by ``url`` for ``tenant``."""
-        if not response_id:
-            return
-        homes = self._homes
-        homes[response_id] = (url, tenant)
-        homes.move_to_end(response_id)
-        if len(homes) > self.limit:
-            homes.popitem(last=False)
-
-    def home(self, response_id: object, tenant: str) -> str | None:
-        """The upstream that created ``response_id`` for ``tenant``; ``None`` if unknown
-        (forgotten, never seen, or another tenant's)."""
-        if not isinstance(response_id, str):
-            return None
-        got = self._homes.get(response_id)
-        return got[0] if got is not None and got[1] == tenant else None
-
-    def forget(self, response_id: str) -> None:
-        self._homes.pop(response_id, None)
-
-
 def pinned_exclude(upstreams: UpstreamPools, pool: str, url: str | None) -> tuple[str, ...]:
     """The upstreams of ``pool`` to pass over so that the pick lands on ``url``: every
     other one, when ``url`` is a live upstream of the pool; else none (then the pool picks
@@ -169,7 +139,7 @@ async def stored_response(
     """``GET`` or ``DELETE /v1/responses/{response_id}`` on the engine that created it:
     its status and body, 404 ``not_found`` when the gateway knows no such response of
     ``tenant``, 502 when the engine cannot be reached."""
-    url = homes.home(response_id, tenant)
+    url = await homes.find(response_id, tenant)
     up: Any = next((u for ups in upstreams.pools.values() for u in ups if u.url == url), None)
     if up is None or session is None:
         msg = f"No response with id '{response_id}' found."

@@ -62,7 +62,8 @@ OutcomeSeries = tuple[
     CounterChild, HistogramChild, HistogramChild, HistogramChild, CounterChild, CounterChild
 ]
 """What one outcome updates: its requests counter; its tier's queue wait, time to first
-token and end-to-end histograms; its tier's reserved and settled token counters."""
+token and end-to-end histograms; its tier's and endpoint's reserved and settled token
+counters."""
 
 _REJECTED: Final = JobState.REJECTED
 _COMPLETED: Final = JobState.COMPLETED
@@ -72,8 +73,9 @@ _TOKENS: Final = "tokens"
 class RequestCounting:
     """The per-request metric updates of one gateway (see the module docstring).
 
-    ``outcome_series(tier, state, reason, tenant)`` makes the series of an outcome
-    (``tenant`` is ``""`` unless ``tenant_label``); ``routed(pool, rule)`` the counter of a
+    ``outcome_series(tier, state, reason, tenant, endpoint)`` makes the series of an
+    outcome (``tenant`` is ``""`` unless ``tenant_label``; ``endpoint`` is the job's
+    :attr:`~velvetrope.core.Job.kind`); ``routed(pool, rule)`` the counter of a
     routing decision; ``degraded(tier, action)`` the counter of a degradation action.
     """
 
@@ -89,7 +91,7 @@ class RequestCounting:
 
     def __init__(
         self,
-        outcome_series: Callable[[str, JobState, Reason, str], OutcomeSeries],
+        outcome_series: Callable[[str, JobState, Reason, str, str], OutcomeSeries],
         routed: Callable[[str, str], CounterChild],
         degraded: Callable[[str, str], CounterChild],
         tenant_label: bool = False,
@@ -98,7 +100,7 @@ class RequestCounting:
         self._make_outcome = outcome_series
         self._make_routed = routed
         self._make_degraded = degraded
-        self._outcomes: dict[tuple[str, JobState, Reason, str], OutcomeSeries] = {}
+        self._outcomes: dict[tuple[str, JobState, Reason, str, str], OutcomeSeries] = {}
         self._routed: dict[tuple[str, str | None], CounterChild] = {}
         self._degraded: dict[tuple[str, str], CounterChild] = {}
 
@@ -127,10 +129,11 @@ class RequestCounting:
         job, state, reason, settlement, end = o  # ``end``: when it ended
         tier = job.tier
         tenant = job.tenant if self.tenant_label else ""
-        key = (tier, state, reason, tenant)
+        kind = job.kind
+        key = (tier, state, reason, tenant, kind)
         series = self._outcomes.get(key)
         if series is None:
-            series = self._outcomes[key] = self._make_outcome(tier, state, reason, tenant)
+            series = self._outcomes[key] = self._make_outcome(tier, state, reason, tenant, kind)
         requests, queue_wait, ttft, e2e, reserved, settled = series
         requests.value += 1.0
         arrival = job.arrival

@@ -106,6 +106,12 @@ def format_plan(plan: Plan) -> list[str]:
         f"p50 {_n(w.output_p50)} / p99 {_n(w.output_p99)} tokens; {_n(plan.tokens_per_request)} "
         f"tokens per request on average ({w.source})"
     )
+    prompt_only = int((w.output == 0).sum())
+    if prompt_only:
+        add(
+            f"  prompt-only       {prompt_only:,} of {len(w.output):,} requests have no output "
+            "(embeddings, rerank): each costs its prefill only"
+        )
     whole = (
         ""
         if w.whole_trace_scv is None

@@ -145,7 +145,9 @@ class LengthMix:
     speculation).  ``work_values`` / ``work_weights`` and ``prompt_values`` /
     ``prompt_weights`` are the distinct values of ``work`` and of ``prefill`` with their
     frequencies (what quantile computations iterate over).  ``clipped`` counts the pairs
-    cut to fit.  Arrays are read-only.
+    cut to fit.  An output of 0 (prompt-only work: embeddings, rerank) costs the prefill
+    alone: its last prefill iteration ends it (counted as its one output token).  Arrays are
+    read-only.
     """
 
     prompt: IntArray
@@ -187,7 +189,9 @@ class LengthMix:
         cap = profile.max_model_len
         o2 = np.clip(o, 1, cap - 1)
         p2 = np.minimum(p, cap - o2)
-        clipped = int(np.count_nonzero((p2 != p) | (o2 != o)))
+        # an output of 0 is prompt-only work (embeddings, rerank): a prefill whose last
+        # iteration ends it, modelled as its first token; that is no cut
+        clipped = int(np.count_nonzero((p2 != p) | (o2 != np.maximum(o, 1))))
         bs = profile.block_size
         prefix = np.floor(h * p2.astype(np.float64)).astype(np.int64)
         if profile.enable_prefix_caching and h > 0:

@@ -376,7 +376,7 @@ def plan_warnings(
     if curve.mix.clipped:
         out.append(
             f"{curve.mix.clipped} of {len(curve.mix)} requests exceed max_model_len "
-            f"{curve.profile.max_model_len} (or have no output) and were cut to fit"
+            f"{curve.profile.max_model_len} and were cut to fit"
         )
     return tuple(out)
 

@@ -81,6 +81,7 @@ from velvetrope.core import (
     PolicyConfig,
 )
 from velvetrope.core.engine_priority import EnginePriority
+from velvetrope.core.kinds import PROMPT_ONLY
 from velvetrope.core.policy import SloPolicy
 from velvetrope.engine import EngineProfile
 from velvetrope.errors import PolicyError
@@ -240,6 +241,10 @@ def run_simulation(
         for r, o in zip(workload, outputs, strict=True)
     ]
     preds = predicted_outputs(knowledge, outputs, caps, seed)
+    kinds = [r.endpoint for r in workload]
+    for i, kind in enumerate(kinds):
+        if kind in PROMPT_ONLY:  # sized as the gateway sizes it: no output predicted
+            caps[i], preds[i] = 1, 0
     models = [r.model for r in workload]
     listed = {t.name for t in policy.tenants}
     tier_names = {t.name for t in policy.tiers}
@@ -270,7 +275,7 @@ def run_simulation(
         blocks=[r.block_hashes for r in workload],
         block_tokens=[r.block_tokens for r in workload],
         engine_priority=EnginePriority(policy).table() if engine_scheduling == "priority"
-        else {},
+        else {}, kinds=kinds,
     )  # fmt: skip
     if engine_scheduling != "priority":
         for name in pool_names:
@@ -337,8 +342,13 @@ def _records(
     route: list[str] = []
     degraded: list[str] = []
     shadow: list[str] = []
-    for job in jobs:
+    kind: list[str] = []
+    generated = list(outputs)
+    for i, job in enumerate(jobs):
         assert job is not None
+        kind.append(job.kind)
+        if job.kind in PROMPT_ONLY:  # the engine's prefill ends it: no output
+            generated[i] = 0
         arrival.append(job.arrival)
         dispatched.append(job.dispatched_at if job.dispatched_at is not None else nan)
         first.append(job.first_token_at if job.first_token_at is not None else nan)
@@ -362,10 +372,11 @@ def _records(
         tenant=np.asarray(tenant, dtype=np.str_),
         tier=np.asarray(tiers, dtype=np.str_),
         prompt=np.asarray(prompts, dtype=np.int64),
-        output=np.asarray(outputs, dtype=np.int64),
+        output=np.asarray(generated, dtype=np.int64),
         predicted=np.asarray(pred, dtype=np.int64),
         pool=np.asarray(pool, dtype=np.str_),
         route=np.asarray(route, dtype=np.str_),
         degraded=np.asarray(degraded, dtype=np.str_),
         shadow=np.asarray(shadow, dtype=np.str_) if any(shadow) else None,
+        endpoint=np.asarray(kind, dtype=np.str_) if any(k != "chat" for k in kind) else None,
     )

@@ -172,6 +172,9 @@ class JobRecords:
     shadow: NDArray[np.str_] | None = None
     """Shadow mode (``enforce: false``): ``decision`` or ``decision reason`` as
     enforcement would have decided (empty: the request was enforced)."""
+    endpoint: NDArray[np.str_] | None = None
+    """The endpoint kind of each request (``chat``, ``embeddings``, ...; ``None``: all
+    ``chat``).  A prompt-only request's ``output`` is 0 and its first token its end."""
 
     def __len__(self) -> int:
         return int(self.arrival.size)
@@ -181,18 +184,35 @@ class JobRecords:
         done: NDArray[np.bool_] = np.equal(self.state, "completed")
         return done
 
-    def shadow_counts(self) -> dict[tuple[str, str, str], int]:
-        """Shadow decisions by ``(tier, decision, reason)`` (the gateway's
-        ``velvetrope_shadow_decisions_total``)."""
-        out: dict[tuple[str, str, str], int] = {}
+    def shadow_counts(self, by_endpoint: bool = False) -> dict[tuple[str, ...], int]:
+        """Shadow decisions by ``(tier, decision, reason)``, and the endpoint kind last with
+        ``by_endpoint`` (the gateway's ``velvetrope_shadow_decisions_total``)."""
+        out: dict[tuple[str, ...], int] = {}
         if self.shadow is None:
             return out
-        for tier, said in zip(self.tier.tolist(), self.shadow.tolist(), strict=True):
+        kinds = self.endpoint.tolist() if self.endpoint is not None else None
+        for i, (tier, said) in enumerate(
+            zip(self.tier.tolist(), self.shadow.tolist(), strict=True)
+        ):
             if said:
                 decision, _, reason = said.partition(" ")
-                key = (tier, decision, reason)
+                key: tuple[str, ...] = (tier, decision, reason)
+                if by_endpoint:
+                    key += (kinds[i] if kinds is not None else "chat",)
                 out[key] = out.get(key, 0) + 1
         return out
+
+    def endpoint_counts(self) -> dict[str, tuple[int, int]]:
+        """Requests and completed requests by endpoint kind (the gateway's
+        ``velvetrope_requests_total{endpoint}``); empty when every request is a chat."""
+        kinds = self.endpoint
+        if kinds is None or not np.any(kinds != "chat"):
+            return {}
+        done = self.completed
+        return {
+            k: (int(np.sum(kinds == k)), int(np.sum(done & (kinds == k))))
+            for k in sorted(set(kinds.tolist()))
+        }
 
     def ttft(self) -> FloatArray:
         return self.first_token - self.arrival

@@ -155,9 +155,16 @@ def tier_table(result: SimResult) -> Table:
         notes.append("not completed: " + ", ".join(f"{k} {v:,}" for k, v in sorted(lost.items())))
         if "upstream_error" in lost:
             notes.append(f"upstream_error: {UPSTREAM_ERROR_NOTE}")
-    shadow = result.records.shadow_counts()
+    kinds = result.records.endpoint_counts()
+    if kinds:
+        said = ", ".join(f"{k} {n:,} ({d:,} done)" for k, (n, d) in kinds.items())
+        notes.append(f"by endpoint: {said}")
+    shadow = result.records.shadow_counts(by_endpoint=bool(kinds))
     if shadow:
-        said = ", ".join(f"{t} {d} {r or '-'} {n:,}" for (t, d, r), n in sorted(shadow.items()))
+        # tier decision reason (endpoint, in a mixed run) count; '-' for no reason
+        said = ", ".join(
+            " ".join([*k[:2], k[2] or "-", *k[3:], f"{n:,}"]) for k, n in sorted(shadow.items())
+        )
         notes.append(f"shadow (enforce: false, all passed through): {said}")
     t.caption = "\n".join(notes)
     return t

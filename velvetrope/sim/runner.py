@@ -78,6 +78,7 @@ from velvetrope.core import (
     Rejected,
     Usage,
 )
+from velvetrope.core.kinds import PROMPT_ONLY, size_prompt_only
 from velvetrope.core.tuples import new_tuple
 from velvetrope.engine import EngineEvent, Finished, FirstToken
 from velvetrope.engine.fastforward import DecodeRun, RunCounts
@@ -149,6 +150,9 @@ class Inputs:
     engine_priority: dict[tuple[str, str], int] = field(default_factory=dict)
     """``(pool, tier)`` → the ``priority`` the job is sent to its engine with
     (:class:`~velvetrope.core.engine_priority.EnginePriority`; absent: 0)."""
+    kinds: list[str] = field(default_factory=list)
+    """The requests' endpoint kinds (empty: all ``chat``); a prompt-only kind's job is sized
+    by :func:`~velvetrope.core.kinds.size_prompt_only`, as the gateway sizes it."""
 
 
 @dataclass(slots=True)
@@ -191,6 +195,7 @@ def drive(
     blocks, block_tokens = inp.blocks, inp.block_tokens
     tenants, tiers, caps, preds, models = inp.tenants, inp.tiers, inp.caps, inp.preds, inp.models
     max_len = inp.max_len
+    kinds = inp.kinds
     engine_prio = inp.engine_priority
     pool_index = inp.pool_index
     jobs: list[Job | None] = [None] * n
@@ -439,6 +444,10 @@ def drive(
             predicted_output=preds[i],
             template=templates[i],  # a shared system prompt: the template
         )
+        if kinds:
+            job.kind = kinds[i]
+            if job.kind in PROMPT_ONLY:
+                size_prompt_only(job)
         jobs[i] = job
         route_job(job)
         req_pool[i] = pool_index[job.pool]

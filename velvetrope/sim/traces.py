@@ -25,7 +25,12 @@ null), ``prefix_id`` (string or null) and ``prefix_tokens`` (integer ``<= prompt
 the shared prompt prefix of :class:`~velvetrope.sim.workload.TraceRequest`), ``model``
 (non-empty string or null: the requested model, which routing rules see), ``block_hashes``
 (a list of integers: the chained hashes of the prompt's leading blocks) with
-``block_tokens`` (integer ``>= 1``, the tokens a block).  Unknown or
+``block_tokens`` (integer ``>= 1``, the tokens a block), ``endpoint`` (the endpoint kind,
+default ``chat``: ``chat``, ``completions``, ``responses``, ``messages``, ``embeddings`` or
+``rerank``, not ``passthrough``, whose work a trace cannot tell; an ``embeddings`` or
+``rerank`` line is prompt-only work, its ``output_tokens`` 0 and no ``max_tokens``, e.g.
+``{"t": 1.5, "tenant": "bronze", "endpoint": "embeddings", "prompt_tokens": 300,
+"output_tokens": 0}``).  Unknown or
 repeated keys and wrong types are errors.  ``t`` must be non-decreasing
 from line to line: an unsorted JSONL file is *rejected*, not sorted, since it is the format
 we write (:func:`write_jsonl` always writes sorted output) and disorder there means a broken
@@ -273,8 +278,11 @@ def read_azure_csv(path: PathLike) -> list[TraceRequest]:
 
 _REQUIRED = frozenset({"t", "tenant", "prompt_tokens", "output_tokens"})
 _OPTIONAL = frozenset(
-    {"tier", "max_tokens", "prefix_id", "prefix_tokens", "model", "block_hashes", "block_tokens"}
-)
+    {
+        "tier", "max_tokens", "prefix_id", "prefix_tokens", "model", "block_hashes",
+        "block_tokens", "endpoint",
+    }
+)  # fmt: skip
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -337,10 +345,13 @@ def _parse_record(obj: object) -> TraceRequest:
     block_tokens = obj.get("block_tokens", 0)
     if not _is_int(block_tokens):
         raise ValueError(f"'block_tokens' must be an integer, got {block_tokens!r}")
+    endpoint = obj.get("endpoint", "chat")
+    if not isinstance(endpoint, str):
+        raise ValueError(f"'endpoint' must be a string, got {endpoint!r}")
     try:
         return TraceRequest(
             t, obj["prompt_tokens"], obj["output_tokens"], obj["tenant"], tier, max_tokens,
-            prefix_id, prefix_tokens, model, tuple(hashes), block_tokens,
+            prefix_id, prefix_tokens, model, tuple(hashes), block_tokens, endpoint,
         )  # fmt: skip
     except PolicyError as e:
         raise ValueError(str(e)) from None
@@ -405,6 +416,8 @@ def _record(r: TraceRequest) -> dict[str, object]:
     if r.block_hashes:
         obj["block_hashes"] = list(r.block_hashes)
         obj["block_tokens"] = r.block_tokens
+    if r.endpoint != "chat":
+        obj["endpoint"] = r.endpoint
     return obj
 
 

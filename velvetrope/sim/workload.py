@@ -31,6 +31,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from velvetrope import checks
+from velvetrope.core.kinds import PROMPT_ONLY, SIMULATED
 from velvetrope.errors import PolicyError
 
 __all__ = [
@@ -105,6 +106,11 @@ class TraceRequest:
     each, as chained hashes (equal hash at the same position: the same prefix up to the end
     of that block, as in Mooncake's ``hash_ids``); prefix-aware routing keys on them and an
     engine with prefix caching reuses them.  Hashes need ``block_tokens >= 1``.
+    ``endpoint`` is the endpoint kind (:data:`~velvetrope.core.kinds.SIMULATED`: ``chat``, the
+    default, ``completions``, ``responses``, ``messages``, ``embeddings`` or ``rerank``);
+    a prompt-only kind (``embeddings``, ``rerank``) has ``output_tokens`` 0 and no
+    ``max_tokens``, and is admitted as the gateway admits it
+    (:func:`~velvetrope.core.kinds.size_prompt_only`).
 
     Construction validates and normalises (numpy scalars become ``int``/``float``); a bad field
     raises :class:`~velvetrope.errors.PolicyError`.
@@ -121,6 +127,7 @@ class TraceRequest:
     model: str | None = None
     block_hashes: tuple[int, ...] = ()
     block_tokens: int = 0
+    endpoint: str = "chat"
 
     def __post_init__(self) -> None:
         t = self.t
@@ -156,6 +163,15 @@ class TraceRequest:
                 f"and need a non-empty prefix_id (got {self.prefix_id!r})"
             )
         object.__setattr__(self, "prefix_tokens", shared)
+        if self.endpoint not in SIMULATED:
+            raise PolicyError(
+                f"endpoint must be one of {', '.join(SIMULATED)}, got {self.endpoint!r}"
+            )
+        if self.endpoint in PROMPT_ONLY and (output or self.max_tokens is not None):
+            raise PolicyError(
+                f"a {self.endpoint} request is prompt-only: output_tokens must be 0 and "
+                f"max_tokens null (got {output}, {self.max_tokens})"
+            )
         if self.block_hashes or self.block_tokens:
             hashes = self.block_hashes
             if not isinstance(hashes, tuple) or not all(

@@ -13,7 +13,8 @@ Figures and where they come from:
   unknown (shown ``-``), never as an error.
 * **Rates** are counter increases over the seconds between a gateway's previous sample and
   this one (the poll times, :attr:`Sample.at`): ``velvetrope_requests_total`` by outcome
-  and reason (by tenant too when the gateway labels its metrics by tenant),
+  and reason (by tenant too when the gateway labels its metrics by tenant), and by endpoint
+  kind (chat, embeddings, ...: :attr:`View.endpoints`),
   ``velvetrope_routed_total`` as arrivals.  A counter lower than before restarted from zero
   (a restarted gateway): its increase is its value.  Without a previous sample with
   metrics there is no rate (``None``).  *Admitted* per second is arrivals minus rejections.
@@ -80,6 +81,9 @@ class View:
     bands: list[BandRow]
     tenants: list[TenantRow]
     outcomes: list[OutcomeRow]
+    endpoints: list[OutcomeRow]
+    """Requests ended by endpoint kind (``outcome`` the kind, ``reason`` empty), busiest
+    first: ``velvetrope_requests_total`` by its ``endpoint`` label."""
     buckets: list[BucketRow]
     """The buckets not of a tenant (tiers', models'); tenants' are in :attr:`tenants`."""
     engines: list[EngineRow]
@@ -230,6 +234,26 @@ def _tenants(
     return rows, labelled
 
 
+def _endpoints(
+    answered: Sequence[Sample], pairs: list[tuple[Sample, Sample | None]], has_prev: bool
+) -> list[OutcomeRow]:
+    """Requests by endpoint kind: rate over the interval and total (a gateway without the
+    label counts nothing here)."""
+    rates = counter_rates(pairs, _REQUESTS, lambda ls: _label(ls, "endpoint"))
+    totals: dict[str, float] = {}
+    for s in answered:
+        for labels, v in (s.metrics.samples if s.metrics else {}).get(_REQUESTS, {}).items():
+            k = _label(labels, "endpoint")
+            if k:
+                totals[k] = totals.get(k, 0.0) + v
+    rows = [
+        OutcomeRow(k, "", rates.get(k, 0.0) if has_prev else None, int(n))
+        for k, n in totals.items()
+    ]
+    rows.sort(key=lambda o: (-(o.per_s or 0.0), -o.total, o.outcome))
+    return rows
+
+
 def build_view(
     samples: Sequence[Sample],
     previous: Mapping[str, Sample],
@@ -280,6 +304,7 @@ def build_view(
         for (o, r), n in totals.items()
     ]
     outcomes.sort(key=lambda o: (-(o.per_s or 0.0), -o.total, o.outcome, o.reason))
+    endpoints = _endpoints(answered, pairs, has_prev)
     arrived = rejected = admitted = None
     if has_prev:
         arrived = sum(counter_rates(pairs, _ROUTED, lambda _: 0).values())
@@ -292,6 +317,7 @@ def build_view(
         bands=bands,
         tenants=tenants,
         outcomes=outcomes,
+        endpoints=endpoints,
         buckets=buckets,
         engines=engine_rows(answered, keep_pool),
         queued=sum(int((s.status or {}).get("queued") or 0) for s in answered),

@@ -146,6 +146,8 @@ def _outcomes(view: View) -> Section:
         what = o.outcome if o.reason in (o.outcome, "") else f"{o.outcome} {o.reason}"
         style = "red" if o.outcome == "rejected" else ""
         body.append([Text(what, style), _small(o.per_s), compact(o.total)])
+    for e in view.endpoints:  # the same requests by endpoint kind
+        body.append([Text(f"endpoint {e.outcome}", "dim"), _small(e.per_s), compact(e.total)])
     return Section([Col("OUTCOME", "left"), Col("/s"), Col("TOTAL", drop=1)], body)
 
 

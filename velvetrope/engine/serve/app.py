@@ -35,6 +35,8 @@ Endpoints
     :mod:`.pairs`).
 ``POST /v1/messages``, ``POST /v1/messages/count_tokens``
     Anthropic's Messages API, streaming or not (see :mod:`.messages`).
+``POST /tokenize``, ``POST /detokenize``
+    vLLM's shapes, the count by the engine's tokenizer (see :mod:`.tokenize`).
 ``GET /v1/models``
     The one served model, with its ``max_model_len``.
 ``GET /health``
@@ -135,6 +137,7 @@ from velvetrope.engine.serve.pairs import PairsServer
 from velvetrope.engine.serve.progress import progress, until_done, watch_disconnect
 from velvetrope.engine.serve.realtime import EngineClosed, EngineRequest, RealtimeEngine
 from velvetrope.engine.serve.responses import ResponsesServer
+from velvetrope.engine.serve.tokenize import TokenizeServer
 from velvetrope.errors import ClientDisconnected, ConfigError, PolicyError, RequestError
 from velvetrope.openai.errors import error_json, invalid_value, model_not_found
 from velvetrope.openai.prefix import CHARS_PER_TOKEN, prefix_hashes
@@ -299,6 +302,7 @@ class EngineApp:
         pairs = PairsServer(
             self._model, tok, p.max_model_len, self._engine, self.load, self._is_stopping
         )
+        tok_server = TokenizeServer(self._model, tok, p.max_model_len)
         self._routes: dict[str, tuple[str, Callable[..., Awaitable[None]]]] = {
             "/v1/completions": ("POST", self._completions),
             "/v1/chat/completions": ("POST", self._chat),
@@ -310,6 +314,8 @@ class EngineApp:
             "/v1/responses": ("POST", self._responses.handle),
             "/v1/messages": ("POST", self._messages.handle),
             "/v1/messages/count_tokens": ("POST", self._messages.count_tokens),
+            "/tokenize": ("POST", tok_server.tokenize),
+            "/detokenize": ("POST", tok_server.detokenize),
             "/health": ("GET", self._health),
             "/metrics": ("GET", self._metrics),
         }
