@@ -6,8 +6,10 @@ calls of one streamed chat completion with Redis state (a real ``redis-server``,
 from the sources).  The walk is that record with each distinct call kept once, where it
 first happened (``caller -> callee``, a module and a function on each side), as a reader of
 the code would count a call site in a loop: the stream's chunks, a loop over quantiles, the
-header lookups, each once.  ``docs/design.md`` holds it in the ``text`` block below the
-:data:`WALK_MARK` line; the counts, on the same walk:
+header lookups, each once.  Nothing else is left out: the calls into ``openai/`` (the
+request's validation, the SSE reading) and the metrics are the request's path as much as
+the core's are, and they are as stable.  ``docs/design.md`` holds it in the ``text`` block
+below the :data:`WALK_MARK` line; the counts, on the same walk:
 
 * ``calls``: its length, N;
 * ``modules``: the distinct modules it goes through (callers and callees), M;

@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextvars
+import dis
 import importlib.abc
 import importlib.machinery
 import json
@@ -56,7 +57,7 @@ Call = tuple[str, str, str, str]
 PACKAGE = "velvetrope"
 KEY = "sk-walk-tenant-key"
 MODEL = "velvetrope-sim"
-_RESUME = 151  # the RESUME opcode (3.11, 3.12); oparg 0: a function's start
+_RESUME = dis.opmap["RESUME"]  # oparg 0: a function's start; else a resumption
 _GENERATOR_FLAGS = 0x20 | 0x80 | 0x200  # CO_GENERATOR | CO_COROUTINE | CO_ASYNC_GENERATOR
 
 
