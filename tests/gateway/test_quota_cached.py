@@ -18,6 +18,7 @@ import pytest
 import redis
 
 from tests.support.polling import poll
+from tests.support.prometheus import metric_sum
 from tests.support.redis_server import RedisServer
 from velvetrope.core.quota import LEDGER_CAP
 from velvetrope.serving import launch
@@ -116,6 +117,16 @@ def check_ledger(gw: str, reported: list[tuple[int, int, int]]) -> None:
     assert table[1].split()[4:7] == [str(prompt), str(cached), str(output)]
 
 
+def engine_hits(engine: str) -> float:
+    """The engine's ``vllm:prefix_cache_hits_total``: prompt tokens found cached."""
+    return metric_sum(httpx.get(engine + "/metrics").text, "vllm:prefix_cache_hits_total")
+
+
+def ledger_cached(gw: str) -> int:
+    rows = httpx.get(gw + "/admin/usage", params={"from": DAY, "to": DAY}, headers=ADMIN_H)
+    return sum(int(r["cached_input_tokens"]) for r in rows.json()["rows"])
+
+
 def until(pred: Callable[[], bool], what: str) -> None:
     poll(pred, 20.0, what)
 
@@ -128,6 +139,7 @@ def test_cached_input_is_charged_at_its_weight_and_ledgered_on_memory(
     proc = launch.start_gateway(
         cached_config(caching_engine, {"url": "memory://"}), tmp_path, env=cal.env
     )
+    hits = engine_hits(caching_engine)
     try:
         reported = ask_all(proc.url, BANK)
         check_reported(reported, BANK)
@@ -135,6 +147,21 @@ def test_cached_input_is_charged_at_its_weight_and_ledgered_on_memory(
         assert used < sum(p + 4 * o for p, _, o in reported)  # the cache made it cheaper
         until(lambda: admin_status(proc.url)["buckets"][DAY_KEY] == LIMIT - used, "settled")
         check_ledger(proc.url, reported)
+        # a stream whose client does not ask for the usage: the gateway asks for it, reads
+        # its cached count and drops it; the ledger's cached column is the engine's hits
+        client = openai.OpenAI(base_url=proc.url + "/v1", api_key="sk-gold-0000", max_retries=0)
+        messages: Any = [{"role": "system", "content": BANK}, {"role": "user", "content": "?"}]
+        chunks = list(
+            client.chat.completions.create(
+                model="velvetrope-sim", messages=messages, max_tokens=3, stream=True
+            )
+        )
+        assert all(c.usage is None for c in chunks)
+        cached_before = sum(c for _, c, _ in reported)
+        until(
+            lambda: ledger_cached(proc.url) == engine_hits(caching_engine) - hits > cached_before,
+            "the ledger's cached column equals the engine's prefix cache hits",
+        )
     finally:
         proc.stop()
 
