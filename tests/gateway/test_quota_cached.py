@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -162,6 +163,63 @@ def test_cached_input_is_charged_at_its_weight_and_ledgered_on_memory(
             lambda: ledger_cached(proc.url) == engine_hits(caching_engine) - hits > cached_before,
             "the ledger's cached column equals the engine's prefix cache hits",
         )
+    finally:
+        proc.stop()
+
+
+def test_responses_and_messages_report_their_cached_input_in_their_own_shapes(
+    caching_engine: str, tmp_path: Path
+) -> None:
+    """The Responses API (``input_tokens_details.cached_tokens``, openai's client) and
+    Anthropic's Messages (``cache_read_input_tokens``, anthropic's SDK), whole and streamed:
+    settled and ledgered as a chat's."""
+    cal = Calendar(tmp_path / "offset")
+    cal.set(f"{DAY}T10:00:00")
+    proc = launch.start_gateway(
+        cached_config(caching_engine, {"url": "memory://"}), tmp_path, env=cal.env
+    )
+    shop = "You are the clerk of a hardware shop. Name one tool per answer. " * 60
+    club = "You are the secretary of a chess club. Answer with one move. " * 60
+    reported: list[tuple[int, int, int]] = []
+    try:
+        oa = openai.OpenAI(base_url=proc.url + "/v1", api_key="sk-gold-0000", max_retries=0)
+        for i, q in enumerate(QUESTIONS):
+            if i % 2:  # the last event carries the response (completed, or incomplete)
+                stream = oa.responses.create(
+                    model="velvetrope-sim", instructions=shop, input=q, max_output_tokens=4,
+                    stream=True,
+                )  # fmt: skip
+                response = [e for e in stream if hasattr(e, "response")][-1].response
+            else:
+                response = oa.responses.create(
+                    model="velvetrope-sim", instructions=shop, input=q, max_output_tokens=4
+                )
+            u = response.usage
+            assert u is not None
+            reported.append((u.input_tokens, u.input_tokens_details.cached_tokens, u.output_tokens))
+        check_reported(reported, shop)
+        on_messages: list[tuple[int, int, int]] = []
+        with anthropic.Anthropic(base_url=proc.url, api_key="sk-gold-0000", max_retries=0) as an:
+            for i, q in enumerate(QUESTIONS):
+                ask: Any = [{"role": "user", "content": q}]
+                if i % 2:
+                    with an.messages.stream(
+                        model="velvetrope-sim", system=club, messages=ask, max_tokens=4
+                    ) as events:
+                        message = events.get_final_message()
+                    mu = message.usage
+                else:
+                    mu = an.messages.create(
+                        model="velvetrope-sim", system=club, messages=ask, max_tokens=4
+                    ).usage
+                read = mu.cache_read_input_tokens or 0
+                prompt = mu.input_tokens + read + (mu.cache_creation_input_tokens or 0)
+                on_messages.append((prompt, read, mu.output_tokens))
+        check_reported(on_messages, club)
+        reported += on_messages
+        used = charged(reported)
+        until(lambda: admin_status(proc.url)["buckets"][DAY_KEY] == LIMIT - used, "settled")
+        check_ledger(proc.url, reported)
     finally:
         proc.stop()
 
