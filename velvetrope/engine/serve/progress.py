@@ -21,6 +21,9 @@ from velvetrope.serving.asgi import Receive, Send
 
 __all__ = ["EngineEndpoint", "progress", "unavailable", "until_done", "watch_disconnect"]
 
+Chain = Sequence[int]
+"""The chained hashes of a prompt's leading blocks, for the engine's prefix cache."""
+
 
 async def progress(rs: Sequence[EngineRequest]) -> AsyncGenerator[tuple[int, int], None]:
     """``(choice, new tokens)`` as the choices' tokens arrive, until every choice has
@@ -140,21 +143,15 @@ class EngineEndpoint:
         return prefix_hashes(layout, bs, prompt // bs, cpt)
 
     async def generate(
-        self,
-        rid: str,
-        prompt: int,
-        tokens: int,
-        arrived: float,
-        receive: Receive,
-        blocks: Sequence[int] = (),
+        self, rid: str, prompt: int, tokens: int, arrived: float, receive: Receive, head: Chain = ()
     ) -> int | None:
-        """Run one sequence of ``prompt`` and ``tokens`` tokens (its leading ``blocks``:
+        """Run one sequence of ``prompt`` and ``tokens`` tokens (``head``: its leading blocks,
         :meth:`blocks`) to its end (instant mode: nothing to run); the prompt tokens it
         found in the prefix cache, or ``None`` if the client left first."""
         engine = self.engine
         if engine is None:
             return 0
-        r = self.submit(engine, rid, prompt, tokens, arrived, blocks)
+        r = self.submit(engine, rid, prompt, tokens, arrived, head)
         watcher = self.watch(receive, engine, [r])
         try:
             return r.cached_tokens if await until_done([r]) else None
@@ -170,13 +167,14 @@ class EngineEndpoint:
         prompt: int,
         tokens: int,
         arrived: float,
-        blocks: Sequence[int] = (),
+        head: Chain = (),
     ) -> EngineRequest:
-        """Submit one sequence (counted as held: end it with ``load.end``)."""
-        bs = engine.batcher.profile.block_size if blocks else 0
+        """Submit one sequence (counted as held: end it with ``load.end``) with its leading
+        blocks ``head`` (:meth:`blocks`)."""
+        bs = engine.batcher.profile.block_size if head else 0
         try:
             r = engine.submit(
-                rid, prompt, tokens, arrived_at=arrived, block_ids=blocks, block_tokens=bs
+                rid, prompt, tokens, arrived_at=arrived, block_ids=head, block_tokens=bs
             )
         except PolicyError as exc:
             raise RequestError(str(exc), param="input") from None
@@ -234,14 +232,14 @@ class GeneratingEndpoint(EngineEndpoint):
         receive: Receive,
         send: Send,
         events: EventWriter,
-        blocks: Sequence[int] = (),
+        head: Chain = (),
     ) -> None:
-        """Run one sequence (its leading ``blocks``: :meth:`blocks`) and stream it as
+        """Run one sequence (``head``: its leading blocks, :meth:`blocks`) and stream it as
         ``events``: the head, a delta per batch of tokens the engine delivers (instant mode:
         one), the tail; nothing more once the client left, the error event if the engine
         stopped."""
         engine = self.engine
-        r = None if engine is None else self.submit(engine, rid, prompt, tokens, arrived, blocks)
+        r = None if engine is None else self.submit(engine, rid, prompt, tokens, arrived, head)
         watcher = None if engine is None or r is None else self.watch(receive, engine, [r])
 
         async def body(data: bytes, more: bool = True) -> None:
