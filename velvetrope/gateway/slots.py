@@ -1,15 +1,16 @@
-"""Fleet-wide slots on the gateway: a pool's ``max_in_flight`` held over every replica.
+"""Shared slots (leases) on the gateway: a pool's ``max_in_flight`` kept over every gateway
+replica (the words as ``docs/design.md``'s glossary has them).
 
-With a shared store each dispatched job holds a lease on one of its pool's slots, counted
-over the whole fleet of gateways.  Two objects per pool, one job each:
+With a shared store each dispatched job has a lease on one of its pool's slots, counted
+over every gateway replica.  Two objects per pool, one job each:
 
 * :class:`SlotBrake` (sans-IO) is a core capacity signal and dispatch tracker: while a job
-  this replica dispatched waits for its fleet slot, it holds the replica's further
+  this replica dispatched waits for its lease, it holds the replica's further
   dispatches from that pool.  So at most one job per pool leaves the queue without a slot,
   and the policy's order is kept up to that one job.
-* :class:`FleetSlot` (I/O) takes a dispatched job's slot from the store, waiting while the
-  fleet is full: woken when a slot of the pool is given back here, polling (2 ms doubling
-  to 50 ms) for slots given back by other replicas.
+* :class:`FleetSlot` (I/O) takes a dispatched job's lease from the store, waiting while
+  every shared slot is leased: woken when a lease of the pool is given back here, polling
+  (2 ms doubling to 50 ms) for leases given back by other replicas.
 
 The slot a job asks for is sized from the pool's capacity at that moment (per engine ×
 live engines), so it follows the engines without being resized.
@@ -30,11 +31,11 @@ __all__ = ["FleetSlot", "SlotBrake"]
 class SlotBrake:
     """Holds a pool's dispatches while a job dispatched here lacks its fleet slot."""
 
-    __slots__ = ("_holds", "lacking", "pool")
+    __slots__ = ("_has_lease", "lacking", "pool")
 
-    def __init__(self, pool: str, holds: Callable[[str, str], bool]) -> None:
+    def __init__(self, pool: str, has_lease: Callable[[str, str], bool]) -> None:
         self.pool = pool
-        self._holds = holds  # (job id, pool) -> whether the job holds a fleet slot
+        self._has_lease = has_lease  # (job id, pool) -> whether the job has its lease
         self.lacking: set[str] = set()
         """Ids of the jobs dispatched here that have no fleet slot yet (at most one, but
         for a job dispatched while nothing else was in flight)."""
@@ -43,7 +44,7 @@ class SlotBrake:
         return not self.lacking
 
     def started(self, job: Job, now: float) -> None:
-        if job.shadow is None and not self._holds(job.id, self.pool):  # shadow: not held
+        if job.shadow is None and not self._has_lease(job.id, self.pool):  # shadow: none
             self.lacking.add(job.id)
 
     def ended(self, job: Job, now: float) -> None:
