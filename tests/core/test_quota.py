@@ -65,7 +65,7 @@ def test_a_daily_budget_reserves_settles_exactly_and_resets_with_the_next_day() 
     buckets = MemoryBuckets()
     now = epoch("2026-12-06T10:00")
     claims = book.claims("acme", "m", 100, 200, now)
-    assert [c.owner for c in claims] == ["quota", "ledger", "ledger", "ledger"]
+    assert [c.owner for c in claims] == ["quota", "ledger", "ledger", "ledger", "ledger"]
     assert claims[0].key == "quota:acme:day:2026-12-06:tok" and claims[0].amount == 300
     assert buckets.take(claims, 0.0) is None
     lines = book.settle("m", claims, settle_lines(claims, 100 + 150), Usage(100, 150))
@@ -207,3 +207,55 @@ def test_budget_keys_split_and_burn_shows_the_current_windows_only() -> None:
     ]
     got = [(b.scope, b.window, b.used, b.limit, b.reset_s) for b in book.burn(levels, now)]
     assert got == [("acme", "day", 300.0, 1000.0, 7200.0), ("acme", "rolling6h", 55.0, 50.0, None)]
+
+
+def test_cached_input_settles_at_its_own_weight_and_price_and_counts_in_the_ledger() -> None:
+    book = QuotaBook(
+        settings(
+            budgets=[
+                {"tenant": "acme", "window": "day", "tokens": 10_000,
+                 "weights": {"input": 1, "cached_input": 0.25, "output": 4}},
+                {"tenant": "acme", "window": "month", "cost_usd": 10.0},
+            ],
+            prices={"m": {"input": 1.0, "cached_input": 0.5, "output": 2.0}},
+            ledger=True,
+        )
+    )  # fmt: skip
+    buckets = MemoryBuckets()
+    now = epoch("2026-12-06T10:00")
+    claims = book.claims("acme", "m", 1000, 100, now)
+    assert claims[0].amount == 1000 + 100 * 4  # reserved as if nothing were cached
+    assert buckets.take(claims, 0.0) is None
+    usage = Usage(1000, 50, 800)  # 800 of the 1,000 prompt tokens found cached
+    lines = book.settle("m", claims, settle_lines(claims, usage.total), usage)
+    buckets.settle(lines, 0.0)
+    levels = buckets.levels(0.0)
+    assert levels["quota:acme:day:2026-12-06:tok"][0] == 10_000 - (200 + 800 * 0.25 + 50 * 4)
+    assert levels["quota:acme:month:2026-12:usd"][0] == pytest.approx(
+        10.0 - (200 * 1.0 + 800 * 0.5 + 50 * 2.0) / 1e6
+    )
+    counts = {k.rsplit("|", 1)[1]: LEDGER_CAP - lvl for k, (lvl, _) in levels.items() if "|" in k}
+    assert counts == {"requests": 1, "input": 1000, "cached": 800, "output": 50}
+    (row,) = ledger_rows([(k, lvl) for k, (lvl, _) in levels.items()], book.settings)
+    assert (row.input_tokens, row.cached_input_tokens, row.output_tokens) == (1000, 800, 50)
+    assert row.cost_usd == pytest.approx((200 * 1.0 + 800 * 0.5 + 50 * 2.0) / 1e6)
+    # an engine that reports no cached count: every prompt token is charged as input
+    claims = book.claims("acme", "m", 1000, 100, now)
+    assert buckets.take(claims, 0.0) is None
+    plain = Usage(1000, 50)
+    buckets.settle(book.settle("m", claims, settle_lines(claims, plain.total), plain), 0.0)
+    assert buckets.levels(0.0)["quota:acme:day:2026-12-06:tok"][0] == 10_000 - 600 - 1200
+
+
+def test_ledger_rows_read_a_day_written_before_the_cached_counter_as_none_cached() -> None:
+    s = settings(prices={"m": {"input": 1.0, "cached_input": 0.1, "output": 2.0}}, ledger=True)
+    old = [
+        ("ledger|2026-11-30|acme|m|input", LEDGER_CAP - 100),
+        ("ledger|2026-11-30|acme|m|output", LEDGER_CAP - 10),
+        ("ledger|2026-11-30|acme|m|requests", LEDGER_CAP - 1),
+    ]
+    (row,) = ledger_rows(old, s)
+    assert (row.requests, row.input_tokens, row.cached_input_tokens, row.output_tokens) == (
+        1, 100, 0, 10,
+    )  # fmt: skip
+    assert row.cost_usd == pytest.approx((100 * 1.0 + 10 * 2.0) / 1e6)

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from velvetrope.engine import Batcher, EngineProfile
+from velvetrope.engine.events import Finished
 from velvetrope.engine.prefix_cache import PrefixCachingAllocator, block_hashes
 
 BS = 4
@@ -113,6 +114,36 @@ def test_a_second_request_of_the_same_prefix_skips_the_cached_blocks() -> None:
     assert r.prefill_tokens == 22 - 12
     assert b.prefix_cache_queries == 20 + 22
     assert b.prefix_cache_hits == 12
+
+
+def test_finished_reports_the_prompt_tokens_found_cached_at_first_admission() -> None:
+    b = Batcher(_profile())
+    b.add("a", 20, 2, 0.0, prefix_id="sys", prefix_tokens=12)
+    t = b.step(0.0).end
+    ends = []
+    while b.has_work:
+        r = b.step(t)
+        t = r.end
+        ends += [e for e in r.events if isinstance(e, Finished)]
+    b.add("b", 22, 3, t, prefix_id="sys", prefix_tokens=12)
+    b.add("c", 22, 3, t, prefix_id="other", prefix_tokens=12)
+    while b.has_work:
+        r = b.step(t)
+        t = r.end
+        ends += [e for e in r.events if isinstance(e, Finished)]
+    got = {e.seq_id: (e.prompt_tokens, e.cached_tokens) for e in ends}
+    assert got == {"a": (20, 0), "b": (22, 12), "c": (22, 0)}
+    assert b.prefix_cache_hits == 12
+    off = Batcher(_profile(enable_prefix_caching=False))
+    off.add("a", 20, 1, 0.0, prefix_id="sys", prefix_tokens=12)
+    off.add("b", 20, 1, 0.0, prefix_id="sys", prefix_tokens=12)
+    done = []
+    t = 0.0
+    while off.has_work:
+        r = off.step(t)
+        t = r.end
+        done += [e.cached_tokens for e in r.events if isinstance(e, Finished)]
+    assert done == [0, 0]
 
 
 def test_a_prompt_that_is_all_prefix_still_computes_its_last_block() -> None:

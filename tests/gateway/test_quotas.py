@@ -82,6 +82,18 @@ def usage(gw: str, **query: str) -> httpx.Response:
     return r
 
 
+def usage_cli(*args: str) -> str:
+    """What ``velvetrope usage ARGS`` prints (the admin token from its environment)."""
+    return subprocess.run(
+        [sys.executable, "-m", "velvetrope", "usage", *args],
+        capture_output=True,
+        text=True,
+        env={"VELVETROPE_ADMIN_TOKEN": ADMIN, "PATH": "/usr/bin:/bin"},
+        timeout=60,
+        check=True,
+    ).stdout
+
+
 def until(pred: Callable[[], bool], what: str) -> None:
     poll(pred, 20.0, what)
 
@@ -213,17 +225,9 @@ def test_two_gateways_on_one_redis_share_a_daily_and_a_monthly_budget(
 
         # the CLI prints what the endpoint answers
         csv_text = usage(gws[0], format="csv").text
-        cli = subprocess.run(
-            [sys.executable, "-m", "velvetrope", "usage", "--url", gws[1], "--format", "csv"],
-            capture_output=True,
-            text=True,
-            env={"VELVETROPE_ADMIN_TOKEN": ADMIN, "PATH": "/usr/bin:/bin"},
-            timeout=60,
-            check=True,
-        )
-        assert cli.stdout == csv_text
+        assert usage_cli("--url", gws[1], "--format", "csv") == csv_text
         assert csv_text.splitlines()[0] == (
-            "day,tenant,model,requests,input_tokens,output_tokens,cost_usd"
+            "day,tenant,model,requests,input_tokens,cached_input_tokens,output_tokens,cost_usd"
         )
     finally:
         for p in procs:
@@ -316,20 +320,13 @@ def test_one_gateway_warns_refuses_shadows_and_reloads_without_losing_usage(
         assert admin_status(gw)["buckets"]["quota:gold:day:2026-12-06:tok"] == 1000 - used
 
         # velvetrope usage's table: the endpoint's row, aligned
-        table = subprocess.run(
-            [sys.executable, "-m", "velvetrope", "usage", "--url", gw, "--tenant", "gold"],
-            capture_output=True,
-            text=True,
-            env={"VELVETROPE_ADMIN_TOKEN": ADMIN, "PATH": "/usr/bin:/bin"},
-            timeout=60,
-            check=True,
-        ).stdout.splitlines()
+        table = usage_cli("--url", gw, "--tenant", "gold").splitlines()
         row = usage(gw, tenant="gold").json()["rows"][0]
         assert table[0].split() == ["day", "tenant", "model", "requests", "input_tokens",
-                                    "output_tokens", "cost_usd"]  # fmt: skip
+                                    "cached_input_tokens", "output_tokens", "cost_usd"]  # fmt: skip
         assert table[1].split() == [
             "2026-12-06", "gold", "velvetrope-sim", str(served + 1), str(row["input_tokens"]),
-            str(row["output_tokens"]), "0.000000",
+            "0", str(row["output_tokens"]), "0.000000",
         ]  # fmt: skip
         assert len(table) == 2 and len(table[0]) == len(table[1])
     finally:

@@ -271,7 +271,7 @@ def test_sse_reading() -> None:
     assert data_of(b": ping") is None
     chunk = {"choices": [{"delta": {"content": "a"}}, {"text": "b"}, {"text": ""}]}
     assert content_choices(chunk) == 2
-    assert usage_of({"usage": {"prompt_tokens": 3, "completion_tokens": 4}}) == (3, 4)
+    assert usage_of({"usage": {"prompt_tokens": 3, "completion_tokens": 4}}) == (3, 4, 0)
     assert usage_of({"usage": None}) is None
 
 

@@ -188,8 +188,8 @@ class JobEnds:
         now = self.clock.now()
         job.state = state  # DISPATCHED -> terminal: callers checked DISPATCHED
         job.usage = usage
-        prompt, output = usage
-        total = prompt + output
+        output = usage[1]
+        total = usage[0] + output
         pool = self._pools[job.pool]
         self.in_flight -= 1
         pool.release(job, now, total, output, state is _COMPLETED)

@@ -73,10 +73,17 @@ class Reason(enum.Enum):
 
 
 class Usage(NamedTuple):
-    """Tokens a job actually consumed, as reported by the upstream."""
+    """Tokens a job actually consumed, as reported by the upstream.
+
+    ``cached_tokens`` are the prompt tokens the engine found in its prefix cache, a part of
+    ``prompt_tokens`` (``0 <= cached_tokens <= prompt_tokens``; 0 when the engine does not
+    report them).  Only budgets and the ledger tell them apart
+    (:mod:`velvetrope.core.quota`); the rate buckets and the capacity count every prompt
+    token alike."""
 
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0
 
     @property
     def total(self) -> int:

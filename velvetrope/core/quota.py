@@ -15,12 +15,15 @@ same settlement (memory, or Redis through the same scripts and outbox):
   usage the engine reported.  Shadow mode (``enforce: false``) reserves 0, so nothing is
   refused, and settles the same use.
 
-The ledger is three counters per tenant × model × day (``requests``, ``input``, ``output``),
-each a bucket of capacity 2**53 that never refills, claimed for 0 at admission and settled
+The ledger is four counters per tenant × model × day (``requests``, ``input``, ``cached``,
+``output``: ``cached`` the part of ``input`` the engine found in its prefix cache, the
+``cached_tokens`` of the job's :class:`~velvetrope.core.lifecycle.Usage`), each a bucket
+of capacity 2**53 that never refills, claimed for 0 at admission and settled
 at the end with the counts (so the count is ``2**53 - level``, exact below 2**53): the
 request's settlement is the ledger's only writer, once per job id.  A job counts on the
 day it was admitted (in the time zone), with what it was charged (its usage; nothing for
-one refused or shed before it ran), in shadow mode too.
+one refused or shed before it ran), in shadow mode too.  A day counted before the
+``cached`` counter existed has none: it reads as 0.
 
 A budget with ``on_exceeded: downgrade`` does not refuse: a job its spent budget denied is
 downgraded (:meth:`QuotaBook.exceeded`, :func:`downgrade`: the budget's tier, then the
@@ -63,7 +66,7 @@ __all__ = [
 LEDGER_CAP: Final = float(2**53)
 """A ledger counter's capacity: its count is ``LEDGER_CAP - level``, exact below it."""
 LEDGER_PREFIX: Final = "ledger|"
-_METRICS: Final = ("requests", "input", "output")
+_METRICS: Final = ("requests", "input", "cached", "output")
 QUOTA_DOWNGRADE: Final = "quota"
 """The ``Job.degraded`` action of a job downgraded by a spent budget."""
 _REMEMBER: Final = 65_536
@@ -238,16 +241,16 @@ class QuotaBook:
         claims: Sequence[Claim],
         lines: Sequence[SettleLine],
         usage: Usage | None,
-        cached: int = 0,
     ) -> tuple[SettleLine, ...]:
         """``lines`` (the controller's, one per claim, in order) with each budget's and
         ledger counter's line set from ``usage`` (``None``: the job never ran): a budget
         is charged its weighted or priced use when the controller charged the job at all
         (its line's actual is not 0: a job refused, or refused in shadow mode, is
-        refunded), a ledger counter the job's requests (1 when it used any token), input
-        and output tokens."""
+        refunded), the usage's cached prompt tokens at the budget's ``cached_input``
+        weight or price and the rest of the prompt at ``input``'s; a ledger counter the
+        job's requests (1 when it used any token), input, cached input and output tokens."""
         out: list[SettleLine] = []
-        prompt, output = (0, 0) if usage is None else usage
+        prompt, output, cached = (0, 0, 0) if usage is None else usage
         for c, line in zip(claims, lines, strict=True):
             owner = c.owner
             if owner == "quota":
@@ -259,7 +262,7 @@ class QuotaBook:
                     used = float(prompt + output)
                 line = (c.key, c.amount, used)
             elif owner == "ledger":
-                line = (c.key, 0.0, float(_count(c.key, prompt, output)))
+                line = (c.key, 0.0, float(_count(c.key, prompt, cached, output)))
             out.append(line)
         return tuple(out)
 
@@ -359,24 +362,30 @@ def budget_key_parts(key: str) -> tuple[str, str, str | None, str] | None:
     return None
 
 
-def _count(key: str, prompt: int, output: int) -> int:
-    """A ledger counter's increment for a job that used ``prompt`` and ``output``."""
+def _count(key: str, prompt: int, cached: int, output: int) -> int:
+    """A ledger counter's increment for a job that used ``prompt`` (``cached`` of them
+    cached) and ``output``."""
     metric = key.rsplit("|", 1)[1]
     if metric == "input":
         return prompt
+    if metric == "cached":
+        return cached
     if metric == "output":
         return output
     return 1 if prompt + output > 0 else 0
 
 
 class LedgerRow(NamedTuple):
-    """One row of the ledger: a tenant's use of a model on a day."""
+    """One row of the ledger: a tenant's use of a model on a day.  ``input_tokens`` counts
+    every prompt token, ``cached_input_tokens`` the part of them the engines found cached
+    (priced at ``cached_input``)."""
 
     day: str
     tenant: str
     model: str | None
     requests: int
     input_tokens: int
+    cached_input_tokens: int
     output_tokens: int
     cost_usd: float
 
@@ -391,7 +400,9 @@ def ledger_rows(
     """The ledger's rows from counter ``levels`` (``(key, level)``; other keys skipped),
     days ``first`` to ``last`` (``YYYY-MM-DD``, inclusive; ``None``: unbounded) and one
     ``tenant`` if given, sorted by day, tenant and model.  Cost is priced at read time
-    from ``settings.prices`` (0 for a model without a price)."""
+    from ``settings.prices`` (0 for a model without a price), the cached input at its
+    ``cached_input`` price; a row without a ``cached`` counter (written before it existed)
+    has none cached."""
     counts: dict[tuple[str, str, str], dict[str, int]] = {}
     for key, level in levels:
         if not key.startswith(LEDGER_PREFIX):
@@ -408,9 +419,10 @@ def ledger_rows(
     out = []
     for (day, who, model), c in sorted(counts.items()):
         price = settings.price(model or None)
-        inp, outp = c.get("input", 0), c.get("output", 0)
-        cost = 0.0 if price is None else price.cost(inp, 0, outp)
-        out.append(LedgerRow(day, who, model or None, c.get("requests", 0), inp, outp, cost))
+        inp, cached, outp = c.get("input", 0), c.get("cached", 0), c.get("output", 0)
+        cost = 0.0 if price is None else price.cost(inp, cached, outp)
+        n = c.get("requests", 0)
+        out.append(LedgerRow(day, who, model or None, n, inp, cached, outp, cost))
     return out
 
 

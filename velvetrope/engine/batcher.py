@@ -398,6 +398,8 @@ class Batcher:
         self.prefix_cache_hits += hit_tokens
         pc.allocate(need, s.blocks)
         s.computed = s.cached = hit_tokens
+        if not s.preemptions:  # its first admission: what it reports (vLLM's num_cached_tokens)
+            s.first_cached = hit_tokens
         s.registered = len(hits)
         return new
 
@@ -559,7 +561,7 @@ class Batcher:
                 if token_events:
                     events.append(Tokens(s.seq_id, emitted, t))
                 if g == s.output:
-                    events.append(Finished(s.seq_id, t, s.prompt, g))
+                    events.append(Finished(s.seq_id, t, s.prompt, g, s.first_cached))
                     kv.free(s.blocks)
                     s.state = GONE
                     del self._seqs[s.seq_id]

@@ -63,18 +63,26 @@ class Tokens:
 
 @dataclass(slots=True, init=False)
 class Finished:
-    """``seq_id`` produced its last token at ``t``; its blocks are already free."""
+    """``seq_id`` produced its last token at ``t``; its blocks are already free.
+
+    ``cached_tokens``: the prompt tokens it found in the prefix cache when it was first
+    admitted (0 without prefix caching), what vLLM reports as
+    ``usage.prompt_tokens_details.cached_tokens``."""
 
     seq_id: str
     t: float
     prompt_tokens: int
     output_tokens: int
+    cached_tokens: int
 
-    def __init__(self, seq_id: str, t: float, prompt_tokens: int, output_tokens: int) -> None:
+    def __init__(
+        self, seq_id: str, t: float, prompt_tokens: int, output_tokens: int, cached_tokens: int = 0
+    ) -> None:
         self.seq_id = seq_id
         self.t = t
         self.prompt_tokens = prompt_tokens
         self.output_tokens = output_tokens
+        self.cached_tokens = cached_tokens
 
 
 @dataclass(slots=True, init=False)

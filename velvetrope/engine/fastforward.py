@@ -330,7 +330,7 @@ class DecodeRun:
         for s in running:
             g = s.generated
             if g == s.output:
-                events.append(Finished(s.seq_id, t, s.prompt, g))
+                events.append(Finished(s.seq_id, t, s.prompt, g, s.first_cached))
                 kv.free(s.blocks)
                 s.state = GONE
                 del seqs[s.seq_id]

@@ -23,8 +23,9 @@ class SeqRecord:
 
     ``hashes`` is the hash chain of the sequence's shareable full prompt blocks (empty
     without prefix caching); ``registered`` how many of them are recorded in the cache;
-    ``cached`` the prompt tokens found in the cache at the latest admission; ``spec`` the
-    draft tokens scheduled in the current step.
+    ``cached`` the prompt tokens found in the cache at the latest admission,
+    ``first_cached`` at the first (what the engine reports); ``spec`` the draft tokens
+    scheduled in the current step.
     """
 
     __slots__ = (
@@ -33,6 +34,7 @@ class SeqRecord:
         "cached",
         "computed",
         "decoding",
+        "first_cached",
         "generated",
         "hashes",
         "known",
@@ -78,6 +80,7 @@ class SeqRecord:
         self.preemptions = 0
         self.registered = 0
         self.cached = 0
+        self.first_cached = 0
 
     def rank(self) -> tuple[int, float, int]:
         """Priority-mode order: lower is served first and preempted last."""

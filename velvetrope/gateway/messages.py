@@ -61,21 +61,36 @@ def parse_messages_request(
     )
 
 
-def _counts(u: object) -> tuple[int | None, int | None]:
+def _counts(u: object) -> tuple[int | None, int | None, int]:
+    """A Messages ``usage`` object's prompt tokens, output tokens and cached prompt tokens.
+
+    Anthropic's ``input_tokens`` leaves out the tokens read from the cache
+    (``cache_read_input_tokens``) and those written to it (``cache_creation_input_tokens``):
+    the prompt is their sum, of which the cache reads are cached (a cache write is charged
+    as uncached input).  Absent or not integers: ``None`` (input, output), 0 (cache)."""
     if not isinstance(u, dict):
-        return None, None
+        return None, None, 0
     i, o = u.get("input_tokens"), u.get("output_tokens")
-    return (i if type(i) is int else None), (o if type(o) is int else None)
+    read = _count(u.get("cache_read_input_tokens"))
+    made = _count(u.get("cache_creation_input_tokens"))
+    prompt = i + read + made if type(i) is int and i >= 0 else None
+    return prompt, (o if type(o) is int else None), read
+
+
+def _count(n: object) -> int:
+    return n if type(n) is int and n > 0 else 0
 
 
 def messages_usage(body: bytes | None) -> Usage | None:
-    """A whole answer's ``usage`` (``input_tokens``, ``output_tokens``), if it has both."""
+    """A whole answer's ``usage`` (``input_tokens`` with the cache's, ``output_tokens``,
+    ``cache_read_input_tokens`` as the cached prompt tokens: :func:`_counts`), if it has
+    both counts."""
     try:
         obj = orjson.loads(body or b"")
     except orjson.JSONDecodeError:
         return None
-    i, o = _counts(obj.get("usage") if isinstance(obj, dict) else None)
-    return Usage(i, o) if i is not None and o is not None else None
+    i, o, c = _counts(obj.get("usage") if isinstance(obj, dict) else None)
+    return Usage(i, o, c) if i is not None and o is not None else None
 
 
 class MessagesRelay(TypedEvents):
@@ -83,20 +98,23 @@ class MessagesRelay(TypedEvents):
     :class:`~velvetrope.gateway.typed_events.TypedEvents`): ``message_start``'s input
     tokens, then ``message_delta``'s usage."""
 
-    __slots__ = ("input_tokens",)
+    __slots__ = ("cached_tokens", "input_tokens")
 
     delta = re.compile(rb'"type"\s*:\s*"content_block_delta"')
     state = re.compile(rb'"type"\s*:\s*"message_(start|delta)"')
 
     def __init__(self) -> None:
         self.input_tokens: int | None = None
+        self.cached_tokens = 0
 
     def on_event(self, kind: bytes, obj: dict[str, Any], tally: UsageTally) -> None:
         if kind == b"start":
             msg = obj.get("message")
-            self.input_tokens = _counts(msg.get("usage") if isinstance(msg, dict) else None)[0]
+            i, _, c = _counts(msg.get("usage") if isinstance(msg, dict) else None)
+            self.input_tokens, self.cached_tokens = i, c
             return
-        i, o = _counts(obj.get("usage"))
-        i = i if i is not None else self.input_tokens
+        i, o, c = _counts(obj.get("usage"))
+        if i is None:  # message_delta's usage may carry only the output: message_start's
+            i, c = self.input_tokens, self.cached_tokens
         if i is not None and o is not None:
-            tally.usage = Usage(i, o)
+            tally.usage = Usage(i, o, min(c, i))

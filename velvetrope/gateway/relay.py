@@ -41,11 +41,11 @@ class UsageTally:
         """What to settle: the engine's usage if it sent one, with its completion tokens
         raised to what the gateway saw when the engine reported fewer (an engine that
         counts one of ``n`` choices, or reports less than it streamed); else the prompt and
-        what was seen."""
+        what was seen.  The cached prompt tokens are the engine's (0 without its usage)."""
         u = self.usage
         if u is not None:
             if u[1] < self.completion_tokens:
-                return Usage(u[0], self.completion_tokens)
+                return Usage(u[0], self.completion_tokens, u[2])
             return u
         return Usage(self.prompt_tokens, self.completion_tokens)
 

@@ -36,6 +36,7 @@ from velvetrope.gateway.typed_events import TypedEvents
 from velvetrope.gateway.upstreams import UpstreamPools
 from velvetrope.openai.errors import error_body
 from velvetrope.openai.responses import count_input_tokens, parse_responses
+from velvetrope.openai.sse import cached_of
 
 __all__ = [
     "ResponsesRelay",
@@ -75,14 +76,15 @@ def parse_responses_request(
 
 
 def _usage_of(response: object) -> Usage | None:
-    """A response object's ``usage`` as the gateway settles it, if it has both counts."""
+    """A response object's ``usage`` as the gateway settles it, if it has both counts;
+    the cached input tokens from ``usage.input_tokens_details.cached_tokens``."""
     try:
         u = response["usage"]  # type: ignore[index]
         i, o = u["input_tokens"], u["output_tokens"]
     except (TypeError, KeyError, IndexError):
         return None
     if type(i) is int and type(o) is int and i >= 0 and o >= 0:
-        return Usage(i, o)
+        return Usage(i, o, cached_of(u.get("input_tokens_details"), i))
     return None
 
 

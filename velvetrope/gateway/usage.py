@@ -30,7 +30,16 @@ from velvetrope.store.memory import MemoryStore
 
 __all__ = ["CSV_COLUMNS", "answer_usage", "ledger_levels", "rows_csv"]
 
-CSV_COLUMNS = ("day", "tenant", "model", "requests", "input_tokens", "output_tokens", "cost_usd")
+CSV_COLUMNS = (
+    "day",
+    "tenant",
+    "model",
+    "requests",
+    "input_tokens",
+    "cached_input_tokens",
+    "output_tokens",
+    "cost_usd",
+)
 _DAY = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 _MARK = ":b:" + LEDGER_PREFIX
 
@@ -67,7 +76,7 @@ def rows_csv(rows: Sequence[LedgerRow]) -> str:
     w.writerow(CSV_COLUMNS)
     for r in rows:
         w.writerow([r.day, r.tenant, r.model or "", r.requests, r.input_tokens,
-                    r.output_tokens, f"{r.cost_usd:.6f}"])  # fmt: skip
+                    r.cached_input_tokens, r.output_tokens, f"{r.cost_usd:.6f}"])  # fmt: skip
     return buf.getvalue()
 
 

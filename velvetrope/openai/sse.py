@@ -26,6 +26,7 @@ __all__ = [
     "DONE",
     "DONE_DATA",
     "SSE_HEADERS",
+    "cached_of",
     "content_choices",
     "content_keys",
     "data_of",
@@ -145,15 +146,30 @@ def event_data(ev: bytes) -> bytes | None:
 
 
 def usage_of(obj: object) -> Usage | None:
-    """The ``usage`` a response body or a chunk reports, if it has token counts."""
+    """The ``usage`` a response body or a chunk reports, if it has token counts; with the
+    prompt tokens found cached (``usage.prompt_tokens_details.cached_tokens``, what vLLM
+    reports with prefix caching and ``--enable-prompt-tokens-details``, and OpenAI always)
+    when given (:func:`cached_of`)."""
     try:
         u = obj["usage"]  # type: ignore[index]
         p, c = u["prompt_tokens"], u["completion_tokens"]
     except (TypeError, KeyError, IndexError):  # not an object, or not one with both counts
         return None
     if isinstance(obj, dict) and isinstance(p, int) and isinstance(c, int):
-        return new_tuple(Usage, (p, c))
+        return new_tuple(Usage, (p, c, cached_of(u.get("prompt_tokens_details"), p)))
     return None
+
+
+def cached_of(details: object, prompt: int) -> int:
+    """The ``cached_tokens`` of a usage's details object (OpenAI's
+    ``prompt_tokens_details``, the Responses API's ``input_tokens_details``), at most
+    ``prompt``; 0 when absent, null or not a non-negative integer."""
+    if not isinstance(details, dict):
+        return 0
+    n = details.get("cached_tokens")
+    if type(n) is not int or n <= 0:
+        return 0
+    return n if n < prompt else max(prompt, 0)
 
 
 _TEXT_KEYS = re.compile(rb'"(?:content|text)"\s*:\s*"(?!")')

@@ -320,7 +320,7 @@ def drive(
                 if type(e) is FirstToken:
                     first_token(e.seq_id)
                 elif type(e) is Finished:
-                    complete(e.seq_id, new_tuple(Usage, (e.prompt_tokens, e.output_tokens)))
+                    complete(e.seq_id, new_tuple(Usage, (e.prompt_tokens, e.output_tokens, 0)))
                     load_[k] -= 1
                     freed = True
             if freed and ctl.queued:

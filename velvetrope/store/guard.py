@@ -438,7 +438,7 @@ class GuardedStore:
             self._local_jobs.discard(job_id)
             self.local.settle(lines, self.clock.now(), job_id)
             for key, _, actual in lines:  # the ledger is Redis's: count what it misses
-                if key.startswith(LEDGER_PREFIX):
+                if key.startswith(LEDGER_PREFIX) and not key.endswith("|cached"):  # in input
                     kind = "requests" if key.endswith("|requests") else "tokens"
                     self.unledgered[kind] += int(actual)
             return

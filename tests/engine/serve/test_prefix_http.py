@@ -4,6 +4,8 @@ so (a real process, the official openai client)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import openai
 import pytest
@@ -62,6 +64,51 @@ def test_requests_sharing_a_system_prompt_hit_the_engines_prefix_cache() -> None
         assert prefix_counters(eng.url)[1] == hits
     finally:
         eng.stop()
+
+
+@pytest.mark.integration
+def test_usage_reports_the_cached_tokens_as_vllm_does_streamed_and_whole() -> None:
+    """``usage.prompt_tokens_details.cached_tokens``: what the prefix cache held for each
+    request, summing to the engine's own hit counter; none without prefix caching."""
+    eng = start_engine(
+        "--speed", "50", "--tokenizer", "approx", "--set", "enable_prefix_caching=true"
+    )
+    plain = start_engine("--speed", "50", "--tokenizer", "approx")
+    try:
+        client = openai.OpenAI(base_url=eng.url + "/v1", api_key="none", max_retries=0)
+        messages: Any = [{"role": "system", "content": SYSTEM}]
+        cached = []
+        for i, q in enumerate(("What is my balance?", "Where is my card?", "How?")):
+            ask: Any = [*messages, {"role": "user", "content": q}]
+            if i == 2:  # streamed: the final usage chunk carries it
+                chunks = client.chat.completions.create(
+                    model="velvetrope-sim", messages=ask, max_tokens=3, stream=True,
+                    stream_options={"include_usage": True},
+                )  # fmt: skip
+                usage = [c.usage for c in chunks if c.usage is not None][-1]
+            else:
+                done = client.chat.completions.create(
+                    model="velvetrope-sim", messages=ask, max_tokens=3
+                )
+                assert done.usage is not None
+                usage = done.usage
+            assert usage.prompt_tokens_details is not None
+            cached.append(usage.prompt_tokens_details.cached_tokens)
+        shared = (len(SYSTEM) // 4) // 16 * 16
+        assert cached[0] == 0 and all(c is not None and c >= shared - 16 for c in cached[1:])
+        assert sum(c or 0 for c in cached) == prefix_counters(eng.url)[1]
+        on_completions = []
+        for q in ("Q: balance?", "Q: card?"):  # /v1/completions: the same details
+            c = client.completions.create(model="velvetrope-sim", prompt=SYSTEM + q, max_tokens=2)
+            assert c.usage is not None and c.usage.prompt_tokens_details is not None
+            on_completions.append(c.usage.prompt_tokens_details.cached_tokens or 0)
+        assert on_completions[1] >= shared - 16 and on_completions[1] > on_completions[0]
+        body = {"model": "velvetrope-sim", "messages": ask, "max_tokens": 2}
+        u = httpx.post(plain.url + "/v1/chat/completions", json=body).json()["usage"]
+        assert "prompt_tokens_details" not in u  # no prefix caching: no details, as vLLM's
+    finally:
+        eng.stop()
+        plain.stop()
 
 
 def test_set_takes_booleans() -> None:

@@ -64,7 +64,8 @@ each prompt is hashed into the engine's blocks (``block_size`` tokens of the tok
 characters a block, :func:`~velvetrope.openai.prefix.prefix_hashes`; chained, so a block
 is shared exactly when every byte before it is), and the batcher reuses the blocks an
 earlier request computed: requests that share a system prompt hit, and the hits appear in
-``vllm:prefix_cache_queries_total`` / ``vllm:prefix_cache_hits_total`` as in vLLM.
+``vllm:prefix_cache_queries_total`` / ``vllm:prefix_cache_hits_total`` and in chat and
+completions usage as ``prompt_tokens_details.cached_tokens`` (as vLLM's).
 
 Extension: the model's own predictions
 --------------------------------------
@@ -623,12 +624,19 @@ class EngineApp:
                 await self._stream(c, rs, send)
             else:
                 if await until_done(rs):
+                    self._cached(c, rs)
                     await _send_json(send, 200, full_body(c, self._model, self._ext(rs)))
         finally:
             for r in rs:
                 engine.abort(r)  # no-op unless the handler is leaving early
             watcher.cancel()
             self.load.end(c.rid, c.prompt_tokens, rs)
+
+    def _cached(self, c: Completion, rs: Sequence[EngineRequest]) -> None:
+        """With prefix caching on, set ``c``'s cached prompt tokens (its first choice's, the
+        prompt being counted once) for its usage."""
+        if self._profile.enable_prefix_caching:
+            c.cached_tokens = rs[0].cached_tokens
 
     async def _stream(self, c: Completion, rs: Sequence[EngineRequest], send: Send) -> None:
         w = StreamWriter(c, self._model_json)
@@ -644,6 +652,7 @@ class EngineApp:
                     sent[i] += n
                     left -= last
                     if left == 0:
+                        self._cached(c, rs)
                         body += w.end(self._ext(rs))
                     await send({"type": "http.response.body", "body": body, "more_body": left > 0})
         except EngineClosed as exc:

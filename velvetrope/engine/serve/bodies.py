@@ -87,6 +87,10 @@ class Completion:
     """The prompt's leading blocks as chained hashes (``block_tokens`` tokens each), for
     the engine model's prefix cache (empty: prefix caching is off)."""
     block_tokens: int = 0
+    cached_tokens: int | None = None
+    """The prompt tokens found in the prefix cache (the first choice's), set once it ran
+    with prefix caching on: the usage then carries ``prompt_tokens_details.cached_tokens``
+    as vLLM's with ``--enable-prompt-tokens-details`` does (``None``: no details)."""
 
     @classmethod
     def new(
@@ -111,14 +115,18 @@ class Completion:
         """Tokens generated over every choice."""
         return sum(d.tokens for d in self.choices)
 
-    def usage(self) -> dict[str, int]:
-        """OpenAI's ``usage`` object: the prompt once, the completions of every choice."""
+    def usage(self) -> dict[str, Any]:
+        """OpenAI's ``usage`` object: the prompt once, the completions of every choice, and
+        the cached prompt tokens when known (:attr:`cached_tokens`)."""
         done = self.completion_tokens
-        return {
+        out: dict[str, Any] = {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": done,
             "total_tokens": self.prompt_tokens + done,
         }
+        if self.cached_tokens is not None:
+            out["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
+        return out
 
 
 def full_body(c: Completion, model: str, ext: dict[str, float]) -> dict[str, Any]:

@@ -11,7 +11,11 @@ deterministic filler of :mod:`.bodies`.  The answer is a message (``id`` ``msg_.
 ``input_tokens`` and ``output_tokens``); streamed, Anthropic's events: ``message_start``
 (its usage: the input and 1 output token), ``content_block_start``, one
 ``content_block_delta`` per batch of tokens the engine delivers, ``content_block_stop``,
-``message_delta`` (the stop reason and the output tokens) and ``message_stop``.
+``message_delta`` (the stop reason and the output tokens) and ``message_stop``.  With prefix
+caching on, the prompt's blocks (system, then messages) are looked up in the engine's prefix
+cache as a chat's, and the usage (the whole answer's, the stream's ``message_delta``) splits
+the prompt as Anthropic does: ``input_tokens`` not read from the cache,
+``cache_read_input_tokens`` read from it.
 
 ``POST /v1/messages/count_tokens`` answers ``{"input_tokens": N}`` at once.  Errors are in
 OpenAI's shape, as on the engine's other routes.
@@ -70,14 +74,20 @@ class MessagesServer(GeneratingEndpoint):
         if self.stopping():
             raise unavailable()
         mid = f"msg_{self.prefix}{next(self._ids):08x}"
+        system = req.body.get("system")
+        head = [{"role": "system", "content": system}] if system else []
+        blocks = self.blocks({"messages": [*head, *req.body.get("messages", [])]}, prompt)
         if req.stream:
             start = self._message(mid, None, None)
             start["usage"] = {"input_tokens": prompt, "output_tokens": 1}
-            events = _MessageEvents(start, d)
-            await self.stream(mid, prompt, d.tokens, arrived, receive, send, events)
-        elif await self.generate(mid, prompt, d.tokens, arrived, receive):
+            events = _MessageEvents(start, d, prompt if self.prefix_caching else None)
+            await self.stream(mid, prompt, d.tokens, arrived, receive, send, events, blocks)
+            return
+        cached = await self.generate(mid, prompt, d.tokens, arrived, receive, blocks)
+        if cached is not None:
             body = self._message(mid, filler_text(filler_seed(d), 0, d.tokens), d)
-            body["usage"] = {"input_tokens": prompt, "output_tokens": d.tokens}
+            usage = {"input_tokens": prompt, "output_tokens": d.tokens}
+            body["usage"] = _usage(prompt, cached, d.tokens) if self.prefix_caching else usage
             await respond(send, 200, orjson.dumps(body))
 
     def _message(self, mid: str, text: str | None, d: OutputDecision | None) -> dict[str, Any]:
@@ -97,8 +107,8 @@ class _MessageEvents:
     """Anthropic's events of one streamed message (an
     :class:`~velvetrope.engine.serve.progress.EventWriter`)."""
 
-    def __init__(self, start: dict[str, Any], d: OutputDecision) -> None:
-        self.start, self.d, self.base = start, d, filler_seed(d)
+    def __init__(self, start: dict[str, Any], d: OutputDecision, prompt: int | None) -> None:
+        self.start, self.d, self.base, self.prompt = start, d, filler_seed(d), prompt
 
     def head(self) -> bytes:
         block = {"type": "text", "text": ""}
@@ -110,17 +120,31 @@ class _MessageEvents:
         text = filler_text(self.base, start, n)
         return _event("content_block_delta", index=0, delta={"type": "text_delta", "text": text})
 
-    def tail(self) -> bytes:
+    def tail(self, cached: int) -> bytes:
         stop = "max_tokens" if self.d.finish_reason == "length" else "end_turn"
         return (
             _event("content_block_stop", index=0)
             + _event(
                 "message_delta",
                 delta={"stop_reason": stop, "stop_sequence": None},
-                usage={"output_tokens": self.d.tokens},
+                usage=_usage(self.prompt, cached, self.d.tokens),
             )
             + _event("message_stop")
         )
 
     def error(self, message: str) -> bytes:
         return _event("error", error={"type": "overloaded_error", "message": message})
+
+
+def _usage(prompt: int | None, cached: int, output: int) -> dict[str, int]:
+    """A Messages ``usage``: with prefix caching (``prompt`` given), Anthropic's split of the
+    prompt, ``input_tokens`` the part not read from the cache and ``cache_read_input_tokens``
+    the part read; without, the output only (the caller adds the input where it goes)."""
+    if prompt is None:
+        return {"output_tokens": output}
+    return {
+        "input_tokens": prompt - cached,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+        "output_tokens": output,
+    }

@@ -8,17 +8,21 @@ import asyncio
 import contextlib
 import itertools
 import os
-from collections.abc import AsyncGenerator, Callable, Sequence
-from typing import Protocol
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from typing import Any, Protocol
 
 from velvetrope.engine.outputs import OutputPolicy
 from velvetrope.engine.serve.journal import RequestLoad
 from velvetrope.engine.serve.realtime import EngineClosed, EngineRequest, RealtimeEngine
 from velvetrope.errors import PolicyError, RequestError
-from velvetrope.openai.tokenizer import Tokenizer
+from velvetrope.openai.prefix import CHARS_PER_TOKEN, prefix_hashes
+from velvetrope.openai.tokenizer import ApproxTokenizer, Tokenizer
 from velvetrope.serving.asgi import Receive, Send
 
 __all__ = ["EngineEndpoint", "progress", "unavailable", "until_done", "watch_disconnect"]
+
+Chain = Sequence[int]
+"""The chained hashes of a prompt's leading blocks, for the engine's prefix cache."""
 
 
 async def progress(rs: Sequence[EngineRequest]) -> AsyncGenerator[tuple[int, int], None]:
@@ -118,29 +122,60 @@ class EngineEndpoint:
         watcher.add_done_callback(self._watchers.discard)
         return watcher
 
+    @property
+    def prefix_caching(self) -> bool:
+        """Whether the engine model caches prompt prefixes (its usage then says how many
+        prompt tokens it found cached)."""
+        engine = self.engine
+        return engine is not None and engine.batcher.profile.enable_prefix_caching
+
+    def blocks(self, layout: Mapping[str, Any], prompt: int) -> tuple[int, ...]:
+        """The chained hashes of the prompt's leading blocks for the engine's prefix cache
+        (:func:`~velvetrope.openai.prefix.prefix_hashes` of ``layout``, a chat-shaped
+        ``{"messages": [...]}`` of the request's prompt, ``prompt`` tokens); empty without
+        prefix caching (or in instant mode)."""
+        engine = self.engine
+        if engine is None or not self.prefix_caching:
+            return ()
+        bs = engine.batcher.profile.block_size
+        tok = self.tokenizer
+        cpt = tok.chars_per_token if isinstance(tok, ApproxTokenizer) else CHARS_PER_TOKEN
+        return prefix_hashes(layout, bs, prompt // bs, cpt)
+
     async def generate(
-        self, rid: str, prompt: int, tokens: int, arrived: float, receive: Receive
-    ) -> bool:
-        """Run one sequence of ``prompt`` and ``tokens`` tokens to its end (instant mode:
-        nothing to run); ``False`` if the client left first."""
+        self, rid: str, prompt: int, tokens: int, arrived: float, receive: Receive, head: Chain = ()
+    ) -> int | None:
+        """Run one sequence of ``prompt`` and ``tokens`` tokens (``head``: its leading blocks,
+        :meth:`blocks`) to its end (instant mode: nothing to run); the prompt tokens it
+        found in the prefix cache, or ``None`` if the client left first."""
         engine = self.engine
         if engine is None:
-            return True
-        r = self.submit(engine, rid, prompt, tokens, arrived)
+            return 0
+        r = self.submit(engine, rid, prompt, tokens, arrived, head)
         watcher = self.watch(receive, engine, [r])
         try:
-            return await until_done([r])
+            return r.cached_tokens if await until_done([r]) else None
         finally:
             engine.abort(r)
             watcher.cancel()
             self.load.end(rid, prompt, [r])
 
     def submit(
-        self, engine: RealtimeEngine, rid: str, prompt: int, tokens: int, arrived: float
+        self,
+        engine: RealtimeEngine,
+        rid: str,
+        prompt: int,
+        tokens: int,
+        arrived: float,
+        head: Chain = (),
     ) -> EngineRequest:
-        """Submit one sequence (counted as held: end it with ``load.end``)."""
+        """Submit one sequence (counted as held: end it with ``load.end``) with its leading
+        blocks ``head`` (:meth:`blocks`)."""
+        bs = engine.batcher.profile.block_size if head else 0
         try:
-            r = engine.submit(rid, prompt, tokens, arrived_at=arrived)
+            r = engine.submit(
+                rid, prompt, tokens, arrived_at=arrived, block_ids=head, block_tokens=bs
+            )
         except PolicyError as exc:
             raise RequestError(str(exc), param="input") from None
         except EngineClosed:
@@ -161,8 +196,9 @@ class EventWriter(Protocol):
     def delta(self, start: int, n: int) -> bytes:
         """Tokens ``start .. start+n-1`` of the text."""
 
-    def tail(self) -> bytes:
-        """What ends the answer once every token was sent."""
+    def tail(self, cached: int) -> bytes:
+        """What ends the answer once every token was sent (``cached``: the prompt tokens
+        found in the prefix cache, for its usage)."""
 
     def error(self, message: str) -> bytes:
         """The event that ends a stream cut by the engine stopping."""
@@ -196,12 +232,14 @@ class GeneratingEndpoint(EngineEndpoint):
         receive: Receive,
         send: Send,
         events: EventWriter,
+        head: Chain = (),
     ) -> None:
-        """Run one sequence and stream it as ``events``: the head, a delta per batch of
-        tokens the engine delivers (instant mode: one), the tail; nothing more once the
-        client left, the error event if the engine stopped."""
+        """Run one sequence (``head``: its leading blocks, :meth:`blocks`) and stream it as
+        ``events``: the head, a delta per batch of tokens the engine delivers (instant mode:
+        one), the tail; nothing more once the client left, the error event if the engine
+        stopped."""
         engine = self.engine
-        r = None if engine is None else self.submit(engine, rid, prompt, tokens, arrived)
+        r = None if engine is None else self.submit(engine, rid, prompt, tokens, arrived, head)
         watcher = None if engine is None or r is None else self.watch(receive, engine, [r])
 
         async def body(data: bytes, more: bool = True) -> None:
@@ -224,7 +262,7 @@ class GeneratingEndpoint(EngineEndpoint):
                     return
                 if not r.finished:
                     return  # the client left
-            await body(events.tail(), False)
+            await body(events.tail(0 if r is None else r.cached_tokens), False)
         finally:
             if engine is not None and r is not None:
                 engine.abort(r)

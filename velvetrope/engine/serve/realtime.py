@@ -80,6 +80,7 @@ class EngineRequest:
         "_waiter",
         "arrival_model",
         "arrival_wall",
+        "cached_tokens",
         "finished_model",
         "finished_wall",
         "first_token_model",
@@ -118,6 +119,9 @@ class EngineRequest:
         self.tokens_delivered = 0
         """Tokens the engine produced for this request so far (delivered or not yet read)."""
         self.preemptions = 0
+        self.cached_tokens = 0
+        """Prompt tokens found in the prefix cache at its first admission (known once it
+        finished; 0 without prefix caching)."""
         self._avail = 0
         self._state: int = _ACTIVE
         self._waiter: asyncio.Future[None] | None = None
@@ -558,6 +562,7 @@ class RealtimeEngine:
                 self.prompt_tokens_total += r.prompt_tokens
                 first.append(r)
             elif isinstance(ev, Finished):
+                r.cached_tokens = ev.cached_tokens
                 r.finished_model = ev.t
                 r.finished_wall = now
                 r._state = _FINISHED

@@ -18,7 +18,10 @@ one ``output_text`` part, ``usage`` with ``input_tokens``, ``output_tokens`` and
 ``response.output_text.delta`` per batch of tokens the engine delivers,
 ``response.output_text.done``, ``response.content_part.done``,
 ``response.output_item.done`` and ``response.completed`` (or ``response.incomplete``)
-carrying the response with its usage.
+carrying the response with its usage.  With prefix caching on, the prompt's blocks
+(instructions, then input) are looked up in the engine's prefix cache as a chat's, and
+``usage.input_tokens_details.cached_tokens`` says how many were found (a follow-up by
+``previous_response_id`` is not looked up: 0).
 
 The engine remembers the last :data:`STORED` responses it created (unless ``store`` is
 false): ``previous_response_id`` must name one (else 404 ``not_found``), and
@@ -121,13 +124,16 @@ class ResponsesServer(GeneratingEndpoint):
         rid = f"resp_{self.prefix}{next(self._ids):08x}"
         obj = self._response(rid, req.body, req.previous_response_id)
         store = req.body.get("store") is not False
+        # a follow-up's prompt starts with the stored conversation: not laid out here
+        blocks = () if previous is not None else self.blocks(_layout(req.body), prompt)
         if req.stream:
             events = self._events(obj, prompt, d, store)
-            await self.stream(rid, prompt, d.tokens, arrived, receive, send, events)
+            await self.stream(rid, prompt, d.tokens, arrived, receive, send, events, blocks)
         else:
-            if not await self.generate(obj["id"], prompt, d.tokens, arrived, receive):
+            cached = await self.generate(obj["id"], prompt, d.tokens, arrived, receive, blocks)
+            if cached is None:
                 return  # the client left
-            self.finish(obj, prompt, d, store)
+            self.finish(obj, prompt, d, store, cached)
             await respond(send, 200, orjson.dumps(obj))
 
     def _response(self, rid: str, body: dict[str, Any], previous: str | None) -> dict[str, Any]:
@@ -155,8 +161,11 @@ class ResponsesServer(GeneratingEndpoint):
             "usage": None,
         }
 
-    def finish(self, obj: dict[str, Any], prompt: int, d: OutputDecision, store: bool) -> None:
-        """Complete ``obj`` with its message, status and usage; remember it if ``store``."""
+    def finish(
+        self, obj: dict[str, Any], prompt: int, d: OutputDecision, store: bool, cached: int = 0
+    ) -> None:
+        """Complete ``obj`` with its message, status and usage (``cached``: the prompt tokens
+        found in the prefix cache); remember it if ``store``."""
         obj["output"] = [_message(obj["id"], filler_text(filler_seed(d), 0, d.tokens), "completed")]
         if d.finish_reason == "length":
             obj["status"] = "incomplete"
@@ -165,7 +174,7 @@ class ResponsesServer(GeneratingEndpoint):
             obj["status"] = "completed"
         obj["usage"] = {
             "input_tokens": prompt,
-            "input_tokens_details": {"cached_tokens": 0},
+            "input_tokens_details": {"cached_tokens": cached},
             "output_tokens": d.tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": prompt + d.tokens,
@@ -214,9 +223,9 @@ class _ResponseEvents:
             "response.output_text.delta", next(self.seq), **self.at, delta=text, logprobs=[]
         )
 
-    def tail(self) -> bytes:
+    def tail(self, cached: int) -> bytes:
         obj, seq, at = self.obj, self.seq, self.at
-        self.server.finish(obj, self.prompt, self.d, self.store)
+        self.server.finish(obj, self.prompt, self.d, self.store, cached)
         text = filler_text(self.base, 0, self.d.tokens)
         final = "response.completed" if obj["status"] == "completed" else "response.incomplete"
         return (
@@ -228,6 +237,27 @@ class _ResponseEvents:
 
     def error(self, message: str) -> bytes:
         return _event("error", next(self.seq), code="engine_unavailable", message=message)
+
+
+def _layout(body: dict[str, Any]) -> dict[str, Any]:
+    """A Responses prompt laid out as a chat's messages for the prefix cache's hashes: the
+    ``instructions`` as a system message, then the ``input`` (a string: one user message;
+    items: their role and the text of their content parts, whatever the part's type)."""
+    messages: list[dict[str, str]] = []
+    if isinstance(body.get("instructions"), str):
+        messages.append({"role": "system", "content": body["instructions"]})
+    items = body.get("input")
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    for item in items if isinstance(items, list) else ():
+        if not isinstance(item, dict):
+            continue
+        content = item.get("content")
+        if isinstance(content, list):
+            content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        role = item.get("role", item.get("type", ""))
+        messages.append({"role": str(role), "content": content if isinstance(content, str) else ""})
+    return {"messages": messages}
 
 
 def _part(text: str) -> dict[str, Any]:
