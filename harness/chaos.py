@@ -215,12 +215,9 @@ def _journals(
     return entries, totals
 
 
-def _gateway_counters(
-    fleet: Fleet, shots: Sequence[Shot], v: Verdict
-) -> tuple[float, float, float]:
-    """Terminal outcomes, settled tokens and tokens the ledger did not record (settled in
-    the local fallback) summed over every gateway process."""
-    outcomes_total = settled = unrecorded = 0.0
+def _gateway_counters(fleet: Fleet, shots: Sequence[Shot], v: Verdict) -> tuple[float, float]:
+    """Terminal outcomes and settled tokens summed over every gateway process."""
+    outcomes_total = settled = 0.0
     for slot in fleet.gateways:
         for i, inc in enumerate(slot.runs):
             if inc.metrics is None or inc.metrics_at is None:
@@ -236,10 +233,7 @@ def _gateway_counters(
                 v.problems.append(f"{slot.name}#{i}: {len(late)} answers after its final /metrics")
             outcomes_total += metric_sum(inc.metrics, "velvetrope_requests_total")
             settled += metric_sum(inc.metrics, "velvetrope_tokens_settled_total")
-            unrecorded += metric_sum(
-                inc.metrics, "velvetrope_ledger_unrecorded_total", kind="tokens"
-            )
-    return outcomes_total, settled, unrecorded
+    return outcomes_total, settled
 
 
 def _logs(fleet: Fleet, v: Verdict) -> None:
@@ -362,11 +356,11 @@ def run_policy(
         end = "" if ev.end is None else f"..{ev.end - t0:.1f}s"
         v.details.append(f"fault {ev.name} at {ev.start - t0:.1f}s{end} {ev.note}".rstrip())
     statuses(shots, v)
-    gateway_outcomes, settled, unrecorded = _gateway_counters(fleet, shots, v)
+    gateway_outcomes, settled = _gateway_counters(fleet, shots, v)
     outcomes(shots, gateway_outcomes, residue, v)
     entries, totals = _journals(fleet, v)
     settlement(shots, entries, settled, totals, v)
-    ledger(ledger_totals, settled, unrecorded, v)
+    ledger(ledger_totals, settled, v)
     killed = {
         (slot.name, i): inc.killed_at
         for slot in fleet.engines

@@ -263,24 +263,23 @@ def settlement(
         )
 
 
-def ledger(totals: dict[str, int] | None, settled: float, unrecorded: float, v: Verdict) -> None:
+def ledger(totals: dict[str, int] | None, settled: float, v: Verdict) -> None:
     """``ledger_mismatch``, in tokens: the usage ledger's input and output tokens in Redis
     (``totals``, ``None``: not checked, Redis having restarted empty) against the tokens
     the gateways settled (``velvetrope_tokens_settled_total``, which ``settle_mismatch``
-    ties to the engines' journals) less those settled in the local fallback while Redis
-    was away (``velvetrope_ledger_unrecorded_total{kind="tokens"}``, fail_open only): the
-    ledger is written by the settlements that reach Redis, each once."""
+    ties to the engines' journals): the ledger is written by every settlement, each once,
+    those settled in a gateway's local fallback while Redis was away (fail_open) included,
+    sent when Redis answers again."""
     if totals is None:
         v.details.append("ledger: not checked (Redis restarted empty: the ledger with it)")
         return
     counted = totals["input"] + totals["output"]
-    expected = round(settled - unrecorded)
+    expected = round(settled)
     off = abs(counted - expected)
     v.add("ledger_mismatch", off, f"ledger {counted} tokens vs settled {expected}" if off else None)
     v.details.append(
         f"ledger: {totals['requests']} requests, {totals['input']} input + {totals['output']} "
-        f"output tokens = settled {settled:.0f} less {unrecorded:.0f} in the local fallback; "
-        f"off by {off}"
+        f"output tokens = settled {settled:.0f}; off by {off}"
     )
 
 

@@ -171,14 +171,14 @@ def test_statuses_count_500s_and_internal_errors_mid_stream_only() -> None:
     assert "502/upstream_error=1" in v.details[0] and "200+event/internal_error=1" in v.details[0]
 
 
-def test_the_ledger_equals_the_settled_tokens_less_the_local_fallbacks() -> None:
+def test_the_ledger_equals_the_settled_tokens() -> None:
     v = Verdict("fail_open")
-    ledger({"requests": 3, "input": 40, "output": 60}, 130.0, 30.0, v)
+    ledger({"requests": 3, "input": 40, "output": 60}, 100.0, v)
     assert v.counts["ledger_mismatch"] == 0 and "off by 0" in v.details[-1]
-    ledger({"requests": 3, "input": 40, "output": 59}, 130.0, 30.0, v)  # one token lost
+    ledger({"requests": 3, "input": 40, "output": 59}, 100.0, v)  # one token lost
     assert v.counts["ledger_mismatch"] == 1
     v = Verdict("fail_open")
-    ledger(None, 130.0, 0.0, v)  # Redis restarted empty: said, not counted
+    ledger(None, 130.0, v)  # Redis restarted empty: said, not counted
     assert v.ok and "not checked" in v.details[-1]
 
 

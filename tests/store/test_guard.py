@@ -14,7 +14,7 @@ from tests.support.redis_server import RedisServer
 from velvetrope.clock import ManualClock, SystemClock
 from velvetrope.core.bucket import Claim, Denial, Grant, settle_lines
 from velvetrope.core.lifecycle import Usage
-from velvetrope.core.quota import QuotaBook
+from velvetrope.core.quota import LEDGER_CAP, QuotaBook, is_ledger_key
 from velvetrope.core.quota_config import QuotaSettings
 from velvetrope.errors import StoreUnavailable
 from velvetrope.serving.launch import free_port
@@ -115,21 +115,44 @@ def test_dead_redis_fails_open_at_this_replicas_share_without_a_timeout_per_requ
     asyncio.run(main())
 
 
-def test_settled_in_the_fallback_the_ledger_misses_and_says_how_much() -> None:
-    """fail_open with Redis away: a job reserved locally settles locally, its ledger counts
-    with it; ``status()["ledger_unrecorded"]`` (the gateway's
-    ``velvetrope_ledger_unrecorded_total``) counts what the ledger in Redis misses."""
+@pytest.mark.integration
+def test_settled_in_the_fallback_the_ledger_is_written_when_redis_is_back(
+    own_redis: RedisServer,
+) -> None:
+    """fail_open with Redis away: a job reserved locally settles locally, and its ledger
+    counts wait in the outbox (``status()["ledger_deferred"]``, the gateway's
+    ``velvetrope_ledger_deferred_total``) until Redis answers; then the ledger in Redis has
+    them, once, also when the same write is sent again (a reply lost)."""
 
     async def main() -> None:
-        state, _ = guarded(f"redis://127.0.0.1:{free_port()}/0", expected_replicas=1)
+        state, _ = guarded(own_redis.url, expected_replicas=1)
+        state.breaker.reset_s = 0.2
         book = QuotaBook(QuotaSettings(ledger=True))
+        day = time.strftime("%Y-%m-%d", time.gmtime())
         try:
+            own_redis.pause()
             claims = [claim(10), *book.claims("a", "m", 7, 3, 0.0)]
+            for i in range(3):  # failures open the breaker: the reservation is local
+                await state.reserve(f"x{i}", "a", [claim(1)])
             assert isinstance(await state.reserve("j", "a", claims), Grant)
             lines = book.settle("m", claims, settle_lines(claims, 12), Usage(7, 5))
             state.finish("j", "a", claims, lines, "default")
-            assert state.status()["ledger_unrecorded"] == {"requests": 1, "tokens": 12}
+            assert state.status()["ledger_deferred"] == {"requests": 1, "tokens": 12}
+            own_redis.resume()
+            state.start()
+            await _until(lambda: state.up and len(state.outbox) == 0)
+            led = [(c, ln) for c, ln in zip(claims, lines, strict=True) if ln[2]]
+            led = [(c, (ln[0], 0.0, ln[2])) for c, ln in led if is_ledger_key(ln[0])]
+            again = ("j", "a", tuple(c for c, _ in led), tuple(ln for _, ln in led))
+            assert await state.redis.send_ledger_many([again]) == [0]  # written once already
+            with redis.Redis.from_url(own_redis.url) as r:
+                used = {
+                    k.decode().rsplit("|", 1)[1]: LEDGER_CAP - float(r.hget(k, "l") or 0)
+                    for k in r.scan_iter(match="guard:*:b:ledger|*")
+                }
+            assert used == {"requests": 1, "input": 7, "output": 5}, (day, used)
         finally:
+            own_redis.resume()
             await state.stop(flush_s=0)
 
     asyncio.run(main())

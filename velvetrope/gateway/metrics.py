@@ -259,10 +259,12 @@ class _StateCollector(Collector):
             " rejected (refused by shared state, e.g. a key of another type).",
             labels=["reason"],
         )
-        unrecorded = CounterMetricFamily(
-            "velvetrope_ledger_unrecorded",
+        deferred = CounterMetricFamily(
+            "velvetrope_ledger_deferred",
             "Requests and tokens settled in the local fallback while shared state was away "
-            "(on_store_error: fail_open): missing from the usage ledger, by kind.",
+            "(on_store_error: fail_open), their usage-ledger counts sent to it through the "
+            "outbox when it answers again (what the outbox gives up on is in "
+            "velvetrope_state_outbox_lost_total), by kind.",
             labels=["kind"],
         )
         extra: list[Any] = [store_up]
@@ -278,8 +280,8 @@ class _StateCollector(Collector):
                 lost.add_metric(["overflow"], ss["outbox_dropped"])
                 lost.add_metric(["rejected"], ss["outbox_rejected"])
                 for kind in ("requests", "tokens"):
-                    unrecorded.add_metric([kind], ss["ledger_unrecorded"].get(kind, 0))
-                extra += [fallbacks, replicas, fleet_depth, outbox, lost, unrecorded]
+                    deferred.add_metric([kind], ss["ledger_deferred"].get(kind, 0))
+                extra += [fallbacks, replicas, fleet_depth, outbox, lost, deferred]
         try:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:  # read outside the event loop (a test, a thread)

@@ -120,7 +120,7 @@ class GuardedStore:
         self._observe = observe_call or (lambda op, s: None)
         self._queue_depth = queue_depth or (lambda: 0)
         self._local_jobs: set[str] = set()  # reserved in the local fallback
-        self.unledgered: Counter[str] = Counter()  # ledger counts settled locally: not in it
+        self.deferred: Counter[str] = Counter()  # ledger counts settled locally, sent later
         self._seen: dict[str, tuple[float, float]] = {}  # bucket -> (level, capacity) seen
         self._leases: dict[str, dict[str, int]] = {}  # pool -> job id -> tokens, in Redis
         self._local_leases: dict[str, dict[str, int]] = {}  # pool -> job id -> tokens
@@ -428,19 +428,33 @@ class GuardedStore:
             return self.redis.send_finish_many(group[2], items)
         if group[0] == "settle":
             return self.redis.send_settle_many(items)
+        if group[0] == "ledger":
+            return self.redis.send_ledger_many(items)
         return self.redis.send_release(group[1], items)
 
     def settle(
         self, job_id: str, tenant: str, claims: Sequence[Claim], lines: Sequence[SettleLine]
     ) -> None:
-        """Settle where the job was reserved: locally at once, or in Redis via the outbox."""
+        """Settle where the job was reserved: locally at once, or in Redis via the outbox.
+        The ledger is Redis's: a job settled locally has its ledger counts written there
+        through the outbox (``ledger_many.lua``, once per job), when Redis answers again."""
         if job_id in self._local_jobs:
             self._local_jobs.discard(job_id)
             self.local.settle(lines, self.clock.now(), job_id)
-            for key, _, actual in lines:  # the ledger is Redis's: count what it misses
-                if key.startswith(LEDGER_PREFIX) and not key.endswith("|cached"):  # in input
-                    kind = "requests" if key.endswith("|requests") else "tokens"
-                    self.unledgered[kind] += int(actual)
+            led_claims: list[Claim] = []
+            led_lines: list[SettleLine] = []
+            for i in range(len(lines)):
+                key, _, actual = lines[i]
+                if actual and key.startswith(LEDGER_PREFIX):
+                    led_claims.append(claims[i])
+                    led_lines.append((key, 0.0, actual))
+                    if not key.endswith("|cached"):  # cached tokens are input tokens too
+                        kind = "requests" if key.endswith("|requests") else "tokens"
+                        self.deferred[kind] += int(actual)
+            if led_lines:
+                job = (job_id, tenant, tuple(led_claims), tuple(led_lines))
+                group = ("ledger", self.redis.tag(tenant))
+                self.outbox.put_grouped(group, job, self._send_many, len(led_lines))
             return
         self._settle_remote(job_id, tenant, claims, lines)
 
@@ -599,7 +613,7 @@ class GuardedStore:
             "fleet_queue_depth": self.fleet_queue_depth,
             "on_store_error": self.on_store_error,
             "fallbacks": dict(self.fallbacks),
-            "ledger_unrecorded": dict(self.unledgered),
+            "ledger_deferred": dict(self.deferred),
             "outbox": len(self.outbox),
             "outbox_sent": self.outbox.sent,
             "outbox_retried": self.outbox.retried,

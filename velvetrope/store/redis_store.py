@@ -110,6 +110,7 @@ class RedisStore:
         self._finish: AsyncScript = reg(load_script("finish"))
         self._finish_many: AsyncScript = reg(load_script("finish_many"))
         self._settle_many: AsyncScript = reg(load_script("settle_many"))
+        self._ledger_many: AsyncScript = reg(load_script("ledger_many"))
         self._fleet = (f"{namespace}:{{fleet}}:replicas", f"{namespace}:{{fleet}}:queues")
         # a cluster client routes each command by its slot: call scripts one by one there
         self._pipe = None if hasattr(client, "get_nodes") else AutoPipeline(client)
@@ -168,11 +169,11 @@ class RedisStore:
         return keys, args
 
     def _settle_many_call(
-        self, jobs: Sequence[SettleItem], keys: list[Any], with_ids: bool
+        self, jobs: Sequence[SettleItem], keys: list[Any], with_ids: bool, hold: str = "held"
     ) -> tuple[list[Any], list[Any]]:
         """``keys`` followed by settle_many's (common.lua), and its arguments: each bucket
         once (a bucket key and shape seen before gets its index again), then the jobs'
-        holds."""
+        holds (``{tag}:{hold}:{job}``: ``held``, or the ledger's markers, ``ledgered``)."""
         tag = self.tag(jobs[0][1])
         index: dict[tuple[str, float, float, float | None], int] = {}
         head: list[Any] = [_SLACK_MS, None]  # None: the number of buckets, known last
@@ -182,7 +183,7 @@ class RedisStore:
         for job_id, tenant, claims, lines in jobs:
             if tenant != first and self.tag(tenant) != tag:
                 raise ValueError(f"tenants {first!r} and {tenant!r} do not share a slot")
-            holds.append(f"{tag}:held:{job_id}")
+            holds.append(f"{tag}:{hold}:{job_id}")
             if with_ids:
                 tail.append(job_id)
             n = len(lines)
@@ -205,20 +206,31 @@ class RedisStore:
         return keys, head + tail
 
     def _packed_many(
-        self, script: AsyncScript, jobs: Sequence[SettleItem], keys: list[str], with_ids: bool
+        self,
+        script: AsyncScript,
+        jobs: Sequence[SettleItem],
+        keys: list[str],
+        with_ids: bool,
+        hold: str = "held",
     ) -> bytes:
-        """The RESP of a settle_many call (finish_many.lua, settle_many.lua) after ``keys``:
-        the bytes ``pack`` writes for :meth:`_settle_many_call`'s keys and arguments."""
-        k, a = self._settle_many_call(jobs, list(keys), with_ids)
+        """The RESP of a settle_many call (finish_many.lua, settle_many.lua,
+        ledger_many.lua) after ``keys``: the bytes ``pack`` writes for
+        :meth:`_settle_many_call`'s keys and arguments."""
+        k, a = self._settle_many_call(jobs, list(keys), with_ids, hold)
         return evalsha(script.sha, [text(x) for x in k], [arg(x) for x in a])
 
     def _send_many(
-        self, script: AsyncScript, jobs: Sequence[SettleItem], keys: list[str], with_ids: bool
+        self,
+        script: AsyncScript,
+        jobs: Sequence[SettleItem],
+        keys: list[str],
+        with_ids: bool,
+        hold: str = "held",
     ) -> Any:
         """A settle_many call after ``keys``: packed here when pipelined."""
         if self._pipe is None:
-            return self._run(script, *self._settle_many_call(jobs, keys, with_ids))
-        return self._pipe.send(script, self._packed_many(script, jobs, keys, with_ids))
+            return self._run(script, *self._settle_many_call(jobs, keys, with_ids, hold))
+        return self._pipe.send(script, self._packed_many(script, jobs, keys, with_ids, hold))
 
     def _lease_args(self, job_id: str, slot: Slot) -> list[Any]:
         return [
@@ -386,6 +398,12 @@ class RedisStore:
     def send_settle_many(self, jobs: Sequence[SettleItem]) -> Any:
         """:meth:`settle_many` as an awaitable of the raw reply."""
         return self._send_many(self._settle_many, jobs, [], False)
+
+    def send_ledger_many(self, jobs: Sequence[SettleItem]) -> Any:
+        """Write the ledger lines of jobs settled in a replica's local fallback (each line
+        ``(key, 0, count)``, its claim the ledger claim), each job at most once
+        (``ledger_many.lua``), as an awaitable of the raw reply (1/0 per job)."""
+        return self._send_many(self._ledger_many, jobs, [], False, "ledgered")
 
     async def snapshots(self, tenant: str, claims: Sequence[Claim]) -> tuple[BucketSnapshot, ...]:
         if not claims:

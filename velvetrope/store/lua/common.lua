@@ -156,8 +156,10 @@ end
 -- Every bucket is read before any hold is deleted: a bucket that cannot be read (a key of
 -- another type) fails the call having changed nothing, so the caller can send the jobs
 -- again one by one and all but the offending one settle.
+-- With marker_ttl (ledger_many.lua) a job's key is not its hold but a marker, taken (SET NX,
+-- kept marker_ttl seconds) as its lines apply: a job whose marker exists is skipped.
 -- Returns each job's 1 (settled) or 0, and the jobs' ids (with_ids).
-local function settle_many(k0, with_ids, now)
+local function settle_many(k0, with_ids, now, marker_ttl)
   local slack, u = tonumber(ARGV[1]), tonumber(ARGV[2])
   local shape = {}
   for i = 3, 3 * u + 2 do
@@ -180,7 +182,11 @@ local function settle_many(k0, with_ids, now)
     end
     local n = tonumber(ARGV[a])
     a = a + 1
-    settled[j] = redis.call('DEL', KEYS[k0 + u + j])
+    if marker_ttl then
+      settled[j] = redis.call('SET', KEYS[k0 + u + j], '1', 'EX', marker_ttl, 'NX') and 1 or 0
+    else
+      settled[j] = redis.call('DEL', KEYS[k0 + u + j])
+    end
     if settled[j] == 1 then
       for p = a, a + 3 * n - 1, 3 do
         local b = tonumber(ARGV[p])
