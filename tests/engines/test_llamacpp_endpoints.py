@@ -127,24 +127,34 @@ def test_responses_through_the_sdk_are_capped_and_settled_from_the_engines_usage
     assert charged(capped, "gold") - before == pytest.approx(settled, abs=0.5)
 
 
+def _prompt(usage: Any) -> int:
+    """The prompt tokens of an Anthropic usage: ``input_tokens`` counts only those not read
+    from the cache (llama.cpp's server as Anthropic's API: ``n_prompt - n_cached``), the
+    cache reads (and writes) come apart; the gateway's buckets count them all."""
+    cached = (usage.cache_read_input_tokens or 0) + (usage.cache_creation_input_tokens or 0)
+    return int(usage.input_tokens) + cached
+
+
 def test_anthropic_messages_through_the_sdk_are_settled_from_the_engines_usage(
     embedder: ServerProcess, capped: str
 ) -> None:
     """The official ``anthropic`` SDK with ``base_url`` the gateway and its ``x-api-key``:
     ``messages.create``, ``messages.stream`` and ``messages.count_tokens`` (the engine's
-    own count), each generation settled from llama.cpp's usage."""
+    own count), each generation settled from llama.cpp's usage (the second reads the
+    first's prompt from llama.cpp's cache: its ``cache_read_input_tokens`` are prompt
+    tokens too)."""
     msgs: Any = [{"role": "user", "content": "Tell me about the sea"}]
     before = charged(capped, "gold")
     settled = 0
     with anthropic.Anthropic(base_url=capped, api_key=GOLD, max_retries=0, timeout=60) as via:
         m = via.messages.create(model=MODEL_NAME, max_tokens=8, messages=msgs)
         assert m.content and m.usage.output_tokens <= 8 and m.usage.input_tokens > 0
-        settled += m.usage.input_tokens + m.usage.output_tokens
+        settled += _prompt(m.usage) + m.usage.output_tokens
         with via.messages.stream(model=MODEL_NAME, max_tokens=8, messages=msgs) as s:
             text = "".join(s.text_stream)
             final = s.get_final_message()
         assert text and 0 < final.usage.output_tokens <= 8
-        settled += final.usage.input_tokens + final.usage.output_tokens
+        settled += _prompt(final.usage) + final.usage.output_tokens
         counted = via.messages.count_tokens(model=MODEL_NAME, messages=msgs)
     with anthropic.Anthropic(base_url=embedder.url, api_key="unused", max_retries=0) as direct:
         assert (
