@@ -202,14 +202,22 @@ def test_the_tpot_limit_learns_the_engines_decode_from_the_streams(tmp_path: Pat
         async for _ in stream:
             pass
 
+    def fitted(s: dict[str, Any]) -> bool:
+        tl = s["pools"]["default"]["tpot_limit"]
+        return bool(tl["samples"] >= 20 and tl["tpot_per_seq_s"] is not None)
+
     async def go() -> dict[str, Any]:
-        async with client:
+        async with client, httpx.AsyncClient(timeout=30) as c:
             for width in (1, 4, 16, 32):  # waves of growing concurrency: a spread of n
                 await asyncio.gather(*(one() for _ in range(max(8, width))))
-        async with httpx.AsyncClient(timeout=30) as c:
-            return await status_until(
-                c, gw.url, lambda s: s["pools"]["default"]["tpot_limit"]["samples"] >= 20
-            )
+            st = await status_until(c, gw.url, fitted, timeout_s=5.0)
+            for _ in range(4):  # a busy machine's noisy TPOTs: more waves, a bounded number
+                if fitted(st):
+                    break
+                for width in (4, 32):
+                    await asyncio.gather(*(one() for _ in range(width)))
+                st = await status_until(c, gw.url, fitted, timeout_s=5.0)
+            return st
 
     try:
         st = asyncio.run(go())
