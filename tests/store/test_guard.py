@@ -128,7 +128,6 @@ def test_settled_in_the_fallback_the_ledger_is_written_when_redis_is_back(
         state, _ = guarded(own_redis.url, expected_replicas=1)
         state.breaker.reset_s = 0.2
         book = QuotaBook(QuotaSettings(ledger=True))
-        day = time.strftime("%Y-%m-%d", time.gmtime())
         try:
             own_redis.pause()
             claims = [claim(10), *book.claims("a", "m", 7, 3, 0.0)]
@@ -150,7 +149,7 @@ def test_settled_in_the_fallback_the_ledger_is_written_when_redis_is_back(
                     k.decode().rsplit("|", 1)[1]: LEDGER_CAP - float(r.hget(k, "l") or 0)
                     for k in r.scan_iter(match="guard:*:b:ledger|*")
                 }
-            assert used == {"requests": 1, "input": 7, "output": 5}, (day, used)
+            assert used == {"requests": 1, "input": 7, "output": 5}, used
         finally:
             own_redis.resume()
             await state.stop(flush_s=0)

@@ -148,12 +148,16 @@ class PriorityForwarding:
 
     def _mark(self, up: UpstreamState, takes: bool) -> None:
         """Note whether ``up`` takes the field now; tell the core when its pool's engines
-        start or stop all ordering their queues by tier."""
-        before = up.pool not in self._plain.values()
+        start or stop all ordering their queues by tier (one dict lookup when nothing
+        changed: every request asks)."""
+        plain = self._plain
+        if takes != (up.url in plain):
+            return
+        before = up.pool not in plain.values()
         if takes:
-            self._plain.pop(up.url, None)
+            del plain[up.url]
         else:
-            self._plain[up.url] = up.pool
-        after = up.pool not in self._plain.values()
+            plain[up.url] = up.pool
+        after = up.pool not in plain.values()
         if after != before:
             self.ctl.engines_ordered(up.pool, after)
