@@ -15,14 +15,13 @@ import pytest
 from velvetrope.clock import ManualClock
 from velvetrope.config import parse_config
 from velvetrope.core import EngineReading, Job
+from velvetrope.core.request_machine import RequestMachine
 from velvetrope.errors import ConfigError
 from velvetrope.gateway.admission_headers import route_headers
 from velvetrope.gateway.app import Gateway
 from velvetrope.gateway.parse import degrade_body, parse_request
-from velvetrope.gateway.slots import FleetSlot
 from velvetrope.gateway.upstreams import UpstreamPools, resolve_host
 from velvetrope.openai.tokenizer import ApproxTokenizer
-from velvetrope.store.memory import MemoryStore
 
 from .conftest import gateway_config
 
@@ -82,7 +81,7 @@ def test_capacity_fleet_slots_and_saturation_follow_the_live_engines() -> None:
               "max_tokens_in_flight_per_engine": 1000}]  # fmt: skip
     gw = Gateway(parse_config(fleet_config([A, B, C], pools=pools)), clock)
     cap = gw.ctl.pool_capacity("default")
-    fleet = FleetSlot("default", cap, MemoryStore(clock))
+    machine = RequestMachine(gw.ctl)
     job = Job("j", "t", "gold", prompt_tokens=10, max_tokens=20)
     job.cost = 30
     rule = gw.ctl.saturation("default")
@@ -90,7 +89,7 @@ def test_capacity_fleet_slots_and_saturation_follow_the_live_engines() -> None:
     assert (cap.max_in_flight, cap.max_tokens, cap.engines) == (12, 3000, 3)
     a, b, _ = gw.upstreams.pools["default"]
     gw.upstreams.mark_failed(a, "connection refused")  # out at once
-    slot = fleet.ask(job)  # the slot a job asks for is sized from the pool now
+    slot = machine.slot(job)  # the lease a job asks for is sized from the pool now
     assert (cap.max_in_flight, slot.max_in_flight, slot.max_tokens, slot.tokens) == (8, 8, 2000, 30)
     for _ in range(3):
         gw.upstreams.failed(b, "answered 502")

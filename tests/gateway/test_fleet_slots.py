@@ -81,7 +81,7 @@ def test_one_job_per_pool_waits_for_a_slot_and_priority_holds(fresh_redis: str) 
                 t.complete(Usage(100, 100))
             got = [await waits[0], await hi_wait]
             assert [t.job for t in got if isinstance(t, Ticket)] == [first, hi]
-            lacking = b.slots["default"].brake.lacking
+            lacking = b.machine.brakes["default"].lacking
             assert len(lacking) <= 1  # the next one may be waiting for its slot already
             assert b.ctl.in_flight - len(lacking) == 2
             for t in got:

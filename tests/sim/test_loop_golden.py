@@ -24,12 +24,12 @@ import pytest
 from tests.sim.golden import SCENARIOS, digest, first_difference, records, stored
 
 GOLDEN = {
-    "stress-least-loaded": "065d66541ab4b6b31992d8959d7df76b59aa9403",
+    "stress-least-loaded": "c54fc56e2f2f6f5c8ad62c104721720514735528",
     "stress-round-robin": "2f0bb556a7363cbaa23e9d58fdf8db2c4e90d5c9",
-    "stress-same-instant": "8585540386970ab8ce7cdc45e95c09c795e35148",
-    "conv-overload": "26fef8d22e17940b079bf4ba0fe2833b47eaeb03",
-    "code-prefix": "8020944ff0d6bc728a5d26349d2998ce66e4418d",
-    "routes-degrade-engines": "cd03549406d9f27e196f31c560d573ae6fa7e01e",
+    "stress-same-instant": "85ce59934dd90e03832347bcc17fc1588336fe93",
+    "conv-overload": "6ce75b79ec15de9044fa43bd29dbffa06440c6d1",
+    "code-prefix": "282d8641a0523615e4e871a025acd5e71c24379b",
+    "routes-degrade-engines": "9eb781dbb7fd2ea5d94826eaccef833419157cbc",
 }
 
 REGENERATE = "python -m tests.sim.golden --write {name} (then paste its digest into GOLDEN)"

@@ -577,7 +577,7 @@ class Gateway:
                     events=events,
                 )
             except asyncio.CancelledError:
-                if ticket.preempted is not None and not watch.gone.done():
+                if ticket.preempted and not watch.gone.done():
                     # taken back before its first token: the upstream request is closed
                     # (the engine stops), the client has been sent nothing
                     me.uncancel()

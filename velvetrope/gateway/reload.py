@@ -169,16 +169,15 @@ class Reloader:
         changes = _changes(old, new)
         keyed = {k.tenant for k in old.api_keys}
         gone = keyed - {k.tenant for k in new.api_keys}
-        outcomes = gw.ctl.reconfigure(policy, gone)
+        removed = gw.admission.reloaded(policy, gone)
         gw.engines.reconfigure(new)
         gw.keys = {k.digest: k.tenant for k in new.api_keys}
         gw.admin_token = new.resolved_admin_token()
         gw.quotas.reconfigure(new.quotas)
         gw.config = new
-        gw.admission.deliver(outcomes)
         gw.admission.pump()
-        if outcomes:
-            changes.append(f"{len(outcomes)} queued requests rejected (removed_by_reload)")
+        if removed:
+            changes.append(f"{removed} queued requests rejected (removed_by_reload)")
         return ReloadResult("ok", "; ".join(changes) or "no change", tuple(changes))
 
 

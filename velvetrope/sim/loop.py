@@ -83,6 +83,7 @@ from velvetrope.core import (
 from velvetrope.core.engine_priority import EnginePriority
 from velvetrope.core.kinds import PROMPT_ONLY
 from velvetrope.core.policy import SloPolicy
+from velvetrope.core.request_machine import RequestMachine
 from velvetrope.engine import EngineProfile
 from velvetrope.errors import PolicyError
 from velvetrope.sim.capacity import Capacity, fleet_capacity
@@ -93,6 +94,7 @@ from velvetrope.sim.result import LogEntry, RunInfo, SimResult
 from velvetrope.sim.runner import Inputs, drive
 from velvetrope.sim.scrape import EngineScrapes
 from velvetrope.sim.workload import TraceRequest, rescale_time, trace_stats
+from velvetrope.store.memory import MemoryStore
 
 if TYPE_CHECKING:
     from velvetrope.sim.autoscale import AutoscaleSpec
@@ -157,6 +159,7 @@ def run_simulation(
     engine_names: Sequence[str] | None = None,
     engine_scheduling: str = "fcfs",
     budgets: Budgets | None = None,
+    machine_record: list[tuple[float, str, str, str]] | None = None,
 ) -> SimResult:
     """Replay ``workload`` (sorted by ``t``) through ``config`` on a modelled fleet.
 
@@ -185,10 +188,13 @@ def run_simulation(
     (a pool's ``engine_priority``: the tier's index), else 0.  FCFS engines refuse a
     priority (vLLM answers 400), so, as the gateway learns from the first refusal, none is
     forwarded to them and the pools' headroom rules do not count on the engines' order.
-    ``budgets`` takes the workload once rescaled and returns the requests its budgets let
-    through and, one per request, the tier a downgrade forces (``None``: resolved as
-    usual), whatever its tenant may ask for (:func:`velvetrope.sim.quotas.apply_quotas`).
-    Bad parameters raise :class:`~velvetrope.errors.PolicyError`.  The same inputs give the
+    ``machine_record`` (if given) receives the request machine's record of every event and
+    effect (:class:`~velvetrope.core.request_machine.RequestMachine`: the gateway's driver
+    fed the same events writes the same).  ``budgets`` takes the workload once rescaled and
+    returns the requests its budgets let through and, one per request, the tier a downgrade
+    forces (``None``: resolved as usual), whatever its tenant may ask for
+    (:func:`velvetrope.sim.quotas.apply_quotas`). Bad parameters raise
+    :class:`~velvetrope.errors.PolicyError`.  The same inputs give the
     same result, bit for bit.
     """
     knowledge = parse_lengths(lengths)
@@ -208,7 +214,10 @@ def run_simulation(
             decisions.append((o.at, "end", o.job.id, f"{o.state.value}:{o.reason.code}"))
 
         observers.append(observe)
-    ctl = AdmissionController(config, clock, estimator=estimator, observers=observers)
+    ctl = AdmissionController(
+        config, clock, estimator=estimator, external_buckets=True, observers=observers
+    )
+    machine = RequestMachine(ctl, record=machine_record)
     policy = ctl.config
     pool_names = [p.name for p in policy.pools]
     counts = pool_replicas(pool_names, replicas)
@@ -287,8 +296,8 @@ def run_simulation(
         assert scaled is not None
         attached = attach(autoscale, ctl, fleet, scrapes, pool_names, configured[scaled], seed)
     trace = drive(
-        ctl, clock, fleet, scrapes, inputs, timeout=client_timeout_s, decisions=decisions,
-        record=record_decisions, fast_forward=fast_forward,
+        machine, MemoryStore(clock), clock, fleet, scrapes, inputs, timeout=client_timeout_s,
+        decisions=decisions, record=record_decisions, fast_forward=fast_forward,
         autoscaling=None if attached is None else attached.auto,
         until=0.0 if autoscale is None else autoscale.horizon_s,
     )  # fmt: skip

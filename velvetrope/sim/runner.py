@@ -62,23 +62,16 @@ from __future__ import annotations
 
 import gc
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from heapq import heappush
 from typing import Protocol
 
 from velvetrope.clock import ManualClock
-from velvetrope.core import (
-    AdmissionController,
-    Dispatched,
-    Job,
-    JobState,
-    Queued,
-    Reason,
-    Rejected,
-    Usage,
-)
+from velvetrope.core import Job, JobState, Reason, Usage
+from velvetrope.core.effects import Cancel, Reserve, Send, Settle
 from velvetrope.core.kinds import PROMPT_ONLY, size_prompt_only
+from velvetrope.core.request_machine import RequestMachine
 from velvetrope.core.tuples import new_tuple
 from velvetrope.engine import EngineEvent, Finished, FirstToken
 from velvetrope.engine.fastforward import DecodeRun, RunCounts
@@ -86,6 +79,7 @@ from velvetrope.sim.env import Environment, priority
 from velvetrope.sim.fleet import Fleet
 from velvetrope.sim.replicas import Replica, ReplicaPool
 from velvetrope.sim.scrape import EngineScrapes
+from velvetrope.store.memory import MemoryStore
 
 LogEntry = tuple[float, str, str, str]
 """A decision-log entry (:data:`velvetrope.sim.result.LogEntry`, which is this type)."""
@@ -170,7 +164,8 @@ class Trace:
 
 
 def drive(
-    ctl: AdmissionController,
+    machine: RequestMachine,
+    store: MemoryStore,
     clock: ManualClock,
     fleet: Fleet,
     scrapes: EngineScrapes,
@@ -183,8 +178,10 @@ def drive(
     autoscaling: Autoscaling | None = None,
     until: float = 0.0,
 ) -> Trace:
-    """Run every event of the workload (see the module docstring); an autoscaler's polls and
-    scrapes go on at least ``until``."""
+    """Run every event of the workload (see the module docstring) through ``machine``,
+    ``store`` holding the buckets; an autoscaler's polls and scrapes go on at least
+    ``until``."""
+    ctl = machine.ctl
     env = Environment(timers=len(fleet))
     schedule = env.schedule
     heap, order = env.heap, env.order  # arrivals are never before now: pushed
@@ -213,14 +210,15 @@ def drive(
     arrival_prio = priority(ARRIVAL, 0)  # + i: priority(ARRIVAL, i) (checked below)
     deadline_prio, timeout_prio = priority(DEADLINE), priority(TIMEOUT)
     set_clock = clock.set
-    dispatchable = ctl.dispatchable
-    route_job = ctl.route
-    first_token = ctl.first_token
-    complete = ctl.complete
+    effects = machine.effects
+    tick = machine.tick
+    first_token = machine.first_token
+    complete = machine.completed
     live_job = ctl.job
     sent = scrapes.sent
-    mark_sent = ctl.sent
-    take_preempted = ctl.take_preempted
+    mark_sent = machine.sent
+    reserve_now = store.reserve_now
+    finish = store.finish
     preempts = any(p.get("preemptions") is not None for p in ctl.status()["pools"].values())
     fresh = scrapes.fresh
     samples_t: list[float] = []
@@ -243,61 +241,69 @@ def drive(
         if j < run.steps:
             step_end[k] = run.start(j)
 
-    def launch(batch: Sequence[Job], now: float, by: int) -> bool:
-        """Send dispatched jobs to replicas; True if some failed (capacity was released)."""
-        failed = False
-        for job in batch:
-            idx = int(job.id)
-            pool = req_pool[idx]
-            if prompts[idx] + outputs[idx] > max_len or not members[pool]:
-                ctl.fail(job.id, Reason.UPSTREAM_ERROR)  # too long, or no engine to take it
-                failed = True
-                continue
-            hashes = blocks[idx]
-            k = route(pool, now, hashes, block_tokens[idx])
-            if runs[k] is not None:
-                settle(k, now, by)
-            batchers[k].add(
-                job.id,
-                prompts[idx],
-                outputs[idx],
-                now,
-                priority=engine_prio.get((job.pool, job.tier), 0) if engine_prio else 0,
-                prefix_id=templates[idx],
-                prefix_tokens=prefix_tokens[idx],
-                block_ids=hashes,
-                block_tokens=block_tokens[idx],
-            )
-            sent(job, k)
-            mark_sent(job.id)
-            fresh[k] += 1
-            load_[k] += 1
-            replica_of[idx] = k
-            if record:
-                decisions.append((now, "dispatch", job.id, str(k)))
-            if not active[k]:
-                fleet.start_busy(k, now)
-                pend[k] = None
-                step_end[k] = now
-        return failed
-
-    def take_back(now: float, by: int) -> None:
-        """Cancel at their replicas the jobs the controller took back (preemption)."""
-        for p in take_preempted():
-            idx = int(p.job.id)
-            k = replica_of[idx]
+    def send(job: Job, now: float, by: int) -> None:
+        """Send a dispatched job to a replica; one too long, or with no engine to take it,
+        fails at once."""
+        idx = int(job.id)
+        pool = req_pool[idx]
+        if prompts[idx] + outputs[idx] > max_len or not members[pool]:
+            machine.failed(job, Reason.UPSTREAM_ERROR)  # too long, or no engine to take it
+            return
+        hashes = blocks[idx]
+        k = route(pool, now, hashes, block_tokens[idx])
+        if runs[k] is not None:
             settle(k, now, by)
-            if batchers[k].abort(p.job.id):
-                load_[k] -= 1
-            if record:
-                decisions.append((now, "preempt", p.job.id, "ended" if p.outcome else "requeued"))
+        batchers[k].add(
+            job.id,
+            prompts[idx],
+            outputs[idx],
+            now,
+            priority=engine_prio.get((job.pool, job.tier), 0) if engine_prio else 0,
+            prefix_id=templates[idx],
+            prefix_tokens=prefix_tokens[idx],
+            block_ids=hashes,
+            block_tokens=block_tokens[idx],
+        )
+        sent(job, k)
+        mark_sent(job)
+        fresh[k] += 1
+        load_[k] += 1
+        replica_of[idx] = k
+        if record:
+            decisions.append((now, "dispatch", job.id, str(k)))
+        if not active[k]:
+            fleet.start_busy(k, now)
+            pend[k] = None
+            step_end[k] = now
+
+    def cancel(job: Job, requeued: bool, now: float, by: int) -> None:
+        """Cancel at its replica a job the machine took back (preemption)."""
+        k = replica_of[int(job.id)]
+        settle(k, now, by)
+        if batchers[k].abort(job.id):
+            load_[k] -= 1
+        if record:
+            decisions.append((now, "preempt", job.id, "requeued" if requeued else "ended"))
+
+    def apply(now: float, by: int) -> None:
+        """Carry out the machine's effects, in order, and those they lead to (a send that
+        fails ends its job, which may dispatch more: after the rest)."""
+        todo = effects()
+        while todo:
+            for e in todo:
+                t = type(e)
+                if t is Send:
+                    send(e.job, now, by)
+                elif t is Settle:
+                    j = e.job
+                    finish(j.id, j.tenant, e.claims, e.lines, j.pool)  # type: ignore[union-attr]
+                elif t is Cancel:
+                    cancel(e.job, e.refusal is None, now, by)  # type: ignore[union-attr]
+            todo = effects()
 
     def dispatch(now: float, by: int) -> None:
-        while True:
-            batch = dispatchable()
-            take_back(now, by)
-            if not batch or not launch(batch, now, by):
-                return
+        tick()
+        apply(now, by)
 
     def on_step(k: int) -> None:
         t = env.now
@@ -309,7 +315,6 @@ def drive(
             ev = run.apply(run.steps)
         if ev:
             set_clock(t)
-            freed = False
             for e in ev:
                 if timeout is not None or preempts:
                     # the client gave up during the step, or the job was taken back (and
@@ -318,13 +323,13 @@ def drive(
                     if j is None or j.state is not _DISPATCHED or j.dispatched_at == t:
                         continue
                 if type(e) is FirstToken:
-                    first_token(e.seq_id)
+                    first_token(jobs[int(e.seq_id)])  # type: ignore[arg-type]
                 elif type(e) is Finished:
-                    complete(e.seq_id, new_tuple(Usage, (e.prompt_tokens, e.output_tokens, 0)))
+                    job = jobs[int(e.seq_id)]
+                    assert job is not None
+                    complete(job, new_tuple(Usage, (e.prompt_tokens, e.output_tokens, 0)))
                     load_[k] -= 1
-                    freed = True
-            if freed and ctl.queued:
-                dispatch(t, k)
+                    apply(t, k)  # as the gateway: each end, then what it lets go
         b = batchers[k]
         # A job added since the step began is most likely admitted now, when a plan would
         # find no run: step at once (stepping is as exact as a run, only slower).
@@ -402,7 +407,6 @@ def drive(
             return
         now = env.now
         set_clock(now)
-        ctl.tick()
         dispatch(now, _BY_ALL)
         horizon(now)
 
@@ -417,7 +421,8 @@ def drive(
             job = jobs[j]
             assert job is not None
             if job.state is _QUEUED:
-                ctl.cancel(job.id)
+                machine.client_gone(job)
+                apply(now, _BY_ALL)  # as the gateway: each end, then what it lets go
             elif job.state is _DISPATCHED:
                 k = replica_of[j]
                 settle(k, now, _BY_ALL)
@@ -425,7 +430,8 @@ def drive(
                 batchers[k].abort(job.id)
                 load_[k] -= 1
                 gen = snap.generated_tokens if snap is not None else 0
-                ctl.cancel(job.id, Usage(job.prompt_tokens, gen))
+                machine.client_gone(job, Usage(job.prompt_tokens, gen))
+                apply(now, _BY_ALL)
             j += 1
         tp[0] = j
         dispatch(now, _BY_ALL)
@@ -449,19 +455,29 @@ def drive(
             if job.kind in PROMPT_ONLY:
                 size_prompt_only(job)
         jobs[i] = job
-        route_job(job)
+        machine.arrived(job)
+        todo = effects()
+        decided = job.state
+        while todo and type(todo[0]) is Reserve:  # the same store, answering without I/O
+            claims = todo[0].claims
+            machine.reserved(job, claims, reserve_now(job.id, job.tenant, claims))
+            decided = job.state  # before what the decision lets go
+            todo = effects()
         req_pool[i] = pool_index[job.pool]
         if job.max_tokens < outputs[i]:  # degraded: the engine stops at the cap
             outputs[i] = job.max_tokens
-        d = ctl.arrive(job)
-        kind = type(d)
         if record:
-            decisions.append((h, "arrive", job.id, _detail(d)))
-        if kind is Dispatched:
-            if launch([job], h, _BY_ALL):
-                dispatch(h, _BY_ALL)
-        elif kind is Queued:
-            dispatch(h, _BY_ALL)
+            decisions.append((h, "arrive", job.id, _detail(job, decided)))
+        for e in todo:
+            t = type(e)
+            if t is Settle:
+                j = e.job
+                finish(j.id, j.tenant, e.claims, e.lines, j.pool)  # type: ignore[union-attr]
+            elif t is Send:
+                send(e.job, h, _BY_ALL)
+            elif t is Cancel:
+                cancel(e.job, e.refusal is None, h, _BY_ALL)  # type: ignore[union-attr]
+        apply(h, _BY_ALL)
         samples_t.append(h)
         samples_q.append(ctl.queued)
         samples_f.append(ctl.in_flight)
@@ -568,9 +584,11 @@ def drive(
     return Trace(jobs, decisions, samples_t, samples_q, samples_f, clock.now(), counts)
 
 
-def _detail(d: Dispatched | Queued | Rejected) -> str:
-    if isinstance(d, Dispatched):
-        return "admitted"
-    if isinstance(d, Queued):
+def _detail(job: Job, state: JobState) -> str:
+    """What the arrival's decision was, from the job's ``state`` just after it."""
+    if state is _QUEUED:
         return "queued"
-    return f"rejected:{d.reason.code}"
+    if state is JobState.REJECTED:
+        assert job.reason is not None
+        return f"rejected:{job.reason.code}"
+    return "admitted"

@@ -30,18 +30,9 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol
 
 from velvetrope.core.bucket import Claim, Denial, Grant, SettleLine
+from velvetrope.core.leases import Slot
 
 __all__ = ["FleetView", "LeaseAnswer", "Slot", "Store"]
-
-
-class Slot(NamedTuple):
-    """A slot asked of ``pool``: the job's ``tokens`` in flight, against the pool's fleet-wide
-    ``max_in_flight`` and ``max_tokens`` (``None``: no token budget)."""
-
-    pool: str
-    tokens: int
-    max_in_flight: int
-    max_tokens: int | None
 
 
 class LeaseAnswer(NamedTuple):
