@@ -5,10 +5,10 @@ The second seed sizes a fleet from one number a team usually knows from a load t
 does that arithmetic (:func:`~velvetrope.planner.rules.replicas_for_utilisation`), and
 with the requests in flight per worker (``concurrency``, ``K``) it adds what follows from
 Little's law alone: a request holds its slot ``S = K/X`` on average, so the queue wait is
-the G/D/c replay of the arrivals (:func:`~velvetrope.planner.queueing.gdc_waits`, the same
-wait model as the full planner, :mod:`velvetrope.planner.predict`), and the queue bound, its
-rule of thumb and the KEDA threshold follow as in :mod:`velvetrope.planner.sizing`.  With a
-p99 wait SLO the fleet grows past the utilisation bound until the SLO holds.
+the G/D/c replay of the arrivals (:func:`~velvetrope.planner.queueing_general.gdc_waits`,
+the same wait model as the full planner, :mod:`velvetrope.planner.predict`), and the queue
+bound, its rule of thumb and the KEDA threshold follow as in :mod:`velvetrope.planner.sizing`.
+With a p99 wait SLO the fleet grows past the utilisation bound until the SLO holds.
 
 What it cannot do without an engine model: time to first token and end-to-end latency
 (they need the service-time distribution), and the throughput at other concurrencies (so
@@ -30,7 +30,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from velvetrope.errors import PolicyError
-from velvetrope.planner.queueing import gdc_waits
+from velvetrope.planner.queueing_general import gdc_waits
 from velvetrope.planner.rules import (
     SEED_KEDA_WAITING,
     queue_bound,

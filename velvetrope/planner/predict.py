@@ -28,19 +28,20 @@ The model (assumptions stated)
    trace and workload file): the ``N·K`` slots are a G/D/c queue in which every request
    holds its slot for ``R(K) = K/X(K)``, the residence at full concurrency (a request
    waits only while every slot is busy), replayed on the pattern's arrivals scaled to
-   ``λ``: :func:`velvetrope.planner.queueing.gdc_waits`, exact for G/D/c and O(arrivals).
-   The wait's distribution is the empirical one of those waits.  A constant service time
-   is not a guess at the engine: under continuous batching a busy slot turns over every
-   ``R(K)`` on average, and a burst that fills the slots with fresh requests is not served
-   faster by the short ones among them, which a memoryless or per-request-length model
-   assumes; against the simulator this recursion is the closest of the forms tried (see
-   the accuracy list below).
+   ``λ``: :func:`velvetrope.planner.queueing_general.gdc_waits`, exact for G/D/c and
+   O(arrivals).  The wait's distribution is the empirical one of those waits.  A constant
+   service time is not a guess at the engine: under continuous batching a busy slot turns
+   over every ``R(K)`` on average, and a burst that fills the slots with fresh requests is
+   not served faster by the short ones among them, which a memoryless or
+   per-request-length model assumes; against the simulator this recursion is the closest
+   of the forms tried (see the accuracy list below).
    **Without a pattern** (Poisson arrivals, or a caller's ``arrival_scv``): by PASTA an
    arrival waits iff ``j >= N·K``: ``π_wait = P(j >= N·K)``.  In the birth–death model
    the wait given waiting is exponential with rate ``N·X(K) − λ``; it is scaled by the
    Allen–Cunneen factor ``(C_a² + C_s²)/2`` for non-Poisson arrivals and non-exponential
-   service, exactly as :func:`velvetrope.planner.queueing.ggc_wait_tail` does for G/G/c
-   (which this reduces to when ``X(n) = n·μ``): ``P(W > t) ≈ π_wait·exp(−t·π_wait/E[W])``.
+   service, exactly as :func:`velvetrope.planner.queueing_general.ggc_wait_tail` does for
+   G/G/c (which this reduces to when ``X(n) = n·μ``):
+   ``P(W > t) ≈ π_wait·exp(−t·π_wait/E[W])``.
    ``C_s²`` is the SCV of the iterations per request.  This keeps the Poisson probability
    of waiting, so it is optimistic for bursty arrivals.
 5. **Service.** The mean time in service follows from Little's law on the slots:
@@ -112,7 +113,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from velvetrope.errors import PolicyError
-from velvetrope.planner.queueing import exponential_wait_quantile, gdc_waits
+from velvetrope.planner.queueing import exponential_wait_quantile
+from velvetrope.planner.queueing_general import gdc_waits
 from velvetrope.planner.service import ServiceCurve
 
 __all__ = [
