@@ -57,11 +57,8 @@ from velvetrope.engine import EngineProfile, load_profile
 from velvetrope.planner.engine_options import prefix_caching_profile, with_speculation
 from velvetrope.planner.predict import Metric, Prediction, mixture_quantile, predict
 from velvetrope.planner.queueing import erlang_c
-from velvetrope.planner.service import (
-    ServiceCurve,
-    curve_from_measurements,
-    measure_service_curve,
-)
+from velvetrope.planner.service import ServiceCurve
+from velvetrope.planner.service_methods import curve_from_measurements, measure_service_curve
 from velvetrope.planner.sizing import P99Target, make_plan
 from velvetrope.planner.verify import simulate_fleet, verify_plan
 from velvetrope.planner.workload import MINUTE_S, one_minute_rates, workload_from_trace

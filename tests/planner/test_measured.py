@@ -70,7 +70,7 @@ def test_what_needs_an_engine_model_is_refused() -> None:
 
 def test_the_full_planner_warns_about_a_high_target_rho_too() -> None:
     from velvetrope.engine import load_profile
-    from velvetrope.planner.service import analytic_service_curve
+    from velvetrope.planner.service_methods import analytic_service_curve
 
     wl = parse_workload(
         "prompt_tokens: {p50: 600, p99: 3000}\noutput_tokens: {p50: 100, p99: 500}\n"

@@ -19,11 +19,8 @@ from velvetrope.planner.predict import (
     mixture_quantile,
     predict,
 )
-from velvetrope.planner.service import (
-    ServiceCurve,
-    analytic_service_curve,
-    curve_from_measurements,
-)
+from velvetrope.planner.service import ServiceCurve
+from velvetrope.planner.service_methods import analytic_service_curve, curve_from_measurements
 from velvetrope.planner.verify import simulate_fleet, stationary_workload
 from velvetrope.sim import GammaRenewal
 

@@ -20,8 +20,8 @@ from velvetrope.planner.rules import (
     replicas_for_utilisation,
     seed_keda_equivalent,
 )
-from velvetrope.planner.service import (
-    ServiceCurve,
+from velvetrope.planner.service import ServiceCurve
+from velvetrope.planner.service_methods import (
     analytic_service_curve,
     curve_from_measurements,
     measure_service_curve,

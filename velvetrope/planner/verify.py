@@ -14,7 +14,7 @@ Gamma-renewal sample (:mod:`velvetrope.planner.workload`) — repeated as often 
 request count needs (without a pattern: Poisson when ``C_a² = 1``, else a Gamma renewal
 process with the workload's inter-arrival CV, deterministic when ``C_a² = 0``), each
 request's (prompt, output) drawn independently from the workload's length mix as fitted to
-the engine (:class:`~velvetrope.planner.service.LengthMix`); with a prefix hit rate each
+the engine (:class:`~velvetrope.planner.length_mix.LengthMix`); with a prefix hit rate each
 request's first ``int(h·P)`` prompt tokens are one shared prefix (the same rule the
 closed-loop service curve uses, ``LengthMix.prefix``), which the simulated engines' prefix
 caches serve, and with speculative decoding the simulated engines speculate (the profile
