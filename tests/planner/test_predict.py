@@ -13,12 +13,8 @@ from velvetrope.engine import load_profile
 from velvetrope.errors import PolicyError
 from velvetrope.planner import queueing as q
 from velvetrope.planner import queueing_general as qg
-from velvetrope.planner.predict import (
-    _seen_iterations,
-    fleet_departure_rates,
-    mixture_quantile,
-    predict,
-)
+from velvetrope.planner.predict import _seen_iterations, fleet_departure_rates, predict
+from velvetrope.planner.prediction import mixture_quantile
 from velvetrope.planner.service import ServiceCurve
 from velvetrope.planner.service_methods import analytic_service_curve, curve_from_measurements
 from velvetrope.planner.verify import simulate_fleet, stationary_workload

@@ -39,7 +39,7 @@ from velvetrope.planner.words import count
 if TYPE_CHECKING:
     from velvetrope.planner.features import FeatureEffect
     from velvetrope.planner.measured import MeasuredPlan
-    from velvetrope.planner.predict import Metric
+    from velvetrope.planner.prediction import Metric
     from velvetrope.planner.sizing import Plan
     from velvetrope.planner.verify import VerifyRow
     from velvetrope.planner.workload import PlanWorkload

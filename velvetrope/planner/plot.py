@@ -18,7 +18,8 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from velvetrope.planner.predict import Metric, predict
+from velvetrope.planner.predict import predict
+from velvetrope.planner.prediction import Metric
 from velvetrope.planner.sizing import Plan
 
 __all__ = ["latency_curve", "plot_latency_vs_utilisation"]

@@ -88,7 +88,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from velvetrope.errors import PolicyError
-from velvetrope.planner.predict import Metric, Prediction, predict
+from velvetrope.planner.predict import predict
+from velvetrope.planner.prediction import Metric, Prediction
 from velvetrope.planner.rules import (
     RULE_OF_THUMB_BURST_S,
     RULE_OF_THUMB_FRACTION,

@@ -37,7 +37,8 @@ from numpy.typing import NDArray
 
 from velvetrope.core.policy import PolicyConfig
 from velvetrope.errors import PolicyError
-from velvetrope.planner.predict import Prediction, predict
+from velvetrope.planner.predict import predict
+from velvetrope.planner.prediction import Prediction
 from velvetrope.planner.service import ServiceCurve
 from velvetrope.planner.sizing import Plan
 from velvetrope.sim import Deterministic, GammaRenewal, Poisson, TraceRequest
