@@ -12,8 +12,9 @@ from typer.testing import CliRunner
 from velvetrope.cli import app
 from velvetrope.errors import PolicyError
 from velvetrope.planner.measured import measured_plan_to_dict, plan_from_throughput
+from velvetrope.planner.plan import P99Target
 from velvetrope.planner.queueing_general import gdc_waits
-from velvetrope.planner.sizing import P99Target, make_plan
+from velvetrope.planner.sizing import make_plan
 from velvetrope.planner.workload import parse_workload
 
 runner = CliRunner()

@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 
 from velvetrope.engine import load_profile
 from velvetrope.errors import PolicyError
+from velvetrope.planner.plan import P99Target
+from velvetrope.planner.plan_report import plan_to_dict
 from velvetrope.planner.predict import predict
 from velvetrope.planner.rules import (
     queue_bound,
@@ -27,10 +29,8 @@ from velvetrope.planner.service_methods import (
     measure_service_curve,
 )
 from velvetrope.planner.sizing import (
-    P99Target,
     gpus_per_replica,
     make_plan,
-    plan_to_dict,
     replicas_needed,
     service_floor_p99,
 )

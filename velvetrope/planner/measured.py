@@ -30,6 +30,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from velvetrope.errors import PolicyError
+from velvetrope.planner.plan import P99Target
 from velvetrope.planner.queueing_general import gdc_waits
 from velvetrope.planner.rules import (
     SEED_KEDA_WAITING,
@@ -38,7 +39,6 @@ from velvetrope.planner.rules import (
     replicas_for_utilisation,
     rho_warning,
 )
-from velvetrope.planner.sizing import P99Target
 from velvetrope.planner.words import count
 
 __all__ = ["MeasuredPlan", "format_measured_plan", "measured_plan_to_dict", "plan_from_throughput"]
@@ -65,7 +65,7 @@ class MeasuredPlan:
         wait_p99_s, wait_p99_one_fewer_s: the replayed p99 wait at ``N`` and ``N − 1``
             (``inf`` when overloaded, None without ``K`` or for ``N − 1 = 0``).
         queue_bound_pool, rule_queue_bound_pool, keda_threshold, seed_keda_threshold: as in
-            :class:`~velvetrope.planner.sizing.Plan` (the seed's KEDA 8 carries over as 8:
+            :class:`~velvetrope.planner.plan.Plan` (the seed's KEDA 8 carries over as 8:
             the measured ``X`` is taken as the saturated throughput).
         warnings: sentences, e.g. a target ρ above 0.85.
     """
