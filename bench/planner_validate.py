@@ -28,7 +28,7 @@ Last line::
     real batchers, against the plan's own prediction;
   - *replay*: the whole compressed trace, every minute at its own rate, against the
     model evaluated minute by minute on that minute's arrivals and mixed by arrivals
-    (:func:`velvetrope.planner.predict.mixture_quantile`).
+    (:func:`velvetrope.planner.prediction.mixture_quantile`).
 
   Target ≤ 0.20.
 * ``k`` — for the conversation trace, the recommended replicas minus the smallest count
@@ -55,14 +55,13 @@ import numpy as np
 
 from velvetrope.engine import EngineProfile, load_profile
 from velvetrope.planner.engine_options import prefix_caching_profile, with_speculation
-from velvetrope.planner.predict import Metric, Prediction, mixture_quantile, predict
+from velvetrope.planner.plan import P99Target
+from velvetrope.planner.predict import predict
+from velvetrope.planner.prediction import Metric, Prediction, mixture_quantile
 from velvetrope.planner.queueing import erlang_c
-from velvetrope.planner.service import (
-    ServiceCurve,
-    curve_from_measurements,
-    measure_service_curve,
-)
-from velvetrope.planner.sizing import P99Target, make_plan
+from velvetrope.planner.service import ServiceCurve
+from velvetrope.planner.service_methods import curve_from_measurements, measure_service_curve
+from velvetrope.planner.sizing import make_plan
 from velvetrope.planner.verify import simulate_fleet, verify_plan
 from velvetrope.planner.workload import MINUTE_S, one_minute_rates, workload_from_trace
 from velvetrope.sim import TraceRequest, load_trace, rescale_time

@@ -25,7 +25,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from velvetrope.planner.queueing import mg1_response_mean, mg1_sjf_waits, mmc_response_mean
+from velvetrope.planner.queueing import mmc_response_mean
+from velvetrope.planner.queueing_general import mg1_response_mean, mg1_sjf_waits
 from velvetrope.sim.analytic import ExponentialService, ServiceDist, TokenService, run_analytic
 from velvetrope.sim.traces import load_trace
 

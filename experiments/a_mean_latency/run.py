@@ -48,7 +48,7 @@ from experiments.common import (
     save_plot,
 )
 from velvetrope.engine import EngineProfile
-from velvetrope.planner.queueing import mg1_sjf_waits
+from velvetrope.planner.queueing_general import mg1_sjf_waits
 from velvetrope.sim.analytic import TokenService, run_analytic
 from velvetrope.sim.loop import run_simulation
 from velvetrope.sim.traces import load_trace

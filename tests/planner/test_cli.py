@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from velvetrope.cli import app
 from velvetrope.engine import load_profile, profile_to_yaml
 from velvetrope.errors import PolicyError
-from velvetrope.planner.cli import parse_duration
+from velvetrope.planner.plan_inputs import parse_duration
 
 runner = CliRunner()
 

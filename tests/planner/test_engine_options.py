@@ -24,7 +24,8 @@ from velvetrope.planner.engine_options import (
     prefix_caching_profile,
     with_speculation,
 )
-from velvetrope.planner.service import LengthMix, analytic_service_curve, measure_service_curve
+from velvetrope.planner.length_mix import LengthMix
+from velvetrope.planner.service_methods import analytic_service_curve, measure_service_curve
 
 SMALL = EngineProfile(
     name="small",

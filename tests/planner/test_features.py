@@ -15,8 +15,9 @@ from velvetrope.engine import load_profile, profile_to_yaml
 from velvetrope.engine.speculative import acceptance_for_tokens_per_step
 from velvetrope.planner.engine_options import prefix_caching_profile
 from velvetrope.planner.features import FeatureEffect, ServiceStats, predicted_service
-from velvetrope.planner.service import analytic_service_curve
-from velvetrope.planner.sizing import P99Target, make_plan
+from velvetrope.planner.plan import P99Target
+from velvetrope.planner.service_methods import analytic_service_curve
+from velvetrope.planner.sizing import make_plan
 from velvetrope.planner.verify import stationary_workload, verify_plan
 from velvetrope.planner.workload import load_workload
 

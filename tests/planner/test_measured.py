@@ -12,8 +12,9 @@ from typer.testing import CliRunner
 from velvetrope.cli import app
 from velvetrope.errors import PolicyError
 from velvetrope.planner.measured import measured_plan_to_dict, plan_from_throughput
-from velvetrope.planner.queueing import gdc_waits
-from velvetrope.planner.sizing import P99Target, make_plan
+from velvetrope.planner.plan import P99Target
+from velvetrope.planner.queueing_general import gdc_waits
+from velvetrope.planner.sizing import make_plan
 from velvetrope.planner.workload import parse_workload
 
 runner = CliRunner()
@@ -70,7 +71,7 @@ def test_what_needs_an_engine_model_is_refused() -> None:
 
 def test_the_full_planner_warns_about_a_high_target_rho_too() -> None:
     from velvetrope.engine import load_profile
-    from velvetrope.planner.service import analytic_service_curve
+    from velvetrope.planner.service_methods import analytic_service_curve
 
     wl = parse_workload(
         "prompt_tokens: {p50: 600, p99: 3000}\noutput_tokens: {p50: 100, p99: 500}\n"

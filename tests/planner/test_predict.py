@@ -12,17 +12,11 @@ from hypothesis import strategies as st
 from velvetrope.engine import load_profile
 from velvetrope.errors import PolicyError
 from velvetrope.planner import queueing as q
-from velvetrope.planner.predict import (
-    _seen_iterations,
-    fleet_departure_rates,
-    mixture_quantile,
-    predict,
-)
-from velvetrope.planner.service import (
-    ServiceCurve,
-    analytic_service_curve,
-    curve_from_measurements,
-)
+from velvetrope.planner import queueing_general as qg
+from velvetrope.planner.predict import _seen_iterations, fleet_departure_rates, predict
+from velvetrope.planner.prediction import mixture_quantile
+from velvetrope.planner.service import ServiceCurve
+from velvetrope.planner.service_methods import analytic_service_curve, curve_from_measurements
 from velvetrope.planner.verify import simulate_fleet, stationary_workload
 from velvetrope.sim import GammaRenewal
 
@@ -66,9 +60,9 @@ def test_linear_throughput_is_exactly_mmc(replicas: int, k: int, mu: float, lam:
     for ca2 in (1.0, 0.3):
         p = predict(curve, lam, replicas, k, arrival_scv=ca2)
         assert p.p_wait == pytest.approx(q.erlang_c(c, lam / mu), rel=1e-12)
-        assert p.wait_mean_s == pytest.approx(q.ggc_wait_mean(lam, mu, c, ca2, 0.0), rel=1e-12)
+        assert p.wait_mean_s == pytest.approx(qg.ggc_wait_mean(lam, mu, c, ca2, 0.0), rel=1e-12)
         assert p.wait_p99_s == pytest.approx(
-            q.ggc_wait_quantile(lam, mu, c, ca2, 0.0, 0.99), rel=1e-12, abs=1e-15
+            qg.ggc_wait_quantile(lam, mu, c, ca2, 0.0, 0.99), rel=1e-12, abs=1e-15
         )
         assert p.service_mean_s == pytest.approx(1.0 / mu, rel=1e-12)  # Little on the slots
         assert p.rho == pytest.approx(lam / (c * mu))
@@ -196,7 +190,7 @@ def test_pattern_wait_is_the_gdc_replay() -> None:
     # bursts of 3·N·K arrivals at once: the replay's waits, exactly
     burst = np.repeat(np.arange(200, dtype=np.float64) * 3 * n * k, 3 * n * k)
     p = predict(curve, lam, n, k, arrival_pattern=burst)
-    ref = np.sort(q.gdc_waits(burst / lam, n * k, curve.residence(k)))
+    ref = np.sort(qg.gdc_waits(burst / lam, n * k, curve.residence(k)))
     assert np.array_equal(p.wait_sample, ref)
     assert p.p_wait == pytest.approx(2 / 3)
     assert p.wait_p99_s == pytest.approx(float(ref[math.ceil(0.99 * ref.size) - 1]))
@@ -220,7 +214,7 @@ def test_pattern_quantiles_against_monte_carlo() -> None:
     w = p.wait_sample[rng.integers(0, p.wait_sample.size, m)]
     work = curve.mix.work[rng.integers(0, len(curve.mix), m)]
     arrivals = pattern / lam
-    waits = q.gdc_waits(arrivals, n * k, curve.residence(k))
+    waits = qg.gdc_waits(arrivals, n * k, curve.residence(k))
     taus, _ = _seen_iterations(curve, arrivals, waits, p.service_mean_s, n)
     assert taus.min() >= p.per_iteration_s * 0.5 and taus.max() > p.per_iteration_s
     e2e = w + work * np.where(w > 0, tau_w, taus[rng.integers(0, taus.size, m)])

@@ -21,6 +21,7 @@ from scipy import integrate, optimize
 
 from velvetrope.errors import PolicyError
 from velvetrope.planner import queueing as q
+from velvetrope.planner import queueing_general as qg
 
 # --------------------------------------------------------------------------- references
 
@@ -252,16 +253,16 @@ def test_pollaczek_khinchine_special_cases(rho: float) -> None:
     lam = rho / es
     mm1 = q.mm1_wait_mean(lam, 1.0 / es)
     # Exponential service: E[S²] = 2·E[S]², C_s² = 1.
-    assert q.mg1_wait_mean(lam, es, 2.0 * es * es) == pytest.approx(mm1, rel=1e-12)
-    assert q.mg1_wait_mean_cs2(lam, es, 1.0) == pytest.approx(mm1, rel=1e-12)
+    assert qg.mg1_wait_mean(lam, es, 2.0 * es * es) == pytest.approx(mm1, rel=1e-12)
+    assert qg.mg1_wait_mean_cs2(lam, es, 1.0) == pytest.approx(mm1, rel=1e-12)
     # Deterministic service: half the M/M/1 wait.
-    assert q.mg1_wait_mean(lam, es, es * es) == pytest.approx(mm1 / 2.0, rel=1e-12)
-    assert q.mg1_wait_mean_cs2(lam, es, 0.0) == pytest.approx(mm1 / 2.0, rel=1e-12)
+    assert qg.mg1_wait_mean(lam, es, es * es) == pytest.approx(mm1 / 2.0, rel=1e-12)
+    assert qg.mg1_wait_mean_cs2(lam, es, 0.0) == pytest.approx(mm1 / 2.0, rel=1e-12)
     # Both forms agree for any variability.
-    assert q.mg1_wait_mean_cs2(lam, es, 3.5) == pytest.approx(
-        q.mg1_wait_mean(lam, es, 4.5 * es * es), rel=1e-12
+    assert qg.mg1_wait_mean_cs2(lam, es, 3.5) == pytest.approx(
+        qg.mg1_wait_mean(lam, es, 4.5 * es * es), rel=1e-12
     )
-    assert q.mg1_response_mean(lam, es, 2.0 * es * es) == pytest.approx(
+    assert qg.mg1_response_mean(lam, es, 2.0 * es * es) == pytest.approx(
         q.mm1_response_mean(lam, 1.0 / es), rel=1e-12
     )
 
@@ -269,11 +270,11 @@ def test_pollaczek_khinchine_special_cases(rho: float) -> None:
 def test_mg1_exponential_approximation_is_exact_for_mm1() -> None:
     lam, mu = 0.8, 1.0
     for t in (0.0, 0.5, 3.0, 20.0):
-        assert q.mg1_wait_tail(lam, 1.0, 2.0, t) == pytest.approx(
+        assert qg.mg1_wait_tail(lam, 1.0, 2.0, t) == pytest.approx(
             q.mm1_wait_tail(lam, mu, t), rel=1e-12
         )
     for p in (0.1, 0.5, 0.99):
-        assert q.mg1_wait_quantile(lam, 1.0, 2.0, p) == pytest.approx(
+        assert qg.mg1_wait_quantile(lam, 1.0, 2.0, p) == pytest.approx(
             q.mm1_wait_quantile(lam, mu, p), rel=1e-12, abs=0.0
         )
 
@@ -285,7 +286,7 @@ def test_md1_exact_distribution_reference_is_right() -> None:
     area, _ = integrate.quad(
         lambda t: 1.0 - md1_wait_cdf(rho, t), 0.0, 60.0, points=list(range(1, 60)), limit=200
     )
-    assert area == pytest.approx(q.mg1_wait_mean(rho, 1.0, 1.0), rel=1e-6)
+    assert area == pytest.approx(qg.mg1_wait_mean(rho, 1.0, 1.0), rel=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -304,7 +305,7 @@ def test_mg1_exponential_approximation_on_md1_quantiles(
     rho: float, p: float, rel_err: float
 ) -> None:
     # The accuracy quoted in mg1_wait_tail's docstring, against Erlang's exact M/D/1.
-    approx = q.mg1_wait_quantile(rho, 1.0, 1.0, p)
+    approx = qg.mg1_wait_quantile(rho, 1.0, 1.0, p)
     exact = optimize.brentq(lambda t: md1_wait_cdf(rho, t) - p, 0.0, 2.0 * approx)
     assert approx / exact - 1.0 == pytest.approx(rel_err, abs=0.001)
 
@@ -320,13 +321,13 @@ def conservation_rhs(lams: list[float], es: list[float], es2: list[float]) -> fl
 
 
 def test_priority_single_class_is_pollaczek_khinchine() -> None:
-    (w,) = q.mg1_priority_wait_means([0.6], [1.2], [3.0])
-    assert w == pytest.approx(q.mg1_wait_mean(0.6, 1.2, 3.0), rel=1e-14)
+    (w,) = qg.mg1_priority_wait_means([0.6], [1.2], [3.0])
+    assert w == pytest.approx(qg.mg1_wait_mean(0.6, 1.2, 3.0), rel=1e-14)
 
 
 def test_priority_three_classes_closed_form_and_conservation() -> None:
     lams, es, es2 = [0.1, 0.3, 0.2], [1.0, 0.5, 2.0], [2.0, 0.25, 10.0]
-    w = q.mg1_priority_wait_means(lams, es, es2)
+    w = qg.mg1_priority_wait_means(lams, es, es2)
     w0 = (0.1 * 2.0 + 0.3 * 0.25 + 0.2 * 10.0) / 2.0
     s1, s2, s3 = 0.1, 0.1 + 0.15, 0.1 + 0.15 + 0.4
     assert w == pytest.approx(
@@ -338,7 +339,7 @@ def test_priority_three_classes_closed_form_and_conservation() -> None:
 
 
 def test_priority_zero_rate_class_sees_the_others() -> None:
-    w = q.mg1_priority_wait_means([0.0, 0.5], [1.0, 1.0], [1.0, 1.0])
+    w = qg.mg1_priority_wait_means([0.0, 0.5], [1.0, 1.0], [1.0, 1.0])
     assert w[0] == pytest.approx(0.25, rel=1e-14)  # W0 = 0.25, nothing ahead of it
     assert w[1] == pytest.approx(0.5, rel=1e-14)  # = M/D/1 at rho 0.5
 
@@ -351,8 +352,8 @@ def test_sjf_two_point_equals_cobham_two_classes(p_short: float, rho: float) -> 
     sizes = np.array([short] * k + [long_] * (n - k))
     mean = (k * short + (n - k) * long_) / n
     lam = rho / mean
-    res = q.mg1_sjf_waits(lam, sizes)
-    w = q.mg1_priority_wait_means(
+    res = qg.mg1_sjf_waits(lam, sizes)
+    w = qg.mg1_priority_wait_means(
         [lam * k / n, lam * (n - k) / n], [short, long_], [short**2, long_**2]
     )
     assert res.waits == pytest.approx(w, rel=1e-12)
@@ -364,31 +365,31 @@ def test_sjf_ties_and_conservation_law() -> None:
     rng = np.random.default_rng(7)
     sizes = rng.integers(1, 6, size=500).astype(np.float64)  # many ties
     lam = 0.9 / float(sizes.mean())
-    res = q.mg1_sjf_waits(lam, sizes)
+    res = qg.mg1_sjf_waits(lam, sizes)
     assert res.sizes.tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]
     # Conservation: Σ_x λ·P(x)·x·W(x) = ρ·W0/(1 − ρ); fails if ties are mishandled.
     lhs = float(np.sum(lam * res.probs * res.sizes * res.waits))
     assert lhs == pytest.approx(res.rho * res.residual_work / (1.0 - res.rho), rel=1e-12)
     # The same as Cobham with one (deterministic) class per distinct size.
-    w = q.mg1_priority_wait_means(
+    w = qg.mg1_priority_wait_means(
         (lam * res.probs).tolist(), res.sizes.tolist(), (res.sizes**2).tolist()
     )
     assert res.waits == pytest.approx(w, rel=1e-12)
     assert res.wait_mean < res.fcfs_wait_mean
     assert res.fcfs_wait_mean == pytest.approx(
-        q.mg1_wait_mean(lam, float(sizes.mean()), float(np.mean(sizes**2))), rel=1e-12
+        qg.mg1_wait_mean(lam, float(sizes.mean()), float(np.mean(sizes**2))), rel=1e-12
     )
 
 
 def test_sjf_equal_sizes_is_fcfs_md1() -> None:
-    res = q.mg1_sjf_waits(0.7, np.full(10, 1.0))
-    md1 = q.mg1_wait_mean(0.7, 1.0, 1.0)
+    res = qg.mg1_sjf_waits(0.7, np.full(10, 1.0))
+    md1 = qg.mg1_wait_mean(0.7, 1.0, 1.0)
     assert res.wait_mean == pytest.approx(md1, rel=1e-14)
     assert res.fcfs_wait_mean == pytest.approx(md1, rel=1e-14)
 
 
 def test_sjf_wait_for_size() -> None:
-    res = q.mg1_sjf_waits(0.5, [1.0, 1.0, 2.0, 3.0])
+    res = qg.mg1_sjf_waits(0.5, [1.0, 1.0, 2.0, 3.0])
     for x, w in zip(res.sizes, res.waits, strict=True):
         assert res.wait_for_size(float(x)) == pytest.approx(float(w), rel=1e-15)
     # Between support points only the strictly shorter load counts, on both factors.
@@ -404,7 +405,7 @@ def test_sjf_against_simulation() -> None:
     lam = 0.7 / float(np.dot(values, probs))
     sizes, waits = simulate_sjf(lam, values, probs, n=150_000, seed=3)
     sizes, waits = sizes[15_000:], waits[15_000:]  # drop the warm-up
-    res = q.mg1_sjf_waits(lam, np.repeat(values, [5, 3, 2]))
+    res = qg.mg1_sjf_waits(lam, np.repeat(values, [5, 3, 2]))
     for x, w in zip(res.sizes, res.waits, strict=True):
         assert float(waits[sizes == x].mean()) == pytest.approx(float(w), rel=0.06), x
     assert float(waits.mean()) == pytest.approx(res.wait_mean, rel=0.05)
@@ -417,16 +418,16 @@ def test_sjf_against_simulation() -> None:
 def test_kingman_special_cases(rho: float) -> None:
     es = 2.0
     lam = rho / es
-    assert q.gg1_wait_mean(lam, es, 1.0, 1.0) == pytest.approx(
+    assert qg.gg1_wait_mean(lam, es, 1.0, 1.0) == pytest.approx(
         q.mm1_wait_mean(lam, 1.0 / es), rel=1e-12
     )
     # Poisson arrivals: Kingman is Pollaczek–Khinchine.
     for cs2 in (0.0, 0.5, 4.0):
-        assert q.gg1_wait_mean(lam, es, 1.0, cs2) == pytest.approx(
-            q.mg1_wait_mean_cs2(lam, es, cs2), rel=1e-12
+        assert qg.gg1_wait_mean(lam, es, 1.0, cs2) == pytest.approx(
+            qg.mg1_wait_mean_cs2(lam, es, cs2), rel=1e-12
         )
-        assert q.gg1_wait_mean(lam, es, 0.3, cs2) == pytest.approx(
-            q.ggc_wait_mean(lam, 1.0 / es, 1, 0.3, cs2), rel=1e-12
+        assert qg.gg1_wait_mean(lam, es, 0.3, cs2) == pytest.approx(
+            qg.ggc_wait_mean(lam, 1.0 / es, 1, 0.3, cs2), rel=1e-12
         )
 
 
@@ -434,23 +435,23 @@ def test_kingman_special_cases(rho: float) -> None:
 def test_allen_cunneen_special_cases(c: int, rho: float) -> None:
     mu = 2.0
     lam = rho * c * mu
-    assert q.ggc_wait_mean(lam, mu, c, 1.0, 1.0) == pytest.approx(
+    assert qg.ggc_wait_mean(lam, mu, c, 1.0, 1.0) == pytest.approx(
         q.mmc_wait_mean(lam, mu, c), rel=1e-13
     )
-    assert q.ggc_wait_mean(lam, mu, c, 0.0, 0.5) == pytest.approx(
+    assert qg.ggc_wait_mean(lam, mu, c, 0.0, 0.5) == pytest.approx(
         q.mmc_wait_mean(lam, mu, c) / 4.0, rel=1e-13
     )
     for t in (0.0, 0.05, 0.5):
-        assert q.ggc_wait_tail(lam, mu, c, 1.0, 1.0, t) == pytest.approx(
+        assert qg.ggc_wait_tail(lam, mu, c, 1.0, 1.0, t) == pytest.approx(
             q.mmc_wait_tail(lam, mu, c, t), rel=1e-12
         )
     for p in (0.5, 0.95, 0.999):
-        assert q.ggc_wait_quantile(lam, mu, c, 1.0, 1.0, p) == pytest.approx(
+        assert qg.ggc_wait_quantile(lam, mu, c, 1.0, 1.0, p) == pytest.approx(
             q.mmc_wait_quantile(lam, mu, c, p), rel=1e-12, abs=0.0
         )
     # The exponential approximation keeps E[W]: the tail integrates to the mean.
-    area, _ = integrate.quad(lambda t: q.ggc_wait_tail(lam, mu, c, 2.0, 3.0, t), 0.0, np.inf)
-    assert area == pytest.approx(q.ggc_wait_mean(lam, mu, c, 2.0, 3.0), rel=1e-8)
+    area, _ = integrate.quad(lambda t: qg.ggc_wait_tail(lam, mu, c, 2.0, 3.0, t), 0.0, np.inf)
+    assert area == pytest.approx(qg.ggc_wait_mean(lam, mu, c, 2.0, 3.0), rel=1e-8)
 
 
 def test_exponential_approximation_edges() -> None:
@@ -484,24 +485,24 @@ def test_exponential_approximation_edges() -> None:
         (lambda: q.mmc_wait_mean(8.0, 1.0, 8), r"unstable queue.*c=8"),
         (lambda: q.mmc_wait_quantile(1.0, 1.0, 2, -0.1), r"p must be in"),
         (lambda: q.mmc_wait_tail(1.0, 1.0, 2, math.nan), r"t must be >= 0"),
-        (lambda: q.mg1_wait_mean(1.0, 1.0, 2.0), r"unstable queue: utilisation rho = lam\*es"),
-        (lambda: q.mg1_wait_mean(0.5, 1.0, 0.5), r"es2 \(E\[S²\]\) must be >= es²"),
-        (lambda: q.mg1_wait_mean_cs2(0.5, 1.0, -1.0), r"cs2 must be >= 0"),
-        (lambda: q.mg1_wait_quantile(0.5, 1.0, 2.0, 1.5), r"p must be in"),
-        (lambda: q.gg1_wait_mean(0.5, 2.0, 1.0, 1.0), r"unstable queue"),
-        (lambda: q.gg1_wait_mean(0.1, 2.0, -1.0, 1.0), r"ca2 must be >= 0"),
-        (lambda: q.ggc_wait_mean(1.0, 1.0, 0, 1.0, 1.0), r"c \(number of servers\)"),
-        (lambda: q.ggc_wait_tail(1.0, 1.0, 1, 1.0, 1.0, 0.0), r"unstable queue"),
-        (lambda: q.mg1_priority_wait_means([], [], []), r"at least one class"),
-        (lambda: q.mg1_priority_wait_means([0.1], [1.0, 2.0], [1.0]), r"same length"),
-        (lambda: q.mg1_priority_wait_means([0.5, 0.5], [1.0, 1.0], [1.0, 1.0]), r"unstable"),
-        (lambda: q.mg1_priority_wait_means([-0.1], [1.0], [1.0]), r"lams\[0\] must be >= 0"),
-        (lambda: q.mg1_priority_wait_means([0.1], [1.0], [0.5]), r"es2\[0\]"),
-        (lambda: q.mg1_sjf_waits(1.0, []), r"non-empty 1-D"),
-        (lambda: q.mg1_sjf_waits(1.0, [[0.1, 0.2]]), r"non-empty 1-D"),
-        (lambda: q.mg1_sjf_waits(1.0, [0.1, 0.0]), r"finite and > 0"),
-        (lambda: q.mg1_sjf_waits(1.0, [1.0, 2.0]), r"unstable"),
-        (lambda: q.mg1_sjf_waits(0.1, [1.0]).wait_for_size(0.0), r"x must be > 0"),
+        (lambda: qg.mg1_wait_mean(1.0, 1.0, 2.0), r"unstable queue: utilisation rho = lam\*es"),
+        (lambda: qg.mg1_wait_mean(0.5, 1.0, 0.5), r"es2 \(E\[S²\]\) must be >= es²"),
+        (lambda: qg.mg1_wait_mean_cs2(0.5, 1.0, -1.0), r"cs2 must be >= 0"),
+        (lambda: qg.mg1_wait_quantile(0.5, 1.0, 2.0, 1.5), r"p must be in"),
+        (lambda: qg.gg1_wait_mean(0.5, 2.0, 1.0, 1.0), r"unstable queue"),
+        (lambda: qg.gg1_wait_mean(0.1, 2.0, -1.0, 1.0), r"ca2 must be >= 0"),
+        (lambda: qg.ggc_wait_mean(1.0, 1.0, 0, 1.0, 1.0), r"c \(number of servers\)"),
+        (lambda: qg.ggc_wait_tail(1.0, 1.0, 1, 1.0, 1.0, 0.0), r"unstable queue"),
+        (lambda: qg.mg1_priority_wait_means([], [], []), r"at least one class"),
+        (lambda: qg.mg1_priority_wait_means([0.1], [1.0, 2.0], [1.0]), r"same length"),
+        (lambda: qg.mg1_priority_wait_means([0.5, 0.5], [1.0, 1.0], [1.0, 1.0]), r"unstable"),
+        (lambda: qg.mg1_priority_wait_means([-0.1], [1.0], [1.0]), r"lams\[0\] must be >= 0"),
+        (lambda: qg.mg1_priority_wait_means([0.1], [1.0], [0.5]), r"es2\[0\]"),
+        (lambda: qg.mg1_sjf_waits(1.0, []), r"non-empty 1-D"),
+        (lambda: qg.mg1_sjf_waits(1.0, [[0.1, 0.2]]), r"non-empty 1-D"),
+        (lambda: qg.mg1_sjf_waits(1.0, [0.1, 0.0]), r"finite and > 0"),
+        (lambda: qg.mg1_sjf_waits(1.0, [1.0, 2.0]), r"unstable"),
+        (lambda: qg.mg1_sjf_waits(0.1, [1.0]).wait_for_size(0.0), r"x must be > 0"),
         (lambda: q.exponential_wait_tail(1.5, 1.0, 0.0), r"p_wait must be in \[0, 1\]"),
         (lambda: q.exponential_wait_quantile(0.5, -1.0, 0.5), r"wait_mean must be >= 0"),
         (lambda: q.littles_law_l(-1.0, 1.0), r"lam must be > 0"),
@@ -534,7 +535,7 @@ def test_gdc_waits_match_a_server_heap(c: int, service: float, seed: int) -> Non
     rng = np.random.default_rng(seed)
     gaps = np.where(rng.random(3000) < 0.8, rng.exponential(0.05, 3000), rng.exponential(3, 3000))
     arrivals = np.cumsum(gaps)  # bursts and lulls
-    got = q.gdc_waits(arrivals, c, service)
+    got = qg.gdc_waits(arrivals, c, service)
     ref = gdc_heap(arrivals, c, service)
     assert np.max(np.abs(got - np.array(ref))) < 1e-9
     assert 0.05 < float(np.mean(got > 0)) < 0.95  # a case where both waiting and not occur
@@ -542,10 +543,10 @@ def test_gdc_waits_match_a_server_heap(c: int, service: float, seed: int) -> Non
 
 def test_gdc_waits_small_cases() -> None:
     # two servers, service 1: a burst of four at t = 0 waits 0, 0, 1, 1
-    assert q.gdc_waits([0.0, 0.0, 0.0, 0.0], 2, 1.0).tolist() == [0.0, 0.0, 1.0, 1.0]
+    assert qg.gdc_waits([0.0, 0.0, 0.0, 0.0], 2, 1.0).tolist() == [0.0, 0.0, 1.0, 1.0]
     # spaced wider than the service time: nobody waits (exact zeros, no rounding residue)
-    assert not np.any(q.gdc_waits(np.arange(100) * 1.1 + 1e6, 1, 1.0))
-    assert q.gdc_waits(np.zeros(0), 3, 1.0).size == 0
+    assert not np.any(qg.gdc_waits(np.arange(100) * 1.1 + 1e6, 1, 1.0))
+    assert qg.gdc_waits(np.zeros(0), 3, 1.0).size == 0
     for bad in (([1.0, 0.0], 1, 1.0), ([0.0], 0, 1.0), ([0.0], 1, 0.0), ([[0.0]], 1, 1.0)):
         with pytest.raises(PolicyError):
-            q.gdc_waits(*bad)
+            qg.gdc_waits(*bad)

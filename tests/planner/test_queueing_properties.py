@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from velvetrope.planner import queueing as q
+from velvetrope.planner import queueing_general as qg
 
 servers = st.integers(min_value=1, max_value=400)
 utilisation = st.floats(min_value=1e-3, max_value=0.999)
@@ -53,7 +54,7 @@ def test_mmc_wait_monotone_in_arrival_rate(
     lo, hi = sorted((r1 * c * mu, r2 * c * mu))
     assert q.mmc_wait_mean(lo, mu, c) <= q.mmc_wait_mean(hi, mu, c) * (1.0 + SLACK)
     assert q.mmc_wait_quantile(lo, mu, c, p) <= q.mmc_wait_quantile(hi, mu, c, p) * (1.0 + SLACK)
-    assert q.mg1_wait_mean_cs2(lo / c, 1.0 / mu, 0.3) <= q.mg1_wait_mean_cs2(
+    assert qg.mg1_wait_mean_cs2(lo / c, 1.0 / mu, 0.3) <= qg.mg1_wait_mean_cs2(
         hi / c, 1.0 / mu, 0.3
     ) * (1.0 + SLACK)
 
@@ -66,7 +67,7 @@ def test_mmc_wait_monotone_in_arrival_rate(
 def test_sjf_conservation_and_never_worse_than_fcfs(sizes: list[int], rho: float) -> None:
     arr = np.asarray(sizes, dtype=np.float64) / 4.0
     lam = rho / float(arr.mean())
-    res = q.mg1_sjf_waits(lam, arr)
+    res = qg.mg1_sjf_waits(lam, arr)
     lhs = float(np.sum(lam * res.probs * res.sizes * res.waits))
     rhs = res.rho * res.residual_work / (1.0 - res.rho)
     assert math.isclose(lhs, rhs, rel_tol=1e-9)

@@ -12,14 +12,12 @@ from hypothesis import strategies as st
 
 from velvetrope.engine import Batcher, EngineProfile, load_profile
 from velvetrope.errors import PolicyError
-from velvetrope.planner.service import (
-    LengthMix,
+from velvetrope.planner.length_mix import LengthMix
+from velvetrope.planner.service import concurrency_grid, effective_service, regularise_throughput
+from velvetrope.planner.service_methods import (
     analytic_service_curve,
-    concurrency_grid,
     curve_from_measurements,
-    effective_service,
     measure_service_curve,
-    regularise_throughput,
 )
 
 

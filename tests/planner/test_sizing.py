@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 
 from velvetrope.engine import load_profile
 from velvetrope.errors import PolicyError
+from velvetrope.planner.plan import P99Target
+from velvetrope.planner.plan_report import plan_to_dict
 from velvetrope.planner.predict import predict
 from velvetrope.planner.rules import (
     queue_bound,
@@ -20,17 +22,15 @@ from velvetrope.planner.rules import (
     replicas_for_utilisation,
     seed_keda_equivalent,
 )
-from velvetrope.planner.service import (
-    ServiceCurve,
+from velvetrope.planner.service import ServiceCurve
+from velvetrope.planner.service_methods import (
     analytic_service_curve,
     curve_from_measurements,
     measure_service_curve,
 )
 from velvetrope.planner.sizing import (
-    P99Target,
     gpus_per_replica,
     make_plan,
-    plan_to_dict,
     replicas_needed,
     service_floor_p99,
 )

@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 from tests.planner.test_sizing import CURVE, workload
 from velvetrope.cli import app
 from velvetrope.errors import PolicyError
-from velvetrope.planner.sizing import P99Target, make_plan
+from velvetrope.planner.plan import P99Target
+from velvetrope.planner.sizing import make_plan
 from velvetrope.planner.startup import plan_startup, top_p99_wait
 
 PLAN = make_plan(workload(10.0), CURVE, P99Target("wait", 4.0))

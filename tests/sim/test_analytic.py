@@ -7,12 +7,8 @@ import numpy as np
 import pytest
 
 from velvetrope.errors import PolicyError
-from velvetrope.planner.queueing import (
-    mg1_response_mean,
-    mg1_sjf_waits,
-    mm1_response_mean,
-    mmc_response_mean,
-)
+from velvetrope.planner.queueing import mm1_response_mean, mmc_response_mean
+from velvetrope.planner.queueing_general import mg1_response_mean, mg1_sjf_waits
 from velvetrope.sim.analytic import ExponentialService, TokenService, run_analytic
 
 # A skewed size distribution (C_s² ≈ 1.6): many short jobs, a few long ones.

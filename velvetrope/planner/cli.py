@@ -17,7 +17,7 @@ the service time: mean, coefficient of variation and p99, with and without
 (:mod:`velvetrope.planner.features`).
 
 The output explains every number in one line; ``--json`` prints the same plan as JSON
-(:func:`velvetrope.planner.sizing.plan_to_dict`, plus ``verify`` rows when asked).  Errors
+(:func:`velvetrope.planner.plan_report.plan_to_dict`, plus ``verify`` rows when asked).  Errors
 (a bad file, an SLO that cannot be met) print ``velvetrope plan: error: ...`` on stderr
 and exit with status 2.
 """
@@ -27,227 +27,22 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from velvetrope.errors import PolicyError, VelvetropeError
-from velvetrope.planner.words import count
+from velvetrope.planner.plan_inputs import DEFAULT_SLO, measured_plan, parse_duration
 
 if TYPE_CHECKING:
     from velvetrope.planner.features import FeatureEffect
-    from velvetrope.planner.measured import MeasuredPlan
-    from velvetrope.planner.predict import Metric
-    from velvetrope.planner.sizing import Plan
+    from velvetrope.planner.plan import Plan
+    from velvetrope.planner.prediction import Metric
     from velvetrope.planner.verify import VerifyRow
     from velvetrope.planner.workload import PlanWorkload
 
-__all__ = ["format_plan", "parse_duration", "plan_command"]
-
-_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
-_DURATION = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|s|min|m|h)?\s*")
-
-_DEFAULT_SLO = {"interactive": "4s", "batch": "60s"}
-
-
-def parse_duration(text: str) -> float:
-    """``"4s"``, ``"800ms"``, ``"1.5m"``, ``"2h"`` or a bare number of seconds → seconds (> 0)."""
-    m = _DURATION.fullmatch(text)
-    if m is None:
-        raise PolicyError(f"bad duration {text!r}: expected a number with ms, s, m or h")
-    value = float(m.group(1)) * _UNITS[m.group(2) or "s"]
-    if not (math.isfinite(value) and value > 0):
-        raise PolicyError(f"bad duration {text!r}: must be > 0")
-    return value
-
-
-def _s(x: float) -> str:
-    """Seconds, readably (``inf`` for an overloaded fleet)."""
-    if not math.isfinite(x):
-        return "∞ (overloaded)"
-    if x == 0:
-        return "0 s"
-    if x < 1:
-        return f"{x * 1000:.0f} ms" if x >= 0.01 else f"{x * 1000:.2g} ms"
-    return f"{x:.3g} s"
-
-
-def _n(x: float) -> str:
-    """A rate or count with three significant figures and thousands separators."""
-    if x >= 1000:
-        return f"{x:,.0f}"
-    return f"{x:.3g}"
-
-
-def _bucket(refill_tps: float, capacity: float) -> str:
-    return f"refill {_n(refill_tps)} tok/s ({_n(refill_tps * 60)}/min), capacity {_n(capacity)}"
-
-
-def format_plan(plan: Plan) -> list[str]:
-    """The human-readable plan, one number per line with the reason for it."""
-    from velvetrope.planner.rules import RULE_OF_THUMB_FRACTION, SEED_KEDA_WAITING
-    from velvetrope.planner.sizing import KNEE_FRACTION
-
-    w, c, at = plan.workload, plan.curve, plan.at
-    slo = plan.slo
-    k, n = plan.concurrency, plan.replicas
-    knee = c.knee(KNEE_FRACTION)
-    tried = [kk for kk, _ in plan.candidates]
-    out: list[str] = []
-    add = out.append
-    add(f"velvetrope plan: {w.name} on {c.profile.name}, tier {plan.tier}, SLO {slo}")
-    add("")
-    add("workload")
-    add(f"  design rate       {_n(w.design_rps)} req/s — {w.design_rate_origin}")
-    add(
-        f"  lengths           prompt p50 {_n(w.prompt_p50)} / p99 {_n(w.prompt_p99)}, output "
-        f"p50 {_n(w.output_p50)} / p99 {_n(w.output_p99)} tokens; {_n(plan.tokens_per_request)} "
-        f"tokens per request on average ({w.source})"
-    )
-    prompt_only = int((w.output == 0).sum())
-    if prompt_only:
-        add(
-            f"  prompt-only       {prompt_only:,} of {len(w.output):,} requests have no output "
-            "(embeddings, rerank): each costs its prefill only"
-        )
-    whole = (
-        ""
-        if w.whole_trace_scv is None
-        else f" inside minutes, {w.whole_trace_scv:.3g} over the whole trace"
-    )
-    if w.arrival_pattern is not None:
-        how = (
-            "the queue wait replays the arrivals at the design rate through the "
-            f"{plan.max_in_flight} slots, each held R({k}) = {_s(c.residence(k))} (G/D/c)"
-        )
-    else:
-        how = "the Allen–Cunneen factor on the queue wait is their mean"
-    add(
-        f"  variability       C_a² {w.arrival_scv:.3g} (inter-arrival{whole}), C_s² "
-        f"{c.mix.work_scv:.3g} (iterations per request): {how}"
-    )
-    add("")
-    method = {
-        "closed-loop": "closed-loop runs of the engine model's batcher",
-        "analytic": "the profile's step-time formula",
-        "given": "throughputs measured elsewhere",
-    }[c.method]
-    r1 = c.residence(1)
-    add(f"service ({method}, concurrency 1…{c.max_concurrency})")
-    add(
-        f"  per replica       {_n(plan.per_replica_rps)} req/s — X({k}), the throughput with {k} "
-        f"requests in flight (saturates at {_n(c.max_throughput_rps)} req/s; knee at {knee})"
-    )
-    add(
-        f"  effective μ       {at.mu_per_slot:.3g} /s per slot — 1/E[S]: "
-        f"{_s(at.service_mean_s)} in the engine at the design load vs {_s(r1)} alone; μ falls "
-        "as ρ rises (longer batches, slower iterations)"
-    )
-    add("")
-    add("plan")
-    if plan.binding == "rho":
-        why = (
-            f"ρ ≤ {plan.rho_target:g} binds: ceil({_n(w.design_rps)} / ({_n(plan.per_replica_rps)} "
-            f"× {plan.rho_target:g})) = {plan.replicas_for_rho}, and the SLO holds there"
-        )
-    else:
-        why = (
-            f"the SLO binds: ρ ≤ {plan.rho_target:g} alone needs {plan.replicas_for_rho}, but "
-            f"the predicted p99 {slo.metric} meets {_s(slo.p99_s)} only from {n}"
-        )
-    add(f"  replicas          {n} — fewest meeting the SLO at ρ ≤ {plan.rho_target:g}; {why}")
-    add(
-        f"  GPUs              {plan.gpus} — {count(n, 'replica')} × "
-        f"{count(plan.gpus_per_replica, 'GPU')} per replica"
-    )
-    add(
-        f"  concurrency       {k} per replica (pool max_in_flight {plan.max_in_flight}) — the "
-        f"fewest replicas among concurrencies {tried[0]}…{tried[-1]} (up to the knee)"
-    )
-    rate = _n(plan.per_replica_rps)
-    add(f"  utilisation ρ     {at.rho:.3f} — {_n(w.design_rps)} / ({n} × {rate}) req/s")
-    add(
-        f"  in service        {at.mean_concurrency:.3g} per replica on average — Little: λ·E[S] / N"
-    )
-    add("")
-    here_n, fewer_n = f"at {count(n, 'replica')}", f"at {count(n - 1, 'replica')}" if n > 1 else ""
-    add(f"predicted latency   {here_n:<25} {fewer_n}".rstrip())
-    fewer = plan.one_fewer
-    for label, metric in (("queue wait", "wait"), ("time to first", "ttft"), ("end-to-end", "e2e")):
-        a50 = getattr(at, f"{metric}_p50_s")
-        a99 = getattr(at, f"{metric}_p99_s")
-        here = f"p50 {_s(a50)} / p99 {_s(a99)}"
-        if fewer is None:
-            there = "—"
-        else:
-            b50 = getattr(fewer, f"{metric}_p50_s")
-            b99 = getattr(fewer, f"{metric}_p99_s")
-            there = f"p50 {_s(b50)} / p99 {_s(b99)}"
-        add(f"  {label:<16}  {here:<25} {there}")
-    if fewer is not None:
-        if not fewer.stable:
-            verdict = f"overloaded: ρ {fewer.rho:.3f} ≥ 1, the queue grows without bound"
-        else:
-            got = fewer.p99(slo.metric)
-            over_rho = fewer.rho > plan.rho_target
-            verdict = "; ".join(
-                part
-                for part in (
-                    f"ρ {fewer.rho:.3f} > target {plan.rho_target:g}" if over_rho else "",
-                    f"p99 {slo.metric} {_s(got)} > {_s(slo.p99_s)}" if got > slo.p99_s else "",
-                )
-                if part
-            )
-        add(f"  {fewer_n:<18}{verdict} — why not one fewer")
-    add("")
-    add("admission settings")
-    add(
-        f"  queue bound       {plan.queue_bound_pool} for band {plan.tier!r} in the pool "
-        f"({plan.queue_bound_per_replica} per replica) — ⌊c·W_b/S⌋ = ⌊{plan.max_in_flight} × "
-        f"{_s(plan.wait_budget_s)} / {_s(at.service_mean_s)}⌋: a request deeper than this could "
-        f"not start within the {_s(plan.wait_budget_s)} left for waiting"
-    )
-    add(
-        f"    rule of thumb   {plan.rule_queue_bound_pool} in the pool "
-        f"({plan.rule_queue_bound_per_replica} per replica) — the common rule (L/S) × "
-        f"concurrency × 1.5 = ({_s(slo.p99_s)} / {_s(at.service_mean_s)}) × "
-        f"{plan.max_in_flight} × 1.5, the "
-        "1.5 a cushion for long-tailed latencies: deeper, so fewer 503s but some admitted "
-        "requests start too late for the SLO"
-    )
-    per_gpu = plan.per_replica_rps * plan.tokens_per_request / plan.gpus_per_replica
-    for b in plan.buckets:
-        add(f"  bucket {b.tenant!r} (share {b.share:.2f}), tokens = prompt + output:")
-        rule = _bucket(b.rule_refill_tps, b.rule_capacity_tokens)
-        add(
-            f"    rule of thumb   {rule} — {RULE_OF_THUMB_FRACTION:g} × {_n(per_gpu)} tok/s "
-            f"per GPU × {plan.gpus} GPUs; capacity 4 × refill"
-        )
-        model = _bucket(b.model_refill_tps, b.model_capacity_tokens)
-        add(
-            f"    model           {model} — share × ρ {plan.rho_target:g} × fleet tokens/s "
-            "(all tenants at their limit load the fleet to the target ρ); capacity = the "
-            "burst the spare capacity clears within the wait budget"
-        )
-    add(
-        f"  KEDA threshold    {plan.keda_threshold} queued per replica (minReplicaCount {n}) — "
-        f"scale out when the backlog would take half of the {_s(max(plan.wait_budget_s, 0.0))} "
-        f"wait budget to drain at {_n(plan.per_replica_rps)} req/s per replica"
-    )
-    drain = SEED_KEDA_WAITING / c.max_throughput_rps
-    add(
-        f"    rule of thumb   {plan.seed_keda_threshold} queued per replica — the common rule "
-        f"scales at "
-        f"{SEED_KEDA_WAITING} on vllm:num_requests_waiting, but behind the gateway engines "
-        "hardly queue (dispatch goes only into free slots), so scale on the gateway's "
-        f"velvetrope_queue_depth: {SEED_KEDA_WAITING} waiting at a saturated engine drain in "
-        f"{_s(drain)} at {_n(c.max_throughput_rps)} req/s, as {plan.seed_keda_threshold} do at "
-        f"{_n(plan.per_replica_rps)} req/s"
-    )
-    out[1:1] = [f"warning: {w}" for w in plan.warnings]
-    return out
+__all__ = ["plan_command"]
 
 
 def _startup_lines(
@@ -289,97 +84,6 @@ def _startup_lines(
             }
         return [json.dumps(doc, allow_nan=False)]
     return ["", *format_startup(sp), *(check.lines() if check is not None else [])]
-
-
-def _verify_dict(rows: list[VerifyRow]) -> list[dict[str, Any]]:
-    from velvetrope.planner.features import predicted_service
-
-    def finite(x: float) -> float | None:
-        return x if math.isfinite(x) else None
-
-    out = []
-    for r in rows:
-        p, s = r.predicted, r.simulated
-        mean, cv = predicted_service(p)
-        out.append(
-            {
-                "replicas": s.replicas,
-                "completed_fraction": s.completed_fraction,
-                "service_mean_s": {
-                    "predicted": finite(mean),
-                    "simulated": finite(s.service_mean_s),
-                },
-                "service_cv": {"predicted": finite(cv), "simulated": finite(s.service_cv)},
-                **{
-                    f"{m}_p99_s": {
-                        "predicted": p.p99(m) if math.isfinite(p.p99(m)) else None,
-                        "simulated": s.p99(m),
-                    }
-                    for m in ("wait", "ttft", "e2e")
-                },
-            }
-        )
-    return out
-
-
-def _measured_plan(
-    *,
-    worker_rps: float | None,
-    worker_tps: float | None,
-    tokens_per_request: float | None,
-    peak_rps: float | None,
-    wl: PlanWorkload | None,
-    tier: str,
-    rho: float | None,
-    concurrency: int | None,
-    slo_p99: str | None,
-    slo_metric: Metric,
-) -> MeasuredPlan:
-    """``plan --worker-rps/--worker-tps``: the measured-throughput planner's inputs resolved."""
-    from velvetrope.planner.measured import plan_from_throughput
-    from velvetrope.planner.sizing import TIER_RHO, P99Target
-
-    if (worker_rps is None) == (worker_tps is None):
-        raise PolicyError("give one of --worker-rps and --worker-tps, not both")
-    if peak_rps is not None:
-        lam, lam_origin = peak_rps, "given with --peak-rps"
-    elif wl is not None:
-        lam, lam_origin = wl.design_rps, wl.design_rate_origin
-    else:
-        raise PolicyError("give --peak-rps (or a --trace or --workload to take it from)")
-    if worker_rps is not None:
-        x, x_origin = worker_rps, "measured, given with --worker-rps"
-    else:
-        assert worker_tps is not None
-        if not (math.isfinite(worker_tps) and worker_tps > 0):
-            raise PolicyError(f"--worker-tps must be > 0 (got {worker_tps!r})")
-        if tokens_per_request is not None:
-            tok, tok_origin = tokens_per_request, "--tokens-per-request"
-        elif wl is not None:
-            tok, tok_origin = wl.mean_tokens, f"the mean prompt + output of {wl.source}"
-        else:
-            raise PolicyError("--worker-tps needs --tokens-per-request (or a --trace/--workload)")
-        if not (math.isfinite(tok) and tok > 0):
-            raise PolicyError(f"--tokens-per-request must be > 0 (got {tok!r})")
-        x = worker_tps / tok
-        x_origin = (
-            f"measured {_n(worker_tps)} tok/s per worker (--worker-tps) / {_n(tok)} tokens per "
-            f"request ({tok_origin})"
-        )
-    if rho is None:
-        if tier not in TIER_RHO:
-            raise PolicyError(f"no default utilisation for tier {tier!r}; give --rho")
-        rho = TIER_RHO[tier]
-    bound = slo_p99 if slo_p99 is not None else None
-    if bound is None and concurrency is not None:
-        bound = _DEFAULT_SLO.get(tier)
-    slo = None if bound is None else P99Target(slo_metric, parse_duration(bound))
-    arrivals = "Poisson arrivals" if wl is None else f"the arrivals of {wl.source}"
-    return plan_from_throughput(
-        lam, x, rho_target=rho, tier=tier, design_rate_origin=lam_origin,
-        per_worker_origin=x_origin, concurrency=concurrency, slo=slo,
-        arrival_pattern=None if wl is None else wl.arrival_pattern, arrivals=arrivals,
-    )  # fmt: skip
 
 
 def _budget_lines(
@@ -525,7 +229,9 @@ def plan_command(
         with_speculation,
     )
     from velvetrope.planner.features import build_curve, effects_of, feature_settings
-    from velvetrope.planner.sizing import P99Target, make_plan, plan_to_dict
+    from velvetrope.planner.plan import P99Target
+    from velvetrope.planner.plan_report import format_plan, plan_to_dict
+    from velvetrope.planner.sizing import make_plan
     from velvetrope.planner.workload import load_workload, workload_from_trace
 
     measured = worker_rps is not None or worker_tps is not None
@@ -574,7 +280,7 @@ def plan_command(
             "wait" if slo_metric == "wait" else "ttft" if slo_metric == "ttft" else "e2e"
         )
         if measured:
-            mplan = _measured_plan(
+            mplan = measured_plan(
                 worker_rps=worker_rps, worker_tps=worker_tps,
                 tokens_per_request=tokens_per_request, peak_rps=peak_rps, wl=wl, tier=tier,
                 rho=rho, concurrency=concurrency, slo_p99=slo_p99, slo_metric=metric,
@@ -596,7 +302,7 @@ def plan_command(
     assert wl is not None
     full: PlanWorkload = wl
     try:
-        bound = slo_p99 if slo_p99 is not None else _DEFAULT_SLO.get(tier)
+        bound = slo_p99 if slo_p99 is not None else DEFAULT_SLO.get(tier)
         if bound is None:
             raise PolicyError(f"give --slo-p99 (no default for tier {tier!r})")
         slo = P99Target(metric, parse_duration(bound))
@@ -637,7 +343,9 @@ def plan_command(
         if start_lines is not None:
             doc["startup"] = json.loads(start_lines[0])
         if rows is not None:
-            doc["verify"] = _verify_dict(rows)
+            from velvetrope.planner.verify import verify_to_dict
+
+            doc["verify"] = verify_to_dict(rows)
         if written is not None:
             doc["plot"] = str(written)
         if features:
@@ -661,36 +369,10 @@ def plan_command(
     for line in start_lines or []:
         typer.echo(line)
     if rows is not None:
-        typer.echo("")
-        typer.echo(
-            f"verify: simulated {verify_requests:,} requests at {_n(full.design_rps)} req/s "
-            "(stationary, FCFS, first 10% left out) with the real admission core and batchers"
-            + (
-                f"; every prompt's first {prefix_hit_rate:.0%} one shared prefix"
-                if prefix_hit_rate > 0
-                else ""
-            )
-        )
-        head = f"  {'replicas':<9} {'metric':<7} {'predicted p99':>14} {'simulated p99':>14}"
-        typer.echo(f"{head}  error")
-        for r in rows:
-            for m in ("wait", "ttft", "e2e"):
-                p, s = r.predicted.p99(m), r.simulated.p99(m)
-                err = (
-                    f"{(p - s) / s:+.1%}"
-                    if math.isfinite(p) and math.isfinite(s) and s > 0
-                    else "—"
-                )
-                typer.echo(f"  {r.simulated.replicas:<9} {m:<7} {_s(p):>14} {_s(s):>14}  {err}")
-        from velvetrope.planner.features import predicted_service
+        from velvetrope.planner.verify import verify_lines
 
-        for r in rows:
-            mean, cv = predicted_service(r.predicted)
-            sim = r.simulated
-            typer.echo(
-                f"  service time at {sim.replicas} replicas: predicted mean {_s(mean)}, CV "
-                f"{cv:.2f}; simulated mean {_s(sim.service_mean_s)}, CV {sim.service_cv:.2f}"
-            )
+        for line in verify_lines(rows, verify_requests, full.design_rps, prefix_hit_rate):
+            typer.echo(line)
     if written is not None:
         typer.echo("")
         typer.echo(f"plot: {written} — predicted latency vs utilisation, the plan marked")

@@ -1,7 +1,7 @@
 """Engine features the planner can size with: speculative decoding and prefix caching.
 
 Both change the service rate, and both are modelled where the service curve comes from:
-the length mix (:class:`~velvetrope.planner.service.LengthMix`), which both service models
+the length mix (:class:`~velvetrope.planner.length_mix.LengthMix`), which both service models
 (the closed-loop runs of the engine model and the analytic formula) take them from.
 :func:`with_speculation` turns speculative decoding on in the profile (the batcher then
 samples how many tokens each verification step emits, so the service time of a request is a

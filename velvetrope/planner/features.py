@@ -32,13 +32,11 @@ from velvetrope.engine.profile import EngineProfile
 from velvetrope.engine.speculative import expected_tokens_per_step
 from velvetrope.errors import PolicyError
 from velvetrope.planner.engine_options import prefix_caching_profile
-from velvetrope.planner.predict import Prediction, predict
-from velvetrope.planner.service import (
-    ServiceCurve,
-    analytic_service_curve,
-    measure_service_curve,
-)
-from velvetrope.planner.sizing import Plan
+from velvetrope.planner.plan import Plan
+from velvetrope.planner.predict import predict
+from velvetrope.planner.prediction import Prediction
+from velvetrope.planner.service import ServiceCurve
+from velvetrope.planner.service_methods import analytic_service_curve, measure_service_curve
 
 __all__ = [
     "FeatureEffect",

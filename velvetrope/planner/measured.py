@@ -5,10 +5,10 @@ The second seed sizes a fleet from one number a team usually knows from a load t
 does that arithmetic (:func:`~velvetrope.planner.rules.replicas_for_utilisation`), and
 with the requests in flight per worker (``concurrency``, ``K``) it adds what follows from
 Little's law alone: a request holds its slot ``S = K/X`` on average, so the queue wait is
-the G/D/c replay of the arrivals (:func:`~velvetrope.planner.queueing.gdc_waits`, the same
-wait model as the full planner, :mod:`velvetrope.planner.predict`), and the queue bound, its
-rule of thumb and the KEDA threshold follow as in :mod:`velvetrope.planner.sizing`.  With a
-p99 wait SLO the fleet grows past the utilisation bound until the SLO holds.
+the G/D/c replay of the arrivals (:func:`~velvetrope.planner.queueing_general.gdc_waits`,
+the same wait model as the full planner, :mod:`velvetrope.planner.predict`), and the queue
+bound, its rule of thumb and the KEDA threshold follow as in :mod:`velvetrope.planner.sizing`.
+With a p99 wait SLO the fleet grows past the utilisation bound until the SLO holds.
 
 What it cannot do without an engine model: time to first token and end-to-end latency
 (they need the service-time distribution), and the throughput at other concurrencies (so
@@ -30,7 +30,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from velvetrope.errors import PolicyError
-from velvetrope.planner.queueing import gdc_waits
+from velvetrope.planner.plan import P99Target
+from velvetrope.planner.queueing_general import gdc_waits
 from velvetrope.planner.rules import (
     SEED_KEDA_WAITING,
     queue_bound,
@@ -38,7 +39,6 @@ from velvetrope.planner.rules import (
     replicas_for_utilisation,
     rho_warning,
 )
-from velvetrope.planner.sizing import P99Target
 from velvetrope.planner.words import count
 
 __all__ = ["MeasuredPlan", "format_measured_plan", "measured_plan_to_dict", "plan_from_throughput"]
@@ -65,7 +65,7 @@ class MeasuredPlan:
         wait_p99_s, wait_p99_one_fewer_s: the replayed p99 wait at ``N`` and ``N − 1``
             (``inf`` when overloaded, None without ``K`` or for ``N − 1 = 0``).
         queue_bound_pool, rule_queue_bound_pool, keda_threshold, seed_keda_threshold: as in
-            :class:`~velvetrope.planner.sizing.Plan` (the seed's KEDA 8 carries over as 8:
+            :class:`~velvetrope.planner.plan.Plan` (the seed's KEDA 8 carries over as 8:
             the measured ``X`` is taken as the saturated throughput).
         warnings: sentences, e.g. a target ρ above 0.85.
     """

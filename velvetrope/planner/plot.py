@@ -18,8 +18,9 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from velvetrope.planner.predict import Metric, predict
-from velvetrope.planner.sizing import Plan
+from velvetrope.planner.plan import Plan
+from velvetrope.planner.predict import predict
+from velvetrope.planner.prediction import Metric
 
 __all__ = ["latency_curve", "plot_latency_vs_utilisation"]
 

@@ -2,8 +2,9 @@
 
 Inputs: a :class:`~velvetrope.planner.workload.PlanWorkload` (design rate, length mix,
 arrival pattern, tenants), a :class:`~velvetrope.planner.service.ServiceCurve` for the engine, an
-:class:`P99Target` (a p99 bound on end-to-end latency, queue wait or time to first token) and a
-target utilisation ρ (by tier: :data:`TIER_RHO`, 0.6 interactive, 0.85 batch).
+:class:`~velvetrope.planner.plan.P99Target` (a p99 bound on end-to-end latency, queue wait or
+time to first token) and a target utilisation ρ (by tier: :data:`TIER_RHO`, 0.6 interactive,
+0.85 batch).  The answer is a :class:`~velvetrope.planner.plan.Plan`.
 
 The search (:func:`make_plan`)
 ------------------------------
@@ -50,13 +51,14 @@ Admission settings derived from the plan
   model's bound by ``1.5·L/W_b`` (1.9× in the example): it admits requests that, at the mean
   service time, start after the SLO has passed, trading those misses for fewer 503s when
   service times run short.
-* **Edge token bucket per tenant** (:class:`BucketSizing`), cost = prompt + output tokens:
-  the seed's rule of thumb, refill ``= sustainable tok/s per GPU × GPUs × 0.7`` (the
-  sustainable rate being ``X(K)·E[tokens]`` per replica) and capacity ``4 ×`` the refill
-  (four seconds of it); and the model's answer, refill ``= share ×
-  ρ_target·N·X(K)·E[tokens]`` (all tenants at their limits load the fleet exactly to the
-  target ρ) and capacity ``= min(queue bound, spare·W_b)·E[tokens]`` with ``spare = (1 −
-  ρ)·N·X(K)`` — the largest burst the fleet clears within the wait budget.
+* **Edge token bucket per tenant** (:class:`~velvetrope.planner.plan.BucketSizing`), cost =
+  prompt + output tokens: the seed's rule of thumb, refill
+  ``= sustainable tok/s per GPU × GPUs × 0.7`` (the sustainable rate being
+  ``X(K)·E[tokens]`` per replica) and capacity ``4 ×`` the refill (four seconds of it); and
+  the model's answer, refill ``= share × ρ_target·N·X(K)·E[tokens]`` (all tenants at their
+  limits load the fleet exactly to the target ρ) and capacity
+  ``= min(queue bound, spare·W_b)·E[tokens]`` with ``spare = (1 − ρ)·N·X(K)`` — the largest
+  burst the fleet clears within the wait budget.
 * **KEDA threshold** on the gateway's queue depth (``averageValue`` per replica): ``max(1,
   ⌊X(K)·W_b/2⌋)``: scale out once the backlog per replica would take half the wait budget to
   drain, i.e. at half the queue bound, before requests start missing the SLO.  Queue depth
@@ -81,18 +83,17 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
 
 from velvetrope.errors import PolicyError
-from velvetrope.planner.predict import Metric, Prediction, predict
+from velvetrope.planner.plan import BucketSizing, P99Target, Plan
+from velvetrope.planner.predict import predict
+from velvetrope.planner.prediction import Metric, Prediction
 from velvetrope.planner.rules import (
     RULE_OF_THUMB_BURST_S,
     RULE_OF_THUMB_FRACTION,
-    SEED_KEDA_WAITING,
     queue_bound,
     queue_depth_rule_of_thumb,
     replicas_for_utilisation,
@@ -104,12 +105,8 @@ from velvetrope.planner.workload import PlanWorkload
 
 __all__ = [
     "TIER_RHO",
-    "BucketSizing",
-    "P99Target",
-    "Plan",
     "gpus_per_replica",
     "make_plan",
-    "plan_to_dict",
     "plan_warnings",
     "replicas_needed",
     "service_floor_p99",
@@ -125,23 +122,6 @@ _P = 0.99
 _EPS = 1e-9
 
 FloatArray = NDArray[np.float64]
-
-
-@dataclass(frozen=True, slots=True)
-class P99Target:
-    """A p99 bound: ``metric`` (``e2e``, ``wait`` or ``ttft``) at most ``p99_s`` seconds."""
-
-    metric: Metric
-    p99_s: float
-
-    def __post_init__(self) -> None:
-        if self.metric not in ("e2e", "wait", "ttft"):
-            raise PolicyError(f"unknown SLO metric {self.metric!r}; known: e2e, wait, ttft")
-        if not (math.isfinite(self.p99_s) and self.p99_s > 0):
-            raise PolicyError(f"the SLO's p99 must be finite and > 0 s (got {self.p99_s!r})")
-
-    def __str__(self) -> str:
-        return f"p99 {self.metric} <= {self.p99_s:g} s"
 
 
 def gpus_per_replica(profile_name: str, description: str = "") -> int:
@@ -228,87 +208,6 @@ def replicas_needed(
         else:
             lo = mid
     return hi, n_rho, best
-
-
-@dataclass(frozen=True, slots=True)
-class BucketSizing:
-    """One tenant's edge token bucket (tokens = prompt + output), two ways.
-
-    ``rule_*``: the seed's rule of thumb (refill = 0.7 × the fleet's sustainable token
-    rate, capacity = 4 s of refill).  ``model_*``: the tenant's share of the token rate
-    at the target ρ, and the largest burst the fleet clears within the wait budget.
-    Refill in tokens per second (``× 60`` for ``tokens_per_minute``), capacity in tokens.
-    """
-
-    tenant: str
-    share: float
-    rule_refill_tps: float
-    rule_capacity_tokens: float
-    model_refill_tps: float
-    model_capacity_tokens: float
-
-
-@dataclass(frozen=True, eq=False)
-class Plan:
-    """A sized plan; every field is explained by :func:`velvetrope.planner.cli` output.
-
-    Attributes:
-        workload, curve, slo: the inputs.
-        tier: the tier sized for; ``rho_target`` its target utilisation.
-        replicas: the recommended number of replicas ``N``; ``gpus = N × gpus_per_replica``.
-        concurrency: slots per replica ``K`` (``max_in_flight = N·K`` for the pool).
-        replicas_for_rho: ``N_ρ``, what the utilisation bound alone needs at ``K``.
-        binding: ``"rho"`` if ``N == N_ρ`` (the SLO is met there), else ``"slo"``.
-        candidates: ``(K, N or None)`` for every concurrency tried (None: infeasible).
-        at, one_fewer: the predictions at ``N`` and ``N − 1`` (None when ``N == 1``).
-        per_replica_rps: ``X(K)``; ``tokens_per_request``: mean prompt + output tokens.
-        wait_budget_s: ``W_b``, the part of the p99 budget left for waiting.
-        queue_bound_pool: the band's bound for the pool (``max_queued``);
-        queue_bound_per_replica: the same per replica.
-        rule_queue_bound_pool, rule_queue_bound_per_replica: the seed's rule of thumb for
-            the same bounds (:func:`queue_depth_rule_of_thumb` with ``L`` the SLO's p99).
-        keda_threshold: queue depth per replica at which KEDA adds a replica.
-        seed_keda_threshold: the seed's 8 on ``vllm:num_requests_waiting`` as a gateway
-            queue depth per replica (:func:`seed_keda_equivalent`).
-        warnings: where the model is known to be weak for these inputs (see
-            :func:`plan_warnings`), one sentence each.
-        buckets: per tenant, rule of thumb and model.
-    """
-
-    workload: PlanWorkload
-    curve: ServiceCurve
-    slo: P99Target
-    tier: str
-    rho_target: float
-    replicas: int
-    gpus_per_replica: int
-    concurrency: int
-    replicas_for_rho: int
-    binding: Literal["rho", "slo"]
-    candidates: tuple[tuple[int, int | None], ...]
-    at: Prediction
-    one_fewer: Prediction | None
-    per_replica_rps: float
-    tokens_per_request: float
-    wait_budget_s: float
-    queue_bound_pool: int
-    queue_bound_per_replica: int
-    rule_queue_bound_pool: int
-    rule_queue_bound_per_replica: int
-    keda_threshold: int
-    seed_keda_threshold: int
-    buckets: tuple[BucketSizing, ...]
-    warnings: tuple[str, ...] = ()
-
-    @property
-    def gpus(self) -> int:
-        """``replicas × gpus_per_replica``."""
-        return self.replicas * self.gpus_per_replica
-
-    @property
-    def max_in_flight(self) -> int:
-        """The pool's ``max_in_flight``: ``replicas × concurrency``."""
-        return self.replicas * self.concurrency
 
 
 BURSTY_SCV = 2.0
@@ -504,123 +403,3 @@ def make_plan(
         buckets=buckets,
         warnings=plan_warnings(workload, curve, k, at, slo, rho),
     )
-
-
-# --------------------------------------------------------------------------- JSON
-
-
-def _num(x: float) -> float | None:
-    """JSON has no infinity: an unstable (infinite) latency is written as null."""
-    return float(x) if math.isfinite(x) else None
-
-
-def _prediction_dict(p: Prediction) -> dict[str, Any]:
-    return {
-        "replicas": p.replicas,
-        "rho": p.rho,
-        "stable": p.stable,
-        "p_wait": p.p_wait,
-        "mean_concurrency_per_replica": p.mean_concurrency,
-        "service_mean_s": _num(p.service_mean_s),
-        "mu_per_slot": p.mu_per_slot,
-        "wait_p50_s": _num(p.wait_p50_s),
-        "wait_p99_s": _num(p.wait_p99_s),
-        "ttft_p50_s": _num(p.ttft_p50_s),
-        "ttft_p99_s": _num(p.ttft_p99_s),
-        "e2e_p50_s": _num(p.e2e_p50_s),
-        "e2e_p99_s": _num(p.e2e_p99_s),
-    }
-
-
-def plan_to_dict(plan: Plan) -> dict[str, Any]:
-    """The plan as plain JSON data (schema version 1).
-
-    Top-level keys: ``schema`` (1), ``inputs``, ``service``, ``plan``, ``latency``,
-    ``queue``, ``buckets``, ``warnings`` (sentences), ``keda``.  Times in seconds, rates in
-    req/s, token rates in tokens/s; a latency that does not exist (an overloaded fleet at
-    one replica fewer) is ``null``.  :func:`velvetrope.planner.cli.plan_command` adds
-    ``verify`` when asked.
-    """
-    w = plan.workload
-    c = plan.curve
-    return {
-        "schema": 1,
-        "inputs": {
-            "profile": c.profile.name,
-            "workload": w.name,
-            "workload_source": w.source,
-            "design_rps": w.design_rps,
-            "design_rate_origin": w.design_rate_origin,
-            "mean_rps": w.mean_rps,
-            "arrival_scv": w.arrival_scv,
-            "arrival_scv_whole_trace": w.whole_trace_scv,
-            "wait_model": "gdc-replay" if w.arrival_pattern is not None else "allen-cunneen",
-            "prompt_tokens": {"p50": w.prompt_p50, "p99": w.prompt_p99},
-            "output_tokens": {"p50": w.output_p50, "p99": w.output_p99},
-            "tier": plan.tier,
-            "rho_target": plan.rho_target,
-            "slo": {"metric": plan.slo.metric, "p99_s": plan.slo.p99_s},
-        },
-        "service": {
-            "method": c.method,
-            "concurrency": [int(n) for n in c.concurrency],
-            "throughput_rps": [float(x) for x in c.throughput_rps],
-            "residence_s": [
-                float(n) / float(x) for n, x in zip(c.concurrency, c.throughput_rps, strict=True)
-            ],
-            "max_throughput_rps": c.max_throughput_rps,
-            "knee_concurrency": c.knee(KNEE_FRACTION),
-            "service_scv": c.mix.work_scv,
-        },
-        "plan": {
-            "replicas": plan.replicas,
-            "gpus_per_replica": plan.gpus_per_replica,
-            "gpus": plan.gpus,
-            "concurrency_per_replica": plan.concurrency,
-            "max_in_flight": plan.max_in_flight,
-            "rho": plan.at.rho,
-            "binding": plan.binding,
-            "replicas_for_rho": plan.replicas_for_rho,
-            "per_replica_rps": plan.per_replica_rps,
-            "candidates": [{"concurrency": k, "replicas": n} for k, n in plan.candidates],
-        },
-        "latency": {
-            "at": _prediction_dict(plan.at),
-            "one_fewer": None if plan.one_fewer is None else _prediction_dict(plan.one_fewer),
-        },
-        "queue": {
-            "wait_budget_s": plan.wait_budget_s,
-            "bound_pool": plan.queue_bound_pool,
-            "bound_per_replica": plan.queue_bound_per_replica,
-            "rule_of_thumb": {
-                "bound_pool": plan.rule_queue_bound_pool,
-                "bound_per_replica": plan.rule_queue_bound_per_replica,
-                "formula": "(L/S) * concurrency * 1.5",
-            },
-        },
-        "buckets": [
-            {
-                "tenant": b.tenant,
-                "share": b.share,
-                "rule_of_thumb": {
-                    "refill_tokens_per_s": b.rule_refill_tps,
-                    "capacity_tokens": b.rule_capacity_tokens,
-                },
-                "model": {
-                    "refill_tokens_per_s": b.model_refill_tps,
-                    "capacity_tokens": b.model_capacity_tokens,
-                },
-            }
-            for b in plan.buckets
-        ],
-        "warnings": list(plan.warnings),
-        "keda": {
-            "metric": "queue depth (requests queued in the gateway)",
-            "threshold_per_replica": plan.keda_threshold,
-            "seed_rule": {
-                "vllm_num_requests_waiting": SEED_KEDA_WAITING,
-                "gateway_queue_depth_per_replica": plan.seed_keda_threshold,
-            },
-            "min_replicas": plan.replicas,
-        },
-    }

@@ -2,7 +2,7 @@
 being asked for to serving — which ``minReplicaCount``, KEDA threshold and queue bounds keep
 the top tier inside its SLO, and what the lower tiers lose meanwhile.
 
-Inputs: a sized :class:`~velvetrope.planner.sizing.Plan` (its design rate ``λ``, replicas
+Inputs: a sized :class:`~velvetrope.planner.plan.Plan` (its design rate ``λ``, replicas
 ``N``, concurrency ``K``, per-replica throughput ``X = X(K)``, wait budget ``W_b`` and mean
 service time), the spike (``k``, ``T``, ``S``), the top tier's share ``f`` of requests and the
 lower tiers' patience ``W_low`` (their ``max_wait_s``).  The bands are strict priority, as
@@ -45,8 +45,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from velvetrope.errors import PolicyError
+from velvetrope.planner.plan import Plan
 from velvetrope.planner.rules import queue_bound
-from velvetrope.planner.sizing import Plan
 from velvetrope.sim.keda import KedaAutoscaler, ScaledObject
 
 __all__ = [

@@ -14,7 +14,7 @@ Gamma-renewal sample (:mod:`velvetrope.planner.workload`) — repeated as often 
 request count needs (without a pattern: Poisson when ``C_a² = 1``, else a Gamma renewal
 process with the workload's inter-arrival CV, deterministic when ``C_a² = 0``), each
 request's (prompt, output) drawn independently from the workload's length mix as fitted to
-the engine (:class:`~velvetrope.planner.service.LengthMix`); with a prefix hit rate each
+the engine (:class:`~velvetrope.planner.length_mix.LengthMix`); with a prefix hit rate each
 request's first ``int(h·P)`` prompt tokens are one shared prefix (the same rule the
 closed-loop service curve uses, ``LengthMix.prefix``), which the simulated engines' prefix
 caches serve, and with speculative decoding the simulated engines speculate (the profile
@@ -31,15 +31,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from velvetrope.core.policy import PolicyConfig
 from velvetrope.errors import PolicyError
-from velvetrope.planner.predict import Prediction, predict
+from velvetrope.planner.features import predicted_service
+from velvetrope.planner.plan import Plan
+from velvetrope.planner.predict import predict
+from velvetrope.planner.prediction import Prediction
 from velvetrope.planner.service import ServiceCurve
-from velvetrope.planner.sizing import Plan
+from velvetrope.planner.words import figure as _n
+from velvetrope.planner.words import seconds as _s
 from velvetrope.sim import Deterministic, GammaRenewal, Poisson, TraceRequest
 from velvetrope.sim.loop import run_simulation
 
@@ -50,7 +55,9 @@ __all__ = [
     "mix_requests",
     "simulate_fleet",
     "stationary_workload",
+    "verify_lines",
     "verify_plan",
+    "verify_to_dict",
 ]
 
 FloatArray = NDArray[np.float64]
@@ -231,3 +238,67 @@ def verify_plan(
         sim = simulate_fleet(plan.curve, wl, n, plan.concurrency, warmup=warmup, seed=seed)
         rows.append(VerifyRow(pred, sim))
     return rows
+
+
+def verify_lines(
+    rows: list[VerifyRow], requests: int, design_rps: float, prefix_hit_rate: float
+) -> list[str]:
+    """``velvetrope plan --verify``'s table, a blank line first: at each size the predicted
+    and simulated p99 of each metric with the relative error, then the service times."""
+    out = [
+        "",
+        f"verify: simulated {requests:,} requests at {_n(design_rps)} req/s "
+        "(stationary, FCFS, first 10% left out) with the real admission core and batchers"
+        + (
+            f"; every prompt's first {prefix_hit_rate:.0%} one shared prefix"
+            if prefix_hit_rate > 0
+            else ""
+        ),
+    ]
+    head = f"  {'replicas':<9} {'metric':<7} {'predicted p99':>14} {'simulated p99':>14}"
+    out.append(f"{head}  error")
+    for r in rows:
+        for m in ("wait", "ttft", "e2e"):
+            p, s = r.predicted.p99(m), r.simulated.p99(m)
+            err = f"{(p - s) / s:+.1%}" if math.isfinite(p) and math.isfinite(s) and s > 0 else "—"
+            out.append(f"  {r.simulated.replicas:<9} {m:<7} {_s(p):>14} {_s(s):>14}  {err}")
+    for r in rows:
+        mean, cv = predicted_service(r.predicted)
+        sim = r.simulated
+        out.append(
+            f"  service time at {sim.replicas} replicas: predicted mean {_s(mean)}, CV "
+            f"{cv:.2f}; simulated mean {_s(sim.service_mean_s)}, CV {sim.service_cv:.2f}"
+        )
+    return out
+
+
+def verify_to_dict(rows: list[VerifyRow]) -> list[dict[str, Any]]:
+    """``velvetrope plan --json --verify``'s ``verify`` rows: predicted and simulated, at each
+    size (a latency that does not exist is null)."""
+
+    def finite(x: float) -> float | None:
+        return x if math.isfinite(x) else None
+
+    out = []
+    for r in rows:
+        p, s = r.predicted, r.simulated
+        mean, cv = predicted_service(p)
+        out.append(
+            {
+                "replicas": s.replicas,
+                "completed_fraction": s.completed_fraction,
+                "service_mean_s": {
+                    "predicted": finite(mean),
+                    "simulated": finite(s.service_mean_s),
+                },
+                "service_cv": {"predicted": finite(cv), "simulated": finite(s.service_cv)},
+                **{
+                    f"{m}_p99_s": {
+                        "predicted": p.p99(m) if math.isfinite(p.p99(m)) else None,
+                        "simulated": s.p99(m),
+                    }
+                    for m in ("wait", "ttft", "e2e")
+                },
+            }
+        )
+    return out

@@ -8,11 +8,13 @@ queue, and drives it with a :class:`~velvetrope.clock.ManualClock`: each arrival
 ``ctl.arrive``; an admitted job occupies a server for its service time; each completion goes
 to ``ctl.complete`` and the jobs ``ctl.dispatchable()`` then releases take the free servers.
 So the queue discipline (and its capacity gating) is exactly the core's, and the means can be
-compared with the closed forms of :mod:`velvetrope.planner.queueing`:
+compared with the closed forms of :mod:`velvetrope.planner.queueing` and
+:mod:`velvetrope.planner.queueing_general`:
 
-* FCFS, one server: Pollaczek–Khinchine (:func:`~velvetrope.planner.queueing.mg1_response_mean`);
+* FCFS, one server: Pollaczek–Khinchine
+  (:func:`~velvetrope.planner.queueing_general.mg1_response_mean`);
 * non-preemptive SJF with known sizes, one server: Phipps
-  (:func:`~velvetrope.planner.queueing.mg1_sjf_waits`);
+  (:func:`~velvetrope.planner.queueing_general.mg1_sjf_waits`);
 * FCFS, ``c`` servers, exponential service: Erlang C
   (:func:`~velvetrope.planner.queueing.mmc_response_mean`).
 
