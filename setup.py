@@ -1,11 +1,11 @@
 """Build hook: the admission core's hot modules, the gateway's per-request modules that need
 nothing but the core (the request's reading, the admission bridge, the response headers,
 the disconnect watches, the metric updates, the stream relay and its SSE reader), the
-engine model's batcher (its queues, KV-block pools, events and decode-stretch fast-forward),
-the simulator's event loop (``velvetrope/sim/env.py``, ``velvetrope/sim/runner.py``) and the
-shared store's request path (``velvetrope/store``: the failure policy, the Redis calls and
-their packing, the replies, the outbox, the pipeline and its connection), compiled to C
-with mypyc.
+engine model's batcher (its state, queues, KV-block pools, events and decode-stretch
+fast-forward), the simulator's event loop (``velvetrope/sim/env.py``,
+``velvetrope/sim/runner.py``) and the shared store's request path (``velvetrope/store``: the
+failure policy, the Redis calls and their packing, the replies, the outbox, the pipeline and
+its connection), compiled to C with mypyc.
 
 They are typed under ``mypy --strict``; mypyc turns them into C extensions that the gateway
 and the simulator import in place of the ``.py`` files (see the README for what it gains).
@@ -45,6 +45,7 @@ COMPILED = [
     "velvetrope/core/saturation.py",
     "velvetrope/core/scheduler.py",
     "velvetrope/core/tuples.py",
+    "velvetrope/engine/batch_state.py",
     "velvetrope/engine/batcher.py",
     "velvetrope/engine/decode_math.py",
     "velvetrope/engine/events.py",

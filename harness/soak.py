@@ -65,7 +65,8 @@ from harness.soak_report import plot_samples, verdict_line, write_csv
 from harness.soak_trend import Trend, fit, verdict, warmup_cut
 from tests.support.redis_server import RedisServer
 from velvetrope.config import load_config
-from velvetrope.demo.loadgen import LiveCounters, ReplayConfig
+from velvetrope.demo.replay_config import ReplayConfig
+from velvetrope.demo.replay_results import LiveCounters
 from velvetrope.demo.run import engine_priorities, gateway_config, start_engines
 from velvetrope.demo.settings import DEFAULT_CONFIG, DemoSettings, read_config, tenant_keys
 from velvetrope.serving import launch

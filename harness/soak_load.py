@@ -31,14 +31,9 @@ from dataclasses import dataclass, field, replace
 from typing import Final
 
 from velvetrope.core.lifecycle import Reason
-from velvetrope.demo.loadgen import (
-    ClientPlan,
-    LiveCounters,
-    ReplayConfig,
-    ReplayOutcome,
-    ReplayResult,
-    replay,
-)
+from velvetrope.demo.loadgen import replay
+from velvetrope.demo.replay_config import ClientPlan, ReplayConfig
+from velvetrope.demo.replay_results import LiveCounters, ReplayOutcome, ReplayResult
 from velvetrope.demo.settings import DemoSettings
 from velvetrope.demo.workload import build_workload
 from velvetrope.errors import PolicyError

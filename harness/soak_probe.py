@@ -11,10 +11,11 @@ One :class:`Sample` every ``sample_s`` (:meth:`Probe.sample`):
 * ``in_flight``, ``queued``: ``velvetrope_in_flight`` and ``velvetrope_queue_depth`` summed
   over pools and bands, from the same scrape;
 * ``redis_keys``: ``DBSIZE``; ``redis_memory_mb``: ``INFO memory`` ``used_memory``;
-* the load so far, from the load generator's :class:`~velvetrope.demo.loadgen.LiveCounters`:
-  requests sent, finished, completed, rejected, hung up on purpose, and client-side errors
-  (error answers, failed connections, timeouts; a rejection's code is not known yet here,
-  so the final count, :class:`~harness.soak_load.Tally`, may be higher).
+* the load so far, from the load generator's
+  :class:`~velvetrope.demo.replay_results.LiveCounters`: requests sent, finished,
+  completed, rejected, hung up on purpose, and client-side errors (error answers, failed
+  connections, timeouts; a rejection's code is not known yet here, so the final count,
+  :class:`~harness.soak_load.Tally`, may be higher).
 
 A value that could not be read (a scrape timed out under load) is ``nan``: the trend fits
 leave it out and the CSV shows it empty.
@@ -31,7 +32,7 @@ from typing import Any, Final
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from velvetrope.demo.loadgen import LiveCounters
+from velvetrope.demo.replay_results import LiveCounters
 from velvetrope.serving.launch import open_fds, vm_rss_mb
 
 __all__ = ["COLUMNS", "SERIES", "Probe", "Sample", "metric_sums"]

@@ -58,7 +58,7 @@ may also match are listed in :attr:`EngineSample.also`.  A text where none match
 :class:`ScrapeFailure` with reason ``unknown_dialect`` (``missing_gauges`` when the dialect
 was given, not detected).  A gateway pins the dialect per upstream
 (``upstreams.<pool>[].engine``) or names the gauges itself (``engine_metrics``), see
-:class:`velvetrope.config.Upstream`.
+:class:`velvetrope.config_sections.Upstream`.
 """
 
 from __future__ import annotations

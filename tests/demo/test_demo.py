@@ -13,7 +13,7 @@ from rich.console import Console
 from velvetrope.config import load_config
 from velvetrope.core.policy import SloPolicy
 from velvetrope.demo import DEFAULT_CONFIG, DemoSettings, run_demo, slo_met, summarize
-from velvetrope.demo.loadgen import ReplayOutcome, RequestResult
+from velvetrope.demo.replay_results import ReplayOutcome, RequestResult
 from velvetrope.demo.run import engine_priorities
 from velvetrope.demo.settings import RUN_LABEL, RUNS
 from velvetrope.errors import ConfigError, PolicyError

@@ -14,17 +14,9 @@ import httpx
 import pytest
 from aiohttp import web
 
-from velvetrope.demo.loadgen import (
-    FILLER_WORD,
-    ClientPlan,
-    LiveCounters,
-    ReplayConfig,
-    ReplayOutcome,
-    ReplayResult,
-    prompt_text,
-    replay,
-    replay_sync,
-)
+from velvetrope.demo.loadgen import FILLER_WORD, prompt_text, replay, replay_sync
+from velvetrope.demo.replay_config import ClientPlan, ReplayConfig
+from velvetrope.demo.replay_results import LiveCounters, ReplayOutcome, ReplayResult
 from velvetrope.errors import PolicyError
 from velvetrope.openai.tokenizer import get_tokenizer
 from velvetrope.serving.launch import ServerProcess, free_port, start_engine

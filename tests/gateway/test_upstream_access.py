@@ -23,7 +23,7 @@ import pytest
 import trustme
 import yaml
 
-from velvetrope.config import Upstream
+from velvetrope.config_sections import Upstream
 from velvetrope.errors import ConfigError
 from velvetrope.gateway.upstream_access import access_for
 from velvetrope.serving import launch

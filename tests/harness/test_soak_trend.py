@@ -11,7 +11,7 @@ import pytest
 from harness.soak_load import Tally, client_plans
 from harness.soak_report import VERDICT_RE, verdict_line
 from harness.soak_trend import FLOORS, Trend, fit, verdict, warmup_cut
-from velvetrope.demo.loadgen import ReplayOutcome, ReplayResult, RequestResult
+from velvetrope.demo.replay_results import ReplayOutcome, ReplayResult, RequestResult
 from velvetrope.errors import PolicyError
 from velvetrope.sim.workload import TraceRequest
 

@@ -51,7 +51,8 @@ Bad settings raise :class:`~velvetrope.errors.PolicyError`; a missing or unusabl
 raises :class:`~velvetrope.errors.ConfigError`.
 
 Modules: :mod:`.settings` (what can vary, the three runs), :mod:`.workload` (step 1-2),
-:mod:`.loadgen` (the open-loop load generator, also the benchmarks'), :mod:`.live` (polling
+:mod:`.loadgen` (the open-loop load generator, also the benchmarks'; what it sends in
+:mod:`.replay_config`, what it records in :mod:`.replay_results`), :mod:`.live` (polling
 and the live view), :mod:`.summary` (the table), :mod:`.plot` (the PNG) and :mod:`.run`
 (:func:`run_demo`: processes, runs, report).
 """

@@ -23,7 +23,9 @@ from rich.table import Table
 from rich.text import Text
 
 from velvetrope.core import EngineReading
-from velvetrope.demo.loadgen import LiveCounters, ReplayConfig, ReplayResult, replay
+from velvetrope.demo.loadgen import replay
+from velvetrope.demo.replay_config import ReplayConfig
+from velvetrope.demo.replay_results import LiveCounters, ReplayResult
 from velvetrope.demo.settings import GATEWAY, DemoSettings
 from velvetrope.dialects import EngineSample, read_metrics
 from velvetrope.sim.workload import TraceRequest

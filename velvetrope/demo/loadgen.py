@@ -13,24 +13,26 @@ is its answer, its output 0).  A completion has
 * ``max_tokens = output_tokens`` (at least 1) and vLLM's ``ignore_eos: true``, so an engine
   that honours it generates exactly the trace's output length;
 * ``stream_options: {"include_usage": true}`` when it streams;
-* vLLM's ``priority``, only when :class:`ReplayConfig` maps tiers to priorities
+* vLLM's ``priority``, only when the
+  :class:`~velvetrope.demo.replay_config.ReplayConfig` maps tiers to priorities
   (``priorities``: the request's tier's; an engine in priority mode serves lower first);
-* ``Authorization: Bearer <key>``, the key of the request's tenant (:class:`ReplayConfig`).
+* ``Authorization: Bearer <key>``, the key of the request's tenant (the ``ReplayConfig``'s).
 
 Requests go to ``base_urls`` round-robin by their index in the workload (one URL: all there).
 
-How each client behaves is its :class:`ClientPlan` (``clients``, one per request; by default
-every client streams and waits for the end): a plan may ask for one JSON answer instead of a
-stream (``stream: false``, no ``stream_options``), or hang up on purpose: after some seconds,
-whatever it is waiting for then (a place in the gateway's queue, the first token, the rest
-of a stream), or after some streamed tokens.  Hanging up closes the connection, so the
-server sees the disconnect.
+How each client behaves is its :class:`~velvetrope.demo.replay_config.ClientPlan`
+(``clients``, one per request; by default every client streams and waits for the end): a
+plan may ask for one JSON answer instead of a stream (``stream: false``, no
+``stream_options``), or hang up on purpose: after some seconds, whatever it is waiting for
+then (a place in the gateway's queue, the first token, the rest of a stream), or after some
+streamed tokens.  Hanging up closes the connection, so the server sees the disconnect.
 
-What is recorded per request (:class:`RequestResult`): tenant and tier, the HTTP status, the
-OpenAI error ``code`` of a rejection, time to first token and end-to-end latency measured by
-the client from the moment the request was sent, the gateway's ``x-velvetrope-queue-ms``
-header, ``Retry-After``, the completion tokens received (one per streamed chunk with text) and
-the usage the server reported.  Each request ends in exactly one :class:`ReplayOutcome`.
+What is recorded per request (:class:`~velvetrope.demo.replay_results.RequestResult`):
+tenant and tier, the HTTP status, the OpenAI error ``code`` of a rejection, time to first
+token and end-to-end latency measured by the client from the moment the request was sent,
+the gateway's ``x-velvetrope-queue-ms`` header, ``Retry-After``, the completion tokens
+received (one per streamed chunk with text) and the usage the server reported.  Each
+request ends in exactly one :class:`~velvetrope.demo.replay_results.ReplayOutcome`.
 
 Bounds: the run stops by itself.  No request is sent after ``deadline_s`` (from the start of
 the run); each request is given at most ``request_timeout_s``, and every request still open
@@ -38,46 +40,34 @@ at the deadline is cut (its connection closed, so the server sees a disconnect).
 is unbounded by design, but sockets are capped by ``max_connections`` (a request waiting
 for a socket counts its wait in its latency, as a real client's would).
 
-Live progress is readable while a run goes on from :class:`LiveCounters` (single event loop,
-no locking).  Bad arguments raise :class:`~velvetrope.errors.PolicyError`.
+Live progress is readable while a run goes on from
+:class:`~velvetrope.demo.replay_results.LiveCounters` (single event loop, no locking).
+Bad arguments raise :class:`~velvetrope.errors.PolicyError`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
-import math
 import time
-from collections import Counter
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Final
 
 import aiohttp
 import orjson
 
-from velvetrope import checks
+from velvetrope.demo.replay_config import ClientPlan, ReplayConfig
+from velvetrope.demo.replay_results import LiveCounters, ReplayOutcome, ReplayResult, RequestResult
 from velvetrope.errors import PolicyError
 from velvetrope.sim.workload import TraceRequest
 
 __all__ = [
-    "DEFAULT_MODEL",
     "FILLER_WORD",
     "KEEPALIVE_S",
-    "ClientPlan",
-    "LiveCounters",
-    "ReplayConfig",
-    "ReplayOutcome",
-    "ReplayResult",
-    "RequestResult",
     "prompt_text",
     "replay",
     "replay_sync",
 ]
-
-DEFAULT_MODEL = "velvetrope-sim"
-"""The model name ``velvetrope engine`` serves by default."""
 
 FILLER_WORD = " the"
 """One ``cl100k_base`` token per repetition, and 4 characters (one ``approx`` token)."""
@@ -96,182 +86,7 @@ def prompt_text(tokens: int) -> str:
     return FILLER_WORD * tokens
 
 
-class ReplayOutcome(enum.Enum):
-    """How one replayed request ended (exactly one per request)."""
-
-    COMPLETED = "completed"
-    """200 and the whole stream, ``data: [DONE]`` included."""
-    REJECTED = "rejected"
-    """429 or 503: the server turned it away (``error_code`` says why)."""
-    ERROR = "error"
-    """Any other HTTP status, or a stream that carried an error or ended early."""
-    TIMEOUT = "timeout"
-    """Still open at its per-request timeout or the run's deadline; cut by the client."""
-    FAILED = "failed"
-    """No HTTP answer: the connection could not be made or broke before the headers."""
-    HUNG_UP = "hung_up"
-    """The client hung up on purpose, as its :class:`ClientPlan` said, before the end."""
-
-
-@dataclass(frozen=True, slots=True)
-class ClientPlan:
-    """How the client of one request behaves.
-
-    ``stream``: ask for server-sent events (else one JSON answer, whose ``usage`` gives
-    ``tokens``; its time to first token is then its end-to-end time).  ``hang_up_after_s``:
-    close the connection this many seconds after sending if the request is still open (before
-    the answer's head, that is a client leaving the queue).  ``hang_up_after_tokens``: close
-    it once that many tokens have streamed (streaming only).  A plan whose hang-up never
-    comes (the answer ended first) leaves the request's outcome as it would be without it.
-    """
-
-    stream: bool = True
-    hang_up_after_s: float | None = None
-    hang_up_after_tokens: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.hang_up_after_s is not None and not self.hang_up_after_s > 0:
-            raise PolicyError(f"hang_up_after_s must be > 0, got {self.hang_up_after_s}")
-        if self.hang_up_after_tokens is not None:
-            if not self.stream:
-                raise PolicyError("hang_up_after_tokens needs a streaming client")
-            if self.hang_up_after_tokens < 1:
-                raise PolicyError(
-                    f"hang_up_after_tokens must be >= 1, got {self.hang_up_after_tokens}"
-                )
-
-
 _WAITS = ClientPlan()
-
-
-@dataclass(slots=True)
-class RequestResult:
-    """One request of a replay.  Times are seconds; ``None`` when the moment never came.
-
-    ``scheduled_s`` is the arrival time in the workload, ``sent_s`` when it was really sent
-    (both from the start of the run).  ``ttft_s`` (first chunk with text) and ``e2e_s``
-    (end of the stream or of a rejection's body) are measured from ``sent_s``.  ``elapsed_s``
-    is how long the client waited in all, whatever the outcome (for a timeout: until it was
-    cut).  ``tokens`` counts the streamed chunks with text; ``usage_tokens`` is the
-    ``completion_tokens`` the server reported, if it did.
-    """
-
-    index: int
-    tenant: str
-    tier: str | None
-    url: str
-    prompt_tokens: int
-    max_tokens: int
-    scheduled_s: float
-    sent_s: float = math.nan
-    outcome: ReplayOutcome = ReplayOutcome.FAILED
-    status: int = 0
-    error_code: str | None = None
-    ttft_s: float | None = None
-    e2e_s: float | None = None
-    elapsed_s: float = 0.0
-    queue_ms: float | None = None
-    retry_after_s: float | None = None
-    tokens: int = 0
-    usage_tokens: int | None = None
-
-
-@dataclass(slots=True)
-class LiveCounters:
-    """Progress of a running replay, for a live view (updated in place by :func:`replay`).
-
-    ``total``: requests handed to :func:`replay` (summed over the replays that share these
-    counters); ``open``: sent and not ended; ``accepted``: answered 200 (behind a gateway:
-    dispatched); ``first_token``: got their first token; ``rejected``: by error code;
-    ``hung_up``: clients that hung up on purpose (:class:`ClientPlan`).
-    """
-
-    total: int = 0
-    sent: int = 0
-    open: int = 0
-    accepted: int = 0
-    first_token: int = 0
-    completed: int = 0
-    rejected: Counter[str] = field(default_factory=Counter)
-    errors: int = 0
-    timeouts: int = 0
-    failed: int = 0
-    hung_up: int = 0
-    tokens: int = 0
-    max_send_lag_s: float = 0.0
-
-    @property
-    def finished(self) -> int:
-        """Requests that reached an outcome."""
-        return (
-            self.completed
-            + sum(self.rejected.values())
-            + self.errors
-            + self.timeouts
-            + self.failed
-            + self.hung_up
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class ReplayConfig:
-    """Where and how to send a workload.
-
-    ``api_keys`` is one key for every tenant, or a mapping tenant -> key (every tenant of
-    the workload must be in it).  ``deadline_s`` bounds the whole run from its start;
-    ``request_timeout_s`` bounds each request from its send.  ``max_connections`` caps
-    open sockets (aiohttp's connector limit).  ``priorities``: tier -> the ``priority``
-    field each request of that tier carries (every tier of the workload must be in it;
-    ``None``: no request carries one).
-    """
-
-    base_urls: tuple[str, ...]
-    api_keys: str | Mapping[str, str] = "sk-none"
-    model: str = DEFAULT_MODEL
-    deadline_s: float = 120.0
-    request_timeout_s: float = 60.0
-    max_connections: int = 1024
-    priorities: Mapping[str, int] | None = None
-
-    def __post_init__(self) -> None:
-        if isinstance(self.base_urls, str) or not self.base_urls:
-            raise PolicyError("base_urls must be a non-empty sequence of URLs")
-        object.__setattr__(self, "base_urls", tuple(u.rstrip("/") for u in self.base_urls))
-        for name in ("deadline_s", "request_timeout_s"):
-            checks.number(name, getattr(self, name))
-        if self.max_connections < 1:
-            raise PolicyError(f"max_connections must be >= 1, got {self.max_connections}")
-
-    def key_for(self, tenant: str) -> str:
-        """The API key to send for ``tenant``; PolicyError if a mapping lacks it."""
-        if isinstance(self.api_keys, str):
-            return self.api_keys
-        try:
-            return self.api_keys[tenant]
-        except KeyError:
-            raise PolicyError(f"no API key for tenant {tenant!r}") from None
-
-    def priority_for(self, tier: str | None) -> int | None:
-        """The ``priority`` to send for a request of ``tier`` (``None``: send none);
-        PolicyError if ``priorities`` lacks the tier."""
-        if self.priorities is None:
-            return None
-        if tier is None or tier not in self.priorities:
-            raise PolicyError(f"no engine priority for tier {tier!r}")
-        return self.priorities[tier]
-
-
-@dataclass(frozen=True, slots=True)
-class ReplayResult:
-    """All requests of a replay (in workload order) and the run's wall duration."""
-
-    results: list[RequestResult]
-    duration_s: float
-    max_send_lag_s: float
-
-    def by_outcome(self) -> Counter[ReplayOutcome]:
-        """How many requests ended each way."""
-        return Counter(r.outcome for r in self.results)
 
 
 def _embedding_body(req: TraceRequest, model: str, priority: int | None) -> bytes:

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from velvetrope.demo.live import RunResult
-from velvetrope.demo.loadgen import ReplayOutcome
+from velvetrope.demo.replay_results import ReplayOutcome
 from velvetrope.demo.settings import DIRECT, DIRECT_PRIORITY, GATEWAY, RUN_LABEL
 from velvetrope.demo.summary import TierSummary
 

@@ -26,8 +26,9 @@ from velvetrope.config import load_config
 from velvetrope.core.engine_priority import EnginePriority
 from velvetrope.core.policy import PolicyConfig, SloPolicy
 from velvetrope.demo.live import Monitor, RunResult, run_phase
-from velvetrope.demo.loadgen import ReplayConfig, ReplayOutcome
 from velvetrope.demo.plot import plot_runs
+from velvetrope.demo.replay_config import ReplayConfig
+from velvetrope.demo.replay_results import ReplayOutcome
 from velvetrope.demo.settings import (
     DIRECT,
     DIRECT_PRIORITY,

@@ -18,7 +18,7 @@ import numpy as np
 from rich.table import Table
 
 from velvetrope.core.policy import SloPolicy
-from velvetrope.demo.loadgen import ReplayOutcome, RequestResult
+from velvetrope.demo.replay_results import ReplayOutcome, RequestResult
 from velvetrope.demo.settings import RUN_LABEL
 from velvetrope.sim.metrics import slo_for, slo_text, within_slo
 

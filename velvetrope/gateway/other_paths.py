@@ -44,7 +44,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from velvetrope.config import GatewaySettings
+from velvetrope.config_sections import GatewaySettings
 from velvetrope.core import Job, Reason, Usage
 from velvetrope.core.kinds import size_prompt_only
 from velvetrope.errors import ClientDisconnected, RequestError

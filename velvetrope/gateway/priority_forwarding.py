@@ -39,7 +39,8 @@ from collections.abc import Callable
 from typing import Final
 
 from velvetrope.clock import Clock
-from velvetrope.config import GatewayConfig, Upstream
+from velvetrope.config import GatewayConfig
+from velvetrope.config_sections import Upstream
 from velvetrope.core import AdmissionController
 from velvetrope.core.engine_priority import EnginePriority
 from velvetrope.gateway.upstreams import UpstreamState

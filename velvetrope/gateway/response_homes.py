@@ -26,7 +26,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-from velvetrope.config import StateSettings
+from velvetrope.config_sections import StateSettings
 
 __all__ = ["ResponseHomes", "SharedHomes", "response_homes"]
 

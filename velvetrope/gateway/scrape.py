@@ -45,7 +45,8 @@ import aiohttp
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from velvetrope.clock import Clock
-from velvetrope.config import GatewayConfig, Upstream
+from velvetrope.config import GatewayConfig
+from velvetrope.config_sections import Upstream
 from velvetrope.core import EngineSaturation
 from velvetrope.dialects import (
     DIALECTS,

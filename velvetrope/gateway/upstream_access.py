@@ -26,7 +26,8 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from velvetrope.config import GatewayConfig, Upstream
+from velvetrope.config import GatewayConfig
+from velvetrope.config_sections import Upstream
 from velvetrope.errors import ConfigError
 
 __all__ = ["UpstreamAccess", "access_for", "check_access"]

@@ -3,7 +3,7 @@
 **Discovery.**  A static upstream is one URL.  A ``discovery: dns`` upstream is every
 address its host resolves to (A and AAAA), re-resolved every ``fleet.dns_refresh_s``: a
 Kubernetes headless Service lists its ready pods that way, so engines that KEDA adds are
-found and those it removes leave (see :class:`~velvetrope.config.Upstream`).  A new address
+found and those it removes leave (see :class:`~velvetrope.config_sections.Upstream`).  A new address
 is probed before it joins; an address that no longer resolves leaves the pool at once (its
 requests in flight finish).  A failed resolution keeps the last answer: a DNS hiccup must
 not empty a pool.
@@ -51,7 +51,8 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 
 from velvetrope.clock import Clock, SystemClock
-from velvetrope.config import FleetSettings, GatewayConfig, Upstream
+from velvetrope.config import GatewayConfig
+from velvetrope.config_sections import FleetSettings, Upstream
 from velvetrope.core import least_loaded
 from velvetrope.core.prefix_routing import PrefixRouter
 from velvetrope.gateway.upstream_access import UpstreamAccess, access_for

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-from velvetrope.config import AutoscaleSettings
+from velvetrope.config_sections import AutoscaleSettings
 from velvetrope.core import AdmissionController
 from velvetrope.errors import PolicyError
 from velvetrope.sim.fleet import Fleet

@@ -52,7 +52,7 @@ from typing import Any
 
 import yaml
 
-from velvetrope.config import AutoscaleSettings
+from velvetrope.config_sections import AutoscaleSettings
 from velvetrope.errors import PolicyError
 from velvetrope.sim.hpa import Behavior, Hpa, HpaDecision, HpaSpec, MetricType
 

@@ -17,7 +17,8 @@ import pytest
 from velvetrope.clock import ManualClock
 from velvetrope.engine.batcher import Batcher, Finished, FirstToken
 from velvetrope.engine.profile import EngineProfile, load_profile
-from velvetrope.engine.serve.realtime import EngineClosed, EngineRequest, RealtimeEngine
+from velvetrope.engine.serve.engine_request import EngineClosed, EngineRequest
+from velvetrope.engine.serve.realtime import RealtimeEngine
 from velvetrope.errors import PolicyError
 
 START = 1000.0

@@ -29,8 +29,9 @@ from typing import Any
 
 import orjson
 
+from velvetrope.engine.serve.engine_request import EngineClosed, EngineRequest
 from velvetrope.engine.serve.progress import EngineEndpoint, unavailable, until_done
-from velvetrope.engine.serve.realtime import EngineClosed, EngineRequest, RealtimeEngine
+from velvetrope.engine.serve.realtime import RealtimeEngine
 from velvetrope.errors import PolicyError, RequestError
 from velvetrope.openai.embeddings import count_input_tokens, parse_embeddings
 from velvetrope.openai.errors import above_maximum, model_not_found

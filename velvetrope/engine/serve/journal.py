@@ -59,7 +59,7 @@ class LoadStats(Protocol):
 
 class Progress(Protocol):
     """What the journal reads of one choice when its request ends (an
-    :class:`~velvetrope.engine.serve.realtime.EngineRequest`)."""
+    :class:`~velvetrope.engine.serve.engine_request.EngineRequest`)."""
 
     @property
     def finished(self) -> bool: ...

@@ -12,8 +12,9 @@ from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from velvetrope.engine.outputs import OutputPolicy
+from velvetrope.engine.serve.engine_request import EngineClosed, EngineRequest
 from velvetrope.engine.serve.journal import RequestLoad
-from velvetrope.engine.serve.realtime import EngineClosed, EngineRequest, RealtimeEngine
+from velvetrope.engine.serve.realtime import RealtimeEngine
 from velvetrope.errors import PolicyError, RequestError
 from velvetrope.openai.prefix import CHARS_PER_TOKEN, prefix_hashes
 from velvetrope.openai.tokenizer import ApproxTokenizer, Tokenizer

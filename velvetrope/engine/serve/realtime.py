@@ -20,10 +20,12 @@ Arrivals are stamped in model time: ``m0 + (now - w0) * speed`` while the engine
 but never later than the start of the next step (an arrival cannot be scheduled by a step
 that, on the model's timeline, began before it).
 
-Each request gets an :class:`EngineRequest`: a channel its HTTP handler awaits with
-:meth:`EngineRequest.next_tokens`, plus the model's own timeline for it (arrival, first
-scheduled, first token, finish, in model seconds) and the wall times the driver observed,
-so that a client can compare what it measured with what the model predicted.
+Each request gets an :class:`~velvetrope.engine.serve.engine_request.EngineRequest`
+(:mod:`velvetrope.engine.serve.engine_request`): a channel its HTTP handler awaits with
+:meth:`~velvetrope.engine.serve.engine_request.EngineRequest.next_tokens`, plus the model's
+own timeline for it (arrival, first scheduled, first token, finish, in model seconds) and
+the wall times the driver observed, so that a client can compare what it measured with what
+the model predicted.
 
 Time and sleep are injectable (``clock``, ``sleep``) so that tests drive the engine with a
 :class:`~velvetrope.clock.ManualClock` and a sleep that just advances it.
@@ -35,175 +37,24 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Final
 
 from velvetrope.clock import Clock, SystemClock
 from velvetrope.engine.batcher import Batcher, Finished, FirstToken, Preempted, StepResult, Tokens
-from velvetrope.errors import UpstreamError
+from velvetrope.engine.serve.engine_request import (
+    ABORTED,
+    ACTIVE,
+    CLOSED,
+    FINISHED,
+    EngineClosed,
+    EngineRequest,
+)
 
-__all__ = [
-    "EngineClosed",
-    "EngineRequest",
-    "RealtimeEngine",
-    "SleepFn",
-]
+__all__ = ["RealtimeEngine", "SleepFn"]
 
 log = logging.getLogger(__name__)
 
 SleepFn = Callable[[float], Awaitable[None]]
 """``await sleep(seconds)``; ``asyncio.sleep`` in production, a clock-advancing fake in tests."""
-
-_ACTIVE: Final = 0
-_FINISHED: Final = 1
-_ABORTED: Final = 2
-_CLOSED: Final = 3
-_STATE_NAMES: Final = ("active", "finished", "aborted", "closed")
-
-
-class EngineClosed(UpstreamError):
-    """The engine stopped (shut down or crashed) while the request was in it."""
-
-
-class EngineRequest:
-    """One sequence inside a :class:`RealtimeEngine`: its token channel and its timeline.
-
-    Model times (``*_model``) are model seconds on the engine's timeline; wall times
-    (``*_wall``) are the engine clock's readings when the driver observed each moment.
-    ``None`` until the moment happens.  The ``model_*_s`` properties are durations in
-    *model* seconds; divide by the engine's speed for the wall-clock prediction.
-    """
-
-    __slots__ = (
-        "_avail",
-        "_error",
-        "_state",
-        "_waiter",
-        "arrival_model",
-        "arrival_wall",
-        "cached_tokens",
-        "finished_model",
-        "finished_wall",
-        "first_token_model",
-        "first_token_wall",
-        "output_tokens",
-        "preemptions",
-        "priority",
-        "prompt_tokens",
-        "scheduled_model",
-        "scheduled_wall",
-        "seq_id",
-        "tokens_delivered",
-    )
-
-    def __init__(
-        self,
-        seq_id: str,
-        prompt_tokens: int,
-        output_tokens: int,
-        priority: int,
-        arrival_model: float,
-        arrival_wall: float,
-    ) -> None:
-        self.seq_id = seq_id
-        self.prompt_tokens = prompt_tokens
-        self.output_tokens = output_tokens
-        self.priority = priority
-        self.arrival_model = arrival_model
-        self.arrival_wall = arrival_wall
-        self.scheduled_model: float | None = None
-        self.scheduled_wall: float | None = None
-        self.first_token_model: float | None = None
-        self.first_token_wall: float | None = None
-        self.finished_model: float | None = None
-        self.finished_wall: float | None = None
-        self.tokens_delivered = 0
-        """Tokens the engine produced for this request so far (delivered or not yet read)."""
-        self.preemptions = 0
-        self.cached_tokens = 0
-        """Prompt tokens found in the prefix cache at its first admission (known once it
-        finished; 0 without prefix caching)."""
-        self._avail = 0
-        self._state: int = _ACTIVE
-        self._waiter: asyncio.Future[None] | None = None
-        self._error: str | None = None
-
-    # -- state ---------------------------------------------------------------------------
-
-    @property
-    def state(self) -> str:
-        """``"active"``, ``"finished"``, ``"aborted"`` or ``"closed"`` (engine stopped)."""
-        return _STATE_NAMES[self._state]
-
-    @property
-    def active(self) -> bool:
-        """Still in the engine (neither finished, aborted nor closed)."""
-        return self._state == _ACTIVE
-
-    @property
-    def finished(self) -> bool:
-        """The engine produced all ``output_tokens`` tokens."""
-        return self._state == _FINISHED
-
-    @property
-    def pending_tokens(self) -> int:
-        """Tokens produced but not yet taken by :meth:`next_tokens`."""
-        return self._avail
-
-    @property
-    def model_queue_s(self) -> float | None:
-        """Model seconds from arrival to first being scheduled (vLLM's queue time)."""
-        s = self.scheduled_model
-        return None if s is None else s - self.arrival_model
-
-    @property
-    def model_ttft_s(self) -> float | None:
-        """Model seconds from arrival to the first token."""
-        f = self.first_token_model
-        return None if f is None else f - self.arrival_model
-
-    @property
-    def model_e2e_s(self) -> float | None:
-        """Model seconds from arrival to the last token."""
-        f = self.finished_model
-        return None if f is None else f - self.arrival_model
-
-    # -- consumer side --------------------------------------------------------------------
-
-    async def next_tokens(self) -> int:
-        """Wait for tokens; return how many arrived since the last call (``>= 1``).
-
-        Returns ``0`` once everything was taken and the request is finished or was
-        aborted.  Raises :class:`EngineClosed` if the engine stopped first.  When it
-        returns ``n > 0`` and :attr:`finished` is true, these were the last tokens.  One
-        consumer at a time.
-        """
-        while self._avail == 0:
-            if self._state != _ACTIVE:
-                if self._state == _CLOSED:
-                    raise EngineClosed(self._error or "the engine stopped")
-                return 0
-            waiter = asyncio.get_running_loop().create_future()
-            self._waiter = waiter
-            try:
-                await waiter
-            finally:
-                self._waiter = None
-        n = self._avail
-        self._avail = 0
-        return n
-
-    # -- producer side (the driver) ---------------------------------------------------------
-
-    def _wake(self) -> None:
-        w = self._waiter
-        if w is not None and not w.done():
-            w.set_result(None)
-
-    def __repr__(self) -> str:
-        return (
-            f"EngineRequest({self.seq_id!r}, prompt={self.prompt_tokens}, "
-            f"output={self.output_tokens}, {self.state}, delivered={self.tokens_delivered})"
-        )
 
 
 class RealtimeEngine:
@@ -368,7 +219,7 @@ class RealtimeEngine:
     def _close_all(self, reason: str) -> None:
         for r in list(self._requests.values()):
             self._b.abort(r.seq_id)
-            r._state = _CLOSED
+            r._state = CLOSED
             r._error = reason
             r._wake()
         self._requests.clear()
@@ -440,11 +291,11 @@ class RealtimeEngine:
 
         Returns ``False`` if it had already finished, been aborted or closed.
         """
-        if request._state != _ACTIVE:
+        if request._state != ACTIVE:
             return False
         self._b.abort(request.seq_id)
         self._requests.pop(request.seq_id, None)
-        request._state = _ABORTED
+        request._state = ABORTED
         request._wake()
         return True
 
@@ -516,7 +367,7 @@ class RealtimeEngine:
         if self._fcfs:
             while q:
                 r = q[0]
-                if r._state == _ACTIVE:
+                if r._state == ACTIVE:
                     st = b.seq_state(r.seq_id)
                     if st is not None and st.status == "waiting":
                         break
@@ -526,7 +377,7 @@ class RealtimeEngine:
             return
         keep: deque[EngineRequest] = deque()
         for r in q:
-            if r._state != _ACTIVE:
+            if r._state != ACTIVE:
                 continue
             st = b.seq_state(r.seq_id)
             if st is not None and st.status == "waiting":
@@ -565,7 +416,7 @@ class RealtimeEngine:
                 r.cached_tokens = ev.cached_tokens
                 r.finished_model = ev.t
                 r.finished_wall = now
-                r._state = _FINISHED
+                r._state = FINISHED
                 del requests[ev.seq_id]
                 woken.append(r)
                 if self._on_finish is not None:

@@ -1,9 +1,10 @@
 """Serving :class:`~velvetrope.engine.serve.app.EngineApp` with uvicorn (uvloop, httptools).
 
 :func:`run_engine` is what ``velvetrope engine`` runs: it builds an
-:class:`~velvetrope.engine.serve.app.EngineConfig` from names or objects and blocks until
-SIGINT or SIGTERM; :func:`serve_engine` serves a config in the running loop.  On a signal
-the engine is stopped first (open streams end with an error event), then uvicorn exits.
+:class:`~velvetrope.engine.serve.engine_config.EngineConfig` from names or objects and
+blocks until SIGINT or SIGTERM; :func:`serve_engine` serves a config in the running loop.
+On a signal the engine is stopped first (open streams end with an error event), then
+uvicorn exits.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import uvicorn
 
 from velvetrope.engine.outputs import OutputPolicy
 from velvetrope.engine.profile import EngineProfile, load_profile
-from velvetrope.engine.serve.app import DEFAULT_MAX_BODY_BYTES, EngineApp, EngineConfig
+from velvetrope.engine.serve.app import EngineApp
+from velvetrope.engine.serve.engine_config import DEFAULT_MAX_BODY_BYTES, EngineConfig
 from velvetrope.errors import ConfigError
 from velvetrope.openai.tokenizer import Tokenizer, get_tokenizer
 
@@ -149,8 +151,9 @@ def run_engine(
     ``profile`` and ``tokenizer`` may be given as names (:func:`load_profile`,
     :func:`get_tokenizer`); ``speed=math.inf`` is instant mode; ``journal`` is a file to
     append each request's start and end to (:mod:`velvetrope.engine.serve.journal`);
-    ``api_key``, ``health_route``: :class:`~velvetrope.engine.serve.app.EngineConfig`'s;
-    ``tls``: ``(certfile, keyfile)`` to serve HTTPS.
+    ``api_key``, ``health_route``:
+    :class:`~velvetrope.engine.serve.engine_config.EngineConfig`'s; ``tls``: ``(certfile,
+    keyfile)`` to serve HTTPS.
     Returns normally after a signal; raises :class:`~velvetrope.errors.ConfigError` /
     :class:`~velvetrope.errors.PolicyError` for a bad configuration before listening.
     """
