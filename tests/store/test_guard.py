@@ -546,6 +546,57 @@ def test_fallback_leases_move_into_redis_when_it_returns(own_redis: RedisServer)
     asyncio.run(main())
 
 
+@pytest.mark.integration
+def test_a_fallback_lease_whose_job_ends_during_its_reassertion_is_released_once(
+    own_redis: RedisServer,
+) -> None:
+    """fail_open: a job on a fallback lease ends while the re-assertion's call is out (that
+    call takes its lease again in Redis): the lease is given back there by one release,
+    and Redis counts exactly the jobs still running.  (Two releases were queued before.)"""
+
+    async def main() -> None:
+        ended: list[str] = []
+
+        def observe(op: str, s: float) -> None:
+            if op == "renew" and not ended:  # the re-assertion's reply is in, not yet read
+                ended.append("l1")
+                state.finish("l1", "t", (), (), "p")
+
+        client = connect(own_redis.url, password=None, timeout_s=0.25)
+        state = GuardedStore(
+            RedisStore(client, namespace="guard", lease_ttl_s=30.0),
+            SystemClock(),
+            on_store_error="fail_open",
+            call_timeout_s=0.5,
+            breaker_reset_s=0.2,
+            heartbeat_s=600.0,
+            observe_call=observe,
+        )
+        slot = Slot("p", 10, 3, None)
+        try:
+            assert await state.beat_once()  # Redis answered: this replica knows its share
+            own_redis.stop()
+            for _ in range(3):
+                assert not await state.beat_once()
+            assert state.breaker.state == "open"
+            assert await state.acquire("l1", slot) and await state.acquire("l2", slot)
+            assert state.status()["local_leases"] == {"p": 2}
+            own_redis.start()  # empty
+            state.breaker.reset_s = 0.0
+            assert await state.beat_once()  # re-asserts l1 and l2; l1 ends meanwhile
+            assert ended == ["l1"]
+            assert len(state.outbox) == 1  # one release, for l1
+            state.start()
+            assert await state.flush(5.0)
+            assert state.outbox.sent == 1
+            assert _leases_in_redis(own_redis.url, "p") == {"l2"}
+            assert state.status()["leases"] == {"p": 1}
+        finally:
+            await state.stop(flush_s=0)
+
+    asyncio.run(main())
+
+
 def test_fail_open_before_redis_ever_answered_refuses_without_expected_replicas() -> None:
     """A replica that never reached Redis cannot know how many share its limits: without
     ``expected_replicas`` it refuses (as fail_closed would) rather than enforce the whole

@@ -376,7 +376,6 @@ class GuardedStore:
                         remote[job_id] = tokens
                     else:  # its job ended during the call: give back what was asserted
                         self._release_remote(pool, job_id)
-                        self._release_remote(pool, job_id)
             self._suspect = False
             self._careful_until = self.clock.now() + 2.0 * self.heartbeat_s + 1.0
             return True
