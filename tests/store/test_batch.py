@@ -292,7 +292,7 @@ async def _admit_all(state: GuardedStore, jobs: list[tuple[str, str, str]]) -> N
     """Admit every (job, tenant, pool): 100 tokens and a slot each."""
     for j, t, pool in jobs:
         await state.reserve(j, t, _claims(t), Slot(pool, 100, 100, None))
-        assert state.holds_slot(j, pool)
+        assert state.has_lease(j, pool)
 
 
 def _finish_all(state: GuardedStore, jobs: list[tuple[str, str, str]]) -> None:

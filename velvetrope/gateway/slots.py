@@ -62,7 +62,7 @@ class FleetSlot:
         self.pool = pool
         self.capacity = capacity
         self.store = store
-        self.brake = SlotBrake(pool, store.holds_slot)
+        self.brake = SlotBrake(pool, store.has_lease)
         capacity.signals.append(self.brake)
         capacity.trackers.append(self.brake)
         self._released = asyncio.Event()

@@ -335,7 +335,7 @@ class GuardedStore:
             return Grant(tuple(claims), self.local.snapshots(res.claims, self.clock.now()))
         return res
 
-    def holds_slot(self, job_id: str, pool: str) -> bool:
+    def has_lease(self, job_id: str, pool: str) -> bool:
         remote = self._leases.get(pool)
         if remote is not None and job_id in remote:
             return True
