@@ -63,13 +63,16 @@ COMPILED = [
     "velvetrope/sim/env.py",
     "velvetrope/sim/runner.py",
     "velvetrope/store/breaker.py",
+    "velvetrope/store/call_guard.py",
     "velvetrope/store/guard.py",
+    "velvetrope/store/leases.py",
     "velvetrope/store/memory.py",
     "velvetrope/store/outbox.py",
     "velvetrope/store/pipeline.py",
     "velvetrope/store/redis_store.py",
     "velvetrope/store/replies.py",
     "velvetrope/store/resp.py",
+    "velvetrope/store/settlement.py",
     "velvetrope/store/wire.py",
 ]
 

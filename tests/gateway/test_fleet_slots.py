@@ -140,7 +140,7 @@ def test_a_job_rejected_after_redis_granted_it_gives_back_its_tokens_and_slot(
             out = await entering
             assert isinstance(out, Refusal) and out.code == "draining"
             assert await adm.store.flush(5.0)
-            assert not adm.store.holds_slot(job.id, "default")
+            assert not adm.store.has_lease(job.id, "default")
             with redis.Redis.from_url(fresh_redis) as r:
                 (bucket,) = list(r.scan_iter(f"{ns}:*:b:*"))
                 assert float(r.hget(bucket, "l") or 0) == pytest.approx(60000, abs=5)

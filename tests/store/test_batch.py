@@ -292,7 +292,7 @@ async def _admit_all(state: GuardedStore, jobs: list[tuple[str, str, str]]) -> N
     """Admit every (job, tenant, pool): 100 tokens and a slot each."""
     for j, t, pool in jobs:
         await state.reserve(j, t, _claims(t), Slot(pool, 100, 100, None))
-        assert state.holds_slot(j, pool)
+        assert state.has_lease(j, pool)
 
 
 def _finish_all(state: GuardedStore, jobs: list[tuple[str, str, str]]) -> None:
@@ -471,7 +471,7 @@ def test_reservations_redis_refuses_fall_back_without_opening_the_breaker(
                 await state.reserve("a0", "a", _claims("a"))
                 assert sync.exists(s.bucket_key("a", "tenant:a:tok"))
             assert state.status()["refused_calls"] == 10
-            assert state.fallbacks["reserve_local"] == 10
+            assert state.guard.fallbacks["reserve_local"] == 10
             # each fallback queued an undo of a reservation that may have happened: refused too
             await _until(lambda: state.outbox.rejected == 10 and len(state.outbox) == 0)
         finally:

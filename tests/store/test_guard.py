@@ -108,7 +108,7 @@ def test_dead_redis_fails_open_at_this_replicas_share_without_a_timeout_per_requ
             assert isinstance(denied, Denial)
             too_big = await state.reserve("z", "a", [claim(600)])  # > 500: never locally
             assert isinstance(too_big, Denial) and too_big.never
-            assert state.fallbacks["reserve_local"] >= 50
+            assert state.guard.fallbacks["reserve_local"] >= 50
         finally:
             await state.stop(flush_s=0)
 
@@ -169,7 +169,7 @@ def test_dead_redis_fails_closed() -> None:
                 await state.acquire("j", Slot("default", 10, 4, None))
             with pytest.raises(StoreUnavailable):  # refused without I/O once the breaker opened
                 state.reserve_now("k", "a", [claim(10)])
-            assert state.fallbacks["reserve_refused"] == 6
+            assert state.guard.fallbacks["reserve_refused"] == 6
         finally:
             await state.stop(flush_s=0)
 
@@ -221,8 +221,9 @@ def test_hung_redis_then_back_settlements_land_exactly_once(own_redis: RedisServ
             claims = [claim(300)]
             assert isinstance(await state.reserve("j1", "a", claims), Grant)
             own_redis.pause()
-            state.settle("j1", "a", claims, settle_lines(claims, 100))
-            state.settle("j1", "a", claims, settle_lines(claims, 100))  # a retry: same job
+            lines = settle_lines(claims, 100)
+            state.settlements.settle("j1", "a", claims, lines)
+            state.settlements.settle("j1", "a", claims, lines)  # a retry: same job
             await _until(lambda: state.breaker.state != "closed")
             assert len(state.outbox) >= 1
             own_redis.resume()
@@ -499,7 +500,7 @@ def test_leases_survive_a_redis_that_restarts_empty(own_redis: RedisServer, on_e
             assert await b.beat_once()
             assert _leases_in_redis(own_redis.url, "p") == {"a1", "a2", "b1", "b2"}
             for store in (a, b):
-                store._careful_until = 0.0  # the re-assertion window over: Redis counts
+                store.leases.careful_until = 0.0  # the re-assertion window over: Redis counts
             assert not await a.acquire("a3", slot) and not await b.acquire("b3", slot)
             a.finish("a1", "t", (), (), "p")
             await a.outbox.flush(5.0)
@@ -534,12 +535,63 @@ def test_fallback_leases_move_into_redis_when_it_returns(own_redis: RedisServer)
             assert await state.beat_once()
             assert _leases_in_redis(own_redis.url, "p") == {"l1", "l2"}
             assert state.status()["local_leases"] == {"p": 0}
-            state._careful_until = 0.0
+            state.leases.careful_until = 0.0
             assert await state.acquire("r1", slot)
             assert not await state.acquire("r2", slot)  # 3 in flight, fleet-wide
             state.finish("l1", "t", (), (), "p")
             await state.outbox.flush(5.0)
             assert _leases_in_redis(own_redis.url, "p") == {"l2", "r1"}
+        finally:
+            await state.stop(flush_s=0)
+
+    asyncio.run(main())
+
+
+@pytest.mark.integration
+def test_a_fallback_lease_whose_job_ends_during_its_reassertion_is_released_once(
+    own_redis: RedisServer,
+) -> None:
+    """fail_open: a job on a fallback lease ends while the re-assertion's call is out (that
+    call takes its lease again in Redis): the lease is given back there by one release,
+    and Redis counts exactly the jobs still running.  (Two releases were queued before.)"""
+
+    async def main() -> None:
+        ended: list[str] = []
+
+        def observe(op: str, s: float) -> None:
+            if op == "renew" and not ended:  # the re-assertion's reply is in, not yet read
+                ended.append("l1")
+                state.finish("l1", "t", (), (), "p")
+
+        client = connect(own_redis.url, password=None, timeout_s=0.25)
+        state = GuardedStore(
+            RedisStore(client, namespace="guard", lease_ttl_s=30.0),
+            SystemClock(),
+            on_store_error="fail_open",
+            call_timeout_s=0.5,
+            breaker_reset_s=0.2,
+            heartbeat_s=600.0,
+            observe_call=observe,
+        )
+        slot = Slot("p", 10, 3, None)
+        try:
+            assert await state.beat_once()  # Redis answered: this replica knows its share
+            own_redis.stop()
+            for _ in range(3):
+                assert not await state.beat_once()
+            assert state.breaker.state == "open"
+            assert await state.acquire("l1", slot) and await state.acquire("l2", slot)
+            assert state.status()["local_leases"] == {"p": 2}
+            own_redis.start()  # empty
+            state.breaker.reset_s = 0.0
+            assert await state.beat_once()  # re-asserts l1 and l2; l1 ends meanwhile
+            assert ended == ["l1"]
+            assert len(state.outbox) == 1  # one release, for l1
+            state.start()
+            assert await state.flush(5.0)
+            assert state.outbox.sent == 1
+            assert _leases_in_redis(own_redis.url, "p") == {"l2"}
+            assert state.status()["leases"] == {"p": 1}
         finally:
             await state.stop(flush_s=0)
 
@@ -559,8 +611,8 @@ def test_fail_open_before_redis_ever_answered_refuses_without_expected_replicas(
                     await state.reserve(f"j{i}", "a", [claim(10)])
             with pytest.raises(StoreUnavailable, match="expected_replicas"):
                 await state.acquire("j", Slot("default", 10, 4, None))
-            assert state.fallbacks["reserve_refused"] == 4
-            assert state.fallbacks["lease_refused"] == 1
+            assert state.guard.fallbacks["reserve_refused"] == 4
+            assert state.guard.fallbacks["lease_refused"] == 1
             assert state.status()["answered"] is False
         finally:
             await state.stop(flush_s=0)

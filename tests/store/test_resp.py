@@ -11,7 +11,7 @@ import redis
 
 from velvetrope.core.bucket import Claim, settle_lines
 from velvetrope.store.base import Slot
-from velvetrope.store.redis_store import RedisStore
+from velvetrope.store.redis_store import RedisStore, packed
 from velvetrope.store.resp import arg, number, text
 from velvetrope.store.wire import pack
 
@@ -69,8 +69,8 @@ def test_batched_settlements_pack_as_hiredis_does() -> None:
             (s._settle_many, [], False),
         ):
             for _ in range(2):
-                want = _reference(script, *s._settle_many_call(jobs, list(head), ids))
-                assert s._packed_many(script, jobs, head, ids) == want
+                keys, args = s._settle_many_call(jobs, list(head), ids)
+                assert packed(script.sha, keys, args) == _reference(script, keys, args)
 
 
 def test_numbers_keep_their_type_and_sign() -> None:

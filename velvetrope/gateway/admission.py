@@ -189,7 +189,7 @@ class Admission:
                 self._apply(m.effects())
                 raise
             else:
-                leased = slot is not None and store.holds_slot(job.id, job.pool)
+                leased = slot is not None and store.has_lease(job.id, job.pool)
                 snapshots = m.reserved(job, claims, res, leased)
             mine = self._apply(m.effects(), job)
         if mine is None:

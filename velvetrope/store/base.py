@@ -78,13 +78,13 @@ class Store(Protocol):
     ) -> Grant | Denial:
         """Reserve every claim or none for ``job_id``; a grant carries snapshots of the
         claimed buckets after it (for ``x-ratelimit-*`` headers).  With ``slot``, a granted
-        job also tries for its fleet slot in the same round trip (:meth:`holds_slot` says
-        whether it got one).  Raises :class:`~velvetrope.errors.StoreUnavailable` when the
+        job also tries for its lease in the same round trip (:meth:`has_lease` says whether
+        it got one).  Raises :class:`~velvetrope.errors.StoreUnavailable` when the
         store cannot answer and the failure policy is to refuse."""
         ...
 
-    def holds_slot(self, job_id: str, pool: str) -> bool:
-        """Whether ``job_id`` holds a fleet slot of ``pool`` (always true unless shared)."""
+    def has_lease(self, job_id: str, pool: str) -> bool:
+        """Whether ``job_id`` has a lease of ``pool`` (always true unless shared)."""
         ...
 
     async def acquire(self, job_id: str, slot: Slot) -> bool:

@@ -49,7 +49,7 @@ def connect(url: str, *, password: str | None, timeout_s: float, max_connections
 
     ``timeout_s`` bounds connecting and the wait for a free connection (at most
     ``max_connections`` per process).  Reads carry no socket timeout of their own: every
-    caller bounds its call with its own budget (:class:`~velvetrope.store.guard.GuardedState`),
+    caller bounds its call with its own budget (:class:`~velvetrope.store.call_guard.CallGuard`),
     and a per-read timeout would cost a timer per reply of every pipeline.  A connection
     whose peer vanished is found by TCP keepalive."""
     parts = urlsplit(url)

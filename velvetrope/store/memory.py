@@ -33,7 +33,7 @@ class MemoryStore:
     ) -> Grant | Denial:
         return self.buckets.reserve(claims, self.clock.now(), with_snapshots=True)
 
-    def holds_slot(self, job_id: str, pool: str) -> bool:
+    def has_lease(self, job_id: str, pool: str) -> bool:
         return True
 
     async def acquire(self, job_id: str, slot: Slot) -> bool:

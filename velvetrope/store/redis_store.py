@@ -49,6 +49,7 @@ __all__ = [
     "RedisStore",
     "SettleItem",
     "load_script",
+    "packed",
     "parse_admit",
     "parse_lease",
     "parse_reserve",
@@ -67,6 +68,12 @@ def load_script(name: str) -> str:
     return lua.joinpath("common.lua").read_text() + lua.joinpath(f"{name}.lua").read_text()
 
 
+def packed(sha: str, keys: Sequence[Any], args: Sequence[Any]) -> bytes:
+    """The RESP of ``EVALSHA sha`` with ``keys`` and ``args`` (strings and numbers): the
+    bytes ``pack`` writes for them."""
+    return evalsha(sha, [text(x) for x in keys], [arg(x) for x in args])
+
+
 def _shape(c: Claim) -> tuple[float, float, float]:
     """A bucket's capacity, refill rate and floor as script arguments (numbers are packed
     as ``repr`` writes them, which reads back as the same double), as floats, a zero floor
@@ -76,8 +83,7 @@ def _shape(c: Claim) -> tuple[float, float, float]:
 
 
 class RedisStore:
-    """:class:`~velvetrope.store.base.BucketStore` and
-    :class:`~velvetrope.store.base.FleetSlots` on one Redis client.
+    """Buckets, their reservations and settlements, and leases on one Redis client.
 
     Calls raise redis-py's errors (connection, timeout, script); the
     :class:`~velvetrope.store.guard.GuardedStore` around it turns them into a policy."""
@@ -205,20 +211,6 @@ class RedisStore:
         keys += holds
         return keys, head + tail
 
-    def _packed_many(
-        self,
-        script: AsyncScript,
-        jobs: Sequence[SettleItem],
-        keys: list[str],
-        with_ids: bool,
-        hold: str = "held",
-    ) -> bytes:
-        """The RESP of a settle_many call (finish_many.lua, settle_many.lua,
-        ledger_many.lua) after ``keys``: the bytes ``pack`` writes for
-        :meth:`_settle_many_call`'s keys and arguments."""
-        k, a = self._settle_many_call(jobs, list(keys), with_ids, hold)
-        return evalsha(script.sha, [text(x) for x in k], [arg(x) for x in a])
-
     def _send_many(
         self,
         script: AsyncScript,
@@ -227,10 +219,13 @@ class RedisStore:
         with_ids: bool,
         hold: str = "held",
     ) -> Any:
-        """A settle_many call after ``keys``: packed here when pipelined."""
+        """A settle_many call (finish_many.lua, settle_many.lua, ledger_many.lua) after
+        ``keys``, with :meth:`_settle_many_call`'s keys and arguments: packed here
+        (:func:`packed`) when pipelined."""
+        k, a = self._settle_many_call(jobs, list(keys), with_ids, hold)
         if self._pipe is None:
-            return self._run(script, *self._settle_many_call(jobs, keys, with_ids, hold))
-        return self._pipe.send(script, self._packed_many(script, jobs, keys, with_ids, hold))
+            return self._run(script, k, a)
+        return self._pipe.send(script, packed(script.sha, k, a))
 
     def _lease_args(self, job_id: str, slot: Slot) -> list[Any]:
         return [
@@ -297,7 +292,8 @@ class RedisStore:
         claims: Sequence[Claim],
         slot: Slot,
     ) -> Any:
-        """:meth:`admit` as an awaitable of the raw reply (see :func:`parse_admit`)."""
+        """:meth:`admit` as an awaitable of the raw reply (see :func:`parse_admit`): the
+        job's reservation and, if granted, its lease, in one script call."""
         if self._pipe is not None:
             return self._pipe.send(self._admit, self._packed_reserve(job_id, tenant, claims, slot))
         keys, args = self._admit_call(job_id, tenant, claims, slot)
@@ -415,7 +411,7 @@ class RedisStore:
         r = await self._run(self._levels, [f"{tag}:b:{c.key}" for c in claims], args)
         return snapshots(claims, r, 0)
 
-    # -- fleet slots ---------------------------------------------------------------------
+    # -- leases --------------------------------------------------------------------------
 
     async def acquire(self, job_id: str, slot: Slot) -> LeaseAnswer:
         return parse_lease(await self.send_acquire(job_id, slot))
