@@ -60,7 +60,7 @@ from gateway_bench import KEY, body, config
 
 from tests.support.redis_server import RedisServer
 from velvetrope.config import GatewayConfig
-from velvetrope.gateway.app import Gateway
+from velvetrope.gateway.api.app import Gateway
 from velvetrope.openai.sse import DONE, event
 
 ANSWER = (
@@ -124,7 +124,7 @@ SSE = {flag: sse_answer(flag) for flag in (False, True)}
 
 
 class _Answer:
-    """A complete upstream response (what :class:`~velvetrope.gateway.httpclient.Response`
+    """A complete upstream response (what :class:`~velvetrope.gateway.upstream.httpclient.Response`
     offers the proxy)."""
 
     status = 200

@@ -5,7 +5,7 @@ Starts, in turn, on a free loopback port:
 * the real command, ``velvetrope serve --config examples/gateway.yaml --port P`` (the
   console script next to this interpreter), and
 * the same gateway started from Python: ``python -c`` code that calls
-  :func:`velvetrope.config.load_config` and :func:`velvetrope.gateway.server.serve`, the
+  :func:`velvetrope.config.load_config` and :func:`velvetrope.gateway.api.server.serve`, the
   port given as ``VELVETROPE__LISTEN__PORT``.
 
 Each is waited for (bounded) until ``/healthz`` answers 200; its upstreams need not run
@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FROM_PYTHON = (
     "import sys\n"
     "from velvetrope.config import load_config\n"
-    "from velvetrope.gateway.server import serve\n"
+    "from velvetrope.gateway.api.server import serve\n"
     "serve(load_config(sys.argv[1]))\n"
 )
 """The gateway started from Python: the config file is ``argv[1]``."""

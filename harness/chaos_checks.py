@@ -31,7 +31,7 @@ from functools import cache
 from harness.chaos_fleet import TOKENIZER
 from harness.chaos_load import Shot, request_body
 from harness.chaos_state import JournalEntry
-from velvetrope.gateway.parse import parse_request
+from velvetrope.gateway.api.parse import parse_request
 from velvetrope.openai.tokenizer import get_tokenizer
 
 __all__ = [

@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 
 from tests.support.redis_server import RedisServer
-from velvetrope.gateway.admission_headers import TIMING_ENV
+from velvetrope.gateway.api.admission_headers import TIMING_ENV
 from velvetrope.serving import launch
 from velvetrope.serving.launch import ServerProcess, free_port
 

@@ -8,7 +8,7 @@ one entry per *cross-module call* (the callee's module differs from its caller's
 order they happened.  Module names drop the ``velvetrope.`` prefix; functions are qualified
 names (``Admission.enter``).
 
-How the request is made: a :class:`~velvetrope.gateway.app.Gateway` on ``redis://`` state
+How the request is made: a :class:`~velvetrope.gateway.api.app.Gateway` on ``redis://`` state
 (``state.url``) and the ``velvetrope engine`` at ``--engine``, started (its ASGI
 ``startup``) in this process; the official ``openai`` client streams one chat completion
 into it through ``httpx2.ASGITransport`` (the ``httpx`` that ``openai`` is built on).  One
@@ -183,7 +183,7 @@ async def _record(redis_url: str, engine_url: str) -> list[Call]:
     import openai
 
     from velvetrope.config import GatewayConfig
-    from velvetrope.gateway.app import Gateway
+    from velvetrope.gateway.api.app import Gateway
 
     cfg = {
         "admin_token": "walk-admin-token",

@@ -129,10 +129,10 @@ def _docker_cmd() -> list[str]:
 
 
 def _uvicorn_grace_s() -> float:
-    """uvicorn's timeout_graceful_shutdown in velvetrope/gateway/server.py (after the drain)."""
+    """uvicorn's timeout_graceful_shutdown in velvetrope/gateway/api/server.py (after the drain)."""
     src = (ROOT / "velvetrope" / "gateway" / "server.py").read_text()
     m = re.search(r"timeout_graceful_shutdown\s*=\s*([0-9.]+)", src)
-    assert m, "velvetrope/gateway/server.py: timeout_graceful_shutdown not found"
+    assert m, "velvetrope/gateway/api/server.py: timeout_graceful_shutdown not found"
     return float(m.group(1))
 
 

@@ -108,7 +108,7 @@ def test_the_documented_walk_is_the_walk_of_a_streamed_request_with_redis_state(
     walk = walk_lines(calls)
     # the request went through Redis, and its stream's first token through the ticket
     assert any(line.split(" -> ")[1].startswith("store.redis_store:") for line in walk)
-    assert "gateway.relay:_credit -> gateway.admission:Ticket.first_token" in walk
+    assert "gateway.upstream.relay:_credit -> gateway.driver.admission:Ticket.first_token" in walk
     assert documented_walk(DESIGN.read_text(encoding="utf-8")) == walk, (
         "docs/design.md's walk is stale: `python -m harness.design_walk --write` writes it"
     )

@@ -17,7 +17,7 @@ from velvetrope.dialects import (
     parse_gauge,
     read_metrics,
 )
-from velvetrope.gateway.scrape import PrefixTally
+from velvetrope.gateway.upstream.scrape import PrefixTally
 
 VLLM = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.

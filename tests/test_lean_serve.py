@@ -5,8 +5,8 @@ imported) and reads which modules it imported:
 
 * the serve path: the real command line, ``velvetrope serve --config
   examples/gateway.yaml`` through :func:`velvetrope.cli.main` (typer's parsing, the config
-  loaded and validated), with :func:`velvetrope.gateway.server.serve` replaced by one that
-  builds the :class:`~velvetrope.gateway.app.Gateway` and prints ``sys.modules`` instead of
+  loaded and validated), with :func:`velvetrope.gateway.api.server.serve` replaced by one that
+  builds the :class:`~velvetrope.gateway.api.app.Gateway` and prints ``sys.modules`` instead of
   listening: none of :data:`velvetrope.cli.SERVE_MUST_NOT_IMPORT` may be among them;
 * the command group: listing every command's name imports none of their modules, and
   looking one up imports its own.
@@ -29,8 +29,8 @@ EXAMPLE = ROOT / "examples" / "gateway.yaml"
 
 SERVE_PATH = """
 import json, sys
-import velvetrope.gateway.server as server
-from velvetrope.gateway.app import Gateway
+import velvetrope.gateway.api.server as server
+from velvetrope.gateway.api.app import Gateway
 
 def serve_and_report(config, **options):
     Gateway(config)  # what serve builds before it listens
@@ -82,7 +82,7 @@ def test_serve_imports_nothing_the_gateway_does_not_need() -> None:
     modules = run(SERVE_PATH, str(EXAMPLE))
     assert isinstance(modules, list)
     # the path ran: the command line, the config and the gateway were imported
-    assert {"velvetrope.cli", "velvetrope.config", "velvetrope.gateway.app"} <= set(modules)
+    assert {"velvetrope.cli", "velvetrope.config", "velvetrope.gateway.api.app"} <= set(modules)
     assert among(modules, SERVE_MUST_NOT_IMPORT) == []
 
 

@@ -3,7 +3,7 @@
 One trace goes through the simulator (:func:`~velvetrope.sim.loop.run_simulation`), which
 records every event its driver fed the machine and every effect the machine gave back.
 The same events, at the same virtual times, are then fed to the gateway's driver
-(:class:`~velvetrope.gateway.admission.Admission`, on asyncio, with the in-memory store):
+(:class:`~velvetrope.gateway.driver.admission.Admission`, on asyncio, with the in-memory store):
 arrivals enter as the gateway's request handler enters them, the engine's reports (sent,
 first token, completion, failure) go through the tickets the driver handed out, a client
 that gives up sets its disconnect future (queued) or cancels its ticket (dispatched), a
@@ -24,7 +24,7 @@ from tests.sim.golden import _stress
 from tests.sim.test_loop import SMALL, STRESS_POLICY
 from velvetrope.clock import ManualClock
 from velvetrope.core import AdmissionController, Job, PolicyConfig, Reason, Usage
-from velvetrope.gateway.admission import Admission, Ticket
+from velvetrope.gateway.driver.admission import Admission, Ticket
 from velvetrope.sim.loop import run_simulation
 from velvetrope.sim.workload import TraceRequest
 from velvetrope.store.memory import MemoryStore

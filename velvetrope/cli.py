@@ -54,7 +54,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "plan": "velvetrope.planner.cli:plan_command",
     "calibrate": "velvetrope.engine.calibrate.cli:calibrate_command",
     "top": "velvetrope.top.cli:top_command",
-    "usage": "velvetrope.gateway.usage_cli:usage_command",
+    "usage": "velvetrope.gateway.ops.usage_cli:usage_command",
 }
 """Subcommands defined elsewhere, by name: ``"module:function"`` of a typer command function
 (its parameters declared with ``typer.Option``/``typer.Argument``), imported when first used."""
@@ -223,7 +223,7 @@ def config_check(
         if not cfg.api_keys:
             missing.append("no api_keys (every request gets 401)")
         if not template:
-            from velvetrope.gateway.upstream_access import check_access
+            from velvetrope.gateway.upstream.upstream_access import check_access
 
             check_access(cfg)
         if missing and not template:
@@ -336,7 +336,7 @@ def serve(
     """Run the admission gateway in front of the configured upstreams."""
     from velvetrope.config import ConfigSource
     from velvetrope.errors import ConfigError
-    from velvetrope.gateway.server import serve as run
+    from velvetrope.gateway.api.server import serve as run
 
     source = ConfigSource(config, host, port)
     try:

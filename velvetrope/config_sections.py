@@ -121,7 +121,7 @@ class Upstream(_Model):
         "auto: high_first for an engine pinned or detected as sglang, off for tgi, trtllm "
         "and llamacpp (they have no such field), else low_first.  An engine that refuses "
         "the field is found out on its first refusal and served without it "
-        "(velvetrope.gateway.priority_forwarding)",
+        "(velvetrope.gateway.upstream.priority_forwarding)",
     )
 
     @field_validator("url")

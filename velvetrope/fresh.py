@@ -8,7 +8,17 @@ from pathlib import Path
 
 __all__ = ["COMPILED_PACKAGES", "refuse_stale_builds", "stale_builds"]
 
-COMPILED_PACKAGES = ("core", "engine", "gateway", "openai", "sim", "store")
+COMPILED_PACKAGES = (
+    "core",
+    "engine",
+    "gateway/api",
+    "gateway/driver",
+    "gateway/upstream",
+    "gateway/ops",
+    "openai",
+    "sim",
+    "store",
+)
 """The packages that hold modules ``setup.py`` compiles."""
 
 
@@ -24,9 +34,9 @@ def stale_builds(directory: Path) -> list[tuple[Path, Path]]:
 
 def refuse_stale_builds(directory: Path) -> None:
     """Raise ImportError if ``directory`` (a package of a source checkout: ``setup.py`` two
-    levels up) holds a stale extension.  An installed package is not checked: its files are
-    all written at install time, in no particular order."""
-    if not (directory.parents[1] / "setup.py").exists():
+    or three levels up) holds a stale extension.  An installed package is not checked: its
+    files are all written at install time, in no particular order."""
+    if not any((up / "setup.py").exists() for up in directory.parents[1:3]):
         return
     stale = stale_builds(directory)
     if stale:

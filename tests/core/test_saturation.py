@@ -1,8 +1,9 @@
 """The engine-saturation rule in the core, on a ManualClock (velvetrope.core.saturation).
 
 The gateway's part (which engine took a job, which engines are live, what a scrape said)
-is played by the tests, exactly as :mod:`velvetrope.gateway.engines` does it; one test drives
-the rule with a real engine model (:class:`~velvetrope.engine.Batcher`) in virtual time.
+is played by the tests, exactly as :mod:`velvetrope.gateway.upstream.engines` does it;
+one test drives the rule with a real engine model (:class:`~velvetrope.engine.Batcher`)
+in virtual time.
 """
 
 from __future__ import annotations

@@ -13,10 +13,10 @@ import orjson
 import pytest
 
 from velvetrope.core import Usage
-from velvetrope.gateway.endpoints import ENDPOINTS, read_usage
-from velvetrope.gateway.messages import MessagesRelay, messages_usage
-from velvetrope.gateway.relay import UsageTally, relay_events
-from velvetrope.gateway.responses import ResponsesRelay, responses_usage
+from velvetrope.gateway.api.endpoints import ENDPOINTS, read_usage
+from velvetrope.gateway.api.messages import MessagesRelay, messages_usage
+from velvetrope.gateway.api.responses import ResponsesRelay, responses_usage
+from velvetrope.gateway.upstream.relay import UsageTally, relay_events
 from velvetrope.openai.sse import DONE, cached_of, json_event, usage_of
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from velvetrope.gateway.counters import LoopCounter, LoopHistogram
+from velvetrope.gateway.ops.counters import LoopCounter, LoopHistogram
 
 BUCKETS = (0.005, 0.1, 1.0, 10.0)
 VALUES = (0.0, 0.005, 0.0051, 0.1, 0.7, 1.0, 9.99, 10.0, 10.01, 1e9)

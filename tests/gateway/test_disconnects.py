@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.support.virtual_time import VirtualDeadlock, elapse, run
-from velvetrope.gateway.disconnects import DisconnectWatches
+from velvetrope.gateway.api.disconnects import DisconnectWatches
 
 EPS = 1e-9
 """Slack for the float sums of virtual time."""

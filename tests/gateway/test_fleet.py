@@ -17,10 +17,10 @@ from velvetrope.config import parse_config
 from velvetrope.core import EngineReading, Job
 from velvetrope.core.request_machine import RequestMachine
 from velvetrope.errors import ConfigError
-from velvetrope.gateway.admission_headers import route_headers
-from velvetrope.gateway.app import Gateway
-from velvetrope.gateway.parse import degrade_body, parse_request
-from velvetrope.gateway.upstreams import UpstreamPools, resolve_host
+from velvetrope.gateway.api.admission_headers import route_headers
+from velvetrope.gateway.api.app import Gateway
+from velvetrope.gateway.api.parse import degrade_body, parse_request
+from velvetrope.gateway.upstream.upstreams import UpstreamPools, resolve_host
 from velvetrope.openai.tokenizer import ApproxTokenizer
 
 from .conftest import gateway_config

@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from velvetrope.config import parse_config
-from velvetrope.gateway.app import Gateway
+from velvetrope.gateway.api.app import Gateway
 from velvetrope.openai.tokenizer import ApproxTokenizer
 from velvetrope.serving import launch
 from velvetrope.serving.launch import ServerProcess, free_port

@@ -15,7 +15,7 @@ from tests.core.helpers import make_job
 from velvetrope.clock import SystemClock
 from velvetrope.config import parse_config
 from velvetrope.core import AdmissionController, Usage
-from velvetrope.gateway.admission import Admission, Refusal, Ticket
+from velvetrope.gateway.driver.admission import Admission, Refusal, Ticket
 from velvetrope.store.open import open_store
 
 pytestmark = pytest.mark.integration

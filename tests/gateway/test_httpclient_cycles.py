@@ -7,7 +7,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from velvetrope.gateway.httpclient import _Conn
+from velvetrope.gateway.upstream.httpclient import _Conn
 
 
 def test_a_lost_connection_leaves_no_reference_cycle() -> None:

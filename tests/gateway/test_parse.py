@@ -6,7 +6,7 @@ import orjson
 import pytest
 
 from velvetrope.errors import RequestError
-from velvetrope.gateway.parse import Kind, parse_request
+from velvetrope.gateway.api.parse import Kind, parse_request
 
 
 def words(text: str) -> int:

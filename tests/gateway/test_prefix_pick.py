@@ -7,8 +7,8 @@ from __future__ import annotations
 from velvetrope.clock import ManualClock
 from velvetrope.config import parse_config
 from velvetrope.core.prefix_routing import prefix_routers
-from velvetrope.gateway.app import Gateway
-from velvetrope.gateway.upstreams import UpstreamPools
+from velvetrope.gateway.api.app import Gateway
+from velvetrope.gateway.upstream.upstreams import UpstreamPools
 from velvetrope.openai.prefix import prefix_hashes
 
 from .conftest import gateway_config

@@ -1,5 +1,5 @@
 """How each upstream is sent the tier as its engine's ``priority``, and what a refusal
-teaches the gateway (:mod:`velvetrope.gateway.priority_forwarding`), on the real core."""
+teaches the gateway (:mod:`velvetrope.gateway.upstream.priority_forwarding`), on the real core."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 from velvetrope.clock import ManualClock
 from velvetrope.config import GatewayConfig
 from velvetrope.core import AdmissionController
-from velvetrope.gateway.priority_forwarding import REPROBE_S, PriorityForwarding
-from velvetrope.gateway.upstreams import UpstreamPools, UpstreamState
+from velvetrope.gateway.upstream.priority_forwarding import REPROBE_S, PriorityForwarding
+from velvetrope.gateway.upstream.upstreams import UpstreamPools, UpstreamState
 
 VLLM_FCFS = b'{"error":{"message":"Got priority 2 but Priority scheduling is not enabled."}}'
 SGLANG_OFF = b'{"object":"error","message":"Using priority is disabled for this server."}'

@@ -11,7 +11,7 @@ import asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
 from velvetrope.config import parse_config
-from velvetrope.gateway.app import Gateway
+from velvetrope.gateway.api.app import Gateway
 
 from .conftest import gateway_config
 

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from velvetrope.core import Usage
-from velvetrope.gateway.relay import UsageTally, body_tokens, relay_events
+from velvetrope.gateway.upstream.relay import UsageTally, body_tokens, relay_events
 from velvetrope.openai.sse import (
     DONE,
     content_choices,

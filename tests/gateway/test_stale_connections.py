@@ -15,7 +15,7 @@ import asyncio
 import pytest
 
 from tests.support.raw_http import read_request
-from velvetrope.gateway.httpclient import HttpClient
+from velvetrope.gateway.upstream.httpclient import HttpClient
 
 pytestmark = pytest.mark.integration
 

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from tests.support.raw_http import read_request
-from velvetrope.gateway.httpclient import HttpClient
-from velvetrope.gateway.proxy import UpstreamAnswer, forward
-from velvetrope.gateway.relay import UsageTally
-from velvetrope.gateway.upstream_access import UpstreamAccess
+from velvetrope.gateway.upstream.httpclient import HttpClient
+from velvetrope.gateway.upstream.proxy import UpstreamAnswer, forward
+from velvetrope.gateway.upstream.relay import UsageTally
+from velvetrope.gateway.upstream.upstream_access import UpstreamAccess
 from velvetrope.openai.sse import DONE
 
 pytestmark = pytest.mark.integration

@@ -12,7 +12,7 @@ import pytest
 from tests.core.helpers import make_job
 from velvetrope.clock import ManualClock
 from velvetrope.core import AdmissionController, JobState, Outcome, PolicyConfig, Reason, Usage
-from velvetrope.gateway.admission import Admission, Refusal, Ticket
+from velvetrope.gateway.driver.admission import Admission, Refusal, Ticket
 from velvetrope.store.memory import MemoryStore
 
 LIMITED = {

@@ -25,7 +25,7 @@ import yaml
 
 from velvetrope.config_sections import Upstream
 from velvetrope.errors import ConfigError
-from velvetrope.gateway.upstream_access import access_for
+from velvetrope.gateway.upstream.upstream_access import access_for
 from velvetrope.serving import launch
 from velvetrope.serving.launch import ServerProcess, free_port, start
 

@@ -10,7 +10,7 @@ import pytest
 
 from velvetrope.core import Usage
 from velvetrope.errors import RequestError
-from velvetrope.gateway.parse import expected_tokens, parse_request
+from velvetrope.gateway.api.parse import expected_tokens, parse_request
 from velvetrope.openai.errors import error_json, error_type_for
 from velvetrope.openai.request import (
     MAX_JSON_DEPTH,

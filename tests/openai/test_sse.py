@@ -12,7 +12,7 @@ from functools import partial
 import pytest
 
 from velvetrope.core import Usage
-from velvetrope.gateway.relay import UsageTally, relay_events
+from velvetrope.gateway.upstream.relay import UsageTally, relay_events
 from velvetrope.openai.sse import event_data, split_complete, split_events
 
 _LINE = re.compile(rb"([^\r\n]*)(\r\n|\r|\n)")

@@ -6,7 +6,7 @@ the largest ``(priority, arrival)`` when it runs out of KV cache.  A pool with
 ``engine_priority`` (on by default) forwards each job's tier band as that field: the
 tier's index in ``policy.tiers`` (0 = the top tier, so the top tier is served first); how
 each engine is sent it, and what an engine that refuses it teaches the gateway, is
-:mod:`velvetrope.gateway.priority_forwarding`'s.  Off, nothing is forwarded.  A client's
+:mod:`velvetrope.gateway.upstream.priority_forwarding`'s.  Off, nothing is forwarded.  A client's
 own ``priority`` never reaches the engine (the gateway strips it: priority comes only from
 the tenant's configuration).
 

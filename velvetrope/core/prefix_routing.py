@@ -8,7 +8,7 @@ gateway hashes the prompt's bytes (:mod:`velvetrope.openai.prefix`), the simulat
 the hashes by its trace (Mooncake's ``hash_ids``): the rules below see only the hashes.
 
 Two rules, each written once and called by the gateway
-(:meth:`~velvetrope.gateway.upstreams.UpstreamPools.pick`) and by the simulator
+(:meth:`~velvetrope.gateway.upstream.upstreams.UpstreamPools.pick`) and by the simulator
 (:meth:`~velvetrope.sim.scrape.EngineScrapes.route`) with the same inputs: the hashes, the
 pool's engines in order with their names and their jobs in flight, and which of them may
 take work.  Both are pure (:meth:`PrefixRouter.choose`); what was decided is then recorded

@@ -2,7 +2,7 @@
 
 :class:`RequestMachine` is the one owner of the order in which a request is admitted,
 dispatched and ended, for every driver: the gateway's
-:class:`~velvetrope.gateway.admission.Admission` (asyncio, a real store, real engines) and
+:class:`~velvetrope.gateway.driver.admission.Admission` (asyncio, a real store, real engines) and
 the simulator's :func:`~velvetrope.sim.runner.drive` (a virtual clock, the in-memory store,
 the engine model) call the same methods in the same order and carry out the same effects
 (:mod:`velvetrope.core.effects`).  The decisions are the controller's
@@ -72,7 +72,7 @@ _NO_WORK: Final = Usage(0, 0)
 
 class Budgets(Protocol):
     """Budgets and the ledger at the reservation and the settlement
-    (:class:`~velvetrope.gateway.quotas.Quotas`)."""
+    (:class:`~velvetrope.gateway.driver.quotas.Quotas`)."""
 
     def claims(
         self, job: Job, claims: tuple[Claim, ...], skip: Sequence[str] = ()

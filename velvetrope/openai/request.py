@@ -32,7 +32,7 @@ and message.  Checks, in this order:
 
 What each server does beyond that is its own: the engine rejects batched prompts and
 models it does not serve, the gateway rewrites the body for its upstream
-(:mod:`velvetrope.gateway.parse`).  :func:`count_prompt_tokens` counts a request's prompt
+(:mod:`velvetrope.gateway.api.parse`).  :func:`count_prompt_tokens` counts a request's prompt
 the same way for both.
 """
 

@@ -122,13 +122,13 @@ class EngineScrapes:
         enabled replica): the fleet's router, except that with ``least_loaded`` and a
         saturation rule the least-loaded replica *the rule gives room*
         (:meth:`~velvetrope.core.saturation.EngineSaturation.has_room`) is preferred, as the
-        gateway's :meth:`~velvetrope.gateway.engines.Engines.pick` does; none with room:
+        gateway's :meth:`~velvetrope.gateway.upstream.engines.Engines.pick` does; none with room:
         the least-loaded of all.  A pool with a prefix-aware router
         (:attr:`~velvetrope.sim.fleet.Fleet.prefix`) gives it the job's prefix ``hashes``
         (of ``block_tokens`` tokens a block) and the replicas' names and loads, those with
         room first as above, and records the choice
         (:meth:`~velvetrope.core.prefix_routing.PrefixRouter.commit`): the gateway's
-        :meth:`~velvetrope.gateway.upstreams.UpstreamPools.pick` does the same."""
+        :meth:`~velvetrope.gateway.upstream.upstreams.UpstreamPools.pick` does the same."""
         fleet = self._fleet
         rule = self._pool_rule[pool]
         m = fleet.members[pool]

@@ -4,7 +4,7 @@ Sans-IO: :func:`parse_metrics` takes the text a gateway served and returns
 :class:`Metrics`, the ``velvetrope_*`` samples of it (the gateway's own; the process and
 Python collectors' lines are skipped unread).  The lines are read by
 ``prometheus_client``'s parser, as the gateway's scraper reads the engines'
-(:func:`velvetrope.gateway.scrape.parse_vllm_metrics`), so escaped label values, ``NaN``
+(:func:`velvetrope.gateway.upstream.scrape.parse_vllm_metrics`), so escaped label values, ``NaN``
 and timestamps are read as Prometheus reads them.
 """
 

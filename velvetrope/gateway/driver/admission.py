@@ -11,7 +11,7 @@ dispatched: proxy it), a :class:`~velvetrope.core.effects.Refusal` (answer it) o
 * a queued job waits for its next effect, the client's disconnect or a shutdown (a single
   timer armed at the machine's next deadline ticks it);
 * :class:`~velvetrope.core.effects.Acquire`: the dispatched job's lease
-  (:class:`~velvetrope.gateway.slots.FleetSlot`);
+  (:class:`~velvetrope.gateway.driver.slots.FleetSlot`);
 * :class:`~velvetrope.core.effects.Send`: the job's :class:`Ticket`;
 * :class:`~velvetrope.core.effects.Settle`: the store's settlement (which gives back the
   lease), waking a lease waiter of the pool;
@@ -35,8 +35,8 @@ from velvetrope.core.lifecycle import JobState
 from velvetrope.core.policy import PolicyConfig
 from velvetrope.core.request_machine import RequestMachine
 from velvetrope.errors import LifecycleError, StoreUnavailable
-from velvetrope.gateway.quotas import Quotas
-from velvetrope.gateway.slots import FleetSlot
+from velvetrope.gateway.driver.quotas import Quotas
+from velvetrope.gateway.driver.slots import FleetSlot
 from velvetrope.store.base import Store
 
 __all__ = ["Admission", "Refusal", "Ticket"]

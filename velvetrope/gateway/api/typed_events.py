@@ -1,6 +1,6 @@
 """Reading a stream of typed events on its way to the client (the Responses API's and
 Anthropic's Messages API's ``event: TYPE`` / ``data: {"type": TYPE, ...}``), the ``events``
-hook of :func:`~velvetrope.gateway.proxy.forward` for the APIs that are not OpenAI's
+hook of :func:`~velvetrope.gateway.upstream.proxy.forward` for the APIs that are not OpenAI's
 chunks.
 
 A :class:`TypedEvents` counts each text-delta event as at least one generated token (the
@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from velvetrope.gateway.relay import UsageTally
+from velvetrope.gateway.upstream.relay import UsageTally
 from velvetrope.openai.sse import event_data
 
 __all__ = ["TypedEvents"]

@@ -1,7 +1,7 @@
 """The output cap the reservation assumed, sent to the engine.
 
 A request that names no output limit is reserved ``gateway.default_max_tokens`` per
-completion at admission (:func:`~velvetrope.gateway.parse.job_for`).  Engines do not share
+completion at admission (:func:`~velvetrope.gateway.api.parse.job_for`).  Engines do not share
 that assumption: vLLM's chat default is the rest of the context and llama.cpp's is
 unlimited on both endpoints, so a reservation of 64 could be settled at 985 tokens.  The
 gateway therefore **sends the cap the reservation assumed** (it does not reserve what the
@@ -16,7 +16,7 @@ when the client named none.
   default of 16: the cap is the gateway's, stated in one place (its config).
 
 A degraded job's capped ``max_tokens`` is written by
-:func:`~velvetrope.gateway.parse.degrade_body`; this runs after it and leaves that alone.
+:func:`~velvetrope.gateway.api.parse.degrade_body`; this runs after it and leaves that alone.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 import orjson
 
 from velvetrope.core import Job
-from velvetrope.gateway.parse import ParsedRequest
+from velvetrope.gateway.api.parse import ParsedRequest
 
 __all__ = ["CAP_FIELD", "send_output_cap"]
 
@@ -38,7 +38,7 @@ def send_output_cap(parsed: ParsedRequest, job: Job, field: str = CAP_FIELD) -> 
 
     Afterwards the upstream is always told a cap (the client's own, a degraded one, or the
     one set here).  The body's own bytes are kept when they can be: the member is spliced in
-    front (:attr:`~velvetrope.gateway.parse.ParsedRequest.prepend`) unless the body was
+    front (:attr:`~velvetrope.gateway.api.parse.ParsedRequest.prepend`) unless the body was
     rewritten already or names ``field`` as ``null`` (then the body is written again)."""
     body = parsed.body
     if parsed.max_tokens is not None or body.get(field) is not None:

@@ -8,7 +8,7 @@ import httpx
 import orjson
 import typer
 
-from velvetrope.gateway.usage import CSV_COLUMNS
+from velvetrope.gateway.ops.usage import CSV_COLUMNS
 
 __all__ = ["usage_command"]
 

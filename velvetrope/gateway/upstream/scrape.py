@@ -56,8 +56,8 @@ from velvetrope.dialects import (
     ScrapeFailure,
     read_metrics,
 )
-from velvetrope.gateway.upstream_access import UpstreamAccess
-from velvetrope.gateway.upstreams import Periodic, UpstreamPools, UpstreamState
+from velvetrope.gateway.upstream.upstream_access import UpstreamAccess
+from velvetrope.gateway.upstream.upstreams import Periodic, UpstreamPools, UpstreamState
 
 __all__ = ["EngineWatch", "PrefixTally", "Scraper"]
 

@@ -1,7 +1,7 @@
 """Forwarding one admitted request to an upstream, streaming or not.
 
 Non-streaming responses pass through byte for byte; the usage is read from the body (and
-raised to what its choices show, :func:`~velvetrope.gateway.relay.body_tokens`, when the
+raised to what its choices show, :func:`~velvetrope.gateway.upstream.relay.body_tokens`, when the
 engine reports fewer).
 Streaming responses are forwarded event by event as they arrive (no buffering of the
 whole response).  The client's response starts with the first token: events before it (a
@@ -10,8 +10,8 @@ first token (:mod:`velvetrope.core.preemption`) can still be answered with an er
 status, never with a 200 and an empty body.  The upstream is always asked for
 ``include_usage``; when the client did not ask for it, the extra usage-only chunk is read
 and dropped.  A
-:class:`~velvetrope.gateway.relay.UsageTally` counts the completion tokens seen so far so that a
-client disconnect mid-stream settles what was really generated.
+:class:`~velvetrope.gateway.upstream.relay.UsageTally` counts the completion tokens seen so
+far so that a client disconnect mid-stream settles what was really generated.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import orjson
 
 from velvetrope.core import Usage
 from velvetrope.errors import UpstreamError
-from velvetrope.gateway.httpclient import HttpClient
-from velvetrope.gateway.relay import UsageTally, body_tokens, relay_events
-from velvetrope.gateway.upstream_access import UpstreamAccess
+from velvetrope.gateway.upstream.httpclient import HttpClient
+from velvetrope.gateway.upstream.relay import UsageTally, body_tokens, relay_events
+from velvetrope.gateway.upstream.upstream_access import UpstreamAccess
 from velvetrope.openai.sse import split_complete, usage_of
 
 __all__ = ["UpstreamAnswer", "forward"]
@@ -86,7 +86,7 @@ async def forward(
     ``UpstreamError`` when it broke off.
 
     ``events`` reads a stream's complete events (OpenAI's chunks:
-    :func:`~velvetrope.gateway.relay.relay_events`; another API's typed events: its own).
+    :func:`~velvetrope.gateway.upstream.relay.relay_events`; another API's typed events: its own).
     """
     try:
         resp = await client.post(url, body, tls=access.tls, auth=access.auth_line)

@@ -22,7 +22,7 @@ from urllib.parse import parse_qs
 import orjson
 
 from velvetrope.core.quota import LEDGER_PREFIX, LedgerRow, ledger_rows
-from velvetrope.gateway.quotas import Quotas
+from velvetrope.gateway.driver.quotas import Quotas
 from velvetrope.openai.errors import error_body
 from velvetrope.serving.asgi import Scope, Send, header, respond
 from velvetrope.store.base import Store

@@ -1,7 +1,7 @@
 """The numbers behind the gateway's request-path metrics, and the updates one request makes.
 
 :class:`CounterChild` and :class:`HistogramChild` hold one labelled series of a counter and
-of a histogram; :mod:`velvetrope.gateway.counters` names them, keeps them by label values
+of a histogram; :mod:`velvetrope.gateway.ops.counters` names them, keeps them by label values
 and exposes them at scrape time.  :class:`RequestCounting` makes every update a request
 causes: the routing decision and its degradations (:meth:`RequestCounting.on_route`) and
 the terminal outcome (:meth:`RequestCounting.on_outcome`: requests, queue wait, time to

@@ -1,7 +1,7 @@
 """The gateway's engines: its upstreams wired to the admission core's capacity and saturation.
 
-:class:`Engines` owns the :class:`~velvetrope.gateway.upstreams.UpstreamPools` and the
-:class:`~velvetrope.gateway.scrape.Scraper`.  Whenever a pool's live engines change
+:class:`Engines` owns the :class:`~velvetrope.gateway.upstream.upstreams.UpstreamPools` and the
+:class:`~velvetrope.gateway.upstream.scrape.Scraper`.  Whenever a pool's live engines change
 (health, breaker, DNS), :meth:`Engines.follow` tells the core: the pool's capacity becomes
 per engine × live engines (plus one slot per engine whose breaker is half-open, for its
 probe), and the saturation rule judges exactly those engines; then whatever now fits is
@@ -27,9 +27,9 @@ from velvetrope.clock import Clock
 from velvetrope.config import GatewayConfig
 from velvetrope.core import AdmissionController, EngineSaturation, Job
 from velvetrope.core.prefix_routing import PrefixRouter, prefix_routers
-from velvetrope.gateway.priority_forwarding import PriorityForwarding
-from velvetrope.gateway.scrape import Scraper
-from velvetrope.gateway.upstreams import Resolver, UpstreamPools, UpstreamState
+from velvetrope.gateway.upstream.priority_forwarding import PriorityForwarding
+from velvetrope.gateway.upstream.scrape import Scraper
+from velvetrope.gateway.upstream.upstreams import Resolver, UpstreamPools, UpstreamState
 from velvetrope.openai.prefix import CHARS_PER_TOKEN, prefix_hashes
 
 __all__ = ["Engines"]

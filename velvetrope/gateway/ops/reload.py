@@ -21,7 +21,7 @@ and upstreams appear; the queued requests of a removed tenant (no longer in the 
 whose last API key was removed), tier or pool are rejected with 503 ``removed_by_reload``,
 its in-flight ones finish; the adaptive limits, the output predictor and fairness counters
 are kept; budgets and prices change for requests admitted from then on, their usage so far
-kept (:class:`~velvetrope.gateway.quotas.Quotas`).  With Redis state each replica applies
+kept (:class:`~velvetrope.gateway.driver.quotas.Quotas`).  With Redis state each replica applies
 the file it reads: limits are passed with every Redis call, so replicas agree once each has
 reloaded.
 """
@@ -44,12 +44,12 @@ from velvetrope.config import ConfigSource, GatewayConfig
 from velvetrope.core import AdmissionController, apply_preset
 from velvetrope.core.reload import restart_needed
 from velvetrope.errors import ConfigError, PolicyError
-from velvetrope.gateway.admission import Admission
-from velvetrope.gateway.engines import Engines
-from velvetrope.gateway.metrics import GatewayMetrics
-from velvetrope.gateway.quotas import Quotas
-from velvetrope.gateway.upstream_access import check_access
-from velvetrope.gateway.upstreams import Periodic
+from velvetrope.gateway.driver.admission import Admission
+from velvetrope.gateway.driver.quotas import Quotas
+from velvetrope.gateway.ops.metrics import GatewayMetrics
+from velvetrope.gateway.upstream.engines import Engines
+from velvetrope.gateway.upstream.upstream_access import check_access
+from velvetrope.gateway.upstream.upstreams import Periodic
 
 __all__ = ["ReloadResult", "Reloadable", "Reloader"]
 
@@ -80,7 +80,7 @@ class ReloadResult:
 
 
 class Reloadable(Protocol):
-    """What a reload changes in a gateway (:class:`~velvetrope.gateway.app.Gateway`)."""
+    """What a reload changes in a gateway (:class:`~velvetrope.gateway.api.app.Gateway`)."""
 
     config: GatewayConfig
     ctl: AdmissionController

@@ -14,7 +14,7 @@ settled from its body's ``usage`` (:func:`responses_usage`).
 
 Engines keep a response's state in their own memory, so a request that names
 ``previous_response_id``, and a ``GET`` or ``DELETE`` of a response, must reach the engine
-that created it.  :class:`~velvetrope.gateway.response_homes.ResponseHomes` remembers, per
+that created it.  :class:`~velvetrope.gateway.upstream.response_homes.ResponseHomes` remembers, per
 response id, that engine and the tenant it was created for (bounded; shared over Redis when
 state is Redis).  Another tenant's id is unknown to a tenant.
 """
@@ -29,11 +29,11 @@ import aiohttp
 import orjson
 
 from velvetrope.core import Usage
-from velvetrope.gateway.parse import Kind, ParsedRequest
-from velvetrope.gateway.relay import UsageTally
-from velvetrope.gateway.response_homes import ResponseHomes
-from velvetrope.gateway.typed_events import TypedEvents
-from velvetrope.gateway.upstreams import UpstreamPools
+from velvetrope.gateway.api.parse import Kind, ParsedRequest
+from velvetrope.gateway.api.typed_events import TypedEvents
+from velvetrope.gateway.upstream.relay import UsageTally
+from velvetrope.gateway.upstream.response_homes import ResponseHomes
+from velvetrope.gateway.upstream.upstreams import UpstreamPools
 from velvetrope.openai.errors import error_body
 from velvetrope.openai.responses import count_input_tokens, parse_responses
 from velvetrope.openai.sse import cached_of
@@ -100,7 +100,7 @@ def responses_usage(body: bytes | None) -> tuple[Usage | None, str | None]:
 
 class ResponsesRelay(TypedEvents):
     """Reads a Responses stream's events on their way to the client (see
-    :class:`~velvetrope.gateway.typed_events.TypedEvents`): the usage of the final event,
+    :class:`~velvetrope.gateway.api.typed_events.TypedEvents`): the usage of the final event,
     and ``response_id``, the id that ``response.created`` announced."""
 
     __slots__ = ("response_id",)

@@ -40,9 +40,9 @@ import orjson
 from velvetrope.core import Job, Usage
 from velvetrope.core.kinds import size_prompt_only
 from velvetrope.core.routing import FALLBACK_POOL, MAX_TOKENS
-from velvetrope.gateway.messages import MessagesRelay, messages_usage, parse_messages_request
-from velvetrope.gateway.output_cap import send_output_cap
-from velvetrope.gateway.parse import (
+from velvetrope.gateway.api.messages import MessagesRelay, messages_usage, parse_messages_request
+from velvetrope.gateway.api.output_cap import send_output_cap
+from velvetrope.gateway.api.parse import (
     Kind,
     ParsedRequest,
     degrade_body,
@@ -50,9 +50,13 @@ from velvetrope.gateway.parse import (
     job_for,
     parse_request,
 )
-from velvetrope.gateway.proxy import Events
-from velvetrope.gateway.relay import relay_events
-from velvetrope.gateway.responses import ResponsesRelay, parse_responses_request, responses_usage
+from velvetrope.gateway.api.responses import (
+    ResponsesRelay,
+    parse_responses_request,
+    responses_usage,
+)
+from velvetrope.gateway.upstream.proxy import Events
+from velvetrope.gateway.upstream.relay import relay_events
 from velvetrope.openai.embeddings import count_input_tokens, parse_embeddings
 from velvetrope.openai.rerank import count_pair_tokens, parse_rerank, parse_score
 from velvetrope.openai.tokenizer import Tokenizer
@@ -77,7 +81,8 @@ class Endpoint:
     """One admitted endpoint: its ``name`` (``chat``, ``completions``, ``embeddings``,
     ``responses``), the ``upstream`` path it is forwarded to, whether it is ``prompt_only``
     work (no output reserved, settled from the prompt tokens the engine reports), and the
-    field that carries its output cap (:func:`~velvetrope.gateway.output_cap.send_output_cap`)."""
+    field that carries its output cap
+    (:func:`~velvetrope.gateway.api.output_cap.send_output_cap`)."""
 
     name: str
     upstream: str
@@ -152,7 +157,7 @@ def make_job(
     expected_header: bytes | None,
 ) -> Job:
     """The admission job of ``parsed`` (:func:`prompt_only_job` or
-    :func:`~velvetrope.gateway.parse.job_for`), its ``kind`` the endpoint's."""
+    :func:`~velvetrope.gateway.api.parse.job_for`), its ``kind`` the endpoint's."""
     if endpoint.prompt_only:
         job = prompt_only_job(parsed, job_id, tenant, tier)
     else:

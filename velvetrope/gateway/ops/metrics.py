@@ -14,12 +14,12 @@ read outside a running loop), and prometheus_client's process collector
 on Linux).  With ``--workers N`` each worker reports its own.  A leak shows as a slope in
 them over hours (``make soak``).
 
-The engines (:class:`~velvetrope.gateway.engines.Engines`, attached with
+The engines (:class:`~velvetrope.gateway.upstream.engines.Engines`, attached with
 :meth:`GatewayMetrics.attach_engines`) add, per upstream: health, breaker state, the
 gateway's requests in flight to it, the last scraped engine gauges (the engine's own names
 kept verbatim in the ``metric`` label, whatever its dialect), the reading's age, the learned
 capacity and the corrected load, the failed scrapes by reason, the saturation state and the
-dialect (:meth:`~velvetrope.gateway.scrape.Scraper.families`); per pool: live engines,
+dialect (:meth:`~velvetrope.gateway.upstream.scrape.Scraper.families`); per pool: live engines,
 capacity (per engine × live engines), the saturation rule's room, pending dispatches and
 holds; and counters of routing decisions (``pool``, ``rule``) and degradations (``tier``,
 ``action``).
@@ -48,8 +48,8 @@ from prometheus_client.registry import Collector
 from velvetrope.core import AdmissionController, Job, Outcome, Reason
 from velvetrope.core.lifecycle import JobState
 from velvetrope.core.quota import is_ledger_key
-from velvetrope.gateway.counters import LoopCounter, LoopHistogram
-from velvetrope.gateway.series import CounterChild, OutcomeSeries, RequestCounting
+from velvetrope.gateway.ops.counters import LoopCounter, LoopHistogram
+from velvetrope.gateway.ops.series import CounterChild, OutcomeSeries, RequestCounting
 
 __all__ = ["GatewayMetrics"]
 
@@ -444,7 +444,7 @@ class GatewayMetrics:
         ctl.observers.append(counting.on_outcome)
 
     def attach_engines(self, engines: Any) -> None:
-        """Report the engines (a :class:`~velvetrope.gateway.engines.Engines`)."""
+        """Report the engines (a :class:`~velvetrope.gateway.upstream.engines.Engines`)."""
         self._state_collector.engines = engines
 
     def _counter(self, name: str, doc: str, labels: list[str]) -> LoopCounter:

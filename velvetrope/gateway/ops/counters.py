@@ -4,7 +4,7 @@
 shared by threads); a request through the gateway updates about a dozen of them, which
 was a tenth of the admission path's CPU.  The gateway updates its metrics from one thread
 (the event loop, which also renders ``/metrics``), so plain numbers suffice
-(:mod:`velvetrope.gateway.series`, compiled).
+(:mod:`velvetrope.gateway.ops.series`, compiled).
 :class:`LoopCounter` and :class:`LoopHistogram` keep them and turn them into the same
 exposition as ``prometheus_client``'s ``Counter``/``Histogram`` (names, labels, ``_total``,
 ``_bucket``/``_sum``/``_count``) at scrape time.  Not for use from several threads.
@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from velvetrope.gateway.series import CounterChild, HistogramChild
+from velvetrope.gateway.ops.series import CounterChild, HistogramChild
 
 __all__ = ["LoopCounter", "LoopHistogram"]
 

@@ -207,7 +207,7 @@ def degrade_body(parsed: ParsedRequest, job: Job) -> None:
 def set_engine_priority(parsed: ParsedRequest, priority: int | None) -> None:
     """Send ``parsed`` upstream with the engine's ``priority`` field set to ``priority``,
     or without the field (``None``): see
-    :mod:`~velvetrope.gateway.priority_forwarding`."""
+    :mod:`~velvetrope.gateway.upstream.priority_forwarding`."""
     body = parsed.body
     if priority is None:
         if "priority" in body:

@@ -14,7 +14,7 @@ import asyncio
 import aiohttp
 import orjson
 
-from velvetrope.gateway.upstreams import UpstreamPools
+from velvetrope.gateway.upstream.upstreams import UpstreamPools
 from velvetrope.openai.errors import error_body, error_payload, retry_headers
 from velvetrope.serving.asgi import Send, respond
 

@@ -24,9 +24,9 @@ from typing import Any, cast
 import orjson
 
 from velvetrope.core import Usage
-from velvetrope.gateway.parse import Kind, ParsedRequest
-from velvetrope.gateway.relay import UsageTally
-from velvetrope.gateway.typed_events import TypedEvents
+from velvetrope.gateway.api.parse import Kind, ParsedRequest
+from velvetrope.gateway.api.typed_events import TypedEvents
+from velvetrope.gateway.upstream.relay import UsageTally
 from velvetrope.openai.anthropic import count_input_tokens, parse_messages
 
 __all__ = ["MessagesRelay", "messages_usage", "parse_messages_request"]
@@ -95,7 +95,7 @@ def messages_usage(body: bytes | None) -> Usage | None:
 
 class MessagesRelay(TypedEvents):
     """Reads a Messages stream's events on their way to the client (see
-    :class:`~velvetrope.gateway.typed_events.TypedEvents`): ``message_start``'s input
+    :class:`~velvetrope.gateway.api.typed_events.TypedEvents`): ``message_start``'s input
     tokens, then ``message_delta``'s usage."""
 
     __slots__ = ("cached_tokens", "input_tokens")

@@ -43,7 +43,7 @@ from velvetrope.config import GatewayConfig
 from velvetrope.config_sections import Upstream
 from velvetrope.core import AdmissionController
 from velvetrope.core.engine_priority import EnginePriority
-from velvetrope.gateway.upstreams import UpstreamState
+from velvetrope.gateway.upstream.upstreams import UpstreamState
 
 __all__ = ["REPROBE_S", "PriorityForwarding"]
 

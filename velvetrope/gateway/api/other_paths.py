@@ -48,9 +48,9 @@ from velvetrope.config_sections import GatewaySettings
 from velvetrope.core import Job, Reason, Usage
 from velvetrope.core.kinds import size_prompt_only
 from velvetrope.errors import ClientDisconnected, RequestError
-from velvetrope.gateway.admission import Admission, Ticket
-from velvetrope.gateway.disconnects import DisconnectWatches
-from velvetrope.gateway.engines import Engines
+from velvetrope.gateway.api.disconnects import DisconnectWatches
+from velvetrope.gateway.driver.admission import Admission, Ticket
+from velvetrope.gateway.upstream.engines import Engines
 from velvetrope.openai.errors import error_body, retry_headers
 from velvetrope.serving.asgi import Receive, Scope, Send, header, read_body, respond
 

@@ -10,7 +10,7 @@ not empty a pool.
 
 **Health** (liveness).  An upstream is healthy until a request to it fails to connect
 (passive: out at once) or its liveness path (``/health``, or what
-:mod:`~velvetrope.gateway.upstream_access` chose) stops answering 200 within
+:mod:`~velvetrope.gateway.upstream.upstream_access` chose) stops answering 200 within
 ``fleet.health_timeout_s`` (active, every ``fleet.health_interval_s``); it rejoins when the
 check passes again.
 
@@ -31,7 +31,7 @@ engines and the fleet gate follow the fleet.
 **Choice.**  :meth:`UpstreamPools.pick` is the core's
 :func:`~velvetrope.core.routing.least_loaded` over the healthy upstreams whose breaker lets
 a request through, ties rotated; those the saturation rule gives room first, when asked
-(:meth:`~velvetrope.gateway.engines.Engines.pick`).  A pool routed ``prefix_affinity`` or
+(:meth:`~velvetrope.gateway.upstream.engines.Engines.pick`).  A pool routed ``prefix_affinity`` or
 ``prefix_hash`` asks the core's :class:`~velvetrope.core.prefix_routing.PrefixRouter`
 instead, with the request's prefix hashes, the upstreams' URLs as their names and their
 requests in flight as their loads, over the same upstreams, and records what it used.
@@ -55,7 +55,7 @@ from velvetrope.config import GatewayConfig
 from velvetrope.config_sections import FleetSettings, Upstream
 from velvetrope.core import least_loaded
 from velvetrope.core.prefix_routing import PrefixRouter
-from velvetrope.gateway.upstream_access import UpstreamAccess, access_for
+from velvetrope.gateway.upstream.upstream_access import UpstreamAccess, access_for
 from velvetrope.store.breaker import CircuitBreaker
 
 __all__ = ["Periodic", "Resolver", "UpstreamPools", "UpstreamState", "resolve_host"]
@@ -128,7 +128,8 @@ class UpstreamState:
     access: UpstreamAccess = field(default_factory=UpstreamAccess)
     """TLS and the engine's API key, carried by every call to it."""
     health_path: str = "/health"
-    """The path its liveness check asks (see :mod:`~velvetrope.gateway.upstream_access`)."""
+    """The path its liveness check asks (see
+    :mod:`~velvetrope.gateway.upstream.upstream_access`)."""
 
     @property
     def breaker_state(self) -> str:
@@ -178,7 +179,7 @@ class UpstreamPools:
         a new or changed one starts fresh (healthy until its first check says otherwise);
         one no longer listed leaves its pool (its requests in flight finish).  Addresses
         found through DNS are kept until the next refresh.  Raises ConfigError as
-        :func:`~velvetrope.gateway.upstream_access.access_for` does, changing nothing."""
+        :func:`~velvetrope.gateway.upstream.upstream_access.access_for` does, changing nothing."""
         old, listed = self.pools, self._listed
         pools: dict[str, list[UpstreamState]] = {}
         dns: list[tuple[str, Upstream, UpstreamAccess]] = []

@@ -1,6 +1,6 @@
 """The gateway's budgets and usage ledger (:mod:`velvetrope.core.quota`), at the edge.
 
-:class:`Quotas` is what :class:`~velvetrope.gateway.admission.Admission` asks, on the one
+:class:`Quotas` is what :class:`~velvetrope.gateway.driver.admission.Admission` asks, on the one
 reservation path and the one settlement:
 
 * :meth:`Quotas.claims`: a job's budget and ledger claims, added to its rate-bucket claims
@@ -37,8 +37,8 @@ from velvetrope.core.bucket import BucketSnapshot, Claim, Denial, Grant, SettleL
 from velvetrope.core.job import Job
 from velvetrope.core.quota import Downgrade, QuotaBook
 from velvetrope.core.quota_config import QuotaSettings
-from velvetrope.gateway.admission_headers import duration
-from velvetrope.gateway.counters import LoopCounter
+from velvetrope.gateway.api.admission_headers import duration
+from velvetrope.gateway.ops.counters import LoopCounter
 
 __all__ = ["Quotas"]
 

@@ -2,7 +2,7 @@
 
 An :class:`UpstreamAccess` is built once per configured upstream (:func:`access_for`) and
 used by every call the gateway makes to that engine: the proxied requests
-(:class:`~velvetrope.gateway.httpclient.HttpClient`), the health checks, the saturation
+(:class:`~velvetrope.gateway.upstream.httpclient.HttpClient`), the health checks, the saturation
 scrapes and ``/v1/models``.
 
 * ``https://`` upstreams are verified against ``ca_bundle`` (a PEM file) or, without one,

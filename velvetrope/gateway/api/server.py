@@ -31,8 +31,8 @@ import uvicorn
 
 from velvetrope.config import ConfigSource, GatewayConfig
 from velvetrope.errors import ConfigError
-from velvetrope.gateway.app import Gateway
-from velvetrope.gateway.upstream_access import check_access
+from velvetrope.gateway.api.app import Gateway
+from velvetrope.gateway.upstream.upstream_access import check_access
 from velvetrope.serving.coalesce import HeadHoldingHttpToolsProtocol
 
 __all__ = ["DrainingServer", "serve"]
@@ -102,7 +102,7 @@ def serve(
     source: ConfigSource | None = None,
 ) -> None:
     """Serve ``config`` until drained after a signal, in ``workers`` processes; ``source``
-    is where it was read from, reloaded on SIGHUP (:mod:`velvetrope.gateway.reload`).
+    is where it was read from, reloaded on SIGHUP (:mod:`velvetrope.gateway.ops.reload`).
 
     Raises :class:`~velvetrope.errors.ConfigError` for ``workers > 1`` without shared state,
     and for an upstream the gateway could not reach as configured (an ``api_key_env`` not
