@@ -148,7 +148,6 @@ def harness(
         clock.set(max(t, clock.now()))
         if kind == 0:
             k = idx
-            freed = False
             for e in pending[k]:
                 if ctl.job(e.seq_id) is None:
                     continue
@@ -157,9 +156,7 @@ def harness(
                 elif isinstance(e, Finished):
                     ctl.complete(e.seq_id, Usage(e.prompt_tokens, e.output_tokens))
                     outstanding[k] -= 1
-                    freed = True
-            if freed:
-                dispatch(t)
+                    dispatch(t)  # as the gateway: each end, then what it lets go
             if batchers[k].has_work:
                 res = batchers[k].step(t)
                 step_end[k] = res.end
