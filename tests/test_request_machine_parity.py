@@ -57,7 +57,7 @@ async def _replay(config: PolicyConfig, workload: Sequence[TraceRequest], sim: R
     """Feed the events of ``sim`` to the gateway's driver; return its machine's record."""
     clock = ManualClock(0.0)
     record: Record = []
-    ctl = AdmissionController(config, clock, external_buckets=True)
+    ctl = AdmissionController(config, clock)
     for p in ctl.config.pools:
         ctl.engines_ordered(p.name, False)  # the simulator's engines run FCFS
     adm = Admission(ctl, MemoryStore(clock), timer=False)

@@ -6,7 +6,8 @@ import itertools
 from typing import Any
 
 from velvetrope.clock import ManualClock
-from velvetrope.core import AdmissionController, Job, PolicyConfig
+from velvetrope.core import AdmissionController, Decision, Job, Outcome, PolicyConfig
+from velvetrope.store.memory import MemoryStore
 
 _ids = itertools.count()
 
@@ -84,3 +85,30 @@ def run_fleet(
                 start([j])
         start(ctl.dispatchable())
     return order
+
+
+class _Settles:
+    """An observer that settles every outcome in ``store`` (as a driver does)."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self.store = store
+
+    def __call__(self, o: Outcome) -> None:
+        self.store.settle(o)
+
+
+def store_of(ctl: AdmissionController) -> MemoryStore:
+    """The in-memory store that holds ``ctl``'s buckets in these tests (made on first use;
+    it settles every outcome of ``ctl``)."""
+    for obs in ctl.observers:
+        if isinstance(obs, _Settles):
+            return obs.store
+    settles = _Settles(MemoryStore(ctl.clock))
+    ctl.observers.append(settles)
+    return settles.store
+
+
+def arrive(ctl: AdmissionController, job: Job) -> Decision:
+    """``job`` arrives in the gateway's order: its claims reserved in the store, then the
+    controller's decision on that reservation."""
+    return store_of(ctl).arrive(ctl, job)

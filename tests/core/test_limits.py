@@ -6,6 +6,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
+from tests.core.helpers import arrive
 from velvetrope.cli import app
 from velvetrope.core import PolicyConfig, Reason, Rejected
 from velvetrope.core.policy import DEFAULT_BURST_S, BucketLimits, bucket_report
@@ -35,8 +36,8 @@ def test_capacity_in_force() -> None:
 def test_a_minute_of_tokens_is_admitted_at_once_by_default() -> None:
     ctl, _ = controller(limited({"tokens_per_minute": 6000}))
     for _ in range(6):  # 6 × (100 + 900) = the whole minute
-        assert not isinstance(ctl.arrive(make_job(prompt=100, max_tokens=900)), Rejected)
-    d = ctl.arrive(make_job(prompt=100, max_tokens=900))
+        assert not isinstance(arrive(ctl, make_job(prompt=100, max_tokens=900)), Rejected)
+    d = arrive(ctl, make_job(prompt=100, max_tokens=900))
     assert isinstance(d, Rejected) and d.reason is Reason.RATE_LIMITED
 
 
@@ -44,7 +45,7 @@ def test_the_seeds_four_seconds_can_be_smaller_than_one_request() -> None:
     # 6000 tokens/min with the seed's 4 s of refill holds 400 tokens: a 1000-token request
     # can never be admitted, however long the client waits.
     ctl, _ = controller(limited({"tokens_per_minute": 6000, "token_burst": 400}))
-    d = ctl.arrive(make_job(prompt=100, max_tokens=900))
+    d = arrive(ctl, make_job(prompt=100, max_tokens=900))
     assert isinstance(d, Rejected) and d.reason is Reason.REQUEST_TOO_LARGE
 
 

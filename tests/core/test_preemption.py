@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.core.helpers import controller, make_job
+from tests.core.helpers import arrive, controller, make_job, store_of
 from velvetrope.core import Dispatched, Queued, Usage
 from velvetrope.core.lifecycle import JobState, Reason
 
@@ -41,12 +41,12 @@ def test_a_late_top_tier_job_takes_back_the_last_sent_lower_tier_job() -> None:
     running = make_job("initech", "batch")
     waiting = make_job("initech", "batch")
     for j in (running, waiting):
-        assert isinstance(ctl.arrive(j), Dispatched)
+        assert isinstance(arrive(ctl, j), Dispatched)
         ctl.sent(j.id)
     clock.advance(0.1)
     ctl.first_token(running.id)  # streamed a token: never taken back
     top = make_job("acme", "interactive")
-    assert isinstance(ctl.arrive(top), Queued)
+    assert isinstance(arrive(ctl, top), Queued)
     assert ctl.next_deadline() == pytest.approx(0.1 + 0.5 * 2.0)  # when it asks for room
     clock.advance(0.5)
     assert ctl.dispatchable() == [] and ctl.take_preempted() == []  # not late yet
@@ -59,12 +59,12 @@ def test_a_late_top_tier_job_takes_back_the_last_sent_lower_tier_job() -> None:
     assert ctl.in_flight == 2 and ctl.queued == 1
     # the taken-back job is first in its band when a slot frees, and is not taken twice
     later = make_job("initech", "batch")
-    assert isinstance(ctl.arrive(later), Queued)
+    assert isinstance(arrive(ctl, later), Queued)
     ctl.complete(running.id, Usage(100, 100))
     assert ctl.dispatchable() == [waiting]
     ctl.sent(waiting.id)
     clock.advance(5.0)
-    ctl.arrive(make_job("acme", "interactive"))
+    arrive(ctl, make_job("acme", "interactive"))
     clock.advance(1.5)  # past its ask, before its deadline
     ctl.dispatchable()
     assert ctl.take_preempted() == []  # preempted once already: it keeps its place
@@ -73,12 +73,12 @@ def test_a_late_top_tier_job_takes_back_the_last_sent_lower_tier_job() -> None:
 def test_a_job_that_can_no_longer_start_in_time_ends_preempted_and_refunded() -> None:
     ctl, clock = controller(policy(slots=1))
     victim = make_job("globex", "standard", deadline=0.5)  # its own bound: 0.5 s
-    assert isinstance(ctl.arrive(victim), Dispatched)
+    assert isinstance(arrive(ctl, victim), Dispatched)
     ctl.sent(victim.id)
     settled: list[Any] = []
     ctl.observers.append(settled.append)
     top = make_job("acme", "interactive")
-    ctl.arrive(top)
+    arrive(ctl, top)
     clock.advance(1.0)
     assert ctl.dispatchable() == [top]
     (p,) = ctl.take_preempted()
@@ -89,8 +89,7 @@ def test_a_job_that_can_no_longer_start_in_time_ends_preempted_and_refunded() ->
     assert [o.job for o in settled] == [victim]
     (line,) = p.outcome.settlement.lines
     assert line == ("tenant:globex:tok", victim.cost, 0.0), line  # refunded in full
-    assert ctl.buckets is not None
-    assert ctl.buckets.levels(clock.now())["tenant:globex:tok"][0] == pytest.approx(60000)
+    assert store_of(ctl).buckets.levels(clock.now())["tenant:globex:tok"][0] == pytest.approx(60000)
 
 
 def test_nothing_is_taken_back_that_is_unsent_of_the_same_band_or_without_a_ttft() -> None:
@@ -98,19 +97,19 @@ def test_nothing_is_taken_back_that_is_unsent_of_the_same_band_or_without_a_ttft
     unsent = make_job("initech", "batch")  # dispatched, never reported sent
     same = make_job("acme", "interactive")
     for j in (unsent, same):
-        ctl.arrive(j)
+        arrive(ctl, j)
     ctl.sent(same.id)
     top = make_job("acme", "interactive")
-    ctl.arrive(top)
+    arrive(ctl, top)
     batch = make_job("initech", "batch")  # no TTFT objective: never asks
-    ctl.arrive(batch)
+    arrive(ctl, batch)
     clock.advance(1.5)  # past the top job's ask, before its deadline
     assert ctl.dispatchable() == [] and ctl.take_preempted() == []
     off, clock2 = controller(policy(slots=1, preempt=False))
     low = make_job("initech", "batch")
-    off.arrive(low)
+    arrive(off, low)
     off.sent(low.id)
-    off.arrive(make_job("acme", "interactive"))
+    arrive(off, make_job("acme", "interactive"))
     clock2.advance(1.5)
     assert off.dispatchable() == [] and off.take_preempted() == []
     assert off.status()["pools"]["default"]["preemptions"] is None

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.core.helpers import arrive, store_of
 from velvetrope.clock import ManualClock
 from velvetrope.core import (
     AdmissionController,
@@ -139,7 +140,7 @@ def test_random_interleavings_keep_every_invariant(preset: str, ops: list[tuple]
                 model="m" if model else None,
             )
             m.jobs[job.id] = job
-            d = ctl.arrive(job)
+            d = arrive(ctl, job)
             for c in job.claims:
                 events.append((clock.now(), "reserve", c.key, c.amount, 0.0))
             if isinstance(d, Dispatched):
@@ -229,7 +230,7 @@ def test_random_interleavings_keep_every_invariant(preset: str, ops: list[tuple]
             r.level -= a
         else:
             r.level = max(r.floor, min(r.cap, r.level + a - b))
-    levels = st_["buckets"]
+    levels = {k: level for k, (level, _) in store_of(ctl).levels().items()}
     for key, r in refs.items():
         if key in levels:
             r.at(clock.now())

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from tests.core.helpers import arrive, store_of
 from velvetrope.core import Dispatched, Outcome, PolicyConfig, Queued, Rejected, Usage
 from velvetrope.core.lifecycle import JobState, Reason
 from velvetrope.errors import PolicyError
@@ -48,9 +49,9 @@ def test_settings_that_need_a_restart_are_refused_and_nothing_changes() -> None:
 def test_a_raised_limit_dispatches_what_waits_and_queued_jobs_keep_their_place() -> None:
     ctl, _ = controller(_policy())
     first = make_job("b", "lo")
-    assert isinstance(ctl.arrive(first), Dispatched)
+    assert isinstance(arrive(ctl, first), Dispatched)
     waiting = [make_job("b", "lo") for _ in range(2)]
-    assert all(isinstance(ctl.arrive(j), Queued) for j in waiting)
+    assert all(isinstance(arrive(ctl, j), Queued) for j in waiting)
     # a new top tier in front: the waiting jobs' band is renumbered, their order kept
     d = _policy(pools=[{"name": "default", "max_in_flight": 2}])
     d["tiers"] = [{"name": "urgent"}, {"name": "hi"}, {"name": "lo"}]
@@ -59,7 +60,7 @@ def test_a_raised_limit_dispatches_what_waits_and_queued_jobs_keep_their_place()
     assert [j.band for j in (first, *waiting)] == [2, 2, 2]
     assert ctl.dispatchable() == [waiting[0]]  # the raised limit lets one more go
     u = make_job("u", "urgent")
-    assert isinstance(ctl.arrive(u), Queued)
+    assert isinstance(arrive(ctl, u), Queued)
     ctl.complete(first.id, Usage(100, 10))
     assert ctl.dispatchable() == [u]  # the new top tier goes first
     ctl.complete(u.id, Usage(100, 10))
@@ -75,15 +76,15 @@ def test_removed_tenant_tier_and_pool_reject_their_queued_jobs_and_finish_runnin
     d["tenants"].append({"name": "c", "tier": "hi"})
     ctl, _ = controller(d)
     running = make_job("a", "hi")
-    assert isinstance(ctl.arrive(running), Dispatched)
+    assert isinstance(arrive(ctl, running), Dispatched)
     of_a = make_job("a", "hi")
     of_c = make_job("c", "hi")
     in_x = make_job("c", "hi", model="mx")
     in_x2 = make_job("c", "hi", model="mx")
     for j in (of_a, of_c, in_x, in_x2):
         ctl.route(j)
-    assert isinstance(ctl.arrive(of_a), Queued) and isinstance(ctl.arrive(of_c), Queued)
-    assert isinstance(ctl.arrive(in_x), Dispatched) and isinstance(ctl.arrive(in_x2), Queued)
+    assert isinstance(arrive(ctl, of_a), Queued) and isinstance(arrive(ctl, of_c), Queued)
+    assert isinstance(arrive(ctl, in_x), Dispatched) and isinstance(arrive(ctl, in_x2), Queued)
     new = _policy()  # tenant c, tier "hi"'s tenant a kept; pool x and its route gone
     new["tiers"] = [{"name": "lo"}]
     new["tenants"] = [{"name": "b", "tier": "lo"}]
@@ -99,7 +100,7 @@ def test_removed_tenant_tier_and_pool_reject_their_queued_jobs_and_finish_runnin
     ctl.complete(in_x.id, Usage(100, 10))
     assert ctl.in_flight == 0
     late = make_job("b", "lo")
-    assert isinstance(ctl.arrive(late), Dispatched)
+    assert isinstance(arrive(ctl, late), Dispatched)
 
 
 def test_bucket_levels_carry_over_raised_refill_from_the_level_lowered_clip() -> None:
@@ -107,11 +108,10 @@ def test_bucket_levels_carry_over_raised_refill_from_the_level_lowered_clip() ->
 
     def take() -> float:
         j = make_job("b", "lo")
-        d = ctl.arrive(j)
+        d = arrive(ctl, j)
         assert not isinstance(d, Rejected), d
         ctl.complete(j.id, Usage(100, 10))
-        assert ctl.buckets is not None
-        b = ctl.buckets.get("tenant:b:req")
+        b = store_of(ctl).buckets.get("tenant:b:req")
         assert b is not None
         return b.refill(clock.now())
 
@@ -127,7 +127,7 @@ def test_bucket_levels_carry_over_raised_refill_from_the_level_lowered_clip() ->
     ctl.reconfigure(_cfg(lowered))
     assert take() == 0  # clipped to the new capacity of 1, then this request took it
     j = make_job("b", "lo")
-    d = ctl.arrive(j)
+    d = arrive(ctl, j)
     assert isinstance(d, Rejected) and d.reason is Reason.RATE_LIMITED
 
 
@@ -136,10 +136,10 @@ def test_a_tenants_new_weight_applies_to_its_fair_share() -> None:
     d["tenants"] = [{"name": "x", "tier": "hi"}, {"name": "y", "tier": "hi"}]
     ctl, _ = controller(d)
     blocker = make_job("x", "hi")
-    ctl.arrive(blocker)
+    arrive(ctl, blocker)
     jobs = [make_job(t, "hi") for t in ("x", "y") * 4]
     for j in jobs:
-        ctl.arrive(j)
+        arrive(ctl, j)
     d2 = _policy(pools=[{"name": "default", "max_in_flight": 1}])
     d2["tenants"] = [{"name": "x", "tier": "hi", "weight": 3.0}, {"name": "y", "tier": "hi"}]
     ctl.reconfigure(_cfg(d2))

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from tests.core.helpers import arrive
 from velvetrope.core import (
     Dispatched,
     PolicyConfig,
@@ -53,7 +54,7 @@ def test_rules_match_model_tier_and_predicted_output(
     assert (routed.pool, routed.rule) == expected
     assert (job.pool, job.route, job.degraded) == (*expected, ())
     assert job.cost == job.prompt_tokens + job.reserved_output  # sized before matching
-    assert isinstance(ctl.arrive(job), Dispatched)
+    assert isinstance(arrive(ctl, job), Dispatched)
 
 
 def test_rules_see_the_estimators_learned_prediction() -> None:
@@ -62,7 +63,7 @@ def test_rules_see_the_estimators_learned_prediction() -> None:
         j = make_job(tenant="terse", max_tokens=1000)
         ctl.route(j)
         assert j.pool == "long"  # no observations yet: the default 256
-        ctl.arrive(j)
+        arrive(ctl, j)
         ctl.complete(j.id, Usage(100, 40))
     j = make_job(tenant="terse", max_tokens=1000)
     assert ctl.route(j).pool == "short" and j.predicted_output == 40
@@ -133,7 +134,7 @@ DEGRADE: dict[str, Any] = {
 def _fill(ctl: Any, pool_jobs: int) -> None:
     """One job in flight in 'main' and ``pool_jobs - 1`` queued behind it."""
     for _ in range(pool_jobs):  # not routed: placed in the pool directly
-        ctl.arrive(make_job(predicted=100, max_tokens=400, pool="main"))
+        arrive(ctl, make_job(predicted=100, max_tokens=400, pool="main"))
 
 
 def test_no_degradation_while_the_wait_is_within_wait_s() -> None:
@@ -156,7 +157,7 @@ def test_a_backed_up_pool_caps_max_tokens_and_the_claims_follow() -> None:
     assert routed == ("main", "default", ("max_tokens",))
     assert (j.max_tokens, j.predicted_output, j.cost, j.model) == (50, 50, 150, "big")
     assert [c.amount for c in ctl.claims(j) if c.kind == "tokens"] == [150.0]
-    assert isinstance(ctl.arrive(j), Queued)
+    assert isinstance(arrive(ctl, j), Queued)
 
 
 def test_the_cap_is_per_completion() -> None:
@@ -175,17 +176,17 @@ def test_a_job_that_would_be_rejected_falls_back_to_the_spare_pool() -> None:
     j = make_job(predicted=100, max_tokens=400, model="big")
     assert ctl.route(j) == ("spare", "default", ("max_tokens", "pool"))
     assert (j.pool, j.model, j.max_tokens) == ("spare", "small", 50)
-    assert isinstance(ctl.arrive(j), Dispatched)
+    assert isinstance(arrive(ctl, j), Dispatched)
 
 
 def test_rejected_only_when_degrading_is_not_enough() -> None:
     ctl, _ = controller(DEGRADE)
     _fill(ctl, 4)
     for _ in range(4):  # back the spare pool up too: past max_wait
-        ctl.arrive(make_job(predicted=100, max_tokens=400, pool="spare"))
+        arrive(ctl, make_job(predicted=100, max_tokens=400, pool="spare"))
     j = make_job(predicted=100, max_tokens=400, model="big")
     assert ctl.route(j) == ("main", "default", ("max_tokens",))
-    d = ctl.arrive(j)
+    d = arrive(ctl, j)
     assert isinstance(d, Rejected) and d.reason is Reason.WAIT_EXCEEDS_SLO
 
 
@@ -195,7 +196,7 @@ def test_without_a_drain_rate_nothing_is_degraded() -> None:
     for _ in range(5):
         j = make_job(predicted=100, max_tokens=400)
         assert ctl.route(j).actions == ()
-        ctl.arrive(j)
+        arrive(ctl, j)
 
 
 # -- capacity per engine -------------------------------------------------------------------
@@ -217,11 +218,11 @@ def test_capacity_per_engine_follows_the_live_engines() -> None:
     assert (cap.max_in_flight, cap.max_tokens) == (2, 10_000)  # one engine until told
     cap.set_engines(0)
     first = make_job()
-    assert isinstance(ctl.arrive(first), Queued)  # no engine: nothing starts, even alone
+    assert isinstance(arrive(ctl, first), Queued)  # no engine: nothing starts, even alone
     cap.set_engines(3)
     started = ctl.dispatchable()
     jobs = [make_job() for _ in range(6)]
-    started += [j for j in jobs if isinstance(ctl.arrive(j), Dispatched)]
+    started += [j for j in jobs if isinstance(arrive(ctl, j), Dispatched)]
     started += ctl.dispatchable()
     assert len(started) == 6 and ctl.queued == 1  # 3 engines x 2 slots
     cap.set_engines(2)  # one left: nothing more until in flight drops below 4

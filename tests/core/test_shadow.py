@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tests.core.helpers import arrive, store_of
 from velvetrope.core import Dispatched, Queued, Rejected, Usage
 from velvetrope.core.lifecycle import JobState
 
@@ -39,21 +40,20 @@ def test_shadow_decisions_are_what_enforcement_decides_and_every_job_runs() -> N
     did: list[tuple[str, str]] = []
     for _ in range(12):
         j = make_job("a", "hi")
-        assert isinstance(shadow.arrive(j), Dispatched) and j.state is JobState.DISPATCHED
+        assert isinstance(arrive(shadow, j), Dispatched) and j.state is JobState.DISPATCHED
         assert j.shadow is not None
         said.append((j.shadow, j.shadow_reason))
-        did.append(_decision(enforced.arrive(make_job("a", "hi"))))
+        did.append(_decision(arrive(enforced, make_job("a", "hi"))))
     assert did == [("admitted", "")] * 5 + [("rejected", "rate_limited")] * 7
     assert said == did  # one rule: the same decisions, the same bucket
-    assert shadow.buckets is not None and enforced.buckets is not None
-    assert shadow.buckets.levels(0.0) == enforced.buckets.levels(0.0)
+    assert store_of(shadow).buckets.levels(0.0) == store_of(enforced).buckets.levels(0.0)
     assert shadow.in_flight == 12  # every one of them passed through
 
 
 def test_shadow_work_takes_capacity_and_is_never_queued() -> None:
     ctl, _ = controller(_policy(False))
     jobs = [make_job("a", "hi") for _ in range(5)]
-    assert all(isinstance(ctl.arrive(j), Dispatched) for j in jobs)
+    assert all(isinstance(arrive(ctl, j), Dispatched) for j in jobs)
     assert [(j.shadow, j.shadow_reason) for j in jobs] == [("admitted", "")] * 2 + [
         ("queued", "capacity")
     ] * 3
@@ -61,7 +61,7 @@ def test_shadow_work_takes_capacity_and_is_never_queued() -> None:
     # shadow jobs never join the queue, so queue bounds (a tenant's max_queued) cannot
     # bind them: their decisions say "queued" where enforcement might have refused
     b = make_job("b", "lo")
-    assert isinstance(ctl.arrive(b), Queued)  # an enforced tenant sees the load they add
+    assert isinstance(arrive(ctl, b), Queued)  # an enforced tenant sees the load they add
     for j in jobs:
         ctl.complete(j.id, Usage(100, 10))
     assert ctl.dispatchable() == [b]
@@ -79,13 +79,12 @@ def test_a_shadow_rejection_after_a_grant_is_charged_nothing() -> None:
     ctl, _ = controller(cfg)
     running = make_job("b", "hi", predicted=100)
     waiting = make_job("b", "hi", predicted=100)
-    assert isinstance(ctl.arrive(running), Dispatched)
-    assert isinstance(ctl.arrive(waiting), Queued)
+    assert isinstance(arrive(ctl, running), Dispatched)
+    assert isinstance(arrive(ctl, waiting), Queued)
     a = make_job("a", "lo", prompt=100, max_tokens=100, predicted=100)
-    assert isinstance(ctl.arrive(a), Dispatched)  # passed through
+    assert isinstance(arrive(ctl, a), Dispatched)  # passed through
     assert (a.shadow, a.shadow_reason) == ("rejected", "wait_exceeds_slo")  # 200 s ahead
-    assert ctl.buckets is not None
-    bucket = ctl.buckets.get("tenant:a:tok")
+    bucket = store_of(ctl).buckets.get("tenant:a:tok")
     assert bucket is not None
     before = bucket.level  # its 200 tokens were reserved
     ctl.complete(a.id, Usage(100, 100))

@@ -41,7 +41,7 @@ def replica(url: str, namespace: str, slots: int, calls: list[str] | None = None
     }
     config = parse_config(cfg)
     clock = SystemClock()
-    ctl = AdmissionController(config.policy, clock, external_buckets=True)
+    ctl = AdmissionController(config.policy, clock)
     observe = None if calls is None else (lambda op, s: calls.append(op))
     return Admission(ctl, open_store(config, clock, observe_call=observe))
 

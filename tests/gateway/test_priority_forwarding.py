@@ -37,7 +37,7 @@ def _setup(
 ) -> tuple[PriorityForwarding, AdmissionController, ManualClock, list[UpstreamState]]:
     cfg = _config(*upstreams, engine_priority=engine_priority)
     clock = ManualClock()
-    ctl = AdmissionController(cfg.policy, clock, external_buckets=True)
+    ctl = AdmissionController(cfg.policy, clock)
     ups = UpstreamPools(cfg, clock).pools["default"]
     spoken: dict[str, str] = {}
     fwd = PriorityForwarding(cfg, ctl, clock, spoken.get)

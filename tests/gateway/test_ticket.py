@@ -25,9 +25,7 @@ def admission(
     extra: dict[str, Any] | None = None,
 ) -> tuple[Admission, AdmissionController, MemoryStore, ManualClock, list[Outcome]]:
     clock = ManualClock()
-    ctl = AdmissionController(
-        PolicyConfig.model_validate({**LIMITED, **(extra or {})}), clock, external_buckets=True
-    )
+    ctl = AdmissionController(PolicyConfig.model_validate({**LIMITED, **(extra or {})}), clock)
     seen: list[Outcome] = []
     ctl.observers.append(seen.append)
     store = MemoryStore(clock)

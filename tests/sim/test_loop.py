@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.core.helpers import arrive
 from velvetrope.clock import ManualClock
 from velvetrope.core import (
     AdmissionController,
@@ -195,7 +196,7 @@ def harness(
                 predicted_output=min(size(r), cap) if oracle else None,
             )
             jobs.append(job)
-            decision = ctl.arrive(job)
+            decision = arrive(ctl, job)
             if isinstance(decision, Dispatched):
                 detail = "admitted"
             elif isinstance(decision, Queued):

@@ -28,11 +28,11 @@ its slot and token budget are released and its bucket reservation is settled aga
 tokens actually used.  Each terminal :class:`~velvetrope.core.job.Outcome` is handed to
 every observer and returned to the caller.
 
-Buckets elsewhere (memory, Redis): with ``external_buckets=True``, reserve
-:meth:`AdmissionController.claims` in the store and pass its ``Grant`` *or* ``Denial`` to
-:meth:`arrive` (a denial runs the same lifecycle: one rejected outcome, 429); apply each
-outcome's ``Settlement`` there, idempotently per job id.  Otherwise the controller keeps its
-own :class:`~velvetrope.core.bucket.MemoryBuckets` (the simulator, the tests).
+The buckets live in a store (:mod:`velvetrope.store`: memory or Redis), never here: a driver
+reserves :meth:`AdmissionController.claims` there and passes its ``Grant`` *or* ``Denial`` to
+:meth:`arrive` (a denial runs the same lifecycle: one rejected outcome, 429), and applies each
+outcome's ``Settlement`` there, idempotently per job id.  The one such driver is the request
+machine (:mod:`velvetrope.core.request_machine`), for the gateway and the simulator alike.
 """
 
 from __future__ import annotations
@@ -48,7 +48,6 @@ from velvetrope.core.bucket import (
     Claim,
     Denial,
     Grant,
-    MemoryBuckets,
 )
 from velvetrope.core.capacity import PoolCapacity
 from velvetrope.core.claims import ClaimSpecs
@@ -129,13 +128,11 @@ class AdmissionController(JobEnds):
         clock: Clock,
         *,
         estimator: OutputEstimator | None = None,
-        external_buckets: bool = False,
         observers: list[Callable[[Outcome], None]] | None = None,
     ) -> None:
         config = apply_preset(config)
         self.clock = clock
         self.estimator: OutputEstimator = estimator or make_estimator(config.estimator)
-        self.buckets: MemoryBuckets | None = None if external_buckets else MemoryBuckets()
         self.observers: list[Callable[[Outcome], None]] = list(observers or [])
         self._pools: dict[str, Pool] = {}
         self._saturation: dict[str, EngineSaturation] = {}
@@ -312,8 +309,8 @@ class AdmissionController(JobEnds):
     def arrive(self, job: Job, reservation: Grant | Denial | None = None) -> Decision:
         """Admit, queue or reject ``job`` (state ARRIVED).
 
-        ``reservation`` is the bucket store's answer to :meth:`claims` (required with
-        external buckets when the job has claims; ignored otherwise).  A
+        ``reservation`` is the bucket store's answer to :meth:`claims` (required when the job
+        has claims; ignored otherwise).  A
         :class:`~velvetrope.core.bucket.Denial` rejects the job (429) through the same
         lifecycle as an in-memory denial; with a :class:`~velvetrope.core.bucket.Grant` a
         job rejected later in admission settles its claims with nothing used."""
@@ -350,7 +347,7 @@ class AdmissionController(JobEnds):
         cost = job.cost
         if not cost:
             cost = self._size(job)
-        denial = self._take(job, reservation, cost, now)
+        denial = self._take(job, reservation)
         if denial is not None:
             return self._deny(job, denial, now)
         # 2. start at once when nothing is waiting and capacity allows
@@ -386,28 +383,16 @@ class AdmissionController(JobEnds):
                 heapq.heappush(self._asks, (ask, seq, job))
         return new_tuple(Queued, (job, ahead_n, eta))
 
-    def _take(
-        self, job: Job, reservation: Grant | Denial | None, cost: int, now: float
-    ) -> Denial | None:
-        """:meth:`arrive`'s step 1, the edge buckets: the store's denial, or this
-        controller's own buckets' (``None``: granted, ``job.claims`` set to what was
-        reserved)."""
-        buckets = self.buckets
-        if buckets is None:
-            if reservation is None:
-                if self._specs.of(job):
-                    raise PolicyError(f"job {job.id!r}: external buckets need a reservation")
-            elif isinstance(reservation, Denial):
-                return reservation
-            else:
-                job.claims = reservation.claims
-            return None
-        claims = self._specs.claims_for(job, job.tenant, job.tier, job.model, cost)
-        if claims:
-            denial = buckets.take(claims, now)
-            if denial is not None:
-                return denial
-            job.claims = claims
+    def _take(self, job: Job, reservation: Grant | Denial | None) -> Denial | None:
+        """:meth:`arrive`'s step 1, the edge buckets: the store's denial, or ``None``
+        (granted: ``job.claims`` set to what was reserved)."""
+        if reservation is None:
+            if self._specs.of(job):
+                raise PolicyError(f"job {job.id!r}: its claims need the store's reservation")
+        elif isinstance(reservation, Denial):
+            return reservation
+        else:
+            job.claims = reservation.claims
         return None
 
     def _shed(
@@ -434,7 +419,9 @@ class AdmissionController(JobEnds):
         kept and settled when the job ends, with nothing used if the decision was a
         rejection (enforcement would have refunded them): the buckets see what enforcement
         would have charged."""
-        denial = self._take(job, reservation, job.cost or self._size(job), now)
+        if not job.cost:
+            self._size(job)
+        denial = self._take(job, reservation)
         decision, why = "admitted", ""
         sched = pool.sched
         band = job.band = sched.band_of(tier)
@@ -532,8 +519,7 @@ class AdmissionController(JobEnds):
         return self._jobs.get(job_id)
 
     def status(self) -> dict[str, Any]:
-        """Queue by pool, band and tenant; in-flight work; bucket levels."""
-        now = self.clock.now()
+        """Queue by pool, band and tenant; in-flight work (the buckets are the store's)."""
         pools = {p.name: p.status() for p in self._pool_list}
         return {
             "draining": self.draining,
@@ -541,9 +527,6 @@ class AdmissionController(JobEnds):
             "in_flight": self.in_flight,
             "tenants_queued": {t: n for t, n in self._tenant_queued.items() if n},
             "pools": pools,
-            "buckets": {}
-            if self.buckets is None
-            else {k: level for k, (level, _) in self.buckets.levels(now).items()},
         }
 
     def pool_capacity(self, pool: str) -> PoolCapacity:
@@ -586,8 +569,7 @@ class AdmissionController(JobEnds):
         job.move(JobState.REJECTED)
         settlement = self._settlement(job, 0)
         self._emit(job, JobState.REJECTED, reason, settlement, now)
-        snaps = () if self.buckets is None else self.buckets.snapshots(job.claims, now)
-        return Rejected(job, reason, retry, message, snaps, settlement)
+        return Rejected(job, reason, retry, message, (), settlement)
 
     def _deny(self, job: Job, denial: Denial, now: float) -> Rejected:
         job.move(JobState.REJECTED)

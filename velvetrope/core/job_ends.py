@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Final, NamedTuple
 
 from velvetrope.clock import Clock
-from velvetrope.core.bucket import MemoryBuckets, settle_lines
+from velvetrope.core.bucket import settle_lines
 from velvetrope.core.estimate import OutputEstimator
 from velvetrope.core.job import Job, Outcome
 from velvetrope.core.lifecycle import JobState, Reason, Settlement, Usage
@@ -52,7 +52,6 @@ class JobEnds:
 
     clock: Clock
     estimator: OutputEstimator
-    buckets: MemoryBuckets | None
     observers: list[Callable[[Outcome], None]]
     queued: int
     in_flight: int
@@ -168,8 +167,6 @@ class JobEnds:
     ) -> Outcome:
         job.reason = reason
         job.finished_at = now
-        if settlement.lines and self.buckets is not None:
-            self.buckets.settle(settlement.lines, now)
         out = new_tuple(Outcome, (job, state, reason, settlement, now))
         for obs in self.observers:
             obs(out)

@@ -43,6 +43,7 @@ from velvetrope.clock import ManualClock
 from velvetrope.core import AdmissionController, Dispatched, Job, PolicyConfig, Usage
 from velvetrope.engine import Batcher, EngineEvent, EngineProfile, Finished, FirstToken
 from velvetrope.errors import PolicyError
+from velvetrope.store.memory import MemoryStore
 
 __all__ = ["ClosedLoopResult", "KneeSweep", "find_knee", "knee_sweep", "run_closed_loop"]
 
@@ -117,7 +118,8 @@ def run_closed_loop(
         if n < 1 or not t >= 0:
             raise PolicyError(f"bad change ({t}, {n}): need t >= 0 and n >= 1")
     clock = ManualClock(0.0)
-    ctl = AdmissionController(config, clock)
+    store = MemoryStore(clock)  # the buckets, settled as the gateway settles them
+    ctl = AdmissionController(config, clock, observers=[store.settle])
     pool = config.pools[0].name
     limit = ctl.pool_limit(pool)
     fixed = ctl.pool_capacity(pool).max_in_flight
@@ -148,7 +150,7 @@ def run_closed_loop(
         job = Job(str(counter), "client", "default", prompts[j], outputs[j], pool=pool)
         job.predicted_output = outputs[j]
         counter += 1
-        d = ctl.arrive(job)
+        d = store.arrive(ctl, job)
         if isinstance(d, Dispatched):
             launch(job, now)
         launch_ready(now)

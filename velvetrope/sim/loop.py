@@ -214,9 +214,7 @@ def run_simulation(
             decisions.append((o.at, "end", o.job.id, f"{o.state.value}:{o.reason.code}"))
 
         observers.append(observe)
-    ctl = AdmissionController(
-        config, clock, estimator=estimator, external_buckets=True, observers=observers
-    )
+    ctl = AdmissionController(config, clock, estimator=estimator, observers=observers)
     machine = RequestMachine(ctl, record=machine_record)
     policy = ctl.config
     pool_names = [p.name for p in policy.pools]

@@ -24,6 +24,7 @@ from velvetrope.core import (
     Rejected,
     Usage,
 )
+from velvetrope.store.memory import MemoryStore
 
 __all__ = ["SCENARIO_POLICY", "run_scenario"]
 
@@ -51,8 +52,11 @@ def run_scenario(console: Console | None = None, seed: int = 7, n: int = 30) -> 
     console = console or Console()
     clock = ManualClock()
     outcomes: list[Outcome] = []
+    store = MemoryStore(clock)  # the buckets, settled as the gateway settles them
     ctl = AdmissionController(
-        PolicyConfig.model_validate(SCENARIO_POLICY), clock, observers=[outcomes.append]
+        PolicyConfig.model_validate(SCENARIO_POLICY),
+        clock,
+        observers=[outcomes.append, store.settle],
     )
     rng = random.Random(seed)
     tenants = ["acme", "globex", "initech"]
@@ -98,7 +102,7 @@ def run_scenario(console: Console | None = None, seed: int = 7, n: int = 30) -> 
         else:
             job = arrivals[i][1]
             i += 1
-            d = ctl.arrive(job)
+            d = store.arrive(ctl, job)
             if isinstance(d, Dispatched):
                 start(job)
             elif isinstance(d, Queued):

@@ -7,6 +7,8 @@ from typing import Any
 
 from velvetrope.clock import Clock
 from velvetrope.core.bucket import Claim, Denial, Grant, MemoryBuckets, SettleLine
+from velvetrope.core.controller import AdmissionController, Decision
+from velvetrope.core.job import Job, Outcome
 from velvetrope.store.base import Slot
 
 __all__ = ["MemoryStore"]
@@ -64,3 +66,17 @@ class MemoryStore:
 
     def status(self) -> dict[str, Any]:
         return {"backend": "memory", "up": True}
+
+    # -- for tools that drive a controller directly (the scenario, closed-loop runs) ---
+
+    def arrive(self, ctl: AdmissionController, job: Job) -> Decision:
+        """``job`` arrives at ``ctl`` in the gateway's order: its claims reserved here, then
+        the controller's decision on that reservation.  Settle every outcome of ``ctl``
+        here (:meth:`settle`, as an observer)."""
+        claims = ctl.claims(job)
+        return ctl.arrive(job, self.reserve_now(job.id, job.tenant, claims) if claims else None)
+
+    def settle(self, o: Outcome) -> None:
+        """Settle an ended job's claims here (a controller's observer)."""
+        job = o.job
+        self.finish(job.id, job.tenant, job.claims, o.settlement.lines, job.pool)

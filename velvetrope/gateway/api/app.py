@@ -86,7 +86,7 @@ class Gateway(CompletionPath):
         self.config = config
         self.settings = config.gateway
         self.clock = clock or SystemClock()
-        self.ctl = AdmissionController(config.policy, self.clock, external_buckets=True)
+        self.ctl = AdmissionController(config.policy, self.clock)
         self.metrics = GatewayMetrics(self.ctl, self.settings.metrics_tenant_label)
         self.store = open_store(
             config,
