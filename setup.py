@@ -32,6 +32,7 @@ COMPILED = [
     "velvetrope/core/fairness.py",
     "velvetrope/core/job.py",
     "velvetrope/core/job_ends.py",
+    "velvetrope/core/job_sizing.py",
     "velvetrope/core/jobheap.py",
     "velvetrope/core/leases.py",
     "velvetrope/core/limit.py",

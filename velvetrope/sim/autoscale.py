@@ -43,10 +43,10 @@ from numpy.typing import NDArray
 from velvetrope.config_sections import AutoscaleSettings
 from velvetrope.core import AdmissionController
 from velvetrope.errors import PolicyError
+from velvetrope.sim.drive_inputs import Autoscaling, Scaler
 from velvetrope.sim.fleet import Fleet
 from velvetrope.sim.keda import KedaAutoscaler, ScaledObject, ScaleEvent, load_scaled_object
 from velvetrope.sim.replicas import ReplicaPool, StartupDelay
-from velvetrope.sim.runner import Autoscaling, Scaler
 from velvetrope.sim.scrape import EngineScrapes
 
 __all__ = [

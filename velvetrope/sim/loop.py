@@ -87,11 +87,12 @@ from velvetrope.core.request_machine import RequestMachine
 from velvetrope.engine import EngineProfile
 from velvetrope.errors import PolicyError
 from velvetrope.sim.capacity import Capacity, fleet_capacity
+from velvetrope.sim.drive_inputs import Inputs
 from velvetrope.sim.fleet import Fleet, pool_replicas
 from velvetrope.sim.lengths import LengthKnowledge, parse_lengths, predicted_outputs
 from velvetrope.sim.metrics import JobRecords, config_slos
 from velvetrope.sim.result import LogEntry, RunInfo, SimResult
-from velvetrope.sim.runner import Inputs, drive
+from velvetrope.sim.runner import drive
 from velvetrope.sim.scrape import EngineScrapes
 from velvetrope.sim.workload import TraceRequest, rescale_time, trace_stats
 from velvetrope.store.memory import MemoryStore

@@ -20,9 +20,9 @@ from numpy.typing import NDArray
 from velvetrope.core.policy import SloPolicy
 from velvetrope.engine.fastforward import RunCounts
 from velvetrope.sim.capacity import Capacity
+from velvetrope.sim.drive_inputs import LogEntry as _RunnerLogEntry
 from velvetrope.sim.fleet import PoolStats
 from velvetrope.sim.metrics import JobRecords, TierStats, summarize
-from velvetrope.sim.runner import LogEntry as _RunnerLogEntry
 from velvetrope.sim.scrape import EngineSamples
 
 if TYPE_CHECKING:

@@ -19,21 +19,17 @@ class       event                                                      rank
 7 ARRIVAL   the next request arrives                                   arrival index
 ==========  =========================================================  ===============
 
-Handlers do what the loop always did: an arrival becomes a :class:`~velvetrope.core.Job`
-through ``ctl.arrive``; admitted or dispatchable jobs go to a replica's batcher; a step's
-events are delivered when it ends (``FirstToken`` → ``ctl.first_token``, ``Finished`` →
-``ctl.complete``), then the replica's next step is computed and scheduled; ``ctl.tick`` runs
-at the earliest queue deadline; a client timeout cancels a queued job or aborts a dispatched
-one; an arrival is routed by ``ctl.route`` (a degraded job's capped ``max_tokens`` caps
-what its engine generates); every ``scrape_interval_s`` the engines are read into the
-core's saturation rule (:mod:`velvetrope.sim.scrape`) while work remains.  After anything
-that can free capacity the loop asks ``ctl.dispatchable()``.  Arrivals
-are scheduled one at a time (each schedules the next); the earliest queue deadline and the
-earliest pending client timeout are read again after every event that is not a step end
-(what the loop before did on each pass) and scheduled anew, the older event becoming stale
-(ignored when it comes up).  A deadline event ticks the core even if the job it was for has
-been dispatched meanwhile, and a timeout event for a request that has already ended still
-moves the clock, as before: the run's span is unchanged.  The
+Handlers drive the request machine (:class:`~velvetrope.core.request_machine.RequestMachine`)
+as the gateway's driver does, and carry out its effects (``Send`` to a replica's batcher,
+``Cancel`` aborts there, ``Settle`` into the in-memory store): an arrival is made a
+:class:`~velvetrope.core.Job` and reserved in the store; a step's events are delivered when
+it ends (``FirstToken``, then each ``Finished`` with what it lets go), then the replica's
+next step is scheduled; a client timeout ends a queued or dispatched job; the deadline,
+scrape and start-up events tick the machine.  A degraded job's capped ``max_tokens`` caps
+what its engine generates.  Arrivals are scheduled one at a time (each schedules the next);
+the earliest queue deadline and client timeout are read again after every event that is
+not a step end and scheduled anew, the older event becoming stale (ignored).  A deadline or
+timeout event that finds nothing to do still moves the clock.  The
 :class:`~velvetrope.clock.ManualClock` the core reads is set by the handlers that touch the
 core (a step end only if it delivers events), so a run's span is the last such moment.
 
@@ -45,122 +41,39 @@ stale is left behind).  A scrape reads each run as it stands at
 the step in progress without applying it (``projected``: only its KV blocks change before
 its last step) and lets it go on; the autoscaler's signal, which reads the batchers
 themselves, applies every run up to the step in progress first (``bring_up``).  A step
-starting exactly at that moment
-counts as started when a step-by-step loop would have handled that step end first (a lower
-replica number while handling a step end; always for the other events).
-
-With an :class:`Autoscaling` the pool it names is dynamic: its replicas come from a
-:class:`~velvetrope.sim.replicas.ReplicaPool`, the autoscaler's signal is scraped every
-``scrape_interval_s``, and each change of the replica count starts replicas (taking work
-once their start-up is over) or drains them (no new work; gone once their batcher is
-empty).  The pool's in-flight limits (capacity per engine) and its saturation rule follow
-its ready replicas, the rule reads the draining ones too, and the decision log gains
-``scale``, ``ready``, ``drain`` and ``gone`` entries.
+starting exactly at that moment counts as started when a step-by-step loop would have
+handled that step end first (a lower replica number while handling a step end; always for
+the other events).
 """
 
 from __future__ import annotations
 
 import gc
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from heapq import heappush
-from typing import Protocol
 
 from velvetrope.clock import ManualClock
 from velvetrope.core import Job, JobState, Reason, Usage
-from velvetrope.core.effects import Cancel, Reserve, Send, Settle
+from velvetrope.core.effects import Cancel, Effect, Reserve, Send, Settle
 from velvetrope.core.kinds import PROMPT_ONLY, size_prompt_only
 from velvetrope.core.request_machine import RequestMachine
 from velvetrope.core.tuples import new_tuple
 from velvetrope.engine import EngineEvent, Finished, FirstToken
 from velvetrope.engine.fastforward import DecodeRun, RunCounts
+from velvetrope.sim.drive_inputs import Autoscaling, Inputs, LogEntry, Trace
 from velvetrope.sim.env import Environment, priority
 from velvetrope.sim.fleet import Fleet
-from velvetrope.sim.replicas import Replica, ReplicaPool
+from velvetrope.sim.replicas import Replica
 from velvetrope.sim.scrape import EngineScrapes
 from velvetrope.store.memory import MemoryStore
 
-LogEntry = tuple[float, str, str, str]
-"""A decision-log entry (:data:`velvetrope.sim.result.LogEntry`, which is this type)."""
-
-__all__ = ["Autoscaling", "Inputs", "LogEntry", "Scaler", "Trace", "drive"]
+__all__ = ["drive"]
 
 SCRAPE, READY, PROM, SCALE, DEADLINE, TIMEOUT, ARRIVAL = range(1, 8)
 _BY_ALL = 1 << 30
 """The ``by`` of events that are not step ends: after every replica's (fast-forward)."""
 _QUEUED = JobState.QUEUED
 _DISPATCHED = JobState.DISPATCHED
-
-
-class Scaler(Protocol):
-    """What drives an autoscaled pool: KEDA's model, or a script in the tests."""
-
-    def next_at(self) -> float:
-        """When it next acts (``inf``: never)."""
-        ...
-
-    def fire(self, now: float, current: int, ready: int) -> int:
-        """Act at ``now`` with ``current`` replicas asked for, ``ready`` of them serving;
-        returns the replica count it sets."""
-        ...
-
-
-@dataclass(slots=True)
-class Autoscaling:
-    """One autoscaled pool: its number, the scaler, the replicas, the signal and its scrape
-    interval (``signal(now)`` is read at each scrape and handed to ``record``)."""
-
-    pool: int
-    scaler: Scaler
-    replicas: ReplicaPool
-    scrape_interval_s: float = 15.0
-    signal: Callable[[float], float] | None = None
-    record: Callable[[float, float], None] | None = None
-
-
-@dataclass(slots=True)
-class Inputs:
-    """Per-request inputs, prepared once (aligned lists, in workload order).  ``outputs`` is
-    updated in place when a degraded job's ``max_tokens`` cuts what its engine generates.
-    ``templates`` are the requests' shared-prefix ids (the core's template, the engine's
-    prefix id) and ``prefix_tokens`` the tokens of that prefix; ``blocks`` the requests'
-    prefix block hashes and ``block_tokens`` their blocks' sizes (empty, 0: none)."""
-
-    times: list[float]
-    tenants: list[str]
-    tiers: list[str]
-    prompts: list[int]
-    outputs: list[int]
-    caps: list[int]
-    preds: list[int | None]
-    models: list[str | None]
-    templates: list[str | None]
-    pool_index: dict[str, int]
-    max_len: int
-    prefix_tokens: list[int]
-    blocks: list[tuple[int, ...]]
-    block_tokens: list[int]
-    engine_priority: dict[tuple[str, str], int] = field(default_factory=dict)
-    """``(pool, tier)`` → the ``priority`` the job is sent to its engine with
-    (:class:`~velvetrope.core.engine_priority.EnginePriority`; absent: 0)."""
-    kinds: list[str] = field(default_factory=list)
-    """The requests' endpoint kinds (empty: all ``chat``); a prompt-only kind's job is sized
-    by :func:`~velvetrope.core.kinds.size_prompt_only`, as the gateway sizes it."""
-
-
-@dataclass(slots=True)
-class Trace:
-    """What :func:`drive` returns besides the core's own state (``runs``: how its decode
-    runs went, all zero without fast-forward)."""
-
-    jobs: list[Job | None]
-    decisions: list[LogEntry]
-    samples_t: list[float]
-    samples_q: list[int]
-    samples_f: list[int]
-    span_s: float
-    runs: RunCounts
 
 
 def drive(
@@ -285,10 +198,11 @@ def drive(
         if record:
             decisions.append((now, "preempt", job.id, "requeued" if requeued else "ended"))
 
-    def apply(now: float, by: int) -> None:
-        """Carry out the machine's effects, in order, and those they lead to (a send that
-        fails ends its job, which may dispatch more: after the rest)."""
-        todo = effects()
+    def apply(now: float, by: int, todo: list[Effect] | None = None) -> None:
+        """Carry out ``todo`` (default: the machine's pending effects), in order, and those
+        they lead to (a send that fails ends its job, which may dispatch more: after)."""
+        if todo is None:
+            todo = effects()
         while todo:
             for e in todo:
                 t = type(e)
@@ -422,7 +336,6 @@ def drive(
             assert job is not None
             if job.state is _QUEUED:
                 machine.client_gone(job)
-                apply(now, _BY_ALL)  # as the gateway: each end, then what it lets go
             elif job.state is _DISPATCHED:
                 k = replica_of[j]
                 settle(k, now, _BY_ALL)
@@ -431,7 +344,7 @@ def drive(
                 load_[k] -= 1
                 gen = snap.generated_tokens if snap is not None else 0
                 machine.client_gone(job, Usage(job.prompt_tokens, gen))
-                apply(now, _BY_ALL)
+            apply(now, _BY_ALL)  # as the gateway: each end, then what it lets go
             j += 1
         tp[0] = j
         dispatch(now, _BY_ALL)
@@ -468,16 +381,7 @@ def drive(
             outputs[i] = job.max_tokens
         if record:
             decisions.append((h, "arrive", job.id, _detail(job, decided)))
-        for e in todo:
-            t = type(e)
-            if t is Settle:
-                j = e.job
-                finish(j.id, j.tenant, e.claims, e.lines, j.pool)  # type: ignore[union-attr]
-            elif t is Send:
-                send(e.job, h, _BY_ALL)
-            elif t is Cancel:
-                cancel(e.job, e.refusal is None, h, _BY_ALL)  # type: ignore[union-attr]
-        apply(h, _BY_ALL)
+        apply(h, _BY_ALL, todo)
         samples_t.append(h)
         samples_q.append(ctl.queued)
         samples_f.append(ctl.in_flight)
