@@ -65,7 +65,7 @@ from experiments.common import (
     save_plot,
 )
 from velvetrope.core import PolicyConfig
-from velvetrope.core.policy import SEED_BURST_S
+from velvetrope.core.bucket_limits import SEED_BURST_S
 from velvetrope.engine import EngineProfile
 from velvetrope.sim.loop import run_simulation
 from velvetrope.sim.metrics import JobRecords
