@@ -26,7 +26,7 @@ from velvetrope.core import EngineReading
 from velvetrope.demo.loadgen import LiveCounters, ReplayConfig, ReplayResult, replay
 from velvetrope.demo.settings import GATEWAY, DemoSettings
 from velvetrope.dialects import EngineSample, read_metrics
-from velvetrope.sim.workload import TraceRequest
+from velvetrope.sim.trace_request import TraceRequest
 from velvetrope.top.sections import bar
 
 __all__ = ["Monitor", "PhaseSample", "RunResult", "run_phase"]

@@ -92,7 +92,8 @@ from velvetrope.sim.metrics import JobRecords, config_slos
 from velvetrope.sim.result import LogEntry, RunInfo, SimResult
 from velvetrope.sim.runner import Inputs, drive
 from velvetrope.sim.scrape import EngineScrapes
-from velvetrope.sim.workload import TraceRequest, rescale_time, trace_stats
+from velvetrope.sim.trace_request import TraceRequest
+from velvetrope.sim.workload import rescale_time, trace_stats
 
 if TYPE_CHECKING:
     from velvetrope.sim.autoscale import AutoscaleSpec
