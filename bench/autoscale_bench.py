@@ -51,7 +51,8 @@ from experiments.k_autoscaling.day import (
 )
 from velvetrope.cluster import SweepTiming, sweep_executor
 from velvetrope.sim.shared import Shared
-from velvetrope.sim.workload import TraceRequest, time_window
+from velvetrope.sim.trace_request import TraceRequest
+from velvetrope.sim.workload import time_window
 
 MEAN_RPS = 5.0
 SLICE = (6 * 3600.0, 14 * 3600.0)

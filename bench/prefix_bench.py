@@ -50,8 +50,8 @@ from experiments.l_prefix.run import MODES, mooncake_profile, routing_policy
 from velvetrope.engine import EngineProfile
 from velvetrope.sim.loop import run_simulation
 from velvetrope.sim.result import SimResult
+from velvetrope.sim.trace_request import TraceRequest
 from velvetrope.sim.traces import load_trace
-from velvetrope.sim.workload import TraceRequest
 
 
 def run(

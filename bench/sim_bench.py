@@ -27,7 +27,7 @@ from velvetrope.engine import load_profile
 from velvetrope.sim.inputs import default_policy, prepare_workload
 from velvetrope.sim.loop import run_simulation
 from velvetrope.sim.result import SimResult
-from velvetrope.sim.workload import TenantMix
+from velvetrope.sim.tenant_mix import TenantMix
 
 MIX = "acme:interactive:0.2,globex:standard:0.3,initech:batch:0.5"
 REPLICAS = 4

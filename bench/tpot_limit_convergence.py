@@ -34,7 +34,7 @@ from velvetrope.demo.settings import DEFAULT_CONFIG, DemoSettings, read_config  
 from velvetrope.demo.workload import build_workload  # noqa: E402
 from velvetrope.engine import load_profile  # noqa: E402
 from velvetrope.sim.loop import run_simulation  # noqa: E402
-from velvetrope.sim.workload import TraceRequest  # noqa: E402
+from velvetrope.sim.trace_request import TraceRequest  # noqa: E402
 
 ENGINES = 2
 STEP_S = 30.0

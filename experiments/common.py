@@ -26,9 +26,11 @@ from velvetrope.core import PolicyConfig
 from velvetrope.engine import EngineProfile, load_profile
 from velvetrope.sim.arrivals import Poisson
 from velvetrope.sim.capacity import Capacity, replica_capacity
+from velvetrope.sim.length_models import TraceLengths
 from velvetrope.sim.loop import scale_to_load
 from velvetrope.sim.report import markdown_table, save_figure
-from velvetrope.sim.workload import TraceLengths, TraceRequest, synthesize
+from velvetrope.sim.trace_request import TraceRequest
+from velvetrope.sim.workload import synthesize
 
 __all__ = [
     "PROFILE_NAME",

@@ -37,7 +37,8 @@ from velvetrope.demo.replay_results import LiveCounters, ReplayOutcome, ReplayRe
 from velvetrope.demo.settings import DemoSettings
 from velvetrope.demo.workload import build_workload
 from velvetrope.errors import PolicyError
-from velvetrope.sim.workload import TraceRequest, scale_to_rate
+from velvetrope.sim.trace_request import TraceRequest
+from velvetrope.sim.workload import scale_to_rate
 
 __all__ = [
     "ADMISSION_CODES",

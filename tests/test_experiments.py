@@ -40,8 +40,10 @@ from experiments.m_fintech import run as m
 from experiments.n_engine_priority import run as n
 from velvetrope.core.presets import apply_preset
 from velvetrope.errors import ConfigError
+from velvetrope.sim.tenant_mix import TenantMix
+from velvetrope.sim.trace_request import TraceRequest
 from velvetrope.sim.traces import load_trace
-from velvetrope.sim.workload import TenantMix, TraceRequest, head
+from velvetrope.sim.workload import head
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ from velvetrope.clock import ManualClock
 from velvetrope.core import AdmissionController, Job, PolicyConfig, Reason, Usage
 from velvetrope.gateway.driver.admission import Admission, Ticket
 from velvetrope.sim.loop import run_simulation
-from velvetrope.sim.workload import TraceRequest
+from velvetrope.sim.trace_request import TraceRequest
 from velvetrope.store.memory import MemoryStore
 
 Record = list[tuple[float, str, str, str]]

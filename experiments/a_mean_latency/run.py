@@ -51,8 +51,8 @@ from velvetrope.engine import EngineProfile
 from velvetrope.planner.queueing_general import mg1_sjf_waits
 from velvetrope.sim.analytic import TokenService, run_analytic
 from velvetrope.sim.loop import run_simulation
+from velvetrope.sim.trace_request import TraceRequest
 from velvetrope.sim.traces import load_trace
-from velvetrope.sim.workload import TraceRequest
 
 OUT = Path(__file__).resolve().parent
 TRACES = ("azure_conv", "azure_code")

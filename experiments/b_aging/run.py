@@ -53,8 +53,8 @@ from experiments.common import (
 from velvetrope.engine import EngineProfile
 from velvetrope.sim.analytic import TokenService, run_analytic
 from velvetrope.sim.loop import run_simulation
+from velvetrope.sim.trace_request import TraceRequest
 from velvetrope.sim.traces import load_trace
-from velvetrope.sim.workload import TraceRequest
 
 OUT = Path(__file__).resolve().parent
 TRACE = "azure_conv"

@@ -49,8 +49,9 @@ from experiments.common import (
 from velvetrope.engine import EngineProfile
 from velvetrope.sim.loop import run_simulation
 from velvetrope.sim.result import SimResult
+from velvetrope.sim.trace_request import TraceRequest
 from velvetrope.sim.traces import load_trace
-from velvetrope.sim.workload import TraceRequest, head
+from velvetrope.sim.workload import head
 
 OUT = Path(__file__).resolve().parent
 TRACE = "azure_conv"

@@ -51,8 +51,8 @@ from experiments.common import (
 from velvetrope.engine import EngineProfile
 from velvetrope.sim.loop import run_simulation
 from velvetrope.sim.metrics import DEFAULT_SLO, goodput_mask
+from velvetrope.sim.trace_request import TraceRequest
 from velvetrope.sim.traces import load_trace
-from velvetrope.sim.workload import TraceRequest
 
 OUT = Path(__file__).resolve().parent
 TRACE = "azure_conv"

@@ -58,11 +58,14 @@ from experiments.common import (
 from velvetrope.core import PolicyConfig
 from velvetrope.core.policy import SloPolicy
 from velvetrope.sim.arrivals import Poisson
+from velvetrope.sim.length_models import TraceLengths
 from velvetrope.sim.loop import run_simulation
 from velvetrope.sim.metrics import JobRecords, goodput_mask
 from velvetrope.sim.result import SimResult
+from velvetrope.sim.tenant_mix import TenantMix
+from velvetrope.sim.trace_request import TraceRequest
 from velvetrope.sim.traces import load_trace
-from velvetrope.sim.workload import TenantMix, TraceLengths, TraceRequest, merge, synthesize
+from velvetrope.sim.workload import merge, synthesize
 
 OUT = Path(__file__).resolve().parent
 TRACE = "azure_conv"

@@ -63,8 +63,8 @@ from velvetrope.engine import EngineProfile
 from velvetrope.sim.lengths import parse_lengths, predicted_outputs
 from velvetrope.sim.loop import run_simulation
 from velvetrope.sim.result import SimResult
+from velvetrope.sim.trace_request import TraceRequest
 from velvetrope.sim.traces import load_trace
-from velvetrope.sim.workload import TraceRequest
 
 OUT = Path(__file__).resolve().parent
 TRACE = "azure_code"

@@ -51,8 +51,9 @@ from experiments.f_overload.run import MIX, TENANTS, TIERS
 from velvetrope.core import PolicyConfig
 from velvetrope.sim.loop import run_simulation
 from velvetrope.sim.result import SimResult
+from velvetrope.sim.tenant_mix import TenantMix
+from velvetrope.sim.trace_request import TraceRequest
 from velvetrope.sim.traces import load_trace
-from velvetrope.sim.workload import TenantMix, TraceRequest
 
 OUT = Path(__file__).resolve().parent
 TRACE = "azure_conv"

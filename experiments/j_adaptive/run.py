@@ -58,8 +58,8 @@ from experiments.j_adaptive.templates import multi_template_workload
 from velvetrope.core import PolicyConfig
 from velvetrope.engine import EngineProfile
 from velvetrope.sim.loop import run_simulation
+from velvetrope.sim.trace_request import TraceRequest
 from velvetrope.sim.traces import load_trace
-from velvetrope.sim.workload import TraceRequest
 
 OUT = Path(__file__).resolve().parent
 REPLICAS = 4

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from velvetrope.sim.workload import TraceRequest
+from velvetrope.sim.trace_request import TraceRequest
 
 __all__ = ["TEMPLATES", "TENANTS", "Template", "multi_template_workload"]
 

@@ -35,8 +35,9 @@ from velvetrope.sim.keda import load_scaled_object
 from velvetrope.sim.loop import run_simulation
 from velvetrope.sim.replicas import StartupDelay
 from velvetrope.sim.result import SimResult
+from velvetrope.sim.tenant_mix import TenantMix
+from velvetrope.sim.trace_request import TraceRequest
 from velvetrope.sim.traffic import DayCycle, Spike
-from velvetrope.sim.workload import TenantMix, TraceRequest
 
 __all__ = [
     "DAY_S",

@@ -51,7 +51,7 @@ from experiments.k_autoscaling.day import (
     scaled,
 )
 from velvetrope.cluster import sweep_executor
-from velvetrope.sim.workload import TraceRequest
+from velvetrope.sim.trace_request import TraceRequest
 
 OUT = Path(__file__).resolve().parent
 MEAN_RPS = 3.0

@@ -65,8 +65,9 @@ from velvetrope.engine import EngineProfile
 from velvetrope.sim.loop import run_simulation
 from velvetrope.sim.prefixes import with_system_prompts
 from velvetrope.sim.result import SimResult
+from velvetrope.sim.tenant_mix import TenantMix
+from velvetrope.sim.trace_request import TraceRequest
 from velvetrope.sim.traces import load_trace
-from velvetrope.sim.workload import TenantMix, TraceRequest
 
 OUT = Path(__file__).resolve().parent
 REPLICAS = 4

@@ -65,12 +65,15 @@ from experiments.common import (
     save_plot,
 )
 from velvetrope.core import PolicyConfig
-from velvetrope.core.policy import SEED_BURST_S
+from velvetrope.core.bucket_limits import SEED_BURST_S
 from velvetrope.engine import EngineProfile
+from velvetrope.sim.length_models import TraceLengths
 from velvetrope.sim.loop import run_simulation
 from velvetrope.sim.metrics import JobRecords
+from velvetrope.sim.tenant_mix import TenantMix
+from velvetrope.sim.trace_request import TraceRequest
 from velvetrope.sim.traces import load_trace
-from velvetrope.sim.workload import TenantMix, TraceLengths, TraceRequest, merge, synthesize
+from velvetrope.sim.workload import merge, synthesize
 
 OUT = Path(__file__).resolve().parent
 TRACE = "azure_conv"

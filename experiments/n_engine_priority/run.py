@@ -67,8 +67,10 @@ from velvetrope.engine import EngineProfile, load_profile
 from velvetrope.sim.capacity import replica_capacity
 from velvetrope.sim.loop import run_simulation
 from velvetrope.sim.metrics import JobRecords, within_slo
+from velvetrope.sim.tenant_mix import TenantMix
+from velvetrope.sim.trace_request import TraceRequest
 from velvetrope.sim.traces import load_trace
-from velvetrope.sim.workload import TenantMix, TraceRequest, scale_to_rate
+from velvetrope.sim.workload import scale_to_rate
 
 OUT = Path(__file__).resolve().parent
 ENGINES = 2

@@ -12,7 +12,9 @@ from tests.core.helpers import controller, make_job
 from velvetrope.core import Job, Usage
 from velvetrope.core.lifecycle import JobState
 from velvetrope.core.limit import AdaptiveLimit
-from velvetrope.core.policy import AdaptiveLimitPolicy, PolicyConfig, PoolPolicy
+from velvetrope.core.limit_policy import AdaptiveLimitPolicy
+from velvetrope.core.policy import PolicyConfig
+from velvetrope.core.pool_policy import PoolPolicy
 
 
 class Engine:

@@ -9,7 +9,8 @@ from typer.testing import CliRunner
 from tests.core.helpers import arrive
 from velvetrope.cli import app
 from velvetrope.core import PolicyConfig, Reason, Rejected
-from velvetrope.core.policy import DEFAULT_BURST_S, BucketLimits, bucket_report
+from velvetrope.core.bucket_limits import DEFAULT_BURST_S, BucketLimits
+from velvetrope.core.policy import bucket_report
 
 from .helpers import controller, make_job
 

@@ -7,7 +7,8 @@ import random
 
 import pytest
 
-from velvetrope.core.policy import PolicyConfig, PrefixRoutingPolicy
+from velvetrope.core.policy import PolicyConfig
+from velvetrope.core.pool_policy import PrefixRoutingPolicy
 from velvetrope.core.prefix_routing import (
     KEPT,
     MISS,

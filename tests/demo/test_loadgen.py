@@ -20,7 +20,7 @@ from velvetrope.demo.replay_results import LiveCounters, ReplayOutcome, ReplayRe
 from velvetrope.errors import PolicyError
 from velvetrope.openai.tokenizer import get_tokenizer
 from velvetrope.serving.launch import ServerProcess, free_port, start_engine
-from velvetrope.sim.workload import TraceRequest
+from velvetrope.sim.trace_request import TraceRequest
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ __all__ = [
     "metric",
     "start_engine",
     "start_gateway",
+    "start_together",
     "status_until",
     "wait_idle",
 ]
@@ -37,6 +39,20 @@ Proc = ServerProcess
 
 def start_engine(speed: float = 50.0, *extra: str) -> ServerProcess:
     return launch.start_engine("--speed", str(speed), *extra)
+
+
+def start_together(*starts: Callable[[], ServerProcess]) -> list[ServerProcess]:
+    """The servers ``starts`` start, up to six at a time (their start-ups overlap; more at
+    once would only queue for the same cores while each one's readiness deadline runs), in
+    order.  If one fails to start, the others are stopped and its error raised."""
+    with ThreadPoolExecutor(min(len(starts), 6)) as ex:
+        futures = [ex.submit(start) for start in starts]
+    if any(f.exception() is not None for f in futures):
+        for f in futures:  # stop whatever did start, then say why one did not
+            if f.exception() is None:
+                f.result().stop()
+        next(f for f in futures if f.exception() is not None).result()
+    return [f.result() for f in futures]
 
 
 def gateway_config(engines: list[str], **policy: Any) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,14 @@ import pytest
 
 from velvetrope.serving.launch import ServerProcess, free_port
 
-from .conftest import gateway_config, metric, start_engine, start_gateway, status_until
+from .conftest import (
+    gateway_config,
+    metric,
+    start_engine,
+    start_gateway,
+    start_together,
+    status_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -74,14 +82,7 @@ def _engine(pool: str, dialect: str) -> ServerProcess:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     wanted = [(pool, d) for pool, ds in POOLS.items() for d in ds]
-    with ThreadPoolExecutor(6) as ex:
-        futures = [ex.submit(_engine, pool, d) for pool, d in wanted]
-    if any(f.exception() is not None for f in futures):
-        for f in futures:  # stop whatever did start, then say why one did not
-            if f.exception() is None:
-                f.result().stop()
-        next(f for f in futures if f.exception() is not None).result()
-    started = [f.result() for f in futures]
+    started = start_together(*(partial(_engine, pool, d) for pool, d in wanted))
     engines: dict[str, list[str]] = {}
     for (pool, _), proc in zip(wanted, started, strict=True):
         engines.setdefault(pool, []).append(proc.url)

@@ -39,13 +39,12 @@ def _body(max_tokens: int, priority: int | None = None) -> dict[str, Any]:
     return b
 
 
-def _finish_order(tmp: Path, engine_priority: bool) -> list[str]:
+def _finish_order(tmp: Path, engine: str, engine_priority: bool) -> list[str]:
     """The order in which the three queued batch requests (``b``) and the interactive one
-    (``i``) finished."""
+    (``i``) finished, through a gateway of their own in front of ``engine`` (idle)."""
     tmp.mkdir()
-    eng = start_engine(20.0, "--scheduling", "priority", "--set", "max_num_seqs=1")
     cfg = gateway_config(
-        [eng.url],
+        [engine],
         pools=[{"name": "default", "max_in_flight": 32, "engine_priority": engine_priority}],
         saturation={"enabled": False},  # every request goes to the engine at once
     )
@@ -74,16 +73,17 @@ def _finish_order(tmp: Path, engine_priority: bool) -> list[str]:
         asyncio.run(go())
     finally:
         gw.stop()
-        eng.stop()
     return [x for x in order if x != "long"]
 
 
 def test_the_forwarded_tier_puts_the_top_tier_ahead_in_the_engines_queue(
     tmp_path: Path,
 ) -> None:
-    forwarded = _finish_order(tmp_path / "on", engine_priority=True)
-    assert forwarded.index("i") < 2, forwarded  # ahead of at least two earlier batch jobs
-    plain = _finish_order(tmp_path / "off", engine_priority=False)
+    # one engine for both gateways: each run leaves it idle, every request answered
+    with start_engine(20.0, "--scheduling", "priority", "--set", "max_num_seqs=1") as eng:
+        forwarded = _finish_order(tmp_path / "on", eng.url, engine_priority=True)
+        assert forwarded.index("i") < 2, forwarded  # ahead of at least two earlier batch jobs
+        plain = _finish_order(tmp_path / "off", eng.url, engine_priority=False)
     assert plain == ["b", "b", "b", "i"], plain  # arrival order: the client's -10 was dropped
 
 

@@ -30,6 +30,7 @@ from .conftest import (
     metric,
     start_engine,
     start_gateway,
+    start_together,
     status_until,
     wait_idle,
 )
@@ -169,8 +170,7 @@ async def _poll(gw: str, ok: Callable[[dict[str, Any]], bool]) -> dict[str, Any]
 
 
 def test_a_third_engine_started_mid_run_raises_the_pools_capacity(tmp_path: Path) -> None:
-    a = start_engine(1.0)
-    b = start_engine(1.0)
+    a, b = start_together(lambda: start_engine(1.0), lambda: start_engine(1.0))
     port_c = free_port()
     url_c = f"http://127.0.0.1:{port_c}"
     cfg = gateway_config(
@@ -210,8 +210,7 @@ def test_a_third_engine_started_mid_run_raises_the_pools_capacity(tmp_path: Path
 
 
 def test_length_rules_route_as_configured(tmp_path: Path) -> None:
-    long_eng = start_engine(50.0)
-    short_eng = start_engine(50.0)
+    long_eng, short_eng = start_together(start_engine, start_engine)
     cfg = gateway_config(
         [],
         pools=[{"name": "long"}, {"name": "short"}],
@@ -256,8 +255,9 @@ def test_degraded_requests_succeed_capped_or_on_the_fallback_model(tmp_path: Pat
     gold request is then capped at 20 tokens (served, and charged for 20); a silver one,
     whose wait would exceed its max_wait, goes to the spare pool's small model, the
     request's model rewritten (the small engine serves no other)."""
-    main = start_engine(1.0)
-    spare = start_engine(50.0, "--model", "small-sim")
+    main, spare = start_together(
+        lambda: start_engine(1.0), lambda: start_engine(50.0, "--model", "small-sim")
+    )
     cfg = gateway_config(
         [],
         preset="priority",  # strict bands: a band waits for the work in it and above
@@ -381,8 +381,7 @@ def test_the_breaker_takes_a_hung_engine_out_and_probes_it_back(tmp_path: Path) 
     """Engine A hangs (SIGSTOP; health checks are far apart, so only the breaker acts):
     two requests time out on it, its breaker opens and everything goes to B; after SIGCONT
     a probe closes the breaker and A serves again."""
-    a = start_engine(50.0)
-    b = start_engine(50.0)
+    a, b = start_together(start_engine, start_engine)
     cfg = gateway_config([a.url, b.url])
     cfg["policy"]["saturation"] = {"enabled": False}
     cfg["gateway"]["upstream_read_timeout_s"] = 0.5

@@ -14,8 +14,8 @@ from velvetrope.engine import load_profile
 from velvetrope.errors import ConfigError
 from velvetrope.openai.prefix import prefix_hashes
 from velvetrope.sim.loop import run_simulation
+from velvetrope.sim.trace_request import TraceRequest
 from velvetrope.sim.traces import read_jsonl, write_jsonl
-from velvetrope.sim.workload import TraceRequest
 
 from .conftest import admin_status, gateway_config, metric, start_engine, start_gateway
 

@@ -19,6 +19,7 @@ from .conftest import (
     metered_config,
     start_engine,
     start_gateway,
+    start_together,
 )
 
 pytestmark = pytest.mark.integration
@@ -31,7 +32,7 @@ DEFAULT_MAX = 6
 
 @pytest.fixture(scope="module")
 def two() -> Iterator[tuple[str, str]]:
-    a, b = start_engine(50.0), start_engine(50.0)
+    a, b = start_together(start_engine, start_engine)
     yield a.url, b.url
     a.stop()
     b.stop()

@@ -11,8 +11,8 @@ import pytest
 from velvetrope.config import parse_config
 from velvetrope.engine import load_profile
 from velvetrope.sim.loop import run_simulation
+from velvetrope.sim.trace_request import TraceRequest
 from velvetrope.sim.traces import read_jsonl, write_jsonl
-from velvetrope.sim.workload import TraceRequest
 
 from .conftest import gateway_config, start_engine, start_gateway
 

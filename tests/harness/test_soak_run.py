@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.integration
 def test_a_short_soak_samples_every_series_and_ends_clean(tmp_path: Path) -> None:
-    args = ["--seconds", "10", "--sample-s", "1", "--rate", "15", "--out", str(tmp_path)]
+    args = ["--seconds", "6", "--sample-s", "0.5", "--rate", "15", "--out", str(tmp_path)]
     run = subprocess.run(
         [sys.executable, "-m", "harness.soak", *args],
         cwd=ROOT,
@@ -30,14 +30,14 @@ def test_a_short_soak_samples_every_series_and_ends_clean(tmp_path: Path) -> Non
     assert lines, run.stderr
     m = VERDICT_RE.match(lines[-1])
     assert m is not None, run.stdout + run.stderr
-    assert float(m["hours"]) == pytest.approx(10 / 3600, rel=0.2)
+    assert float(m["hours"]) == pytest.approx(6 / 3600, rel=0.2)
     # every request ended, and nothing was left held in the gateway or in Redis
     assert m["errors"] == "0", run.stdout
     assert run.returncode == (0 if m["verdict"] == "flat" else 1), run.stdout
     with (tmp_path / "soak.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert tuple(rows[0]) == COLUMNS
-    assert len(rows) >= 8  # 11 due; one may be lost to a slow start on a busy machine
+    assert len(rows) >= 8  # 13 due; some may be lost to a slow start on a busy machine
     for name in SERIES:
         assert all(float(r[name]) > 0 for r in rows), name  # each read at every sample
     assert max(float(r["tasks"]) for r in rows[1:]) > float(rows[0]["tasks"])  # requests count

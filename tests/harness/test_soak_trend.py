@@ -13,7 +13,7 @@ from harness.soak_report import VERDICT_RE, verdict_line
 from harness.soak_trend import FLOORS, Trend, fit, verdict, warmup_cut
 from velvetrope.demo.replay_results import ReplayOutcome, ReplayResult, RequestResult
 from velvetrope.errors import PolicyError
-from velvetrope.sim.workload import TraceRequest
+from velvetrope.sim.trace_request import TraceRequest
 
 HOUR_S = 3600.0
 T = [10.0 * i for i in range(361)]  # an hour sampled every 10 s

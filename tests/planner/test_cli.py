@@ -179,8 +179,8 @@ def test_bad_workload_file_names_file_and_field(tmp_path: Path) -> None:
 
 
 def test_a_trace_with_embedding_calls_plans_them_as_prefill_only(tmp_path: Path) -> None:
+    from velvetrope.sim.trace_request import TraceRequest
     from velvetrope.sim.traces import write_jsonl
-    from velvetrope.sim.workload import TraceRequest
 
     reqs = []
     for i in range(400):

@@ -44,7 +44,8 @@ from velvetrope.sim.inputs import default_policy, prepare_workload
 from velvetrope.sim.loop import run_simulation
 from velvetrope.sim.prefixes import with_system_prompts
 from velvetrope.sim.result import SimResult
-from velvetrope.sim.workload import TenantMix, TraceRequest
+from velvetrope.sim.tenant_mix import TenantMix
+from velvetrope.sim.trace_request import TraceRequest
 
 H100 = load_profile("llama3-8b-h100")
 MIX = TenantMix.parse("gold:interactive:0.2,silver:standard:0.3,bronze:batch:0.5")

@@ -11,7 +11,7 @@ from velvetrope.sim.autoscale import AutoscaleSpec, ScriptedScaler
 from velvetrope.sim.keda import ScaledObject
 from velvetrope.sim.loop import run_simulation
 from velvetrope.sim.replicas import StartupDelay
-from velvetrope.sim.workload import TraceRequest
+from velvetrope.sim.trace_request import TraceRequest
 
 POLICY = PolicyConfig.model_validate(
     {

@@ -8,7 +8,7 @@ from velvetrope.engine import load_profile
 from velvetrope.errors import PolicyError
 from velvetrope.sim.capacity import fleet_capacity, replica_capacity
 from velvetrope.sim.fleet import Fleet, pool_replicas
-from velvetrope.sim.workload import TraceRequest
+from velvetrope.sim.trace_request import TraceRequest
 
 # Every iteration takes exactly 10 ms whatever the batch: a request of k output tokens
 # occupies its slot for k iterations, so c slots complete c/k requests per 10 ms.

@@ -10,7 +10,7 @@ from velvetrope.core import PolicyConfig
 from velvetrope.engine import load_profile
 from velvetrope.sim.loop import run_simulation
 from velvetrope.sim.result import SimResult
-from velvetrope.sim.workload import TraceRequest
+from velvetrope.sim.trace_request import TraceRequest
 
 # two sequences at once: whatever else is dispatched waits in the engine's own queue
 TINY = load_profile("llama3-8b-h100").with_overrides(max_num_seqs=2)

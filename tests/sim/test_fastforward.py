@@ -19,7 +19,7 @@ from velvetrope.engine.fastforward import RunCounts
 from velvetrope.sim.loop import run_simulation
 from velvetrope.sim.prefixes import with_system_prompts
 from velvetrope.sim.result import SimResult
-from velvetrope.sim.workload import TraceRequest
+from velvetrope.sim.trace_request import TraceRequest
 
 
 def preempting(profile: EngineProfile) -> EngineProfile:

@@ -16,8 +16,8 @@ from velvetrope.sim.arrivals import Poisson
 from velvetrope.sim.fleet import Fleet
 from velvetrope.sim.loop import run_simulation
 from velvetrope.sim.scrape import EngineScrapes
+from velvetrope.sim.trace_request import TraceRequest
 from velvetrope.sim.traces import write_jsonl
-from velvetrope.sim.workload import TraceRequest
 
 SMALL = load_profile("llama3-8b-h100").with_overrides(
     num_gpu_blocks=200, max_model_len=2048, max_num_seqs=8, max_num_batched_tokens=2048

@@ -27,7 +27,8 @@ from velvetrope.sim.arrivals import Poisson
 from velvetrope.sim.capacity import fleet_capacity
 from velvetrope.sim.loop import run_simulation
 from velvetrope.sim.result import LogEntry
-from velvetrope.sim.workload import TraceRequest, trace_stats
+from velvetrope.sim.trace_request import TraceRequest
+from velvetrope.sim.workload import trace_stats
 
 # A small engine: 3,200 tokens of KV cache, so a busy replica preempts.
 SMALL = load_profile("llama3-8b-h100").with_overrides(

@@ -17,8 +17,8 @@ from velvetrope.engine import load_profile
 from velvetrope.errors import PolicyError, TraceError
 from velvetrope.sim.loop import run_simulation
 from velvetrope.sim.report import tier_table
+from velvetrope.sim.trace_request import TraceRequest
 from velvetrope.sim.traces import read_jsonl, write_jsonl
-from velvetrope.sim.workload import TraceRequest
 
 TTFT_S = 1.0
 """The top tier's TTFT objective."""

@@ -16,8 +16,8 @@ from velvetrope.engine import Batcher, load_profile
 from velvetrope.errors import PolicyError, TraceError
 from velvetrope.sim.loop import run_simulation
 from velvetrope.sim.mooncake import read_mooncake
+from velvetrope.sim.trace_request import TraceRequest
 from velvetrope.sim.traces import load_trace, read_jsonl, write_jsonl
-from velvetrope.sim.workload import TraceRequest
 
 LINES = [
     {"timestamp": 0, "input_length": 1100, "output_length": 5, "hash_ids": [0, 1, 2]},

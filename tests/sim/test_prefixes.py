@@ -13,8 +13,8 @@ from velvetrope.engine import load_profile
 from velvetrope.errors import PolicyError
 from velvetrope.sim.loop import run_simulation
 from velvetrope.sim.prefixes import with_system_prompts
+from velvetrope.sim.trace_request import TraceRequest
 from velvetrope.sim.traces import read_jsonl, write_jsonl
-from velvetrope.sim.workload import TraceRequest
 
 
 def test_requests_validate_their_prefix() -> None:

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from velvetrope.cli import app
 from velvetrope.core.quota_config import QuotaSettings
 from velvetrope.sim.quotas import apply_quotas, forecast, refusing
-from velvetrope.sim.workload import TraceRequest
+from velvetrope.sim.trace_request import TraceRequest
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "gateway.yaml"
 START = datetime(2026, 12, 7, 22, 0, tzinfo=UTC).timestamp()  # 23:00 in Paris

@@ -15,7 +15,7 @@ from velvetrope.sim.inputs import default_policy, prepare_workload
 from velvetrope.sim.loop import run_simulation
 from velvetrope.sim.report import tier_table, write_report
 from velvetrope.sim.sweep import parse_sweep, run_sweep
-from velvetrope.sim.workload import TenantMix
+from velvetrope.sim.tenant_mix import TenantMix
 
 MIX = TenantMix.parse("gold:interactive:0.3,silver:standard:0.3,bronze:batch:0.4")
 PROFILE = load_profile("llama3-8b-h100")

@@ -8,7 +8,7 @@ from typing import Any
 from velvetrope.core import PolicyConfig
 from velvetrope.engine import load_profile
 from velvetrope.sim.loop import run_simulation
-from velvetrope.sim.workload import TraceRequest
+from velvetrope.sim.trace_request import TraceRequest
 
 PROFILE = load_profile("llama3-8b-h100")
 

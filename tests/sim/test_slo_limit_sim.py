@@ -11,7 +11,7 @@ import numpy as np
 from velvetrope.core import PolicyConfig
 from velvetrope.engine import load_profile
 from velvetrope.sim.loop import run_simulation
-from velvetrope.sim.workload import TraceRequest
+from velvetrope.sim.trace_request import TraceRequest
 
 TIERS = [
     {"name": "interactive", "slo": {"ttft_s": 1.0, "tpot_s": 0.03}},

@@ -17,7 +17,7 @@ from velvetrope.engine import load_profile
 from velvetrope.errors import PolicyError
 from velvetrope.sim.inputs import default_policy, prepare_workload
 from velvetrope.sim.sweep import SweepResult, parse_sweep, run_sweep
-from velvetrope.sim.workload import TenantMix
+from velvetrope.sim.tenant_mix import TenantMix
 
 MIX = TenantMix.parse("gold:interactive:0.3,bronze:batch:0.7")
 

@@ -14,6 +14,9 @@ from hypothesis import strategies as st
 
 from velvetrope.errors import PolicyError, TraceError
 from velvetrope.sim.arrivals import Poisson
+from velvetrope.sim.length_models import TraceLengths
+from velvetrope.sim.tenant_mix import TenantMix
+from velvetrope.sim.trace_request import TraceRequest
 from velvetrope.sim.traces import (
     BUILTIN_TRACES,
     builtin_trace,
@@ -22,14 +25,7 @@ from velvetrope.sim.traces import (
     read_jsonl,
     write_jsonl,
 )
-from velvetrope.sim.workload import (
-    TenantMix,
-    TraceLengths,
-    TraceRequest,
-    index_of_dispersion,
-    synthesize,
-    trace_stats,
-)
+from velvetrope.sim.workload import index_of_dispersion, synthesize, trace_stats
 
 HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 

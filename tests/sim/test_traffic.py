@@ -9,8 +9,8 @@ import pytest
 
 from velvetrope.errors import PolicyError
 from velvetrope.sim.arrivals import MMPP, Deterministic, GammaRenewal, OnOff, Poisson
+from velvetrope.sim.trace_request import TraceRequest
 from velvetrope.sim.traffic import DayCycle, Spike, parse_arrivals, parse_spike, with_mix
-from velvetrope.sim.workload import TraceRequest
 
 
 def _within(count: int, expected: float, sigmas: float = 4.0) -> bool:

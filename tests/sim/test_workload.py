@@ -10,15 +10,17 @@ import pytest
 
 from velvetrope.errors import PolicyError
 from velvetrope.sim.arrivals import Deterministic, Poisson
-from velvetrope.sim.workload import (
+from velvetrope.sim.length_models import (
     Empirical,
     Exponential,
     Fixed,
     IndependentLengths,
     LogNormal,
-    TenantMix,
     TraceLengths,
-    TraceRequest,
+)
+from velvetrope.sim.tenant_mix import TenantMix
+from velvetrope.sim.trace_request import TraceRequest
+from velvetrope.sim.workload import (
     head,
     index_of_dispersion,
     merge,

@@ -12,6 +12,7 @@ from velvetrope.core.bucket import (
     MemoryBuckets,
     TokenBucket,
 )
+from velvetrope.core.bucket_limits import BucketLimits
 from velvetrope.core.controller import (
     AdmissionController,
     Decision,
@@ -24,17 +25,16 @@ from velvetrope.core.estimate import OutputEstimator, P2Quantile, QuantileEstima
 from velvetrope.core.job import Job, Outcome
 from velvetrope.core.lifecycle import JobState, Reason, Settlement, Usage
 from velvetrope.core.policy import (
-    BucketLimits,
     DegradePolicy,
     EstimatorPolicy,
     PolicyConfig,
-    PoolPolicy,
     QueuePolicy,
     RouteRule,
     SaturationPolicy,
     TenantPolicy,
     TierPolicy,
 )
+from velvetrope.core.pool_policy import PoolPolicy
 from velvetrope.core.presets import PRESETS, apply_preset, preset_names
 from velvetrope.core.routing import DEFAULT_ROUTE, Routed, Router, least_loaded
 from velvetrope.core.saturation import EngineReading, EngineSaturation

@@ -2,7 +2,7 @@
 policy and the claims built from them.
 
 A job claims the buckets its tenant's, its tier's and its model's ``limits`` name
-(:class:`~velvetrope.core.policy.BucketLimits`), in that order: a token bucket
+(:class:`~velvetrope.core.bucket_limits.BucketLimits`), in that order: a token bucket
 (``<owner>:<name>:tok``) for ``tokens_per_minute`` and a request bucket
 (``<owner>:<name>:req``) for ``requests_per_minute``.  A claim takes the job's ``cost`` from
 each token bucket and 1 from each request bucket (:class:`~velvetrope.core.bucket.Claim`).
@@ -15,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from velvetrope.core.bucket import REQUESTS, TOKENS, BucketKind, BucketOwner, Claim
+from velvetrope.core.bucket_limits import BucketLimits
 from velvetrope.core.job import Job
-from velvetrope.core.policy import BucketLimits, PolicyConfig
+from velvetrope.core.policy import PolicyConfig
 from velvetrope.core.tuples import new_tuple
 
 __all__ = ["ClaimSpecs", "Spec"]

@@ -85,7 +85,7 @@ from typing import Final
 from velvetrope.core.capacity import PoolCapacity
 from velvetrope.core.job import Job
 from velvetrope.core.lifecycle import JobState
-from velvetrope.core.policy import AdaptiveLimitPolicy
+from velvetrope.core.limit_policy import AdaptiveLimitPolicy
 
 __all__ = ["AdaptiveLimit", "LimitPoint"]
 

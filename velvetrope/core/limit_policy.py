@@ -1,7 +1,8 @@
 """The settings of a pool's in-flight limits other than a fixed count: the adaptive limit
 (:mod:`velvetrope.core.limit`) and the limits derived from the tiers' SLOs
-(:mod:`velvetrope.core.tpot_limit`, :mod:`velvetrope.core.headroom`).  Part of the
-policy models of :mod:`velvetrope.core.policy`, which re-exports them."""
+(:mod:`velvetrope.core.tpot_limit`, :mod:`velvetrope.core.headroom`).  Part of a pool's
+settings (:mod:`velvetrope.core.pool_policy`), among the policy models of
+:mod:`velvetrope.core.policy`."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """One pool of the admission controller: its queue, capacity, drain meter, adaptive limit
-and saturation rule, built from its :class:`~velvetrope.core.policy.PoolPolicy` and kept
+and saturation rule, built from its :class:`~velvetrope.core.pool_policy.PoolPolicy` and kept
 across reloads (:meth:`Pool.retake`)."""
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from velvetrope.core.headroom import LowerTierCeiling, TierHeadroom
 from velvetrope.core.job import Job
 from velvetrope.core.lifecycle import Reason
 from velvetrope.core.limit import AdaptiveLimit
-from velvetrope.core.policy import PolicyConfig, PoolPolicy
+from velvetrope.core.policy import PolicyConfig
+from velvetrope.core.pool_policy import PoolPolicy
 from velvetrope.core.preemption import Preemption
 from velvetrope.core.saturation import EngineSaturation
 from velvetrope.core.scheduler import Scheduler

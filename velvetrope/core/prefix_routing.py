@@ -55,7 +55,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import NamedTuple
 
-from velvetrope.core.policy import PolicyConfig, PrefixRoutingPolicy
+from velvetrope.core.policy import PolicyConfig
+from velvetrope.core.pool_policy import PrefixRoutingPolicy
 
 __all__ = [
     "KEPT",

@@ -28,7 +28,7 @@ from velvetrope.demo.replay_config import ReplayConfig
 from velvetrope.demo.replay_results import LiveCounters, ReplayResult
 from velvetrope.demo.settings import GATEWAY, DemoSettings
 from velvetrope.dialects import EngineSample, read_metrics
-from velvetrope.sim.workload import TraceRequest
+from velvetrope.sim.trace_request import TraceRequest
 from velvetrope.top.sections import bar
 
 __all__ = ["Monitor", "PhaseSample", "RunResult", "run_phase"]

@@ -1,6 +1,6 @@
 """An open-loop load generator: replay a workload against OpenAI-compatible servers.
 
-:func:`replay` sends each :class:`~velvetrope.sim.workload.TraceRequest` at its arrival time
+:func:`replay` sends each :class:`~velvetrope.sim.trace_request.TraceRequest` at its arrival time
 ``t`` (seconds after the start of the run), whether or not earlier requests have finished:
 the offered load is the trace's, never throttled by the servers' answers (*open loop*).
 Each request is a ``POST {base_url}/v1/completions``, streaming unless its client's plan
@@ -59,7 +59,7 @@ import orjson
 from velvetrope.demo.replay_config import ClientPlan, ReplayConfig
 from velvetrope.demo.replay_results import LiveCounters, ReplayOutcome, ReplayResult, RequestResult
 from velvetrope.errors import PolicyError
-from velvetrope.sim.workload import TraceRequest
+from velvetrope.sim.trace_request import TraceRequest
 
 __all__ = [
     "FILLER_WORD",

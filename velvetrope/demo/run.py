@@ -44,7 +44,7 @@ from velvetrope.engine import load_profile
 from velvetrope.errors import ConfigError, PolicyError
 from velvetrope.serving import launch
 from velvetrope.sim.metrics import config_slos, slo_for, slo_text
-from velvetrope.sim.workload import TenantMix
+from velvetrope.sim.tenant_mix import TenantMix
 
 __all__ = ["DemoReport", "engine_priorities", "gateway_config", "run_demo", "start_engines"]
 

@@ -14,8 +14,10 @@ from velvetrope.demo.settings import DemoSettings
 from velvetrope.engine import load_profile
 from velvetrope.errors import PolicyError
 from velvetrope.sim.capacity import replica_capacity
+from velvetrope.sim.tenant_mix import TenantMix
+from velvetrope.sim.trace_request import TraceRequest
 from velvetrope.sim.traces import load_trace
-from velvetrope.sim.workload import TenantMix, TraceRequest, scale_to_rate
+from velvetrope.sim.workload import scale_to_rate
 
 __all__ = ["Capacity", "Workload", "build_workload"]
 

@@ -26,8 +26,8 @@ from velvetrope.planner.verify import mix_requests
 from velvetrope.sim.autoscale import AutoscaleSpec
 from velvetrope.sim.loop import run_simulation
 from velvetrope.sim.replicas import StartupDelay
+from velvetrope.sim.tenant_mix import TenantMix
 from velvetrope.sim.traffic import DayCycle, Spike
-from velvetrope.sim.workload import TenantMix
 
 __all__ = ["StartupCheck", "verify_startup"]
 

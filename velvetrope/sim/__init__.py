@@ -3,9 +3,11 @@
 Entry points: :func:`~velvetrope.sim.loop.run_simulation` (a fleet replaying a workload,
 returning a :class:`~velvetrope.sim.result.SimResult`), :func:`~velvetrope.sim.sweep.run_sweep`
 and :func:`~velvetrope.sim.analytic.run_analytic` (one server, checked against closed forms).
-Inputs: :mod:`velvetrope.sim.workload` (the request record, lengths, tenant mixes,
-transforms, statistics), :mod:`velvetrope.sim.arrivals` (synthetic arrival processes) and
-:mod:`velvetrope.sim.traces` (trace files and the built-in Azure traces).
+Inputs: :mod:`velvetrope.sim.trace_request` (the request record),
+:mod:`velvetrope.sim.length_models` (lengths), :mod:`velvetrope.sim.tenant_mix` (tenant
+mixes), :mod:`velvetrope.sim.workload` (synthesis, transforms, statistics),
+:mod:`velvetrope.sim.arrivals` (synthetic arrival processes) and :mod:`velvetrope.sim.traces`
+(trace files and the built-in Azure traces).
 """
 
 from velvetrope.sim.analytic import run_analytic
@@ -17,9 +19,22 @@ from velvetrope.sim.arrivals import (
     OnOff,
     Poisson,
 )
+from velvetrope.sim.length_models import (
+    Empirical,
+    Exponential,
+    Fixed,
+    IndependentLengths,
+    LengthDist,
+    LengthModel,
+    LogNormal,
+    TraceLengths,
+)
 from velvetrope.sim.loop import run_simulation
 from velvetrope.sim.result import SimResult
+from velvetrope.sim.seeds import Seed, as_generator
 from velvetrope.sim.sweep import run_sweep
+from velvetrope.sim.tenant_mix import TenantMix
+from velvetrope.sim.trace_request import TraceRequest
 from velvetrope.sim.traces import (
     BUILTIN_TRACES,
     builtin_trace,
@@ -29,19 +44,7 @@ from velvetrope.sim.traces import (
     write_jsonl,
 )
 from velvetrope.sim.workload import (
-    Empirical,
-    Exponential,
-    Fixed,
-    IndependentLengths,
-    LengthDist,
-    LengthModel,
-    LogNormal,
-    Seed,
-    TenantMix,
-    TraceLengths,
-    TraceRequest,
     TraceStats,
-    as_generator,
     head,
     index_of_dispersion,
     merge,

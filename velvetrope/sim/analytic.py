@@ -46,7 +46,7 @@ from velvetrope.clock import ManualClock
 from velvetrope.core import AdmissionController, Dispatched, Job, PolicyConfig, Usage
 from velvetrope.errors import PolicyError
 from velvetrope.sim.lengths import LengthKnowledge, parse_lengths, predicted_outputs
-from velvetrope.sim.workload import Seed, as_generator
+from velvetrope.sim.seeds import Seed, as_generator
 
 __all__ = [
     "AnalyticResult",

@@ -38,7 +38,7 @@ from numpy.typing import NDArray
 
 from velvetrope import checks
 from velvetrope.errors import PolicyError
-from velvetrope.sim.workload import Seed, as_generator
+from velvetrope.sim.seeds import Seed, as_generator
 
 __all__ = [
     "MMPP",

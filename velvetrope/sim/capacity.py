@@ -29,7 +29,7 @@ import numpy as np
 
 from velvetrope.engine import Batcher, EngineProfile, Finished
 from velvetrope.errors import PolicyError
-from velvetrope.sim.workload import TraceRequest
+from velvetrope.sim.trace_request import TraceRequest
 
 __all__ = ["Capacity", "fleet_capacity", "replica_capacity"]
 

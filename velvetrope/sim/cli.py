@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     from velvetrope.core import PolicyConfig
     from velvetrope.core.quota_config import QuotaSettings
     from velvetrope.sim.autoscale import AutoscaleSpec
-    from velvetrope.sim.workload import TenantMix, TraceRequest
+    from velvetrope.sim.tenant_mix import TenantMix
+    from velvetrope.sim.trace_request import TraceRequest
 
 __all__ = ["simulate_command"]
 
@@ -243,8 +244,8 @@ def simulate_command(
     from velvetrope.sim.metrics import parse_slo
     from velvetrope.sim.report import tier_table, write_report
     from velvetrope.sim.sweep import parse_sweep, run_sweep
+    from velvetrope.sim.tenant_mix import TenantMix
     from velvetrope.sim.traffic import DayCycle, parse_arrivals, parse_spike
-    from velvetrope.sim.workload import TenantMix
 
     console = Console()
     if not console.is_terminal:  # a pipe or a file: do not squeeze the table into 80 columns

@@ -3,7 +3,7 @@
 :func:`prepare_workload` loads a trace (a built-in name or a file), cuts it to a window or a
 prefix, optionally replaces its arrival times by a synthetic process's (keeping the trace's
 request mix, :func:`~velvetrope.sim.traffic.with_mix`), and assigns tenants from a
-:class:`~velvetrope.sim.workload.TenantMix`.
+:class:`~velvetrope.sim.tenant_mix.TenantMix`.
 :func:`default_policy` is the policy used when no config file is given: the ``hybrid`` preset,
 one tier per tier named in the mix (in the mix's order, highest priority first; tenants
 without a tier go to the lowest), each tenant in its tier, and one pool with 64 slots per
@@ -19,9 +19,11 @@ import numpy as np
 from velvetrope.core import PolicyConfig
 from velvetrope.errors import PolicyError
 from velvetrope.sim.arrivals import ArrivalProcess
+from velvetrope.sim.tenant_mix import TenantMix
+from velvetrope.sim.trace_request import TraceRequest
 from velvetrope.sim.traces import load_trace
 from velvetrope.sim.traffic import with_mix
-from velvetrope.sim.workload import TenantMix, TraceRequest, head, time_window
+from velvetrope.sim.workload import head, time_window
 
 __all__ = ["SLOTS_PER_REPLICA", "default_policy", "parse_window", "prepare_workload"]
 

@@ -39,7 +39,7 @@ from numpy.typing import NDArray
 from scipy.special import ndtr, ndtri
 
 from velvetrope.errors import PolicyError
-from velvetrope.sim.workload import Seed, as_generator
+from velvetrope.sim.seeds import Seed, as_generator
 
 __all__ = ["LengthKnowledge", "copula_predictions", "parse_lengths", "predicted_outputs"]
 

@@ -94,7 +94,8 @@ from velvetrope.sim.metrics import JobRecords, config_slos
 from velvetrope.sim.result import LogEntry, RunInfo, SimResult
 from velvetrope.sim.runner import drive
 from velvetrope.sim.scrape import EngineScrapes
-from velvetrope.sim.workload import TraceRequest, rescale_time, trace_stats
+from velvetrope.sim.trace_request import TraceRequest
+from velvetrope.sim.workload import rescale_time, trace_stats
 from velvetrope.store.memory import MemoryStore
 
 if TYPE_CHECKING:

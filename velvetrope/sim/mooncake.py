@@ -10,7 +10,7 @@ Architecture for Serving LLM Chatbot", FAST 2025) hold one JSON object a line::
 ``output_length`` are tokens, and ``hash_ids`` are remapped hashes of the prompt's blocks of
 :data:`MOONCAKE_BLOCK_TOKENS` tokens, the last one possibly partial: equal ids at the same
 position mean the same prefix up to the end of that block (its KV cache can be reused).
-:func:`read_mooncake` turns each line into a :class:`~velvetrope.sim.workload.TraceRequest`
+:func:`read_mooncake` turns each line into a :class:`~velvetrope.sim.trace_request.TraceRequest`
 with ``t`` in seconds, the ``hash_ids`` as its ``block_hashes`` and ``block_tokens = 512``
 (tenant ``"default"``, no tier, no ``max_tokens``).  A request needs at least one prompt token;
 a record with ``input_length`` 0 is refused like any other malformed one.  Every problem
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from velvetrope.errors import PolicyError, TraceError
-from velvetrope.sim.workload import TraceRequest
+from velvetrope.sim.trace_request import TraceRequest
 
 __all__ = [
     "MOONCAKE_BLOCK_TOKENS",

@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 
 from velvetrope.errors import PolicyError
-from velvetrope.sim.workload import TraceRequest
+from velvetrope.sim.trace_request import TraceRequest
 
 __all__ = ["with_system_prompts"]
 

@@ -23,7 +23,7 @@ from velvetrope.sim.quotas import (
     run_lines,
 )
 from velvetrope.sim.result import SimResult
-from velvetrope.sim.workload import TraceRequest
+from velvetrope.sim.trace_request import TraceRequest
 
 __all__ = ["parse_start", "simulate_with_budgets"]
 
@@ -116,7 +116,7 @@ def plan_budget_lines(
     ``design_rps``, from epoch ``start``."""
     from velvetrope.config import load_config
     from velvetrope.sim.inputs import prepare_workload
-    from velvetrope.sim.workload import TenantMix
+    from velvetrope.sim.tenant_mix import TenantMix
 
     settings = load_config(config).quotas
     if not settings.budgets:

@@ -32,7 +32,7 @@ from velvetrope.core.bucket import Denial, Grant, MemoryBuckets, settle_lines
 from velvetrope.core.lifecycle import Usage
 from velvetrope.core.quota import QuotaBook, window_bounds
 from velvetrope.core.quota_config import ANY_TENANT, Budget, QuotaSettings
-from velvetrope.sim.workload import TraceRequest
+from velvetrope.sim.trace_request import TraceRequest
 
 __all__ = ["BudgetForecast", "QuotaRun", "apply_quotas", "budget_label", "forecast"]
 

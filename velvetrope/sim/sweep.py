@@ -36,7 +36,7 @@ from velvetrope.sim.loop import run_simulation
 from velvetrope.sim.report import fmt_s, markdown_table, save_figure
 from velvetrope.sim.result import SimResult
 from velvetrope.sim.shared import Shared
-from velvetrope.sim.workload import TraceRequest
+from velvetrope.sim.trace_request import TraceRequest
 
 __all__ = ["SWEEP_KEYS", "SweepResult", "parse_sweep", "run_sweep"]
 

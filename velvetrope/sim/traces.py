@@ -10,7 +10,7 @@ than :meth:`datetime.fromisoformat` takes in Python 3.11) and an optional ``Z`` 
 offset; times without an offset are taken as UTC.  Rows out of order are *sorted* (stably) by
 timestamp, and times are rebased so that the earliest request arrives at ``t = 0.0``.  Every
 request gets tenant ``"default"``, no tier and no ``max_tokens``; assign tenants with
-:class:`~velvetrope.sim.workload.TenantMix`.
+:class:`~velvetrope.sim.tenant_mix.TenantMix`.
 
 **JSONL** (``.jsonl``), ours: one JSON object per line, blank lines ignored::
 
@@ -22,7 +22,7 @@ Required keys: ``t`` (seconds, a finite number ``>= 0``), ``tenant`` (non-empty 
 ``prompt_tokens`` (integer ``>= 1``), ``output_tokens`` (integer ``>= 0``); optional: ``tier``
 (non-empty string or null), ``max_tokens`` (integer ``>= output_tokens`` and ``>= 1``, or
 null), ``prefix_id`` (string or null) and ``prefix_tokens`` (integer ``<= prompt_tokens``:
-the shared prompt prefix of :class:`~velvetrope.sim.workload.TraceRequest`), ``model``
+the shared prompt prefix of :class:`~velvetrope.sim.trace_request.TraceRequest`), ``model``
 (non-empty string or null: the requested model, which routing rules see), ``block_hashes``
 (a list of integers: the chained hashes of the prompt's leading blocks) with
 ``block_tokens`` (integer ``>= 1``, the tokens a block), ``endpoint`` (the endpoint kind,
@@ -67,7 +67,7 @@ from typing import Any, TextIO, TypeAlias
 
 from velvetrope.errors import PolicyError, TraceError
 from velvetrope.sim.mooncake import is_mooncake_record, read_mooncake
-from velvetrope.sim.workload import TraceRequest
+from velvetrope.sim.trace_request import TraceRequest
 
 __all__ = [
     "BUILTIN_TRACES",

@@ -44,7 +44,8 @@ from velvetrope.sim.arrivals import (
     _Chunked,
     _Chunks,
 )
-from velvetrope.sim.workload import Seed, TraceRequest, as_generator
+from velvetrope.sim.seeds import Seed, as_generator
+from velvetrope.sim.trace_request import TraceRequest
 
 __all__ = ["ARRIVAL_FORMS", "DayCycle", "Spike", "parse_arrivals", "parse_spike", "with_mix"]
 
