@@ -130,7 +130,7 @@ def _docker_cmd() -> list[str]:
 
 def _uvicorn_grace_s() -> float:
     """uvicorn's timeout_graceful_shutdown in velvetrope/gateway/api/server.py (after the drain)."""
-    src = (ROOT / "velvetrope" / "gateway" / "server.py").read_text()
+    src = (ROOT / "velvetrope" / "gateway" / "api" / "server.py").read_text()
     m = re.search(r"timeout_graceful_shutdown\s*=\s*([0-9.]+)", src)
     assert m, "velvetrope/gateway/api/server.py: timeout_graceful_shutdown not found"
     return float(m.group(1))
