@@ -55,6 +55,7 @@ from velvetrope.core.leases import LeaseBrake, Slot
 from velvetrope.core.lifecycle import Reason, Usage
 from velvetrope.core.policy import PolicyConfig
 from velvetrope.core.quota import Downgrade, downgrade
+from velvetrope.core.tuples import new_tuple
 
 __all__ = ["Budgets", "RequestMachine", "refusal_of"]
 
@@ -164,13 +165,13 @@ class RequestMachine:
         if self.budgets is not None:
             claims = self.budgets.claims(job, claims, spent)
         slot = self.slot(job) if self.brakes and ctl.would_start(job) else None
-        return Reserve(job, claims, slot)
+        return new_tuple(Reserve, (job, claims, slot))
 
     def slot(self, job: Job) -> Slot:
         """The lease ``job`` (sized) asks of its pool now (sized from the pool's capacity
         at this moment, so it follows the engines)."""
         cap = self.ctl.pool_capacity(job.pool)
-        return Slot(job.pool, job.cost, cap.max_in_flight, cap.max_tokens)
+        return new_tuple(Slot, (job.pool, job.cost, cap.max_in_flight, cap.max_tokens))
 
     def reserved(
         self, job: Job, claims: tuple[Claim, ...], res: Grant | Denial, leased: bool = False
@@ -223,8 +224,8 @@ class RequestMachine:
     def _dispatch(self, job: Job) -> Send | Acquire:
         brakes = self.brakes
         if brakes and job.id in brakes[job.pool].lacking:
-            return Acquire(job, self.slot(job))
-        return Send(job)
+            return new_tuple(Acquire, (job, self.slot(job)))
+        return new_tuple(Send, (job,))
 
     def slot_granted(self, job: Job) -> None:
         """The dispatched ``job`` got its lease: send it; the brake is off."""
@@ -322,7 +323,7 @@ class RequestMachine:
         budgets = self.budgets
         if budgets is not None:
             lines = budgets.settle(job, job.claims, lines)
-        self._out.append(Settle(job, job.claims, lines))
+        self._out.append(new_tuple(Settle, (job, job.claims, lines)))
         self._due = True
 
     def _pump(self) -> None:

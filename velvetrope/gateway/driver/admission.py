@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Collection
 from typing import Final
 
 from velvetrope.core import AdmissionController, BucketSnapshot, Job, Reason, Usage
-from velvetrope.core.effects import Acquire, Cancel, Effect, Refusal, Reserve, Respond, Settle
+from velvetrope.core.effects import Acquire, Cancel, Effect, Refusal, Reserve, Respond, Send, Settle
 from velvetrope.core.lifecycle import JobState
 from velvetrope.core.policy import PolicyConfig
 from velvetrope.core.request_machine import RequestMachine
@@ -194,10 +194,15 @@ class Admission:
             mine = self._apply(m.effects(), job)
         if mine is None:
             return await self._queued(job, gone, progress, every_s, snapshots)
-        if type(mine) is not Respond and gone.done():
+        t = type(mine)
+        if t is Respond:
+            return mine.refusal  # type: ignore[union-attr]
+        if gone.done():
             self.abandon(job)
             return None
-        return await self._follow(job, mine, gone, snapshots)
+        if t is Send:  # inline, not _follow: one coroutine less on every request
+            return Ticket(self, job, snapshots)
+        return await self._take_slot(job, mine, gone, snapshots)  # type: ignore[arg-type]
 
     async def again(
         self,
