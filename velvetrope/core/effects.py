@@ -75,7 +75,7 @@ class Cancel(NamedTuple):
 
 
 class Settle(NamedTuple):
-    """Settle ``job``'s ``claims`` with ``lines`` and give back its lease of ``pool``."""
+    """Settle ``job``'s ``claims`` with ``lines`` and give back its lease (of ``job.pool``)."""
 
     job: Job
     claims: tuple[Claim, ...]
