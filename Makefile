@@ -51,7 +51,7 @@ test-latest:
 	$(LATEST)/bin/ruff check velvetrope tests bench harness
 	$(LATEST)/bin/ruff format --check velvetrope tests bench harness
 	$(LATEST)/bin/mypy
-	$(LATEST)/bin/python -m pytest -q --ignore=tests/engines
+	$(LATEST)/bin/python -m pytest -q -n 2 --ignore=tests/engines
 
 # promtool, for the alert rules' unit tests (tests/test_chart.py): from Debian's
 # `prometheus` package, unpacked (no daemon installed or started); one on PATH is reused
@@ -73,7 +73,7 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 pytest: $(STAMP) $(PROMTOOL)
-	$(BIN)/python -m pytest -q --ignore=tests/engines
+	$(BIN)/python -m pytest -q -n 2 --ignore=tests/engines
 
 test: lint typecheck pytest
 

@@ -12,10 +12,13 @@ package index through pip as configured on the machine (its cache makes a repeat
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import venv
 from pathlib import Path
 
@@ -54,7 +57,8 @@ def _run(cmd: list[str], env: dict[str, str] | None = None, timeout: float = 900
 def build_wheel(out_dir: Path, *, pure: bool) -> Path:
     """Build the wheel of this checkout into ``out_dir`` with this interpreter's setuptools
     (no build isolation: the dev install has every build requirement); ``pure``: no mypyc
-    compile (``VELVETROPE_PURE=1``), seconds instead of minutes.  Returns the wheel's path."""
+    compile (``VELVETROPE_PURE=1``), seconds instead of minutes.  Builds of one checkout
+    run one at a time (a file lock): they share its ``build/``.  Returns the wheel's path."""
     out_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     if pure:
@@ -62,12 +66,17 @@ def build_wheel(out_dir: Path, *, pure: bool) -> Path:
     else:
         env.pop("VELVETROPE_PURE", None)
     build = ROOT / "build"
-    shutil.rmtree(build, ignore_errors=True)  # a stale build/lib would leak into the wheel
-    try:
-        pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]
-        _run([*pip, "--quiet", "--wheel-dir", str(out_dir), str(ROOT)], env)
-    finally:
-        shutil.rmtree(build, ignore_errors=True)
+    # setuptools builds in the checkout's build/: one build at a time per checkout (the
+    # suite's workers each build a wheel), across processes
+    key = hashlib.sha256(str(ROOT).encode()).hexdigest()[:16]
+    with open(Path(tempfile.gettempdir()) / f"velvetrope-wheel-{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        shutil.rmtree(build, ignore_errors=True)  # a stale build/lib would leak into the wheel
+        try:
+            pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]
+            _run([*pip, "--quiet", "--wheel-dir", str(out_dir), str(ROOT)], env)
+        finally:
+            shutil.rmtree(build, ignore_errors=True)
     (wheel,) = sorted(out_dir.glob("velvetrope-*.whl"))
     return wheel
 
