@@ -4,10 +4,10 @@ Redis, engine and gateway faults, with the invariants checked automatically.
 Run as ``python -m harness.chaos [--policy fail_open|fail_closed|both] [--seconds S]
 [--rate R] [--short] [--seed N]``.  For each policy (``state.on_store_error``) it starts one
 ``redis-server``, two ``velvetrope engine`` and two ``velvetrope serve`` processes
-(:mod:`harness.chaos_fleet`), sends ``R`` requests per second for ``S`` seconds from real
+(:mod:`harness.chaos_deployment`), sends ``R`` requests per second for ``S`` seconds from real
 httpx clients (:mod:`harness.chaos_load`: 70% streaming, 10% of clients hanging up early and
 10% mid-stream, interactive and batch tenants, one whose token limit binds) while the faults
-of :mod:`harness.chaos_faults` happen (``--short``: only a Redis restart), lets the fleet
+of :mod:`harness.chaos_faults` happen (``--short``: only a Redis restart), lets the deployment
 settle, reads what it left (:mod:`harness.chaos_state`), stops every process it started, and
 counts the invariants (:mod:`harness.chaos_checks`).
 
@@ -18,7 +18,7 @@ is not checked).
 
 Output: detail lines per policy (``chaos: ...``), and last, one verdict line per policy::
 
-    chaos: policy=P requests=N status_500=K unfinished=K leaked_slots=K leaked_holds=K \
+    chaos: policy=P requests=N status_500=K unfinished=K leaked_slots=K unsettled_reservations=K \
 settle_mismatch=K inflight_over_limit=K priority_inversions=K ledger_mismatch=K
 
 Exit status 0 iff every counter of every policy is 0 and nothing kept a check from being
@@ -51,8 +51,8 @@ from harness.chaos_checks import (
     settlement,
     statuses,
 )
+from harness.chaos_deployment import Deployment, DeploymentSpec
 from harness.chaos_faults import Event, play, schedule
-from harness.chaos_fleet import Fleet, FleetSpec
 from harness.chaos_load import Rotation, Shot, drive, plan
 from harness.chaos_state import (
     JournalEntry,
@@ -78,7 +78,7 @@ def say(line: str) -> None:
 
 
 async def _load(
-    fleet: Fleet,
+    deployment: Deployment,
     shots: list[Shot],
     seconds: float,
     full: bool,
@@ -87,13 +87,13 @@ async def _load(
 ) -> float:
     """Drive the load, play the faults and sample the gateways' state; the load's start."""
     rotation = Rotation()
-    for g in fleet.gateways:
+    for g in deployment.gateways:
         rotation.add(g.name, g.url, len(g.runs) - 1)
     started = asyncio.get_running_loop().create_future()
     load = asyncio.create_task(drive(shots, rotation, started=started.set_result))
     t0: float = await started
-    faults = asyncio.create_task(play(schedule(full), fleet, rotation, t0, seconds, events))
-    sampler = asyncio.create_task(sample_states(fleet, samples))
+    faults = asyncio.create_task(play(schedule(full), deployment, rotation, t0, seconds, events))
+    sampler = asyncio.create_task(sample_states(deployment, samples))
     try:
         await load
         await asyncio.wait_for(faults, timeout=120)
@@ -116,14 +116,14 @@ def _idle(st: dict[str, Any]) -> bool:
     )
 
 
-def _settle(fleet: Fleet, v: Verdict, bound_s: float = 30.0) -> dict[str, int]:
+def _settle(deployment: Deployment, v: Verdict, bound_s: float = 30.0) -> dict[str, int]:
     """Wait (bounded) until both gateways are idle with empty outboxes and Redis up; the
     work each still has queued or in flight then."""
     deadline = time.monotonic() + bound_s
     statuses_: dict[str, dict[str, Any]] = {}
     while True:
         try:
-            statuses_ = {g.name: fleet.admin_status(g) for g in fleet.gateways}
+            statuses_ = {g.name: deployment.admin_status(g) for g in deployment.gateways}
         except httpx.HTTPError as e:
             v.problems.append(f"/admin/status unreadable while settling: {e!r}")
             return {}
@@ -141,11 +141,11 @@ def _settle(fleet: Fleet, v: Verdict, bound_s: float = 30.0) -> dict[str, int]:
     return residue
 
 
-def _leases_held(fleet: Fleet, v: Verdict) -> int:
+def _leases_held(deployment: Deployment, v: Verdict) -> int:
     """Leases the gateways say they hold (Redis and local)."""
     held = 0
-    for g in fleet.gateways:
-        st = fleet.admin_status(g)["state"]
+    for g in deployment.gateways:
+        st = deployment.admin_status(g)["state"]
         n = sum(st.get("leases", {}).values()) + sum(st.get("local_leases", {}).values())
         if n:
             v.details.append(f"leaked_slots: {g.name} still holds {n} leases: {st}")
@@ -153,27 +153,29 @@ def _leases_held(fleet: Fleet, v: Verdict) -> int:
     return held
 
 
-def _redis_checks(fleet: Fleet, v: Verdict) -> None:
+def _redis_checks(deployment: Deployment, v: Verdict) -> None:
     """Holds at quiescence; then, once a lease TTL and every bucket's refill time have
     passed, leases and buckets."""
-    ns = fleet.namespace
-    first = read_redis(fleet.redis.port, ns)
+    ns = deployment.namespace
+    first = read_redis(deployment.redis.port, ns)
     v.add(
-        "leaked_holds", len(first.holds), f"holds left: {first.holds[:5]}" if first.holds else None
+        "unsettled_reservations",
+        len(first.holds),
+        f"holds left: {first.holds[:5]}" if first.holds else None,
     )
     refill = first.seconds_to_full()
     if refill > 30.0:
         v.problems.append(f"buckets need {refill:.0f}s to refill: not waited for")
-    wait = max(fleet.spec.lease_ttl_s + 1.0, min(30.0, refill) + 0.5)
+    wait = max(deployment.spec.lease_ttl_s + 1.0, min(30.0, refill) + 0.5)
     time.sleep(wait)
-    later = read_redis(fleet.redis.port, ns)
+    later = read_redis(deployment.redis.port, ns)
     live = later.live_leases
     v.add("leaked_slots", len(live), f"live leases after the TTL: {live[:5]}" if live else None)
-    v.add("leaked_slots", _leases_held(fleet, v))
+    v.add("leaked_slots", _leases_held(deployment, v))
     levels = later.bucket_levels()
     short = {k: lv for k, lv in levels.items() if lv[0] < lv[1] - 1e-6}
     v.add(
-        "leaked_holds",
+        "unsettled_reservations",
         len(short),
         f"buckets not full after {wait:.1f}s: {short}" if short else None,
     )
@@ -185,11 +187,11 @@ def _redis_checks(fleet: Fleet, v: Verdict) -> None:
 
 
 def _journals(
-    fleet: Fleet, v: Verdict
+    deployment: Deployment, v: Verdict
 ) -> tuple[list[JournalEntry], list[tuple[str, float, int, int]]]:
     entries: list[JournalEntry] = []
     totals: list[tuple[str, float, int, int]] = []
-    for slot in fleet.engines:
+    for slot in deployment.engines:
         for i, inc in enumerate(slot.runs):
             if inc.journal is None:
                 continue
@@ -215,10 +217,12 @@ def _journals(
     return entries, totals
 
 
-def _gateway_counters(fleet: Fleet, shots: Sequence[Shot], v: Verdict) -> tuple[float, float]:
+def _gateway_counters(
+    deployment: Deployment, shots: Sequence[Shot], v: Verdict
+) -> tuple[float, float]:
     """Terminal outcomes and settled tokens summed over every gateway process."""
     outcomes_total = settled = 0.0
-    for slot in fleet.gateways:
+    for slot in deployment.gateways:
         for i, inc in enumerate(slot.runs):
             if inc.metrics is None or inc.metrics_at is None:
                 v.problems.append(f"{slot.name}#{i}: final /metrics not read")
@@ -236,9 +240,9 @@ def _gateway_counters(fleet: Fleet, shots: Sequence[Shot], v: Verdict) -> tuple[
     return outcomes_total, settled
 
 
-def _logs(fleet: Fleet, v: Verdict) -> None:
+def _logs(deployment: Deployment, v: Verdict) -> None:
     """Tracebacks and unretrieved exceptions in the processes' stderr (detail lines)."""
-    for slot in fleet.gateways + fleet.engines:
+    for slot in deployment.gateways + deployment.engines:
         for i, inc in enumerate(slot.runs):
             marks = {m: inc.stderr.count(m) for m in _LOG_MARKS if m in inc.stderr}
             if marks:
@@ -246,22 +250,24 @@ def _logs(fleet: Fleet, v: Verdict) -> None:
                 v.details.append(f"log {slot.name}#{i}: {marks}; e.g. {lines[:2]}")
 
 
-def _attribute(fleet: Fleet, shots: Sequence[Shot]) -> None:
+def _attribute(deployment: Deployment, shots: Sequence[Shot]) -> None:
     """Credit each answer with a timing header to the process that wrote it (its pid): a
     request sent to a gateway about to exit may be answered by the one restarted on its
     port."""
     by_pid = {
-        inc.proc.pid: (slot.name, i) for slot in fleet.gateways for i, inc in enumerate(slot.runs)
+        inc.proc.pid: (slot.name, i)
+        for slot in deployment.gateways
+        for i, inc in enumerate(slot.runs)
     }
     for s in shots:
         if s.timing is not None and s.timing[3] in by_pid:
             s.gateway, s.incarnation = by_pid[s.timing[3]]
 
 
-def _peaks(fleet: Fleet) -> str:
+def _peaks(deployment: Deployment) -> str:
     """Each engine process's ``velvetrope_engine_requests_peak`` as last read."""
     out = []
-    for slot in fleet.engines:
+    for slot in deployment.engines:
         for i, inc in enumerate(slot.runs):
             peak = (
                 "killed"
@@ -292,11 +298,11 @@ _SHOT_FIELDS = (
 """What ``--keep`` writes of each request (``shots.jsonl``), relative times unchanged."""
 
 
-def _write_logs(fleet: Fleet) -> None:
+def _write_logs(deployment: Deployment) -> None:
     """Each process's stderr beside the journals (kept with ``--keep``)."""
-    for slot in fleet.gateways + fleet.engines:
+    for slot in deployment.gateways + deployment.engines:
         for i, inc in enumerate(slot.runs):
-            (fleet.workdir / f"{slot.name}-{i}.stderr").write_text(inc.stderr)
+            (deployment.workdir / f"{slot.name}-{i}.stderr").write_text(inc.stderr)
 
 
 def run_policy(
@@ -314,8 +320,8 @@ def run_policy(
     ledger is not checked)."""
     v = Verdict(policy)
     workdir = Path(tempfile.mkdtemp(prefix=f"vr-chaos-{policy}-"))
-    spec = FleetSpec(policy=policy, redis_empty=redis_empty)
-    fleet = Fleet(workdir, spec, f"chaos-{policy}-{uuid.uuid4().hex[:6]}")
+    spec = DeploymentSpec(policy=policy, redis_empty=redis_empty)
+    deployment = Deployment(workdir, spec, f"chaos-{policy}-{uuid.uuid4().hex[:6]}")
     shots = plan(rate, seconds, seed, f"{policy}-{seed}")
     events: list[Event] = []
     samples: list[Sample] = []
@@ -323,28 +329,30 @@ def run_policy(
     cpu0 = resource.getrusage(resource.RUSAGE_SELF)
     ledger_totals: dict[str, int] | None = None
     try:
-        fleet.start()
+        deployment.start()
         start_s = time.monotonic() - began
-        t0 = asyncio.run(_load(fleet, shots, seconds, full, events, samples))
+        t0 = asyncio.run(_load(deployment, shots, seconds, full, events, samples))
         load_s = time.monotonic() - t0
         cpu1 = resource.getrusage(resource.RUSAGE_SELF)
-        residue = _settle(fleet, v)
-        failed = fleet.keep_final_metrics()
+        residue = _settle(deployment, v)
+        failed = deployment.keep_final_metrics()
         v.problems += [f"final /metrics: {f}" for f in failed]
-        _redis_checks(fleet, v)
-        ledger_totals = None if spec.redis_empty else read_ledger(fleet.redis.port, fleet.namespace)
+        _redis_checks(deployment, v)
+        ledger_totals = (
+            None if spec.redis_empty else read_ledger(deployment.redis.port, deployment.namespace)
+        )
     finally:
-        fleet.close()
+        deployment.close()
     sent = [s for s in shots if s.sent_at is not None]
     v.requests = len(sent)
-    _attribute(fleet, shots)
+    _attribute(deployment, shots)
     cpu_s = cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime
     lag = sorted((s.sent_at or 0) - (t0 + s.at) for s in sent)
     p99 = lag[int(0.99 * (len(lag) - 1))] * 1000 if lag else 0.0
     if p99 > _BEHIND_MS:
         v.problems.append(
             f"the load generator sent p99 {p99:.0f} ms late (the box is too busy for "
-            f"{rate:g}/s): client timeouts and disconnects are its own, not the fleet's"
+            f"{rate:g}/s): client timeouts and disconnects are its own, not the deployment's"
         )
     v.details.append(
         f"load: {len(sent)} requests in {seconds:g}s ({len(sent) / seconds:.1f}/s asked "
@@ -356,25 +364,25 @@ def run_policy(
         end = "" if ev.end is None else f"..{ev.end - t0:.1f}s"
         v.details.append(f"fault {ev.name} at {ev.start - t0:.1f}s{end} {ev.note}".rstrip())
     statuses(shots, v)
-    gateway_outcomes, settled = _gateway_counters(fleet, shots, v)
+    gateway_outcomes, settled = _gateway_counters(deployment, shots, v)
     outcomes(shots, gateway_outcomes, residue, v)
-    entries, totals = _journals(fleet, v)
+    entries, totals = _journals(deployment, v)
     settlement(shots, entries, settled, totals, v)
     ledger(ledger_totals, settled, v)
     killed = {
         (slot.name, i): inc.killed_at
-        for slot in fleet.engines
+        for slot in deployment.engines
         for i, inc in enumerate(slot.runs)
         if inc.killed_at is not None
     }
     for at in inflight(shots, entries, killed, spec.max_in_flight, t0, v)[:4]:
         v.details.append(f"over at {at - t0:.2f}s: {state_context(samples, at, t0)}")
-    v.details.append(f"engine peak gauges: {_peaks(fleet)}")
+    v.details.append(f"engine peak gauges: {_peaks(deployment)}")
     v.details.append(_hangups(shots, entries))
     priority(shots, v)
-    _logs(fleet, v)
+    _logs(deployment, v)
     if keep:
-        _write_logs(fleet)
+        _write_logs(deployment)
         dump = [{k: getattr(s, k) for k in _SHOT_FIELDS} | {"tier": s.tier} for s in shots]
         (workdir / "shots.jsonl").write_bytes(b"".join(orjson.dumps(d) + b"\n" for d in dump))
         v.details.append(f"kept {workdir}")

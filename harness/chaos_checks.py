@@ -11,11 +11,11 @@
   every request that got a status line, at most every request sent.
 * ``leaked_slots``: leases in Redis still live once every gateway was idle and one lease
   TTL had passed, plus leases the gateways still say they hold (``/admin/status``).
-* ``leaked_holds``: holds (reservations awaiting settlement) in Redis once every gateway
+* ``unsettled_reservations``: holds (reservations awaiting settlement) in Redis once every gateway
   was idle with an empty outbox (nobody would settle them: only ``hold_ttl_s`` would remove
   them), plus buckets not back to full once their own refill time had passed.
 * ``settle_mismatch``: tokens, see :func:`settlement`.
-* ``inflight_over_limit``: requests that took the fleet over ``max_in_flight``, counted
+* ``inflight_over_limit``: requests that took the deployment over ``max_in_flight``, counted
   at the engines, see :func:`inflight`.
 * ``priority_inversions``: batch requests dispatched ahead of a queued interactive one of
   the same gateway process, see :func:`priority`.
@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache
 
-from harness.chaos_fleet import TOKENIZER
+from harness.chaos_deployment import TOKENIZER
 from harness.chaos_load import Shot, request_body
 from harness.chaos_state import JournalEntry
 from velvetrope.gateway.api.parse import parse_request
@@ -50,7 +50,7 @@ COUNTERS = (
     "status_500",
     "unfinished",
     "leaked_slots",
-    "leaked_holds",
+    "unsettled_reservations",
     "settle_mismatch",
     "inflight_over_limit",
     "priority_inversions",
@@ -87,7 +87,7 @@ class Verdict:
 def gateway_prompt_tokens(prompt: int) -> int:
     """The prompt tokens the gateway charges for :data:`~harness.chaos_load.PROMPTS`
     ``[prompt]``: its own parsing of such a body, with the tokenizer the run configures
-    (:data:`~harness.chaos_fleet.TOKENIZER`)."""
+    (:data:`~harness.chaos_deployment.TOKENIZER`)."""
     tok = get_tokenizer(TOKENIZER)
     parsed = parse_request(
         request_body(prompt, 1, False, "probe"),

@@ -3,7 +3,7 @@
 Faults, each at a fixed fraction of the load's duration (:func:`schedule`):
 
 * ``redis_restart``: Redis SIGKILLed, restarted on the same port after 1 s, from its
-  append-only file (or empty, without persistence: ``FleetSpec.redis_empty``);
+  append-only file (or empty, without persistence: ``DeploymentSpec.redis_empty``);
 * ``redis_pause``: Redis SIGSTOPped for 3 s, then SIGCONT;
 * ``engine_restart``: ``engine-a`` SIGKILLed, restarted on its port after 2 s (a new
   journal; the instant just before the signal is kept: it held its requests until then);
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from harness.chaos_fleet import Fleet, Slot
+from harness.chaos_deployment import Deployment, Slot
 from harness.chaos_load import Rotation
 
 __all__ = ["Event", "play", "schedule"]
@@ -44,44 +44,44 @@ class Event:
     note: str = ""
 
 
-Fault = Callable[[Fleet, Rotation, list[Event]], Awaitable[None]]
+Fault = Callable[[Deployment, Rotation, list[Event]], Awaitable[None]]
 
 
-def _restart(fleet: Fleet) -> None:
-    fleet.redis.stop()
+def _restart(deployment: Deployment) -> None:
+    deployment.redis.stop()
     time.sleep(1.0)
-    fleet.redis.start()
+    deployment.redis.start()
 
 
-def _pause(fleet: Fleet) -> None:
-    fleet.redis.pause()
+def _pause(deployment: Deployment) -> None:
+    deployment.redis.pause()
     try:
         time.sleep(3.0)
     finally:
-        fleet.redis.resume()
+        deployment.redis.resume()
 
 
-async def redis_restart(fleet: Fleet, rotation: Rotation, log: list[Event]) -> None:
+async def redis_restart(deployment: Deployment, rotation: Rotation, log: list[Event]) -> None:
     ev = Event("redis_restart", time.monotonic())
     log.append(ev)
-    await asyncio.to_thread(_restart, fleet)  # timed in a thread: the load's loop is busy
+    await asyncio.to_thread(_restart, deployment)  # timed in a thread: the load's loop is busy
     ev.end = time.monotonic()
 
 
-async def redis_pause(fleet: Fleet, rotation: Rotation, log: list[Event]) -> None:
+async def redis_pause(deployment: Deployment, rotation: Rotation, log: list[Event]) -> None:
     ev = Event("redis_pause", time.monotonic())
     log.append(ev)
-    await asyncio.to_thread(_pause, fleet)
+    await asyncio.to_thread(_pause, deployment)
     ev.end = time.monotonic()
 
 
-async def engine_restart(fleet: Fleet, rotation: Rotation, log: list[Event]) -> None:
-    slot = fleet.engines[0]
+async def engine_restart(deployment: Deployment, rotation: Rotation, log: list[Event]) -> None:
+    slot = deployment.engines[0]
     ev = Event("engine_restart", time.monotonic(), note=slot.name)
     log.append(ev)
-    await asyncio.to_thread(fleet.kill, slot)
+    await asyncio.to_thread(deployment.kill, slot)
     await asyncio.sleep(2.0)
-    await asyncio.to_thread(fleet.start_engine, slot)
+    await asyncio.to_thread(deployment.start_engine, slot)
     ev.end = time.monotonic()
 
 
@@ -94,7 +94,7 @@ def _idle(status: dict[str, object]) -> bool:
 
 
 async def _watch_drain(
-    fleet: Fleet, slot: Slot, rotation: Rotation, removed: asyncio.Event, bound_s: float
+    deployment: Deployment, slot: Slot, rotation: Rotation, removed: asyncio.Event, bound_s: float
 ) -> str:
     """Read the draining gateway until it exits (at most ``bound_s``): keep its last
     ``/metrics`` taken while it was idle, out of the rotation, and none of the requests
@@ -104,13 +104,13 @@ async def _watch_drain(
     where = (slot.name, len(slot.runs) - 1)
     end = time.monotonic() + bound_s
     reads = 0
-    while not fleet.exited(slot):
+    while not deployment.exited(slot):
         if time.monotonic() > end:
             return f"still running after {bound_s:g}s"
         try:
-            status = await asyncio.to_thread(fleet.admin_status, slot, 1.0)
+            status = await asyncio.to_thread(deployment.admin_status, slot, 1.0)
             if _idle(status) and removed.is_set() and rotation.pending[where] == 0:
-                text = await asyncio.to_thread(fleet.scrape, slot, 1.0)
+                text = await asyncio.to_thread(deployment.scrape, slot, 1.0)
                 inc.metrics, inc.metrics_at = text, time.monotonic()
                 reads += 1
         except httpx.HTTPError:
@@ -119,19 +119,19 @@ async def _watch_drain(
     return f"exited; {reads} idle reads of /metrics"
 
 
-async def gateway_drain(fleet: Fleet, rotation: Rotation, log: list[Event]) -> None:
-    slot = fleet.gateways[1]
+async def gateway_drain(deployment: Deployment, rotation: Rotation, log: list[Event]) -> None:
+    slot = deployment.gateways[1]
     ev = Event("gateway_drain", time.monotonic(), note=slot.name)
     log.append(ev)
-    fleet.terminate(slot)
+    deployment.terminate(slot)
     removed = asyncio.Event()
-    watch = asyncio.create_task(_watch_drain(fleet, slot, rotation, removed, 60.0))
+    watch = asyncio.create_task(_watch_drain(deployment, slot, rotation, removed, 60.0))
     await asyncio.sleep(1.0)  # a load balancer's /readyz period: it still sends meanwhile
     rotation.remove(slot.name)
     removed.set()
     ev.note += ": " + await watch
     slot.current.finish()
-    await asyncio.to_thread(fleet.start_gateway, slot)
+    await asyncio.to_thread(deployment.start_gateway, slot)
     rotation.add(slot.name, slot.url, len(slot.runs) - 1)
     ev.end = time.monotonic()
 
@@ -154,7 +154,7 @@ def schedule(full: bool) -> tuple[tuple[float, Fault], ...]:
 
 async def play(
     faults: tuple[tuple[float, Fault], ...],
-    fleet: Fleet,
+    deployment: Deployment,
     rotation: Rotation,
     t0: float,
     seconds: float,
@@ -166,4 +166,4 @@ async def play(
         delay = t0 + fraction * seconds - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
-        await fault(fleet, rotation, log)
+        await fault(deployment, rotation, log)

@@ -37,7 +37,7 @@ from typing import Any, Final
 import httpx
 import orjson
 
-from harness.chaos_fleet import MODEL, TENANTS, Tenant
+from harness.chaos_deployment import MODEL, TENANTS, Tenant
 from velvetrope.openai.sse import content_keys, event_data, split_events
 
 __all__ = [

@@ -21,7 +21,7 @@ import httpx
 import orjson
 import redis
 
-from harness.chaos_fleet import TENANTS, Fleet
+from harness.chaos_deployment import TENANTS, Deployment
 from velvetrope.core.quota import LEDGER_CAP, LEDGER_PREFIX
 
 __all__ = [
@@ -169,14 +169,16 @@ Sample = tuple[float, str, dict[str, Any]]
 """``(time, gateway#process, its /admin/status "state")``."""
 
 
-async def sample_states(fleet: Fleet, samples: list[Sample], period_s: float = 0.25) -> None:
+async def sample_states(
+    deployment: Deployment, samples: list[Sample], period_s: float = 0.25
+) -> None:
     """Read each gateway's shared-state status every ``period_s`` (until cancelled): the
     context of an excursion over ``max_in_flight``."""
     while True:
-        for g in fleet.gateways:
+        for g in deployment.gateways:
             where = f"{g.name}#{len(g.runs) - 1}"
             try:
-                st = await asyncio.to_thread(fleet.admin_status, g, 1.0)
+                st = await asyncio.to_thread(deployment.admin_status, g, 1.0)
             except httpx.HTTPError:
                 continue  # restarting
             samples.append((time.monotonic(), where, st["state"]))

@@ -2,7 +2,7 @@
 
 :func:`wait_idle` polls ``/admin/status`` (bounded) until the gateway holds nothing: no job
 in flight or queued, no request waiting for admission, no settlement or release waiting in
-the outbox, no fleet slot lease held.  :func:`redis_leftovers` then reads Redis: reservations
+the outbox, no lease held.  :func:`redis_leftovers` then reads Redis: reservations
 never settled (``ns:{...}:held:<job>`` keys), slot leases still in a pool's lease set, and
 keys that would never expire (every key of the store has a TTL, by design).
 :func:`gateway_counts` reads the gateway's terminal outcomes from ``/metrics``.

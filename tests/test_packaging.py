@@ -76,7 +76,7 @@ def test_the_wheel_ships_the_examples_and_no_repository_files(wheel: Path) -> No
         }
         for inside, checkout in shipped.items():
             assert z.read(inside) == checkout.read_bytes(), inside
-    assert {"velvetrope/py.typed", "velvetrope/store/lua/admit.lua"} <= names
+    assert {"velvetrope/py.typed", "velvetrope/store/lua/reserve_leased.lua"} <= names
     assert "velvetrope/engine/profiles/llama3-8b-a100.yaml" in names
     with zipfile.ZipFile(wheel) as z:  # setup.py writes the commit it was built from
         head = subprocess.run(

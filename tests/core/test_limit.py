@@ -74,8 +74,8 @@ def test_admits_below_its_value_only() -> None:
     lim = limit(initial=3)
     job = make_job()
     assert lim.value == 3
-    assert lim.admits(job, 2, 0, 0.0)
-    assert not lim.admits(job, 3, 0, 0.0)
+    assert lim.allows_dispatch(job, 2, 0, 0.0)
+    assert not lim.allows_dispatch(job, 3, 0, 0.0)
 
 
 def test_it_finds_a_synthetic_knee_and_holds_it() -> None:

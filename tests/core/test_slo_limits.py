@@ -80,10 +80,10 @@ def test_the_tpot_limit_recovers_the_line_and_holds_the_batch_at_the_objective()
     # (50 ms - 10 ms) / 0.5 ms = 80 per engine; the job's own tier names the objective
     assert limit.per_engine("interactive") == pytest.approx(80.0, rel=1e-3)
     job = _job("interactive")
-    assert limit.admits(job, 79, 0, now)
-    assert not limit.admits(job, 80, 0, now)
+    assert limit.allows_dispatch(job, 79, 0, now)
+    assert not limit.allows_dispatch(job, 80, 0, now)
     limit.engines_changed(2)  # two engines: twice the pool
-    assert limit.admits(job, 159, 0, now) and not limit.admits(job, 160, 0, now)
+    assert limit.allows_dispatch(job, 159, 0, now) and not limit.allows_dispatch(job, 160, 0, now)
     assert limit.holds == 2
 
 
@@ -105,7 +105,7 @@ def test_the_tpot_limit_binds_only_when_it_is_known() -> None:
     job = _job("interactive")
     assert limit.per_engine("interactive") == math.inf  # nothing seen
     now = feed(limit, 8, 0.02, 20, 0.0)  # many samples, one batch size: no slope
-    assert limit.fit() is None and limit.admits(job, 10_000, 0, now)
+    assert limit.fit() is None and limit.allows_dispatch(job, 10_000, 0, now)
     now = feed(limit, 16, 0.02, 20, now)  # decode time does not grow: no limit
     assert limit.fit() is None
     plain = TpotLimit({"batch": None}, min_samples=2)
@@ -135,7 +135,7 @@ def test_the_objective_is_the_tightest_among_the_tiers_running() -> None:
 
 def test_headroom_lets_a_job_start_when_the_engines_start_it_in_time() -> None:
     h = TierHeadroom({"interactive": 1.0, "batch": None}, ordered=True, share=0.5, window_s=5.0)
-    assert not h.admits(_job("interactive"), 0.0)  # no start rate measured yet
+    assert not h.allows_dispatch(_job("interactive"), 0.0)  # no start rate measured yet
     for i in range(10):  # 10 first tokens in 5 s: 2 starts per second
         done = _job("batch", band=2)
         h.started(done, i * 0.5)
@@ -144,13 +144,13 @@ def test_headroom_lets_a_job_start_when_the_engines_start_it_in_time() -> None:
     fresh = _job("interactive", band=0)
     fresh.arrival = now
     # 1 start ahead of it (itself) at 2/s = 0.5 s <= 0.5 × 1.0 s
-    assert h.admits(fresh, now)
+    assert h.allows_dispatch(fresh, now)
     waiting = _job("interactive", band=0)
     h.started(waiting, now)  # one more top-tier job not started yet: 1.0 s > 0.5 s
-    assert not h.admits(fresh, now)
-    assert not h.admits(_job("batch", band=2), now)  # no TTFT objective: no headroom
+    assert not h.allows_dispatch(fresh, now)
+    assert not h.allows_dispatch(_job("batch", band=2), now)  # no TTFT objective: no headroom
     h.first_token(waiting, now)
-    assert h.admits(fresh, now)
+    assert h.allows_dispatch(fresh, now)
     assert h.passes == 2
 
 
@@ -164,7 +164,7 @@ def test_headroom_corrects_a_prediction_that_proves_optimistic() -> None:
     for _ in range(20):  # each one let through starts in 2 s, four times the prediction
         job = _job("interactive", band=0)
         job.arrival = now
-        assert h.admits(job, now) or h.bias > 1.5
+        assert h.allows_dispatch(job, now) or h.bias > 1.5
         if job.id in h._passed:
             h.started(job, now)
             h.first_token(job, now + 2.0)
@@ -173,7 +173,7 @@ def test_headroom_corrects_a_prediction_that_proves_optimistic() -> None:
     assert h.bias > 1.5, h.bias
     late = _job("interactive", band=0)
     late.arrival = now
-    assert not h.admits(late, now)  # 0.5 s × bias > the 1 s it has
+    assert not h.allows_dispatch(late, now)  # 0.5 s × bias > the 1 s it has
 
 
 def test_headroom_counts_only_what_an_ordered_engine_starts_first() -> None:
@@ -189,8 +189,8 @@ def test_headroom_counts_only_what_an_ordered_engine_starts_first() -> None:
     fresh = _job("interactive", band=0)
     fresh.arrival = 1.0
     assert ordered.ahead(0) == 0 and fcfs.ahead(0) == 5
-    assert ordered.admits(fresh, 1.0)  # 1 / 2 per s = 0.5 s <= 2 s
-    assert not fcfs.admits(fresh, 1.0)  # 6 / 2 per s = 3 s > 2 s
+    assert ordered.allows_dispatch(fresh, 1.0)  # 1 / 2 per s = 0.5 s <= 2 s
+    assert not fcfs.allows_dispatch(fresh, 1.0)  # 6 / 2 per s = 3 s > 2 s
     ended = _job("batch", band=2)
     ordered.started(ended, 1.0)
     ordered.ended(ended, 1.0)  # ended before its first token: no longer waiting
@@ -233,14 +233,14 @@ def test_late_first_tokens_of_a_higher_tier_cap_the_tiers_below() -> None:
     on_time = _job("interactive", band=0)
     on_time.arrival = 0.0
     ceil.first_token(on_time, 0.4, in_flight)  # 0.4 s <= 0.5 × 1 s: no ceiling to relax
-    assert ceil.ceilings() == {} and ceil.admits(_job("batch", band=2), 50, 0, 0.4)
+    assert ceil.ceilings() == {} and ceil.allows_dispatch(_job("batch", band=2), 50, 0, 0.4)
     late = _job("interactive", band=0)
     late.arrival = 0.0
     ceil.first_token(late, 0.8, in_flight)  # late: 0.9 × 50 in flight
     assert ceil.ceilings() == {0: pytest.approx(45.0)}
-    assert not ceil.admits(_job("batch", band=2), 45, 0, 0.8)
-    assert ceil.admits(_job("batch", band=2), 44, 0, 0.8)
-    assert ceil.admits(_job("interactive", band=0), 49, 0, 0.8)  # its own band: no ceiling
+    assert not ceil.allows_dispatch(_job("batch", band=2), 45, 0, 0.8)
+    assert ceil.allows_dispatch(_job("batch", band=2), 44, 0, 0.8)
+    assert ceil.allows_dispatch(_job("interactive", band=0), 49, 0, 0.8)  # its own band: no ceiling
     for _ in range(45):  # one ceiling's worth of first tokens in time: one more slot
         ok = _job("interactive", band=0)
         ok.arrival = 1.0

@@ -14,7 +14,7 @@ from harness.chaos_checks import (
     settlement,
     statuses,
 )
-from harness.chaos_fleet import TENANTS
+from harness.chaos_deployment import TENANTS
 from harness.chaos_load import Shot
 from harness.chaos_state import JournalEntry, RedisView, state_context
 from tests.support.prometheus import metric_sum
@@ -187,7 +187,7 @@ def test_the_verdict_line_and_its_exit_status() -> None:
     assert v.ok
     assert v.line() == (
         "chaos: policy=fail_open requests=7 status_500=0 unfinished=0 leaked_slots=0 "
-        "leaked_holds=0 settle_mismatch=0 inflight_over_limit=0 priority_inversions=0 "
+        "unsettled_reservations=0 settle_mismatch=0 inflight_over_limit=0 priority_inversions=0 "
         "ledger_mismatch=0"
     )
     v.problems.append("a check could not be made")

@@ -175,7 +175,7 @@ def test_a_batch_sent_again_settles_nothing_twice(fresh_redis: str) -> None:
                 before = levels(sync, s)
                 claims = [X._replace(amount=30.0)]
                 for j in ("n1", "n2"):
-                    _, lease = await s.admit(j, "a", claims, SLOT)
+                    _, lease = await s.reserve_leased(j, "a", claims, SLOT)
                     assert lease is not None and lease.granted
                 assert lease_state(sync, s)[1] == {b"_total": b"20", b"n1": b"10", b"n2": b"10"}
                 mixed = [JOBS[0], job("n1", ("tenant:a:x", 30, 5)), JOBS[1]]

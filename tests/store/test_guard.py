@@ -289,7 +289,7 @@ def test_leases_with_and_without_a_token_cap_share_a_pool(fresh_redis: str) -> N
             assert (ans.granted, ans.in_flight, ans.tokens_in_flight) == (True, 2, 100)
             ans = await a.acquire("u1", Slot("p", 500, 2, None))  # held, pool full: renewed
             assert (ans.granted, ans.in_flight, ans.tokens_in_flight) == (True, 2, -1)
-            res, lease = await a.admit("c2", "a", [claim(10)], Slot("p", 150, 4, 250))
+            res, lease = await a.reserve_leased("c2", "a", [claim(10)], Slot("p", 150, 4, 250))
             assert isinstance(res, Grant) and lease is not None
             assert (lease.granted, lease.in_flight, lease.tokens_in_flight) == (True, 3, 250)
             assert await a.release("p", ["u1", "u1"]) == 1  # no record: the sum is untouched
@@ -349,17 +349,17 @@ def test_acquiring_a_lease_already_held_renews_it_once(fresh_redis: str) -> None
 
 
 @pytest.mark.integration
-def test_admit_and_finish_take_and_give_back_in_one_call(fresh_redis: str) -> None:
+def test_reserve_leased_and_finish_take_and_give_back_in_one_call(fresh_redis: str) -> None:
     async def main() -> None:
         s = RedisStore(connect(fresh_redis, password=None, timeout_s=1.0), namespace="af")
         try:
             assert s.combined
             claims = [claim(300)]
-            res, lease = await s.admit("j1", "a", claims, Slot("p", 300, 1, None))
+            res, lease = await s.reserve_leased("j1", "a", claims, Slot("p", 300, 1, None))
             assert isinstance(res, Grant) and lease is not None and lease.granted
-            res2, lease2 = await s.admit("j2", "a", claims, Slot("p", 300, 1, None))
+            res2, lease2 = await s.reserve_leased("j2", "a", claims, Slot("p", 300, 1, None))
             assert isinstance(res2, Grant) and lease2 is not None and not lease2.granted
-            denied, none = await s.admit("j3", "a", [claim(500)], Slot("p", 500, 9, None))
+            denied, none = await s.reserve_leased("j3", "a", [claim(500)], Slot("p", 500, 9, None))
             assert isinstance(denied, Denial) and none is None  # 400 left: no lease asked
             assert await s.finish("j1", "a", claims, settle_lines(claims, 100), "p") == (True, 1)
             assert await s.finish("j1", "a", claims, settle_lines(claims, 100), "p") == (False, 0)
@@ -381,7 +381,7 @@ def test_every_key_the_scripts_write_expires(fresh_redis: str) -> None:
         s = RedisStore(connect(fresh_redis, password=None, timeout_s=1.0), namespace="ttl")
         try:
             claims = [claim(300), Claim("tenant:a:req", "requests", "tenant", 1, 10, 0.1)]
-            await s.admit("j1", "a", claims, Slot("p", 300, 4, None))
+            await s.reserve_leased("j1", "a", claims, Slot("p", 300, 4, None))
             await s.reserve("j2", "a", claims)
             await s.acquire("j2", Slot("p", 300, 4, None))
             await s.heartbeat("replica-1", 3)
@@ -445,7 +445,7 @@ def test_a_reservation_sent_again_takes_nothing_twice(fresh_redis: str) -> None:
         try:
             for _ in range(3):  # j1 three times: 600 taken once
                 assert isinstance(await s.reserve("j1", "a", [c]), Grant)
-            res, lease = await s.admit("j1", "a", [c], Slot("p", 600, 4, None))  # as admit
+            res, lease = await s.reserve_leased("j1", "a", [c], Slot("p", 600, 4, None))  # one call
             assert isinstance(res, Grant) and lease is not None and lease.granted
             (snap,) = await s.snapshots("a", [c])
             assert snap.remaining == pytest.approx(400, abs=0.01)
@@ -469,7 +469,7 @@ def _leases_in_redis(url: str, pool: str) -> set[str]:
 @pytest.mark.integration
 @pytest.mark.parametrize("on_error", ["fail_open", "fail_closed"])
 def test_leases_survive_a_redis_that_restarts_empty(own_redis: RedisServer, on_error: str) -> None:
-    """Two replicas hold a pool's 4 fleet slots; Redis is killed and restarted without its
+    """Two replicas hold a pool's 4 leases; Redis is killed and restarted without its
     data.  Each re-asserts the leases of its running jobs at its first contact, so the pool
     stays full: no replica takes a fifth slot, before or after both re-asserted, and what
     Redis counts is exactly the jobs running.  (Before, the restarted Redis granted 4 more.)"""

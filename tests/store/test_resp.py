@@ -52,7 +52,9 @@ def test_reservations_pack_as_hiredis_does(claims: list[Claim]) -> None:
                 assert s._packed_reserve(job, tenant, cl) == want
                 for slot in SLOTS:
                     slot = slot._replace(tokens=i * 1000)
-                    want = _reference(s._admit, *s._admit_call(job, tenant, cl, slot))
+                    want = _reference(
+                        s._reserve_leased, *s._reserve_leased_call(job, tenant, cl, slot)
+                    )
                     assert s._packed_reserve(job, tenant, cl, slot) == want
 
 

@@ -81,7 +81,7 @@ def test_the_store_works_on_the_master_a_sentinel_names(
         s = RedisStore(connect(url, password=None, timeout_s=1.0), namespace="sen")
         try:
             claims = [Claim("tenant:a:tok", "tokens", "tenant", 300, 1000.0, 1e-6)]
-            res, lease = await s.admit("j1", "a", claims, Slot("p", 300, 1, None))
+            res, lease = await s.reserve_leased("j1", "a", claims, Slot("p", 300, 1, None))
             assert isinstance(res, Grant) and lease is not None and lease.granted
             assert await s.finish("j1", "a", claims, settle_lines(claims, 100), "p") == (True, 1)
             (snap,) = await s.snapshots("a", claims)
@@ -119,7 +119,7 @@ def test_the_store_follows_a_failover_to_the_promoted_replica(
 
             async def before() -> RedisStore:
                 s = RedisStore(connect(url, password=None, timeout_s=1.0), namespace="fo")
-                res, lease = await s.admit("j1", "a", claims, Slot("p", 300, 4, None))
+                res, lease = await s.reserve_leased("j1", "a", claims, Slot("p", 300, 4, None))
                 assert isinstance(res, Grant) and lease is not None and lease.granted
                 return s
 
@@ -127,7 +127,7 @@ def test_the_store_follows_a_failover_to_the_promoted_replica(
                 deadline = time.monotonic() + 20
                 while True:  # until the pipelined connection reaches the new master
                     try:
-                        res, lease = await s.admit("j2", "a", claims, Slot("p", 300, 4, None))
+                        res, lease = await s.reserve_leased("j2", "a", claims, Slot("p", 300, 4, None))
                         break
                     except (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError):
                         assert time.monotonic() < deadline, "the store never reconnected"

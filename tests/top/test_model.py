@@ -47,7 +47,7 @@ def test_gauges_are_the_status_figures() -> None:
         pool["queued_tokens"],
         pool["tokens_in_flight"],
     )
-    assert row.held is None  # memory://: no fleet slots
+    assert row.held is None  # memory://: no leases
     assert row.predicted_wait_s == pytest.approx(pool["queued_tokens"] / pool["drain_tokens_per_s"])
     assert {b.name: b.queued for b in view.bands} == {
         b: v["queued"] for b, v in pool["bands"].items()

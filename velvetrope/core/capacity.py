@@ -1,11 +1,11 @@
 """Pool capacity: how much may be in flight at once, per engine × live engines.
 
-A pool admits a dispatch while it is under ``max_in_flight`` jobs and, if set, under
+A pool allows a dispatch while it is under ``max_in_flight`` jobs and, if set, under
 ``max_tokens_in_flight`` (prompt + reserved output: a proxy for KV cache), and while every
-extra :class:`SaturationSignal` agrees (backend metrics, an adaptive limit, fleet slots).
-A pool with nothing in flight admits one job whatever the token budget and the signals say,
+extra :class:`SaturationSignal` agrees (backend metrics, an adaptive limit, leases).
+A pool with nothing in flight allows one job whatever the token budget and the signals say,
 so a job larger than the budget is never stuck forever and a pool whose signals are blind
-still trickles; a pool with no live engine (``max_in_flight`` 0) admits nothing.
+still trickles; a pool with no live engine (``max_in_flight`` 0) allows nothing.
 
 Limits given per engine (``max_in_flight_per_engine``, ``max_tokens_in_flight_per_engine``)
 follow the fleet: :meth:`PoolCapacity.set_engines` makes them that × the live engines, so
@@ -30,7 +30,7 @@ __all__ = ["DispatchTracker", "PoolCapacity", "SaturationSignal"]
 class SaturationSignal(Protocol):
     """An extra brake on dispatch, consulted after the slot and token checks pass."""
 
-    def admits(self, job: Job, in_flight: int, tokens_in_flight: int, now: float) -> bool:
+    def allows_dispatch(self, job: Job, in_flight: int, tokens_in_flight: int, now: float) -> bool:
         """May ``job`` start now, with this much already in flight?  Must not count the
         job as started: :class:`DispatchTracker` hears of the jobs that do."""
         ...
@@ -133,7 +133,7 @@ class PoolCapacity:
         if mt is not None and self.tokens + job.cost > mt:
             return False
         for s in self.signals:  # noqa: SIM110 (all() over a generator costs more, hot path)
-            if not s.admits(job, n, self.tokens, now):
+            if not s.allows_dispatch(job, n, self.tokens, now):
                 return False
         return True
 

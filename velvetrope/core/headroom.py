@@ -7,7 +7,7 @@ engines queue more than ``max_waiting`` requests of their own: the gateway keeps
 where it can order, shed and cancel it.  For a job whose tier has a TTFT objective that brake
 can cost the objective: the engines would start it within its TTFT, but the gateway waits for
 a reading that shows room.  :class:`TierHeadroom` is the exception, asked only when the rule
-holds (:meth:`~velvetrope.core.saturation.EngineSaturation.admits`):
+holds (:meth:`~velvetrope.core.saturation.EngineSaturation.allows_dispatch`):
 
 * it counts, per band, the jobs dispatched from the pool that have not produced their first
   token yet (they wait in an engine or are in prefill), and measures the rate at which the
@@ -144,7 +144,7 @@ class TierHeadroom:
             return sum(self._waiting.values())
         return sum(n for b, n in self._waiting.items() if b <= band)
 
-    def admits(self, job: Job, now: float) -> bool:
+    def allows_dispatch(self, job: Job, now: float) -> bool:
         """Whether ``job`` may pass the saturation brake (counts it in ``passes``)."""
         ttft = self.ttft.get(job.tier)
         if ttft is None:
@@ -211,7 +211,7 @@ class LowerTierCeiling:
         """The ceiling each band's lateness sets on the bands below it."""
         return dict(self._ceiling)
 
-    def admits(self, job: Job, in_flight: int, tokens_in_flight: int, now: float) -> bool:
+    def allows_dispatch(self, job: Job, in_flight: int, tokens_in_flight: int, now: float) -> bool:
         """Whether ``job`` fits under every ceiling a higher band set (a hold counts in
         ``holds``)."""
         band = job.band

@@ -56,7 +56,7 @@ class LeaseBrake:
         self.lacking.discard(job_id)
         self.has.add(job_id)
 
-    def admits(self, job: Job, in_flight: int, tokens_in_flight: int, now: float) -> bool:
+    def allows_dispatch(self, job: Job, in_flight: int, tokens_in_flight: int, now: float) -> bool:
         return not self.lacking
 
     def started(self, job: Job, now: float) -> None:

@@ -67,7 +67,7 @@ told, and :meth:`AdaptiveLimit.rescale` lets a driver that knows the fleet chang
 
 Windows during which the pool never reached its limit (app limited: demand below the
 limit) are measured but never a reason to grow.  ``floor`` and ``ceiling`` bound the
-limit at all times; the limit in force (``value``) is an integer and :meth:`admits` lets
+limit at all times; the limit in force (``value``) is an integer and :meth:`allows_dispatch` lets
 a job start while fewer than that many are in flight.  Responses that are not streamed
 (a :class:`~velvetrope.core.job.Job` says whether it is ``streamed``: the gateway sees
 their first token only at the end) count in flight but never as waiting.  With no streamed
@@ -110,7 +110,7 @@ class LimitPoint:
 class AdaptiveLimit:
     """A pool's in-flight limit that tracks the knee of its throughput curve.
 
-    A :class:`~velvetrope.core.capacity.SaturationSignal` (:meth:`admits`) fed with each
+    A :class:`~velvetrope.core.capacity.SaturationSignal` (:meth:`allows_dispatch`) fed with each
     dispatched job's lifecycle: :meth:`started` at dispatch, :meth:`first_token`,
     :meth:`ended` at its terminal state (any outcome).  Every call passes the time; the
     limit never reads a clock.  ``history`` keeps the recent windows.
@@ -160,7 +160,7 @@ class AdaptiveLimit:
 
     # -- the signal ------------------------------------------------------------------
 
-    def admits(self, job: Job, in_flight: int, tokens_in_flight: int, now: float) -> bool:
+    def allows_dispatch(self, job: Job, in_flight: int, tokens_in_flight: int, now: float) -> bool:
         """Whether one more job may start with ``in_flight`` already running."""
         return in_flight < self.value
 

@@ -30,7 +30,7 @@ capacity learned under KV pressure must be able to grow back), so the engine's o
 held to ``max_waiting`` plus that one probe.  Until a reading has shown it queueing, the
 capacity is a *slow-start* window: ``initial_capacity`` at first, doubled (to twice what it
 runs) by each reading that shows it running all the window allowed with no queue and room in
-its KV cache.  The pool admits a dispatch while ``Σ_e max(0, room_e) − pending ≥ 1``, where
+its KV cache.  The pool allows a dispatch while ``Σ_e max(0, room_e) − pending ≥ 1``, where
 ``pending`` counts jobs dispatched from the pool and not yet sent to an engine.  Per engine:
 
 * an engine never read yet is taken as idle (``running = waiting = 0``, corrected by what was
@@ -43,7 +43,7 @@ its KV cache.  The pool admits a dispatch while ``Σ_e max(0, room_e) − pendin
   a pool forever on a reading it no longer gets;
 * an engine declared unreadable before any reading (:meth:`EngineSaturation.observe` with
   ``None``: no ``/metrics``, or none in a known dialect) is *blind*: unlimited room likewise;
-* with no live engine at all the rule has nothing to say and admits (capacity per engine
+* with no live engine at all the rule has nothing to say and allows it (capacity per engine
   × live engines decides).
 
 :meth:`EngineSaturation.engine_room` is one engine's room, so that the replica choice can
@@ -55,7 +55,7 @@ counts a job as pending; :meth:`~EngineSaturation.sent` moves it to the engine t
 (again to another engine when the caller retries elsewhere); :meth:`~EngineSaturation.ended`
 (its outcome, whatever it is: completed, failed, cancelled, no upstream reached) takes it
 off wherever it is.  The controller calls ``started`` and ``ended`` exactly once per
-dispatched job, so nothing the rule counts can leak, and :meth:`~EngineSaturation.admits`
+dispatched job, so nothing the rule counts can leak, and :meth:`~EngineSaturation.allows_dispatch`
 only reads.
 """
 
@@ -266,13 +266,13 @@ class EngineSaturation:
                 return True
         return not self._live
 
-    def admits(self, job: Job, in_flight: int, tokens_in_flight: int, now: float) -> bool:
+    def allows_dispatch(self, job: Job, in_flight: int, tokens_in_flight: int, now: float) -> bool:
         """True unless the pool's live engines are saturated and ``job`` gets no headroom
         (:mod:`velvetrope.core.headroom`); a hold counts in ``holds``."""
         if self.room(now) >= 1.0:
             return True
         h = self.headroom
-        if h is not None and self._kv_free(now) and h.admits(job, now):
+        if h is not None and self._kv_free(now) and h.allows_dispatch(job, now):
             return True
         self.holds += 1
         return False

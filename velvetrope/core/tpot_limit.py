@@ -24,7 +24,7 @@ with no profile of the engine:
 The limit binds only when it is known: until ``min_samples`` samples spanning at least
 ``min_spread`` sequences per engine have been seen, or while the fitted slope is not
 positive (decode time grows with the batch by less than 0.1% of its mean over the range
-seen), or when no tier has a TPOT objective, :meth:`TpotLimit.admits` lets everything
+seen), or when no tier has a TPOT objective, :meth:`TpotLimit.allows_dispatch` lets everything
 through and the engines' saturation readings (:mod:`velvetrope.core.saturation`) are the
 brake.  How fast it is known: after start, once ``min_samples`` streamed responses have
 completed across that spread; after a load step, within about ``half_life`` completions
@@ -215,7 +215,7 @@ class TpotLimit:
         a, b, sd = fit
         return max(1.0, (target - self.z * sd - a) / b)
 
-    def admits(self, job: Job, in_flight: int, tokens_in_flight: int, now: float) -> bool:
+    def allows_dispatch(self, job: Job, in_flight: int, tokens_in_flight: int, now: float) -> bool:
         """Whether one more job (``job``) keeps the pool within the limit."""
         if in_flight + 1 <= self.per_engine(job.tier) * self.engines:
             return True

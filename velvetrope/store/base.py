@@ -2,7 +2,7 @@
 
 The admission core is sans-IO; shared state is I/O.  So admission is split: the gateway's
 ticket asks the :class:`Store` to reserve a job's claims (all or nothing; with Redis one
-round trip, which also takes the job's fleet slot when the job will start at once) and
+round trip, which also takes the job's lease when the job will start at once) and
 hands the answer, a :class:`~velvetrope.core.bucket.Grant` or a
 :class:`~velvetrope.core.bucket.Denial`, to
 :meth:`~velvetrope.core.controller.AdmissionController.arrive`; the core runs the lifecycle
@@ -88,7 +88,7 @@ class Store(Protocol):
         ...
 
     async def acquire(self, job_id: str, slot: Slot) -> bool:
-        """Take a fleet slot for ``job_id`` if the pool has room fleet-wide (true at once if
+        """Take a lease for ``job_id`` if the pool has room fleet-wide (true at once if
         it holds one).  Raises :class:`~velvetrope.errors.StoreUnavailable` when the store
         cannot answer and the failure policy is to refuse."""
         ...

@@ -51,7 +51,7 @@ from velvetrope.store.call_guard import FAILURES, CallGuard, OnStoreError
 from velvetrope.store.leases import Leases
 from velvetrope.store.outbox import Outbox
 from velvetrope.store.redis_store import RedisStore
-from velvetrope.store.replies import parse_admit, parse_reserve, refused
+from velvetrope.store.replies import parse_reserve, parse_reserve_leased, refused
 from velvetrope.store.settlement import Settlements
 
 __all__ = ["GuardedStore", "OnStoreError"]
@@ -142,9 +142,9 @@ class GuardedStore:
                     await leases.acquire(job_id, slot, self.replicas)
             return res
         if self.breaker.allow():
-            call = self.redis.send_admit(job_id, tenant, claims, slot)
+            call = self.redis.send_reserve_leased(job_id, tenant, claims, slot)
             try:
-                res, lease = parse_admit(claims, await self.guard.call("reserve", call))
+                res, lease = parse_reserve_leased(claims, await self.guard.call("reserve", call))
             except StoreUnavailable:
                 # the answer was lost, not necessarily the reservation and the lease: undo
                 # both if they happened (settling a job without a hold changes nothing)

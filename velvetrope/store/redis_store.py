@@ -42,7 +42,7 @@ from redis.commands.core import AsyncScript
 from velvetrope.core.bucket import BucketSnapshot, Claim, Denial, Grant, SettleLine
 from velvetrope.store.base import FleetView, LeaseAnswer, Slot
 from velvetrope.store.pipeline import AutoPipeline
-from velvetrope.store.replies import parse_admit, parse_lease, parse_reserve, snapshots
+from velvetrope.store.replies import parse_lease, parse_reserve, parse_reserve_leased, snapshots
 from velvetrope.store.resp import arg, evalsha, fill, number, template, text
 
 __all__ = [
@@ -50,9 +50,9 @@ __all__ = [
     "SettleItem",
     "load_script",
     "packed",
-    "parse_admit",
     "parse_lease",
     "parse_reserve",
+    "parse_reserve_leased",
 ]
 
 _SLACK_MS: Final = 5_000
@@ -112,7 +112,7 @@ class RedisStore:
         self._release: AsyncScript = reg(load_script("lease_release"))
         self._renew: AsyncScript = reg(load_script("lease_renew"))
         self._heartbeat: AsyncScript = reg(load_script("heartbeat"))
-        self._admit: AsyncScript = reg(load_script("admit"))
+        self._reserve_leased: AsyncScript = reg(load_script("reserve_leased"))
         self._finish: AsyncScript = reg(load_script("finish"))
         self._finish_many: AsyncScript = reg(load_script("finish_many"))
         self._settle_many: AsyncScript = reg(load_script("settle_many"))
@@ -273,7 +273,7 @@ class RedisStore:
         where they live in different slots)."""
         return self._pipe is not None
 
-    async def admit(
+    async def reserve_leased(
         self,
         job_id: str,
         tenant: str,
@@ -282,24 +282,27 @@ class RedisStore:
     ) -> tuple[Grant | Denial, LeaseAnswer | None]:
         """:meth:`reserve`, then (if granted) :meth:`acquire`, atomically in one call
         (requires :attr:`combined`).  The lease is ``None`` when the reservation was denied."""
-        r = await self.send_admit(job_id, tenant, claims, slot)
-        return parse_admit(claims, r)
+        r = await self.send_reserve_leased(job_id, tenant, claims, slot)
+        return parse_reserve_leased(claims, r)
 
-    def send_admit(
+    def send_reserve_leased(
         self,
         job_id: str,
         tenant: str,
         claims: Sequence[Claim],
         slot: Slot,
     ) -> Any:
-        """:meth:`admit` as an awaitable of the raw reply (see :func:`parse_admit`): the
-        job's reservation and, if granted, its lease, in one script call."""
+        """:meth:`reserve_leased` as an awaitable of the raw reply (see
+        :func:`parse_reserve_leased`): the job's reservation and, if granted, its lease, in one
+        script call."""
         if self._pipe is not None:
-            return self._pipe.send(self._admit, self._packed_reserve(job_id, tenant, claims, slot))
-        keys, args = self._admit_call(job_id, tenant, claims, slot)
-        return self._run(self._admit, keys, args)
+            return self._pipe.send(
+                self._reserve_leased, self._packed_reserve(job_id, tenant, claims, slot)
+            )
+        keys, args = self._reserve_leased_call(job_id, tenant, claims, slot)
+        return self._run(self._reserve_leased, keys, args)
 
-    def _admit_call(
+    def _reserve_leased_call(
         self, job_id: str, tenant: str, claims: Sequence[Claim], slot: Slot
     ) -> tuple[list[Any], list[Any]]:
         keys, args = self._reserve_call(job_id, tenant, claims)
@@ -310,10 +313,11 @@ class RedisStore:
     def _packed_reserve(
         self, job_id: str, tenant: str, claims: Sequence[Claim], slot: Slot | None = None
     ) -> bytes:
-        """The RESP of :meth:`send_reserve`'s call (``slot`` ``None``) or :meth:`send_admit`'s:
-        the bytes ``pack`` writes for :meth:`_reserve_call`'s (:meth:`_admit_call`'s)
-        arguments, from a :func:`~velvetrope.store.resp.template` per tenant, pool and
-        claimed buckets, with the hold, the amounts, the job id and its tokens filled in."""
+        """The RESP of :meth:`send_reserve`'s call (``slot`` ``None``) or
+        :meth:`send_reserve_leased`'s: the bytes ``pack`` writes for :meth:`_reserve_call`'s
+        (:meth:`_reserve_leased_call`'s) arguments, from a
+        :func:`~velvetrope.store.resp.template` per tenant, pool and claimed buckets, with
+        the hold, the amounts, the job id and its tokens filled in."""
         ck: tuple[Any, ...] = (tenant,)
         if slot is not None:
             ck = (tenant, slot.pool, slot.max_in_flight, slot.max_tokens)
@@ -340,8 +344,8 @@ class RedisStore:
             keys, args = self._reserve_call("", tenant, claims)
             script = self._reserve
         else:
-            keys, args = self._admit_call("", tenant, claims, slot)
-            script = self._admit
+            keys, args = self._reserve_leased_call("", tenant, claims, slot)
+            script = self._reserve_leased
         k = len(keys)
         varying = [n, *range(k, k + 4 * n, 4)]  # the hold; each claim's amount
         if slot is not None:

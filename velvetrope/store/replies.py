@@ -14,7 +14,7 @@ from velvetrope.core.bucket import BucketSnapshot, Claim, Denial, Grant, time_to
 from velvetrope.core.tuples import new_tuple
 from velvetrope.store.base import LeaseAnswer
 
-__all__ = ["parse_admit", "parse_lease", "parse_reserve", "refused", "snapshots"]
+__all__ = ["parse_lease", "parse_reserve", "parse_reserve_leased", "refused", "snapshots"]
 
 
 def parse_lease(r: Sequence[Any], start: int = 0) -> LeaseAnswer:
@@ -25,10 +25,10 @@ def parse_lease(r: Sequence[Any], start: int = 0) -> LeaseAnswer:
     return new_tuple(LeaseAnswer, (granted == 1, in_flight, tokens))
 
 
-def parse_admit(
+def parse_reserve_leased(
     claims: Sequence[Claim], r: Sequence[Any]
 ) -> tuple[Grant | Denial, LeaseAnswer | None]:
-    """The admit script's reply: the reservation, and the lease if one was asked for (its
+    """The reserve_leased script's reply: the reservation, and the lease if one was asked for (its
     last three items; the reservation's reader stops before them)."""
     res = parse_reserve(claims, r)
     if isinstance(res, Denial):

@@ -1,4 +1,4 @@
-"""``velvetrope top``: a live terminal view of a running gateway or fleet.
+"""``velvetrope top``: a live terminal view of a running gateway or its replicas.
 
 It polls each gateway's ``/admin/status`` (with the admin token) and ``/metrics`` every
 second and shows, in 80×24 or more: the queue by pool, band and tenant with its waits;
@@ -11,7 +11,7 @@ Modules, from the figures to the screen:
 * :mod:`.exposition` (sans-IO): the ``velvetrope_*`` samples of a ``/metrics`` text;
 * :mod:`.rows` (sans-IO): a poll's :class:`~.rows.Sample` and the frame's rows;
 * :mod:`.model` (sans-IO): :func:`~.model.build_view`, samples (and the previous ones) to
-  a :class:`~.model.View`: merged over the fleet, rates from counter increases, sorted and
+  a :class:`~.model.View`: merged over the replicas, rates from counter increases, sorted and
   filtered;
 * :mod:`.controls` (sans-IO): what the keys change;
 * :mod:`.render`: the view drawn with rich within a width and height;

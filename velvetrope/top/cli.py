@@ -16,7 +16,7 @@ def top_command(
         typer.Option(
             "--url",
             "-u",
-            help="A gateway's base URL (http:// if no scheme); repeat it for a fleet.",
+            help="A gateway's base URL (http:// if no scheme); repeat it for several replicas.",
         ),
     ],
     admin_token: Annotated[
@@ -36,7 +36,7 @@ def top_command(
         ),
     ] = False,
 ) -> None:
-    """Live view of a running gateway or fleet, from /admin/status and /metrics.
+    """Live view of a running gateway or its replicas, from /admin/status and /metrics.
 
     Queues by pool, band and tenant; outcomes per second by reason; buckets;
     in flight against each pool's limit; engine readings and breakers; Redis.

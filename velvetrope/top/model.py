@@ -31,10 +31,10 @@ Figures and where they come from:
 column, ties by name; outcomes by rate, then total; pools and bands as first reported;
 engines by pool and URL.  The filter is applied as :mod:`velvetrope.top.controls` says.
 
-**A fleet** (several gateways): counts, in-flight work, tokens and rates are summed over the
+**Several gateway replicas**: counts, in-flight work, tokens and rates are summed over the
 gateways that answered.  A pool's in-flight limit is summed when each gateway has its own
 (``memory://`` state), and is the largest one reported when all share state in Redis (the
-fleet then enforces one limit, and the slots held against it are counted from the leases:
+replicas then enforce one limit, and the slots held against it are counted from the leases:
 :attr:`PoolRow.held`).  A bucket shows the lowest level any gateway reports.  An
 engine shows the freshest reading any gateway holds, its worst breaker state (open, then
 half-open, then closed), healthy only if every gateway finds it so, and the gateways'

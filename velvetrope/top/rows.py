@@ -56,7 +56,7 @@ class ReplicaRow:
     """One gateway: whether its status was read (else ``error`` says why, and ``denied``
     whether it answered 401: alive, but the admin token is missing or wrong), and what it
     says of itself and of its shared state (``backend`` ``memory`` or ``redis``; for Redis,
-    whether it answers, the breaker in front of it, the live replicas it counts, the fleet's
+    whether it answers, the breaker in front of it, the live replicas it counts, the replicas'
     queue at its last heartbeat, the settlements waiting in its outbox and the decisions
     taken without it)."""
 
@@ -81,7 +81,7 @@ class PoolRow:
     """One pool: queued requests and tokens, in flight against the limit (``None``: none
     reported), the measured drain rate and the wait it predicts for the queued tokens.
 
-    With shared state, ``held`` is the fleet-wide slots the gateways hold (their leases,
+    With shared state, ``held`` is the slots the gateway replicas hold together (their leases,
     in Redis or, Redis away, their local ones); a job the gateway dispatched that still
     waits for its slot is in ``in_flight`` and not in ``held``.  ``None`` without shared
     state."""

@@ -121,7 +121,7 @@ def _pools(view: View) -> Section:
         limit = "-" if p.max_in_flight is None else compact(p.max_in_flight)
         if p.held is None:
             flight = f"{bar(p.in_flight, p.max_in_flight or 0, 8)} {p.in_flight}/{limit}"
-        else:  # slots held fleet-wide, and the jobs dispatched here still waiting for one
+        else:  # leases held across the replicas, and the jobs dispatched here still waiting for one
             flight = f"{bar(p.held, p.max_in_flight or 0, 8)} {p.held}/{limit}"
             if p.in_flight > p.held:
                 flight += f"+{p.in_flight - p.held}"

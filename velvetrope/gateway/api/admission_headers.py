@@ -18,7 +18,7 @@
   and clock readings these are: a restarted gateway, or one of ``--workers``, is another).
   ``make chaos`` checks the queue's priority order with them.
 
-:func:`admitted_headers` is what an admitted request's response carries.  This module
+:func:`dispatched_headers` is what an admitted request's response carries.  This module
 imports nothing outside the core, so ``setup.py`` compiles it with mypyc: every admitted
 request builds these headers.
 """
@@ -36,7 +36,7 @@ from velvetrope.core.routing import FALLBACK_POOL, MAX_TOKENS
 __all__ = [
     "TIMING_ENV",
     "TIMING_HEADER",
-    "admitted_headers",
+    "dispatched_headers",
     "duration",
     "ratelimit_headers",
     "route_headers",
@@ -127,7 +127,7 @@ _WITH_TIMING: Final = os.environ.get(TIMING_ENV) == "1"
 _PID: Final = f" pid={os.getpid()}"
 
 
-def admitted_headers(job: Job, snaps: tuple[BucketSnapshot, ...]) -> list[Header]:
+def dispatched_headers(job: Job, snaps: tuple[BucketSnapshot, ...]) -> list[Header]:
     """The headers of an admitted (dispatched) ``job``'s response: its queue wait in
     milliseconds (one decimal), where it was routed, and its tenant's rate limits from
     ``snaps`` (and, when switched on, its timing: see the module docstring)."""

@@ -29,7 +29,7 @@ from velvetrope.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
-from velvetrope.gateway.api.admission_headers import admitted_headers, ratelimit_headers
+from velvetrope.gateway.api.admission_headers import dispatched_headers, ratelimit_headers
 from velvetrope.gateway.api.client_stream import PROGRESS_HEADER, ClientStream
 from velvetrope.gateway.api.disconnects import DisconnectWatches, Watch
 from velvetrope.gateway.api.endpoints import (
@@ -274,7 +274,9 @@ class CompletionPath:
         stream = parsed.stream
         forwarding = self.engines.priority
         tally = UsageTally(job.prompt_tokens, job.max_tokens // max(1, job.n))  # told the cap
-        extra = admitted_headers(job, ticket.snapshots) + self.quotas.headers(ticket.snapshots, job)
+        extra = dispatched_headers(job, ticket.snapshots) + self.quotas.headers(
+            ticket.snapshots, job
+        )
         if job.shadow is not None:  # shadow mode: what enforcement would have done
             self.metrics.shadow.labels(job.tier, job.shadow, job.shadow_reason, job.kind).inc()
             said = job.shadow if not job.shadow_reason else f"{job.shadow}; {job.shadow_reason}"

@@ -11,7 +11,7 @@ dispatched: proxy it), a :class:`~velvetrope.core.effects.Refusal` (answer it) o
 * a queued job waits for its next effect, the client's disconnect or a shutdown (a single
   timer armed at the machine's next deadline ticks it);
 * :class:`~velvetrope.core.effects.Acquire`: the dispatched job's lease
-  (:class:`~velvetrope.gateway.driver.slots.FleetSlot`);
+  (:class:`~velvetrope.gateway.driver.lease_taker.LeaseTaker`);
 * :class:`~velvetrope.core.effects.Send`: the job's :class:`Ticket`;
 * :class:`~velvetrope.core.effects.Settle`: the store's settlement (which gives back the
   lease), waking a lease waiter of the pool;
@@ -35,8 +35,8 @@ from velvetrope.core.lifecycle import JobState
 from velvetrope.core.policy import PolicyConfig
 from velvetrope.core.request_machine import RequestMachine
 from velvetrope.errors import LifecycleError, StoreUnavailable
+from velvetrope.gateway.driver.lease_taker import LeaseTaker
 from velvetrope.gateway.driver.quotas import Quotas
-from velvetrope.gateway.driver.slots import FleetSlot
 from velvetrope.store.base import Store
 
 __all__ = ["Admission", "Refusal", "Ticket"]
@@ -139,11 +139,11 @@ class Admission:
         self.quotas = quotas
         """Budgets and the ledger: claimed, answered and settled with the buckets."""
         self.machine = RequestMachine(ctl, leases=store.shared, budgets=quotas)
-        self.slots: dict[str, FleetSlot] = {}
+        self.slots: dict[str, LeaseTaker] = {}
         """Per pool, its lease taker (shared stores only)."""
         if store.shared:
             for p in ctl.config.pools:
-                self.slots[p.name] = FleetSlot(p.name, store)
+                self.slots[p.name] = LeaseTaker(p.name, store)
         self._waiters: dict[str, asyncio.Future[Effect]] = {}
         self._ready: dict[str, Effect] = {}  # for a job taken back, before it waits again
         self._tickets: dict[str, Ticket] = {}

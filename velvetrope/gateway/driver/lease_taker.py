@@ -3,7 +3,7 @@ slots from the store (the words as ``docs/design.md``'s glossary has them).
 
 The request machine (:mod:`velvetrope.core.request_machine`) decides when a job needs its
 lease (:class:`~velvetrope.core.effects.Acquire`) and holds the pool's next dispatches
-meanwhile (:class:`~velvetrope.core.leases.LeaseBrake`); :class:`FleetSlot` is the I/O:
+meanwhile (:class:`~velvetrope.core.leases.LeaseBrake`); :class:`LeaseTaker` is the I/O:
 it asks the store, waiting while every shared slot is leased, woken when a lease of the
 pool is given back here, polling (2 ms doubling to 50 ms) for leases given back by other
 replicas.
@@ -17,10 +17,10 @@ from velvetrope.core.job import Job
 from velvetrope.core.leases import Slot
 from velvetrope.store.base import Store
 
-__all__ = ["FleetSlot"]
+__all__ = ["LeaseTaker"]
 
 
-class FleetSlot:
+class LeaseTaker:
     """Takes dispatched jobs' leases on one pool's shared slots from the store."""
 
     def __init__(self, pool: str, store: Store) -> None:

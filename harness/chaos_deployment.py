@@ -1,12 +1,12 @@
 """The processes of one chaos run and the configuration they share.
 
-A :class:`Fleet` is one ``redis-server`` (:class:`tests.support.redis_server.RedisServer`),
+A :class:`Deployment` is one ``redis-server`` (:class:`tests.support.redis_server.RedisServer`),
 two ``velvetrope engine`` processes and two ``velvetrope serve`` gateways with the same
 configuration (:func:`gateway_config`): state on that Redis, one pool over both engines with
-a fleet-wide ``max_in_flight``, tiers ``interactive`` above ``batch`` in strict bands, four
+a deployment-wide ``max_in_flight``, tiers ``interactive`` above ``batch`` in strict bands, four
 tenants with token buckets (one of them small enough to bind).  Every process is started
 here through :mod:`velvetrope.serving.launch` and stopped here by its own PID, never by
-name; :meth:`Fleet.close` stops whatever still runs and is safe to call twice.
+name; :meth:`Deployment.close` stops whatever still runs and is safe to call twice.
 
 Each engine and gateway keeps a fixed port across restarts (a *slot*); every process that
 ran in a slot is an :class:`Incarnation` with what the checks need of it afterwards: its
@@ -37,8 +37,8 @@ __all__ = [
     "MODEL",
     "TENANTS",
     "TOKENIZER",
-    "Fleet",
-    "FleetSpec",
+    "Deployment",
+    "DeploymentSpec",
     "Incarnation",
     "Slot",
     "Tenant",
@@ -85,14 +85,14 @@ only for jobs that claim one."""
 
 
 @dataclass(frozen=True)
-class FleetSpec:
+class DeploymentSpec:
     """The knobs of a run's processes."""
 
     policy: str = "fail_open"
     max_in_flight: int = 12
     engine_speed: float = 1.0
     """Real time: requests of a few tens of tokens last a few tenths of a second, so the
-    fleet's slots fill at the run's rate with few chunks (a client's, a gateway's and an
+    deployment's slots fill at the run's rate with few chunks (a client's, a gateway's and an
     engine's CPU goes mostly to chunks)."""
     lease_ttl_s: float = 3.0
     hold_ttl_s: float = 120.0
@@ -105,7 +105,7 @@ class FleetSpec:
 
 
 def gateway_config(
-    port: int, engines: list[str], redis_url: str, namespace: str, spec: FleetSpec
+    port: int, engines: list[str], redis_url: str, namespace: str, spec: DeploymentSpec
 ) -> dict[str, Any]:
     """The configuration both gateways run (only ``listen.port`` differs)."""
     return {
@@ -208,10 +208,10 @@ class Slot:
         return self.runs[-1]
 
 
-class Fleet:
+class Deployment:
     """Redis, two engines and two gateways for one policy (see the module docstring)."""
 
-    def __init__(self, workdir: Path, spec: FleetSpec, namespace: str) -> None:
+    def __init__(self, workdir: Path, spec: DeploymentSpec, namespace: str) -> None:
         self.workdir = workdir
         self.spec = spec
         self.namespace = namespace
