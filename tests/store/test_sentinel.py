@@ -127,7 +127,9 @@ def test_the_store_follows_a_failover_to_the_promoted_replica(
                 deadline = time.monotonic() + 20
                 while True:  # until the pipelined connection reaches the new master
                     try:
-                        res, lease = await s.reserve_leased("j2", "a", claims, Slot("p", 300, 4, None))
+                        res, lease = await s.reserve_leased(
+                            "j2", "a", claims, Slot("p", 300, 4, None)
+                        )
                         break
                     except (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError):
                         assert time.monotonic() < deadline, "the store never reconnected"
