@@ -3,9 +3,10 @@ nothing but the core (the request's reading, the admission bridge, the response 
 the disconnect watches, the metric updates, the stream relay and its SSE reader), the
 engine model's batcher (its state, queues, KV-block pools, events and decode-stretch
 fast-forward), the simulator's event loop (``velvetrope/sim/env.py``,
-``velvetrope/sim/runner.py``) and the shared store's request path (``velvetrope/store``: the
-failure policy, the Redis calls and their packing, the replies, the outbox, the pipeline and
-its connection), compiled to C with mypyc.
+``velvetrope/sim/runner.py``, ``velvetrope/sim/request_side.py``,
+``velvetrope/sim/replica_steps.py``) and the shared store's request path
+(``velvetrope/store``: the failure policy, the Redis calls and their packing, the replies,
+the outbox, the pipeline and its connection), compiled to C with mypyc.
 
 They are typed under ``mypy --strict``; mypyc turns them into C extensions that the gateway
 and the simulator import in place of the ``.py`` files (see the README for what it gains).
@@ -62,6 +63,8 @@ COMPILED = [
     "velvetrope/gateway/upstream/relay.py",
     "velvetrope/openai/sse.py",
     "velvetrope/sim/env.py",
+    "velvetrope/sim/replica_steps.py",
+    "velvetrope/sim/request_side.py",
     "velvetrope/sim/runner.py",
     "velvetrope/store/breaker.py",
     "velvetrope/store/call_guard.py",

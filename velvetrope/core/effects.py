@@ -3,7 +3,7 @@ do: the effects of a request's events.
 
 Each effect names the job it is for.  A driver (the gateway's
 :class:`~velvetrope.gateway.driver.admission.Admission`, the simulator's
-:func:`~velvetrope.sim.runner.drive`) carries them out in the order given:
+:class:`~velvetrope.sim.runner.SimDriver`) carries them out in the order given:
 
 ==================  ==============================================================
 effect              the driver

@@ -3,7 +3,7 @@
 :class:`RequestMachine` is the one owner of the order in which a request is admitted,
 dispatched and ended, for every driver: the gateway's
 :class:`~velvetrope.gateway.driver.admission.Admission` (asyncio, a real store, real engines) and
-the simulator's :func:`~velvetrope.sim.runner.drive` (a virtual clock, the in-memory store,
+the simulator's :class:`~velvetrope.sim.runner.SimDriver` (a virtual clock, the in-memory store,
 the engine model) call the same methods in the same order and carry out the same effects
 (:mod:`velvetrope.core.effects`).  The decisions are the controller's
 (:class:`~velvetrope.core.controller.AdmissionController`); this class sequences them with

@@ -1,6 +1,6 @@
-"""What the simulator's event loop (:func:`velvetrope.sim.runner.drive`) takes and gives:
-the per-request inputs prepared once, an autoscaled pool's parts, the trace it returns,
-and the decision log's entry type.
+"""What the simulator's event loop (:class:`velvetrope.sim.runner.SimDriver`) takes and
+gives: the per-request inputs prepared once, an autoscaled pool's parts, the trace it
+returns, and the decision log's entry type.
 """
 
 from __future__ import annotations
@@ -37,13 +37,13 @@ class Autoscaling:
     """One autoscaled pool: its number, the scaler, the replicas, the signal and its scrape
     interval (``signal(now)`` is read at each scrape and handed to ``record``).
 
-    In :func:`~velvetrope.sim.runner.drive`, the pool it names is dynamic: its replicas come from a
-    :class:`~velvetrope.sim.replicas.ReplicaPool`, the autoscaler's signal is scraped every
-    ``scrape_interval_s``, and each change of the replica count starts replicas (taking work
-    once their start-up is over) or drains them (no new work; gone once their batcher is
-    empty).  The pool's in-flight limits (capacity per engine) and its saturation rule follow
-    its ready replicas, the rule reads the draining ones too, and the decision log gains
-    ``scale``, ``ready``, ``drain`` and ``gone`` entries.
+    In :class:`~velvetrope.sim.runner.SimDriver`, the pool it names is dynamic: its replicas
+    come from a :class:`~velvetrope.sim.replicas.ReplicaPool`, the autoscaler's signal is
+    scraped every ``scrape_interval_s``, and each change of the replica count starts
+    replicas (taking work once their start-up is over) or drains them (no new work; gone
+    once their batcher is empty).  The pool's in-flight limits (capacity per engine) and its
+    saturation rule follow its ready replicas, the rule reads the draining ones too, and the
+    decision log gains ``scale``, ``ready``, ``drain`` and ``gone`` entries.
     """
 
     pool: int
@@ -86,8 +86,8 @@ class Inputs:
 
 @dataclass(slots=True)
 class Trace:
-    """What :func:`drive` returns besides the core's own state (``runs``: how its decode
-    runs went, all zero without fast-forward)."""
+    """What :meth:`~velvetrope.sim.runner.SimDriver.run` returns besides the core's own state
+    (``runs``: how its decode runs went, all zero without fast-forward)."""
 
     jobs: list[Job | None]
     decisions: list[LogEntry]

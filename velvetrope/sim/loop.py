@@ -35,7 +35,7 @@ engine always samples at least one).  A row without ``max_tokens`` declares
 ``max(default_max_tokens, output)``.
 
 Events come from one event environment (:mod:`velvetrope.sim.env`, driven by
-:func:`velvetrope.sim.runner.drive`): ties in time are resolved in one fixed order, so a run
+:class:`velvetrope.sim.runner.SimDriver`): ties in time are resolved in one fixed order, so a run
 is a pure function of its inputs: step ends (by replica number) first, then scrapes, then
 queue deadlines, then client timeouts (in arrival order), then arrivals (in workload order).
 
@@ -92,7 +92,7 @@ from velvetrope.sim.fleet import Fleet, pool_replicas
 from velvetrope.sim.lengths import LengthKnowledge, parse_lengths, predicted_outputs
 from velvetrope.sim.metrics import JobRecords, config_slos
 from velvetrope.sim.result import LogEntry, RunInfo, SimResult
-from velvetrope.sim.runner import drive
+from velvetrope.sim.runner import SimDriver
 from velvetrope.sim.scrape import EngineScrapes
 from velvetrope.sim.trace_request import TraceRequest
 from velvetrope.sim.workload import rescale_time, trace_stats
@@ -295,12 +295,12 @@ def run_simulation(
 
         assert scaled is not None
         attached = attach(autoscale, ctl, fleet, scrapes, pool_names, configured[scaled], seed)
-    trace = drive(
+    trace = SimDriver(
         machine, MemoryStore(clock), clock, fleet, scrapes, inputs, timeout=client_timeout_s,
         decisions=decisions, record=record_decisions, fast_forward=fast_forward,
         autoscaling=None if attached is None else attached.auto,
         until=0.0 if autoscale is None else autoscale.horizon_s,
-    )  # fmt: skip
+    ).run()  # fmt: skip
     jobs = trace.jobs
     samples_t, samples_q, samples_f = trace.samples_t, trace.samples_q, trace.samples_f
 
