@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.integration
+@pytest.mark.alone  # its verdict counts client hang-ups and leftovers: no other load beside it
 def test_a_short_soak_samples_every_series_and_ends_clean(tmp_path: Path) -> None:
     args = ["--seconds", "6", "--sample-s", "0.5", "--rate", "15", "--out", str(tmp_path)]
     run = subprocess.run(
