@@ -618,3 +618,43 @@ def test_fail_open_before_redis_ever_answered_refuses_without_expected_replicas(
             await state.stop(flush_s=0)
 
     asyncio.run(main())
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("with_slot", [True, False])
+def test_a_caller_that_leaves_mid_reservation_leaves_nothing_taken(
+    fresh_redis: str, with_slot: bool
+) -> None:
+    """The client hangs up while its reservation (and, with a slot, its lease, in the same
+    script) is on its way: the call still runs in Redis, so the store undoes it after the
+    call; the request machine's own settlement of the abandoned job changes nothing more.
+    No hold, no lease, and the bucket is full again."""
+
+    async def main() -> None:
+        s = GuardedStore(
+            RedisStore(connect(fresh_redis, password=None, timeout_s=1.0), namespace="cx"),
+            SystemClock(),
+        )
+        s.start()
+        claims = (claim(300),)
+        slot = Slot("p", 300, 4, None) if with_slot else None
+        try:
+            assert isinstance(await s.reserve("w0", "a", claims, slot), Grant)  # connected
+            s.finish("w0", "a", claims, settle_lines(claims, 0), "p")
+            task = asyncio.create_task(s.reserve("j1", "a", claims, slot))
+            await asyncio.sleep(0)  # the call is queued for Redis
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            s.finish("j1", "a", claims, settle_lines(claims, 0), "p")  # the machine's Settle
+            assert await s.flush(5.0)
+            (snap,) = await s.redis.snapshots("a", claims)
+            assert snap.remaining == pytest.approx(1000.0, abs=0.01)
+        finally:
+            await s.stop()
+
+    asyncio.run(main())
+    with redis.Redis.from_url(fresh_redis) as c:
+        keys = list(c.scan_iter("cx:*"))
+        assert [k for k in keys if b":held:" in k] == []
+        assert sum(int(c.zcard(k)) for k in keys if k.endswith(b":leases")) == 0

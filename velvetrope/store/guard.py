@@ -150,6 +150,12 @@ class GuardedStore:
                 # both if they happened (settling a job without a hold changes nothing)
                 lines = settle_lines(claims, 0)
                 self.settlements.finish_remote(job_id, tenant, claims, lines, slot.pool)
+            except asyncio.CancelledError:
+                # the caller left before the answer; the call still runs in Redis, and the
+                # undo leaves after it on the same connection
+                lines = settle_lines(claims, 0)
+                self.settlements.finish_remote(job_id, tenant, claims, lines, slot.pool)
+                raise
             else:
                 self._saw(res)
                 if lease is not None:
@@ -168,6 +174,10 @@ class GuardedStore:
                 # the answer was lost, not necessarily the reservation: undo it if it
                 # happened (settling a job without a hold changes nothing)
                 self.settlements.settle_remote(job_id, tenant, claims, settle_lines(claims, 0))
+            except asyncio.CancelledError:
+                # the caller left before the answer; the call still runs in Redis
+                self.settlements.settle_remote(job_id, tenant, claims, settle_lines(claims, 0))
+                raise
             else:
                 self._saw(res)
                 return res

@@ -119,6 +119,10 @@ class Leases:
             except StoreUnavailable:
                 # the answer was lost, maybe not the lease: give it back if it was taken
                 self.release_remote(pool, job_id)
+            except asyncio.CancelledError:
+                # the caller left before the answer; the call itself still runs in Redis
+                self.release_remote(pool, job_id)
+                raise
             else:
                 if ans.granted:
                     self.remote.setdefault(pool, {})[job_id] = _recorded(slot)
