@@ -20,6 +20,7 @@ Tests wait on ``/admin/status``, never a fixed time.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,13 @@ import pytest
 
 from tests.support.streams import stream_completion, taken_back_round
 
-from .conftest import gateway_config, metric, start_engine, start_gateway
+from .conftest import (
+    admin_status,
+    gateway_config,
+    metric,
+    start_engine,
+    start_gateway,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -134,3 +141,60 @@ def test_a_batch_request_waiting_in_the_engine_is_taken_back_for_an_interactive_
     assert ("again", "aborted", 0) in ends and ("again", "finished", 5) in ends, ends
     assert ("refused", "aborted", 0) in ends, ends
     assert not any(r == "refused" and s == "finished" for r, s, _ in ends), ends
+
+
+def test_with_shared_state_the_job_taken_back_gives_its_lease_to_the_top_tier(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """The same round with the slots counted in Redis (two leases fleet-wide): the batch
+    request taken back gives its lease back as it is queued again, so the interactive
+    request is sent to the engine at once (it waits there for the seat, as the engines'
+    own order has it), not after the long stream ends and frees a lease; the request
+    taken back takes a lease again when it is dispatched, and every request is answered
+    in full."""
+    journal = tmp_path / "engine.jsonl"
+    eng = start_engine(1.0, "--set", "max_num_seqs=1", "--journal", str(journal))
+    cfg = gateway_config(
+        [eng.url],
+        tiers=TIERS,
+        queue={"bands": "strict"},
+        tenants=[
+            {"name": "gold", "tier": "interactive"},
+            {"name": "bronze", "tier": "batch"},
+        ],
+        pools=[{"name": "default", "limit": "slo", "max_in_flight": 2}],
+        saturation={"enabled": False},
+    )
+    namespace = f"p{uuid.uuid4().hex[:8]}"
+    cfg["state"] = {"url": redis_url, "namespace": namespace, "call_timeout_ms": 1000}
+    gw = start_gateway(tmp_path, cfg)
+
+    def sdk(key: str) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key=key, max_retries=0)
+
+    async def go() -> list[Any]:
+        bronze, gold = sdk("sk-bronze-0000"), sdk("sk-gold-0000")
+        async with httpx.AsyncClient(timeout=60) as c, bronze, gold:
+            return await taken_back_round(
+                c,
+                gw.url,
+                _stream(bronze, 600, extra_body={"ignore_eos": True, "request_id": "long"}),
+                lambda: _stream(bronze, 5, extra_body={"ignore_eos": True, "request_id": "victim"}),
+                lambda: _stream(gold, 5, extra_body={"ignore_eos": True, "request_id": "top"}),
+            )
+
+    try:
+        running, waiting, top = asyncio.run(go())
+        for r in (running, waiting, top):
+            assert not isinstance(r, BaseException), r
+        assert running[1].completion_tokens == 600
+        assert waiting[1].completion_tokens == 5 and top[1].completion_tokens == 5
+        assert admin_status(gw.url)["state"]["fallbacks"] == {}
+    finally:
+        gw.stop()
+        eng.stop()
+    lines = _journal(journal)
+    rid = {e["id"]: e["request_id"] for e in lines if e["ev"] == "start"}
+    order = [(e["ev"], rid[e["id"]]) for e in lines if e["ev"] in ("start", "end")]
+    # the interactive request reached the engine while the long stream still ran
+    assert order.index(("start", "top")) < order.index(("end", "long")), order

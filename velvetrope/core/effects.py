@@ -68,7 +68,9 @@ class Send(NamedTuple):
 
 class Cancel(NamedTuple):
     """Cancel ``job`` at its engine (taken back before its first token): ``refusal`` is its
-    answer (503 ``preempted``), or ``None`` when it is queued again."""
+    answer (503 ``preempted``; its settlement gives its lease back), or ``None`` when it is
+    queued again: then its lease, if it has one, is given back now
+    (:meth:`~velvetrope.store.base.Store.release`), for the job dispatched in its place."""
 
     job: Job
     refusal: Refusal | None

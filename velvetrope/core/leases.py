@@ -64,8 +64,9 @@ class LeaseBrake:
             self.lacking.add(job.id)
 
     def ended(self, job: Job, now: float) -> None:
-        self.lacking.discard(job.id)  # a job taken back and queued again keeps its lease
+        self.lacking.discard(job.id)
 
     def forget(self, job_id: str) -> None:
-        """``job_id`` ended: its lease was given back with its settlement."""
+        """``job_id`` gave its lease back: it ended (with its settlement), or it was taken
+        back from its engine and queued again (it asks for a lease again when dispatched)."""
         self.has.discard(job_id)

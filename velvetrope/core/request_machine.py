@@ -334,8 +334,11 @@ class RequestMachine:
             return
         batch = ctl.dispatchable()
         out = self._out
+        brakes = self.brakes
         for p in ctl.take_preempted():
             if p.outcome is None:
+                if brakes:  # its lease goes back with the Cancel; it asks again when dispatched
+                    brakes[p.job.pool].forget(p.job.id)
                 out.append(Cancel(p.job, None))
                 continue
             code = Reason.PREEMPTED

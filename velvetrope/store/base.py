@@ -93,6 +93,12 @@ class Store(Protocol):
         cannot answer and the failure policy is to refuse."""
         ...
 
+    def release(self, job_id: str, pool: str) -> None:
+        """Give back ``job_id``'s lease of ``pool`` now, keeping its reservation: a job
+        taken back from its engine and queued again, which asks for a lease again when it
+        is dispatched.  Nothing without one; never waits on I/O."""
+        ...
+
     def finish(
         self,
         job_id: str,

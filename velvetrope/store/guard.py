@@ -202,6 +202,11 @@ class GuardedStore:
         :class:`StoreUnavailable`."""
         return await self.leases.acquire(job_id, slot, self.replicas)
 
+    def release(self, job_id: str, pool: str) -> None:
+        """Give back ``job_id``'s lease of ``pool`` (in Redis through the outbox, or the
+        fallback's at once), keeping its reservation."""
+        self.leases.end(job_id, pool)
+
     def finish(
         self,
         job_id: str,

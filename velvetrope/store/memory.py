@@ -41,6 +41,9 @@ class MemoryStore:
     async def acquire(self, job_id: str, slot: Slot) -> bool:
         return True
 
+    def release(self, job_id: str, pool: str) -> None:
+        return None  # no leases in memory
+
     def finish(
         self,
         job_id: str,

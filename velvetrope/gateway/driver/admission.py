@@ -375,6 +375,12 @@ class Admission:
                 ticket = self._tickets.pop(j.id, None)
                 if ticket is not None:
                     ticket.preempt(e.refusal)  # type: ignore[union-attr]
+                if e.refusal is None and self.slots:  # type: ignore[union-attr]
+                    # queued again: its lease is free for the job dispatched in its place
+                    self.store.release(j.id, j.pool)
+                    fleet = self.slots.get(j.pool)
+                    if fleet is not None:
+                        fleet.released()
             else:  # Send, Acquire, Respond: wake the job's waiter
                 fut = self._waiters.pop(j.id, None)
                 if fut is not None and not fut.done():
