@@ -145,17 +145,14 @@ class GuardedStore:
             call = self.redis.send_reserve_leased(job_id, tenant, claims, slot)
             try:
                 res, lease = parse_reserve_leased(claims, await self.guard.call("reserve", call))
-            except StoreUnavailable:
-                # the answer was lost, not necessarily the reservation and the lease: undo
-                # both if they happened (settling a job without a hold changes nothing)
+            except (StoreUnavailable, asyncio.CancelledError) as e:
+                # the answer was lost, or the caller left before it (the call still runs):
+                # not necessarily the reservation and the lease; undo both if they happened,
+                # after the call (settling a job without a hold changes nothing)
                 lines = settle_lines(claims, 0)
                 self.settlements.finish_remote(job_id, tenant, claims, lines, slot.pool)
-            except asyncio.CancelledError:
-                # the caller left before the answer; the call still runs in Redis, and the
-                # undo leaves after it on the same connection
-                lines = settle_lines(claims, 0)
-                self.settlements.finish_remote(job_id, tenant, claims, lines, slot.pool)
-                raise
+                if type(e) is not StoreUnavailable:
+                    raise
             else:
                 self._saw(res)
                 if lease is not None:
@@ -170,14 +167,13 @@ class GuardedStore:
             call = self.redis.send_reserve(job_id, tenant, claims)
             try:
                 res = parse_reserve(claims, await self.guard.call("reserve", call))
-            except StoreUnavailable:
-                # the answer was lost, not necessarily the reservation: undo it if it
-                # happened (settling a job without a hold changes nothing)
+            except (StoreUnavailable, asyncio.CancelledError) as e:
+                # the answer was lost, or the caller left before it (the call still runs):
+                # undo the reservation if it happened (settling a job without a hold
+                # changes nothing)
                 self.settlements.settle_remote(job_id, tenant, claims, settle_lines(claims, 0))
-            except asyncio.CancelledError:
-                # the caller left before the answer; the call still runs in Redis
-                self.settlements.settle_remote(job_id, tenant, claims, settle_lines(claims, 0))
-                raise
+                if type(e) is not StoreUnavailable:
+                    raise
             else:
                 self._saw(res)
                 return res

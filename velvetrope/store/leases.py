@@ -116,13 +116,12 @@ class Leases:
             call = self.redis.send_acquire(job_id, slot)
             try:
                 ans = parse_lease(await self.guard.call("acquire", call))
-            except StoreUnavailable:
-                # the answer was lost, maybe not the lease: give it back if it was taken
+            except (StoreUnavailable, asyncio.CancelledError) as e:
+                # the answer was lost, or the caller left before it (the call still runs):
+                # maybe not the lease; give it back if it was taken
                 self.release_remote(pool, job_id)
-            except asyncio.CancelledError:
-                # the caller left before the answer; the call itself still runs in Redis
-                self.release_remote(pool, job_id)
-                raise
+                if type(e) is not StoreUnavailable:
+                    raise
             else:
                 if ans.granted:
                     self.remote.setdefault(pool, {})[job_id] = _recorded(slot)

@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Collection
 from typing import Final
 
 from velvetrope.core import AdmissionController, BucketSnapshot, Job, Reason, Usage
-from velvetrope.core.effects import Acquire, Cancel, Effect, Refusal, Reserve, Respond, Send, Settle
+from velvetrope.core.effects import Acquire, Cancel, Effect, Refusal, Reserve, Respond, Settle
 from velvetrope.core.lifecycle import JobState
 from velvetrope.core.policy import PolicyConfig
 from velvetrope.core.request_machine import RequestMachine
@@ -139,11 +139,11 @@ class Admission:
         self.quotas = quotas
         """Budgets and the ledger: claimed, answered and settled with the buckets."""
         self.machine = RequestMachine(ctl, leases=store.shared, budgets=quotas)
-        self.slots: dict[str, LeaseTaker] = {}
+        self.lease_takers: dict[str, LeaseTaker] = {}
         """Per pool, its lease taker (shared stores only)."""
         if store.shared:
             for p in ctl.config.pools:
-                self.slots[p.name] = LeaseTaker(p.name, store)
+                self.lease_takers[p.name] = LeaseTaker(p.name, store)
         self._waiters: dict[str, asyncio.Future[Effect]] = {}
         self._ready: dict[str, Effect] = {}  # for a job taken back, before it waits again
         self._tickets: dict[str, Ticket] = {}
@@ -194,15 +194,13 @@ class Admission:
             mine = self._apply(m.effects(), job)
         if mine is None:
             return await self._queued(job, gone, progress, every_s, snapshots)
-        t = type(mine)
-        if t is Respond:
-            return mine.refusal  # type: ignore[union-attr]
-        if gone.done():
+        if type(mine) is not Respond and gone.done():
             self.abandon(job)
             return None
-        if t is Send:  # inline, not _follow: one coroutine less on every request
-            return Ticket(self, job, snapshots)
-        return await self._take_slot(job, mine, gone, snapshots)  # type: ignore[arg-type]
+        got = self._own(job, mine, snapshots)
+        if type(got) is Acquire:
+            return await self._take_slot(job, got, gone, snapshots)
+        return got  # type: ignore[return-value]
 
     async def again(
         self,
@@ -220,19 +218,16 @@ class Admission:
             return ticket.refusal
         return await self._queued(ticket.job, gone, progress, every_s, ticket.snapshots)
 
-    async def _follow(
-        self,
-        job: Job,
-        mine: Effect,
-        gone: asyncio.Future[None],
-        snapshots: tuple[BucketSnapshot, ...],
-    ) -> Ticket | Refusal | None:
-        """The job's own effect carried out: its ticket (taking its lease first), or its
-        refusal."""
+    def _own(
+        self, job: Job, mine: Effect, snapshots: tuple[BucketSnapshot, ...]
+    ) -> Ticket | Refusal | Acquire:
+        """The job's own effect, where no I/O is needed: its refusal, or its ticket; an
+        ``Acquire`` is handed back, for the caller to take the lease (:meth:`_take_slot`).
+        Not a coroutine: a request that starts at once awaits none."""
         if type(mine) is Respond:
             return mine.refusal
         if type(mine) is Acquire:
-            return await self._take_slot(job, mine, gone, snapshots)
+            return mine
         return Ticket(self, job, snapshots)
 
     async def _queued(
@@ -248,7 +243,10 @@ class Admission:
         mine = await self._wait(job, gone, progress, every_s)
         if mine is None:
             return None
-        return await self._follow(job, mine, gone, snapshots)
+        got = self._own(job, mine, snapshots)
+        if type(got) is Acquire:
+            return await self._take_slot(job, got, gone, snapshots)
+        return got  # type: ignore[return-value]
 
     async def _take_slot(
         self,
@@ -261,7 +259,7 @@ class Admission:
         (the store would not answer) or ``None`` (the client left while it waited)."""
         m = self.machine
         try:
-            got = await self.slots[job.pool].take(job, ask.slot, gone)
+            got = await self.lease_takers[job.pool].take(job, ask.slot, gone)
         except StoreUnavailable as e:
             m.slot_failed(job, str(e))
             mine = self._apply(m.effects(), job)
@@ -365,22 +363,18 @@ class Admission:
             if t is Settle:
                 self._tickets.pop(j.id, None)
                 self.store.finish(j.id, j.tenant, e.claims, e.lines, j.pool)  # type: ignore[union-attr]
-                if self.slots:
-                    fleet = self.slots.get(j.pool)
-                    if fleet is not None:
-                        fleet.released()
+                if self.lease_takers:
+                    self._lease_freed(j.pool)
             elif j is job:
                 mine = e
             elif t is Cancel:
                 ticket = self._tickets.pop(j.id, None)
                 if ticket is not None:
                     ticket.preempt(e.refusal)  # type: ignore[union-attr]
-                if e.refusal is None and self.slots:  # type: ignore[union-attr]
+                if e.refusal is None and self.lease_takers:  # type: ignore[union-attr]
                     # queued again: its lease is free for the job dispatched in its place
                     self.store.release(j.id, j.pool)
-                    fleet = self.slots.get(j.pool)
-                    if fleet is not None:
-                        fleet.released()
+                    self._lease_freed(j.pool)
             else:  # Send, Acquire, Respond: wake the job's waiter
                 fut = self._waiters.pop(j.id, None)
                 if fut is not None and not fut.done():
@@ -390,6 +384,12 @@ class Admission:
         if self.ctl.queued:
             self._arm()
         return mine
+
+    def _lease_freed(self, pool: str) -> None:
+        """A lease of ``pool`` was given back here: wake the job waiting for one."""
+        taker = self.lease_takers.get(pool)
+        if taker is not None:
+            taker.released()
 
     def _arm(self) -> None:
         if not self._timed:
