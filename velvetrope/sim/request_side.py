@@ -173,16 +173,16 @@ class RequestSide:
         client gave up during the step, or it was taken back and perhaps sent again: an
         attempt sent at ``t`` has no step ending at ``t``) is dropped."""
         machine = self.machine
+        jobs = self.jobs
+        may_have_left = self.timeout is not None or self.preempts
         for e in events:
-            if self.timeout is not None or self.preempts:
-                j = self.ctl.job(e.seq_id)
-                if j is None or j.state is not _DISPATCHED or j.dispatched_at == t:
-                    continue
+            job = jobs[int(e.seq_id)]
+            assert job is not None  # an engine runs only what was sent
+            if may_have_left and (job.state is not _DISPATCHED or job.dispatched_at == t):
+                continue
             if type(e) is FirstToken:
-                machine.first_token(self.jobs[int(e.seq_id)])  # type: ignore[arg-type]
+                machine.first_token(job)
             elif type(e) is Finished:
-                job = self.jobs[int(e.seq_id)]
-                assert job is not None
                 machine.completed(job, new_tuple(Usage, (e.prompt_tokens, e.output_tokens, 0)))
                 self.load[k] -= 1
                 self.apply(t, k)  # as the gateway: each end, then what it lets go
