@@ -9,8 +9,10 @@ from typing import Any
 import pytest
 
 from tests.core.helpers import arrive, controller, make_job, store_of
-from velvetrope.core import Dispatched, Queued, Usage
+from velvetrope.core import Dispatched, PolicyConfig, Queued, Usage
+from velvetrope.core.job import Job
 from velvetrope.core.lifecycle import JobState, Reason
+from velvetrope.core.scheduler import Scheduler
 
 TIERS = [
     {"name": "interactive", "slo": {"ttft_s": 2.0}},
@@ -113,3 +115,47 @@ def test_nothing_is_taken_back_that_is_unsent_of_the_same_band_or_without_a_ttft
     clock2.advance(1.5)
     assert off.dispatchable() == [] and off.take_preempted() == []
     assert off.status()["pools"]["default"]["preemptions"] is None
+
+
+def test_a_job_taken_back_into_an_idle_weighted_band_is_not_owed_its_idle_turns() -> None:
+    """Weighted bands: a band that was empty while another was served starts at the busy
+    bands' pass whether its first job is new or taken back from an engine, so neither
+    way does it win a run of turns it sat out."""
+    config = PolicyConfig.model_validate(
+        {
+            "tiers": [{"name": "a"}, {"name": "b"}],
+            "tenants": [{"name": "x", "tier": "a"}, {"name": "y", "tier": "b"}],
+            "queue": {"bands": "weighted", "ordering": "fcfs"},
+        }
+    )
+    orders = []
+    for first in ("new", "taken back"):
+        sched = Scheduler(config, lambda tenant: 1.0)
+        seq = iter(range(1000))
+
+        def put(tenant: str, band: int, sched: Scheduler = sched, seq: Any = seq) -> Job:
+            job = make_job(tenant, "ab"[band])
+            job.seq, job.band, job.cost, job.state = next(seq), band, 100, JobState.QUEUED
+            job.arrival = float(job.seq)
+            sched.enqueue(job, band, 100)
+            return job
+
+        for _ in range(10):
+            put("x", 0)
+        for _ in range(8):  # band a is served alone for a while
+            assert sched.peek() is not None
+            sched.pop()
+        if first == "new":
+            put("y", 1)
+        else:
+            job = make_job("y", "b")
+            job.seq, job.band, job.cost, job.state = next(seq), 1, 100, JobState.QUEUED
+            job.arrival = float(job.seq)
+            sched.requeue(job)
+        for _ in range(3):
+            put("y", 1)
+        served = []
+        while sched.peek() is not None:
+            served.append(sched.pop().tenant)
+        orders.append(served)
+    assert orders[0] == orders[1] == ["x", "y", "x", "y", "y", "y"]

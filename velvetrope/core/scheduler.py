@@ -170,20 +170,27 @@ class Scheduler:
         and ``cost`` are the job's, passed in (the controller has read them)."""
         b = self.bands[band]
         if self._weighted and b.count == 0:
-            live = [x.vpass for x in self.bands if x.count]
-            floor = min(live) if live else self._vtime
-            if b.vpass < floor:
-                b.vpass = floor
+            self._wake(b)
         b.queue.push(job, self._ordering.key(job))
         b.count += 1
         b.tokens += cost
         self.queued += 1
         self.tokens += cost
 
+    def _wake(self, b: Band) -> None:
+        """An empty weighted band gets work: its pass starts no earlier than the busy bands'
+        (else it would be owed every turn it sat idle), or the last one served's."""
+        live = [x.vpass for x in self.bands if x.count]
+        floor = min(live) if live else self._vtime
+        if b.vpass < floor:
+            b.vpass = floor
+
     def requeue(self, job: Job) -> None:
         """Queue ``job`` (already QUEUED, taken back from an engine before its first token)
         at the head of its band, behind any job taken back before it."""
         b = self.bands[job.band]
+        if self._weighted and b.count == 0:
+            self._wake(b)
         b.front.append(job)
         b.count += 1
         b.tokens += job.cost
