@@ -227,6 +227,68 @@ def test_the_controller_passes_the_top_tier_past_a_saturated_pool() -> None:
         assert (ctl.dispatchable() == [top]) is passes, mode  # ...and out first if it may
 
 
+def test_the_top_band_goes_ahead_of_lower_band_work_an_ordered_engine_queues() -> None:
+    ttft = {"interactive": 1.0, "standard": 5.0, "batch": None}
+    ordered = TierHeadroom(ttft, ordered=True, share=0.5, window_s=5.0)
+    fcfs = TierHeadroom(ttft, ordered=False, share=0.5, window_s=5.0)
+    top = _job("interactive", band=0)
+    top.arrival = 0.0
+    assert ordered.overtakes(top, 3.0, 0.0)  # three waiting, none top-band: it goes first
+    assert not fcfs.overtakes(top, 3.0, 0.0)  # an FCFS engine starts it after the three
+    assert not ordered.overtakes(_job("standard", band=1), 3.0, 0.0)  # only the top band
+    assert not ordered.overtakes(top, 0.0, 0.0)  # nothing waiting: nothing to go ahead of
+    for _ in range(2):
+        ordered.started(_job("interactive", band=0), 0.0)  # two top-band jobs not begun
+    assert ordered.overtakes(top, 3.0, 0.0)  # 3 waiting - 2 of ours: one lower-band request
+    ordered.started(top, 0.0)
+    assert not ordered.overtakes(_job("interactive", band=0), 3.0, 0.0)  # all three ours
+    assert ordered.overtakes_count == 2 and ordered.passes == 0
+    no_ttft = TierHeadroom({"interactive": None}, ordered=True, share=0.5, window_s=5.0)
+    assert not no_ttft.overtakes(_job("interactive", band=0), 3.0, 0.0)
+
+
+def test_a_top_band_job_that_would_start_late_even_so_stays_in_the_gateway() -> None:
+    h = TierHeadroom({"interactive": 1.0}, ordered=True, share=0.5, window_s=5.0)
+    for i in range(10):  # 2 starts per second
+        done = _job("interactive", band=0)
+        h.started(done, i * 0.5)
+        h.first_token(done, i * 0.5)
+    ahead = [_job("interactive", band=0) for _ in range(2)]
+    for j in ahead:
+        h.started(j, 4.5)  # two top-band jobs not begun: it would start in 1.5 s
+    late = _job("interactive", band=0)
+    late.arrival = 4.5
+    assert not h.overtakes(late, 10.0, 4.5)  # 1.5 s > the 1 s it has: kept
+    h.first_token(ahead[0], 4.5)  # one started: now 1.0 s <= 1 s
+    assert h.overtakes(late, 10.0, 4.5)
+
+
+def test_the_controller_sends_the_top_tier_ahead_of_what_the_engines_queue() -> None:
+    """No start measured yet, so the start-time rule lets nothing through: the top-tier job
+    still goes past a saturated engine whose queue holds batch work, when the engine orders
+    its queue by the tier; an FCFS engine's queue holds it."""
+    for ordered in (True, False):
+        cfg = policy(engine_priority=ordered)
+        cfg["saturation"] = {"max_waiting": 0}
+        ctl, clock = controller(cfg)
+        sat = ctl.saturation("default")
+        assert sat is not None and sat.headroom is not None
+        sat.set_engines(["e"])
+        sent = [make_job(tenant="initech", tier="batch") for _ in range(4)]
+        for j in sent:
+            assert type(ctl.arrive(j)).__name__ == "Dispatched"  # slow start: 1 + max_waiting 0
+            sat.sent(j.id, "e")
+            sat.observe("e", EngineReading(running=1, waiting=0, kv_usage=0.1), clock.now())
+        # one running, three waiting at the engine: saturated
+        sat.observe("e", EngineReading(running=1, waiting=3, kv_usage=0.1), clock.now())
+        held = make_job(tenant="initech", tier="batch")
+        assert type(ctl.arrive(held)).__name__ == "Queued"
+        top = make_job(tenant="acme", tier="interactive")
+        assert type(ctl.arrive(top)).__name__ == "Queued"
+        assert ctl.dispatchable() == ([top] if ordered else []), ordered
+        assert ctl.status()["pools"]["default"]["headroom_overtakes"] == int(ordered)
+
+
 def test_late_first_tokens_of_a_higher_tier_cap_the_tiers_below() -> None:
     ceil = LowerTierCeiling({"interactive": 1.0, "batch": None}, share=0.5, cut=0.1)
     in_flight = 50  # batch jobs running

@@ -175,10 +175,12 @@ def test_the_top_tier_passes_the_saturation_brake_that_holds_the_batch_tier(
 ) -> None:
     slo = _headroom(tmp_path / "slo", "slo")
     assert slo["in_flight"] == 4 and slo["queued"] == 1, slo  # the interactive one went
-    assert slo["pools"]["default"]["headroom_passes"] >= 1, slo["pools"]
+    # ahead of the batch request the engine queues (it orders by the tier's priority)
+    assert slo["pools"]["default"]["headroom_overtakes"] >= 1, slo["pools"]
     fixed = _headroom(tmp_path / "fixed", "fixed")
     assert fixed["in_flight"] == 3 and fixed["queued"] == 2, fixed  # both held
     assert fixed["pools"]["default"]["headroom_passes"] is None
+    assert fixed["pools"]["default"]["headroom_overtakes"] is None
 
 
 def test_the_tpot_limit_learns_the_engines_decode_from_the_streams(tmp_path: Path) -> None:

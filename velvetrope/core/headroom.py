@@ -23,6 +23,18 @@ holds (:meth:`~velvetrope.core.saturation.EngineSaturation.allows_dispatch`):
   started is.  ``share`` (default ½) leaves the rest of the budget to prefill and to
   measurement error.
 
+The top band has one more way past the brake when the engines order their queue by the
+tier (:meth:`TierHeadroom.overtakes`): while the engines' readings show more requests
+waiting than this pool's top-band jobs not yet begun, the rest are lower-band work that an
+engine starts after a top-band job it is sent now.  Holding the job in the gateway would
+only make it wait for them too (the brake opens when the engines' queues shrink), so it
+goes, one job per lower-band request waiting: the top tier never waits for capacity the
+engines would give it now.  Not a job that would start late even so (the top-band jobs
+not yet begun and itself, at the measured start rate, past its TTFT): the gateway keeps
+that one, to expire it cleanly or make room for it, rather than spend an engine's prefill
+on it.  Only the top band: a middle band's job sent past the brake takes a seat before a
+later top-tier arrival could (measured: it cost the top tier).
+
 A tier without a TTFT objective never passes the brake (its objective, if any, is end to end
 and waiting in the gateway's queue costs it nothing the engines' queue would not).  Before a
 first token has been seen the start rate is unknown and nothing passes: the saturation
@@ -66,6 +78,7 @@ class TierHeadroom:
         "_where",
         "bias",
         "ordered",
+        "overtakes_count",
         "passes",
         "share",
         "ttft",
@@ -85,7 +98,10 @@ class TierHeadroom:
         self.share = share
         self.window_s = window_s
         self.passes = 0
-        """Dispatches let past the saturation brake (cumulative)."""
+        """Dispatches let past the saturation brake by the start-time rule (cumulative)."""
+        self.overtakes_count = 0
+        """Top-band dispatches let past the brake ahead of lower-band requests waiting in
+        ordered engines (:meth:`overtakes`; cumulative)."""
         self._waiting: dict[int, int] = {}
         self._where: dict[str, int] = {}
         self._firsts: deque[float] = deque()
@@ -143,6 +159,25 @@ class TierHeadroom:
         if not self.ordered:
             return sum(self._waiting.values())
         return sum(n for b, n in self._waiting.items() if b <= band)
+
+    def overtakes(self, job: Job, engines_waiting: float, now: float) -> bool:
+        """Whether ``job`` of the top band (band 0, a tier with a TTFT objective) may pass
+        the saturation brake ahead of lower-band work: the engines order their queue by the
+        tier, their readings show ``engines_waiting`` requests waiting, at least one more
+        than this pool's top-band jobs not yet begun, and at the measured start rate those
+        jobs and ``job`` start within the TTFT it has left (an optimistic test: no share, no
+        bias; before a start is measured it is not made).  Counts it in
+        ``overtakes_count``."""
+        if not self.ordered or job.band != 0 or job.tier not in self.ttft:
+            return False
+        ahead = self.ahead(0)
+        if engines_waiting - ahead < 1.0:
+            return False
+        rate = self.start_rate(now)
+        if rate > 0.0 and (ahead + 1) / rate > job.arrival + self.ttft[job.tier] - now:
+            return False  # late even so: the gateway keeps it (to expire, or to make room)
+        self.overtakes_count += 1
+        return True
 
     def allows_dispatch(self, job: Job, now: float) -> bool:
         """Whether ``job`` may pass the saturation brake (counts it in ``passes``)."""

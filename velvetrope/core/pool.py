@@ -261,7 +261,7 @@ class Pool:
 
     def status(self) -> dict[str, Any]:
         """Its queue by band, work in flight against its limits, engines, drain rate; in
-        ``limit: slo`` mode the TPOT limit's fit and the headroom's passes."""
+        ``limit: slo`` mode the TPOT limit's fit and the headroom's passes and overtakes."""
         cap = self.capacity
         return {
             "queued": self.sched.queued,
@@ -281,6 +281,9 @@ class Pool:
             "headroom_passes": None
             if self.saturation is None or self.saturation.headroom is None
             else self.saturation.headroom.passes,
+            "headroom_overtakes": None
+            if self.saturation is None or self.saturation.headroom is None
+            else self.saturation.headroom.overtakes_count,
         }
 
 

@@ -256,6 +256,17 @@ class EngineSaturation:
                 return True
         return False
 
+    def _waiting(self, now: float) -> float:
+        """Requests waiting in the live engines by their current readings (an engine with
+        no current reading counts none)."""
+        stale = self.stale_after_s
+        total = 0.0
+        for e in self._live:
+            r = e.reading
+            if r is not None and not e.blind and now - e.at <= stale:
+                total += r.waiting
+        return total
+
     def _kv_free(self, now: float) -> bool:
         """Whether some live engine has room in its KV cache by its last reading (or no
         reading to go by): headroom sends nothing to engines that cannot start it."""
@@ -268,12 +279,17 @@ class EngineSaturation:
 
     def allows_dispatch(self, job: Job, in_flight: int, tokens_in_flight: int, now: float) -> bool:
         """True unless the pool's live engines are saturated and ``job`` gets no headroom
-        (:mod:`velvetrope.core.headroom`); a hold counts in ``holds``."""
+        (:mod:`velvetrope.core.headroom`: a top-band job ahead of lower-band requests the
+        engines queue, or a job the engines start within its TTFT); a hold counts in
+        ``holds``."""
         if self.room(now) >= 1.0:
             return True
         h = self.headroom
-        if h is not None and self._kv_free(now) and h.allows_dispatch(job, now):
-            return True
+        if h is not None and self._kv_free(now):
+            if job.band == 0 and h.overtakes(job, self._waiting(now), now):
+                return True
+            if h.allows_dispatch(job, now):
+                return True
         self.holds += 1
         return False
 
