@@ -6,8 +6,10 @@
   that may not wait is refused at once while the pool is full, and one whose deadline
   passes in the queue is expired, each a 503 with ``Retry-After``.
 * Headroom: an engine that queues work holds the batch tier in the gateway's queue, while
-  an interactive request is let past the brake into the engine's priority queue; with
-  ``limit: fixed`` it waits in the gateway's queue like the batch request.
+  an interactive request is let past the brake into the engine's priority queue: ahead of
+  the batch request the engine queues, or, when what it queues is interactive too, because
+  the engine starts it within its TTFT; with ``limit: fixed`` it waits in the gateway's
+  queue like the batch request.
 * The TPOT limit learns ``tpot ≈ a + b·n`` from the relayed streams and reports it.
 
 Tests wait on ``/admin/status``, never a fixed time.
@@ -113,7 +115,7 @@ def test_the_request_slo_headers(tmp_path: Path) -> None:
         eng.stop()
 
 
-def _headroom(tmp: Path, limit: str) -> dict[str, Any]:
+def _headroom(tmp: Path, limit: str, long_headers: dict[str, str] = BRONZE) -> dict[str, Any]:
     """Three long batch streams on an engine of two seats (one waits in the engine: the
     saturation rule learns it is full), a fourth batch request and then an interactive one;
     the status once both have arrived."""
@@ -138,7 +140,10 @@ def _headroom(tmp: Path, limit: str) -> dict[str, Any]:
                 r = await c.post(url, json=_body(2), headers=BRONZE)
                 assert r.status_code == 200, r.text
             longs = [
-                asyncio.create_task(c.post(url, json=_body(1500), headers=BRONZE)) for _ in range(3)
+                asyncio.create_task(
+                    c.post(url, json=_body(1500, stream=long_headers is GOLD), headers=long_headers)
+                )
+                for _ in range(3)
             ]
             st = await status_until(c, gw.url, lambda s: s["in_flight"] == 3)
             assert st["in_flight"] == 3, st
@@ -181,6 +186,19 @@ def test_the_top_tier_passes_the_saturation_brake_that_holds_the_batch_tier(
     assert fixed["in_flight"] == 3 and fixed["queued"] == 2, fixed  # both held
     assert fixed["pools"]["default"]["headroom_passes"] is None
     assert fixed["pools"]["default"]["headroom_overtakes"] is None
+
+
+def test_the_top_tier_passes_behind_its_own_queued_requests_when_they_start_in_time(
+    tmp_path: Path,
+) -> None:
+    """The three long requests are interactive (streamed, so the gateway sees which two
+    the engine has begun): what the engine queues is the top tier's own, so there is
+    nothing lower to go ahead of; the interactive request still goes past the brake, by the
+    start-time rule (the engine starts it within its TTFT)."""
+    slo = _headroom(tmp_path / "slo", "slo", long_headers=GOLD)
+    assert slo["in_flight"] == 4 and slo["queued"] == 1, slo  # the interactive one went
+    assert slo["pools"]["default"]["headroom_passes"] >= 1, slo["pools"]
+    assert slo["pools"]["default"]["headroom_overtakes"] == 0, slo["pools"]
 
 
 def test_the_tpot_limit_learns_the_engines_decode_from_the_streams(tmp_path: Path) -> None:
