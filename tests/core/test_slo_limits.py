@@ -12,10 +12,12 @@ import pytest
 from pydantic import ValidationError
 
 from tests.core.helpers import controller, make_job
-from velvetrope.core import EngineReading, PolicyConfig, Rejected, Usage
+from velvetrope.clock import ManualClock
+from velvetrope.core import AdmissionController, EngineReading, PolicyConfig, Rejected, Usage
 from velvetrope.core.headroom import LowerTierCeiling, TierHeadroom
 from velvetrope.core.job import Job
 from velvetrope.core.reload import restart_needed
+from velvetrope.core.saturation import EngineSaturation
 from velvetrope.core.tpot_limit import TpotLimit
 
 TIERS = [
@@ -46,6 +48,26 @@ def _job(tier: str, band: int = 0) -> Job:
     job = make_job(tenant="t", tier=tier)
     job.band = band
     return job
+
+
+def two_starts_a_second(h: TierHeadroom, tier: str = "interactive", band: int = 0) -> None:
+    """Ten jobs of ``tier`` start at 0, 0.5, ... 4.5 s: 2 starts per second over a 5 s window."""
+    for i in range(10):
+        done = _job(tier, band=band)
+        h.started(done, i * 0.5)
+        h.first_token(done, i * 0.5)
+
+
+def saturable(**pool: Any) -> tuple[AdmissionController, ManualClock, EngineSaturation]:
+    """A controller over one engine ``e`` whose saturation rule lets the engine queue
+    nothing (``max_waiting: 0``)."""
+    cfg = policy(**pool)
+    cfg["saturation"] = {"max_waiting": 0}
+    ctl, clock = controller(cfg)
+    sat = ctl.saturation("default")
+    assert sat is not None
+    sat.set_engines(["e"])
+    return ctl, clock, sat
 
 
 def feed(limit: TpotLimit, n: int, tpot: float, count: int, now: float, out: int = 11) -> float:
@@ -136,10 +158,7 @@ def test_the_objective_is_the_tightest_among_the_tiers_running() -> None:
 def test_headroom_lets_a_job_start_when_the_engines_start_it_in_time() -> None:
     h = TierHeadroom({"interactive": 1.0, "batch": None}, ordered=True, share=0.5, window_s=5.0)
     assert not h.allows_dispatch(_job("interactive"), 0.0)  # no start rate measured yet
-    for i in range(10):  # 10 first tokens in 5 s: 2 starts per second
-        done = _job("batch", band=2)
-        h.started(done, i * 0.5)
-        h.first_token(done, i * 0.5)
+    two_starts_a_second(h, "batch", band=2)
     now = 4.5
     fresh = _job("interactive", band=0)
     fresh.arrival = now
@@ -156,10 +175,7 @@ def test_headroom_lets_a_job_start_when_the_engines_start_it_in_time() -> None:
 
 def test_headroom_corrects_a_prediction_that_proves_optimistic() -> None:
     h = TierHeadroom({"interactive": 1.0}, ordered=True, share=1.0, window_s=5.0)
-    for i in range(10):  # 2 starts per second: a lone job is predicted to start in 0.5 s
-        j = _job("interactive", band=0)
-        h.started(j, i * 0.5)
-        h.first_token(j, i * 0.5)
+    two_starts_a_second(h)  # a lone job is predicted to start in 0.5 s
     now = 4.5
     for _ in range(20):  # each one let through starts in 2 s, four times the prediction
         job = _job("interactive", band=0)
@@ -202,12 +218,7 @@ def test_the_controller_passes_the_top_tier_past_a_saturated_pool() -> None:
     start rate brings it in within its TTFT; with the headroom off it is held too."""
     for mode, passes in (("slo", True), ("fixed", False)):
         extra = {"max_in_flight": 64} if mode == "fixed" else {}
-        cfg = policy(engine_priority=True, limit=mode, **extra)
-        cfg["saturation"] = {"max_waiting": 0}
-        ctl, clock = controller(cfg)
-        sat = ctl.saturation("default")
-        assert sat is not None
-        sat.set_engines(["e"])
+        ctl, clock, sat = saturable(engine_priority=True, limit=mode, **extra)
         for _ in range(8):  # eight jobs start and end in 0.8 s: 8 starts / 5 s window
             j = make_job(tenant="initech", tier="batch")
             assert type(ctl.arrive(j)).__name__ == "Dispatched"  # the pool is empty
@@ -249,10 +260,7 @@ def test_the_top_band_goes_ahead_of_lower_band_work_an_ordered_engine_queues() -
 
 def test_a_top_band_job_that_would_start_late_even_so_stays_in_the_gateway() -> None:
     h = TierHeadroom({"interactive": 1.0}, ordered=True, share=0.5, window_s=5.0)
-    for i in range(10):  # 2 starts per second
-        done = _job("interactive", band=0)
-        h.started(done, i * 0.5)
-        h.first_token(done, i * 0.5)
+    two_starts_a_second(h)
     ahead = [_job("interactive", band=0) for _ in range(2)]
     for j in ahead:
         h.started(j, 4.5)  # two top-band jobs not begun: it would start in 1.5 s
@@ -268,12 +276,8 @@ def test_the_controller_sends_the_top_tier_ahead_of_what_the_engines_queue() -> 
     still goes past a saturated engine whose queue holds batch work, when the engine orders
     its queue by the tier; an FCFS engine's queue holds it."""
     for ordered in (True, False):
-        cfg = policy(engine_priority=ordered)
-        cfg["saturation"] = {"max_waiting": 0}
-        ctl, clock = controller(cfg)
-        sat = ctl.saturation("default")
-        assert sat is not None and sat.headroom is not None
-        sat.set_engines(["e"])
+        ctl, clock, sat = saturable(engine_priority=ordered)
+        assert sat.headroom is not None
         sent = [make_job(tenant="initech", tier="batch") for _ in range(4)]
         for j in sent:
             assert type(ctl.arrive(j)).__name__ == "Dispatched"  # slow start: 1 + max_waiting 0
@@ -317,12 +321,8 @@ def test_late_first_tokens_of_a_higher_tier_cap_the_tiers_below() -> None:
 
 
 def test_headroom_sends_nothing_to_engines_whose_kv_cache_is_full() -> None:
-    cfg = policy(engine_priority=True)
-    cfg["saturation"] = {"max_waiting": 0}
-    ctl, clock = controller(cfg)
-    sat = ctl.saturation("default")
-    assert sat is not None and sat.headroom is not None
-    sat.set_engines(["e"])
+    ctl, clock, sat = saturable(engine_priority=True)
+    assert sat.headroom is not None
     for _ in range(8):
         j = make_job(tenant="initech", tier="batch")
         ctl.arrive(j)

@@ -286,7 +286,7 @@ class EngineSaturation:
             return True
         h = self.headroom
         if h is not None and self._kv_free(now):
-            if job.band == 0 and h.overtakes(job, self._waiting(now), now):
+            if job.band == 0 and h.ordered and h.overtakes(job, self._waiting(now), now):
                 return True
             if h.allows_dispatch(job, now):
                 return True
