@@ -37,7 +37,8 @@ Run: ``.venv/bin/python bench/policy_suite.py`` (``--only NAME`` for one workloa
 ``--config PATH`` to measure another config, ``--seeds N`` to run every workload with N
 seeds: the tenant draws change, the trace window does not, and the lines count all N × 8
 runs; a margin of a few requests that changes sign from seed to seed is noise, one that
-keeps its sign is the policy).  Seconds on 2 cores with the compiled core.
+keeps its sign is the policy; ``--held-out`` for twelve other workloads no setting was
+chosen on: other slices, mixes and overloads, other engines and pool sizes).  Seconds on 2 cores with the compiled core.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ from velvetrope.sim.loop import run_simulation  # noqa: E402
 from velvetrope.sim.metrics import JobRecords  # noqa: E402
 
 ENGINES = 2
+PROFILE = "llama3-8b-a100"
 DRAIN_S = 12.0
 TIGHT_TPOT_S = 0.05
 """The tight SLO set: interactive and standard TPOT at 50 ms (the demo's engines decode at
@@ -89,6 +91,8 @@ class Workload:
     mix: str = MIX_DEFAULT
     seed: int = 7
     tight_tpot: bool = False
+    profile: str = PROFILE
+    engines: int = ENGINES
 
 
 WORKLOADS: tuple[Workload, ...] = (
@@ -109,6 +113,40 @@ WORKLOADS: tuple[Workload, ...] = (
         tight_tpot=True,
     ),
 )
+MIX_BATCH_HEAVY = "acme:interactive:0.1,globex:standard:0.2,initech:batch:0.7"
+MIX_STANDARD_HEAVY = "acme:interactive:0.1,globex:standard:0.7,initech:batch:0.2"
+MIX_FOUR_TENANTS = (
+    "acme:interactive:0.15,hooli:interactive:0.15,globex:standard:0.3,initech:batch:0.4"
+)
+
+HELD_OUT: tuple[Workload, ...] = (
+    Workload("conv-1.7-late", "azure_conv", 2400, 1.7, seed=41),
+    Workload("code-2.0-batch-heavy", "azure_code", 0, 2.0, 20.0, MIX_BATCH_HEAVY, 43),
+    Workload("conv-4.0", "azure_conv", 1000, 4.0, 15.0, seed=53),
+    Workload("code-1.2-40s", "azure_code", 1200, 1.2, 40.0, seed=59),
+    Workload("conv-2.0-standard-heavy", "azure_conv", 900, 2.0, mix=MIX_STANDARD_HEAVY, seed=61),
+    Workload("conv-2.0-four-tenants", "azure_conv", 1500, 2.0, mix=MIX_FOUR_TENANTS, seed=67),
+    Workload("conv-2.0-70b", "azure_conv", 600, 2.0, seed=71, profile="llama3-70b-4xh100"),
+    Workload("code-1.5-h100", "azure_code", 600, 1.5, 20.0, seed=73, profile="llama3-8b-h100"),
+    Workload(
+        "conv-2.0-vllm-v0", "azure_conv", 1800, 2.0, 20.0, seed=97, profile="llama3-8b-a100-vllm-v0"
+    ),
+    Workload("conv-2.0-four-engines", "azure_conv", 1200, 4.0, 15.0, seed=79, engines=4),
+    Workload("conv-3.0-one-engine", "azure_conv", 2700, 1.5, seed=83, engines=1),
+    Workload(
+        "mooncake-2.5-tight-tpot",
+        "mooncake_conv",
+        300,
+        2.5,
+        mix=MIX_INTERACTIVE,
+        seed=89,
+        tight_tpot=True,
+    ),
+)
+"""Workloads no setting was chosen on: other slices, mixes and overloads, other engines
+(a 70B model on 4×H100, an H100, vLLM's V0 scheduler) and pool sizes (one and four engines;
+the overload is against two engines' capacity, so 4.0 on four engines is 2× and 1.5 on one
+is 3×).  ``--held-out`` runs these instead of :data:`WORKLOADS`."""
 TIERS = ("interactive", "standard", "batch")
 
 
@@ -200,6 +238,7 @@ def run(w: Workload, config: Path) -> dict[str, Run]:
         window_s=w.window_s,
         mix=w.mix,
         seed=w.seed,
+        profile=w.profile,
     )
     requests = build_workload(s).requests
     profile = at_speed(load_profile(s.profile), s.speed)
@@ -220,7 +259,7 @@ def run(w: Workload, config: Path) -> dict[str, Run]:
         res = run_simulation(
             policy,
             requests,
-            ENGINES,
+            w.engines,
             profile,
             router=router,
             seed=w.seed,
@@ -253,11 +292,17 @@ def main() -> None:
         help="run each workload with this many seeds (its own, then +101, +202, ...): "
         "tenant draws and arrival order change, the trace window does not",
     )
+    ap.add_argument(
+        "--held-out",
+        action="store_true",
+        help="run the held-out workloads (other slices, mixes, engines, pool sizes) instead",
+    )
     args = ap.parse_args()
+    workloads = HELD_OUT if args.held_out else WORKLOADS
     chosen = [
         replace(w, name=f"{w.name}@{w.seed + 101 * i}" if i else w.name, seed=w.seed + 101 * i)
         for i in range(max(1, args.seeds))
-        for w in WORKLOADS
+        for w in workloads
         if not args.only or w.name in args.only
     ]
     at_or_above = pairs = 0
@@ -269,7 +314,12 @@ def main() -> None:
     for w in chosen:
         runs = run(w, args.config)
         g, p = runs["gateway"].result, runs["prio"].result
-        print(f"{w.name}  ({w.trace} from {w.start_s:g} s, {w.overload:g}×, {w.window_s:g} s)")
+        where = (
+            "" if (w.profile, w.engines) == (PROFILE, ENGINES) else (f", {w.engines} × {w.profile}")
+        )
+        print(
+            f"{w.name}  ({w.trace} from {w.start_s:g} s, {w.overload:g}×, {w.window_s:g} s{where})"
+        )
         for key in ("fcfs", "prio", "gateway"):
             r = runs[key]
             x = r.result

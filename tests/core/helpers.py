@@ -7,6 +7,7 @@ from typing import Any
 
 from velvetrope.clock import ManualClock
 from velvetrope.core import AdmissionController, Decision, Job, Outcome, PolicyConfig
+from velvetrope.core.tpot_limit import TpotLimit
 from velvetrope.store.memory import MemoryStore
 
 _ids = itertools.count()
@@ -112,3 +113,35 @@ def arrive(ctl: AdmissionController, job: Job) -> Decision:
     """``job`` arrives in the gateway's order: its claims reserved in the store, then the
     controller's decision on that reservation."""
     return store_of(ctl).arrive(ctl, job)
+
+
+def decode_one(
+    limit: TpotLimit,
+    in_flight: int,
+    tpot: float,
+    out: int,
+    now: float,
+    prompts_meanwhile: int = 0,
+    prompt_tokens: int = 2000,
+) -> float:
+    """One interactive job decodes ``out`` tokens at ``tpot`` through ``limit``'s events while
+    the pool holds ``in_flight`` jobs (``in_flight - 1`` batch jobs held open around it) and
+    ``prompts_meanwhile`` prompts of ``prompt_tokens`` reach their first token during its
+    decode; returns the time it ends."""
+    others = [make_job(tier="batch") for _ in range(in_flight - 1)]
+    for o in others:
+        limit.started(o, now)
+    job = make_job(tier="interactive")
+    limit.started(job, now)
+    job.first_token_at = now
+    limit.first_token(job, now)
+    for _ in range(prompts_meanwhile):
+        burst = make_job(tier="batch", prompt=prompt_tokens)
+        limit.started(burst, now)
+        limit.first_token(burst, now)
+        limit.ended(burst, now, 1, False)  # one token: no sample
+    now += tpot * (out - 1)
+    limit.ended(job, now, out, True)
+    for o in others:
+        limit.ended(o, now, 1, False)
+    return now

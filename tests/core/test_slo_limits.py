@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from tests.core.helpers import controller, make_job
+from tests.core.helpers import controller, decode_one, make_job
 from velvetrope.clock import ManualClock
 from velvetrope.core import AdmissionController, EngineReading, PolicyConfig, Rejected, Usage
 from velvetrope.core.headroom import LowerTierCeiling, TierHeadroom
@@ -72,19 +72,9 @@ def saturable(**pool: Any) -> tuple[AdmissionController, ManualClock, EngineSatu
 
 def feed(limit: TpotLimit, n: int, tpot: float, count: int, now: float, out: int = 11) -> float:
     """``count`` jobs of tier interactive decoding ``out`` tokens each at ``tpot`` while the
-    pool holds ``n`` per engine (``n - 1`` others are held open around them)."""
-    others = [_job("batch") for _ in range(n - 1)]
-    for o in others:
-        limit.started(o, now)
+    pool holds ``n`` per engine, one after another."""
     for _ in range(count):
-        job = _job("interactive")
-        limit.started(job, now)
-        job.first_token_at = now
-        limit.first_token(job, now)
-        now += tpot * (out - 1)
-        limit.ended(job, now, out, True)
-    for o in others:
-        limit.ended(o, now, 1, False)
+        now = decode_one(limit, n, tpot, out, now)
     return now
 
 
@@ -95,10 +85,10 @@ def test_the_tpot_limit_recovers_the_line_and_holds_the_batch_at_the_objective()
         now = feed(limit, n, 0.010 + 0.0005 * n, 5, now)
     fit = limit.fit()
     assert fit is not None
-    a, b, sd = fit
-    assert a == pytest.approx(0.010, rel=1e-3)
-    assert b == pytest.approx(0.0005, rel=1e-3)
-    assert sd == pytest.approx(0.0, abs=1e-4)
+    assert fit.base_s == pytest.approx(0.010, rel=1e-3)
+    assert fit.per_seq_s == pytest.approx(0.0005, rel=1e-3)
+    assert fit.sd_s == pytest.approx(0.0, abs=1e-4)
+    assert fit.per_prefill_token_s == 0.0  # no prompt began while one decoded
     # (50 ms - 10 ms) / 0.5 ms = 80 per engine; the job's own tier names the objective
     assert limit.per_engine("interactive") == pytest.approx(80.0, rel=1e-3)
     job = _job("interactive")
@@ -117,7 +107,7 @@ def test_the_margin_is_the_measured_spread() -> None:
             now = feed(tight, n, 0.010 + 0.0005 * n + spread, 3, now)
     fit = tight.fit()
     assert fit is not None
-    assert fit[2] == pytest.approx(0.002, rel=0.05)
+    assert fit.sd_s == pytest.approx(0.002, rel=0.05)
     # (50 - 3 × 2 - 10) / 0.5 = 68
     assert tight.per_engine("interactive") == pytest.approx(68.0, rel=0.02)
 

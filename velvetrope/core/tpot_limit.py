@@ -1,25 +1,29 @@
 """An in-flight limit from the tiers' TPOT objectives and the engines' measured decode speed.
 
 A continuously batching engine decodes every running sequence once per step, and a step
-takes longer the more sequences it holds: time per output token grows with the batch.  The
-most a pool may hold in flight, as far as per-token latency goes, is therefore the batch at
-which the measured TPOT reaches the tightest TPOT objective among the requests it runs.
-:class:`TpotLimit` learns that batch from what the gateway sees of every streamed response,
-with no profile of the engine:
+takes longer the more sequences it holds and the more prefill it shares: time per output
+token grows with the batch.  The most a pool may hold in flight, as far as per-token latency
+goes, is therefore the batch at which the measured TPOT reaches the tightest TPOT objective
+among the requests it runs.  :class:`TpotLimit` learns that batch from what the gateway sees
+of every streamed response, with no profile of the engine:
 
-* each completed job with at least two output tokens gives a sample ``(n, tpot)``: its TPOT
-  ``(end − first token) / (output − 1)`` and ``n``, the pool's mean number of jobs in flight
-  per live engine while it decoded (an exact time integral of the in-flight count, kept
-  from the controller's start and end events);
-* an exponentially weighted least-squares line ``tpot ≈ a + b·n`` is fitted to the samples
-  (each sample's weight decays by half every ``half_life`` samples, so the fit follows a
-  change of model, hardware or traffic mix);
-* the limit per engine is ``n* = (τ − z·σ − a) / b``, where ``τ`` is the tightest TPOT
-  objective among the tiers with work in flight and the job's own tier, and ``σ`` the
-  weighted standard deviation of the samples around the line: requests of one batch do
-  not all see the same TPOT (a prefill in the batch slows the steps it shares), so the line
-  is held ``z`` (default 3) of those deviations below the objective, a margin that the
-  measured spread sets, not a constant.
+* each completed job with at least two output tokens gives a sample ``(n, p, tpot)``: its
+  TPOT ``(end − first token) / (output − 1)``; ``n``, the pool's mean number of jobs in
+  flight per live engine while it decoded (an exact time integral of the in-flight count,
+  kept from the controller's start and end events); and ``p``, the prompt tokens the pool's
+  engines prefilled per engine meanwhile (those of the jobs whose first token came in that
+  span, or, for a response not streamed, that were dispatched in it), per decode step of the
+  job;
+* the samples are fitted as ``tpot ≈ a + b·n + c·p`` by weighted least squares
+  (:mod:`velvetrope.core.tpot_fit`): a sample weighs its decode steps, up to 32, and its
+  weight decays by half every ``half_life`` samples, so the fit follows a change of model,
+  hardware or traffic mix;
+* the limit per engine is the largest ``n`` at which the TPOT predicted for it, with the
+  prefill growing with the batch up to the most seen, plus ``z`` (default 3) standard
+  deviations of the samples around the prediction, reaches ``τ``, the tightest TPOT
+  objective among the tiers with work in flight and the job's own tier: requests of one
+  batch do not all see the same TPOT (a prefill in the batch slows the steps it shares), so
+  the margin is the measured spread, not a constant.
 
 The limit binds only when it is known: until ``min_samples`` samples spanning at least
 ``min_spread`` sequences per engine have been seen, or while the fitted slope is not
@@ -38,10 +42,15 @@ from collections.abc import Mapping
 from typing import Final
 
 from velvetrope.core.job import Job
+from velvetrope.core.tpot_fit import TpotFit, TpotSamples
 
 __all__ = ["TpotLimit"]
 
 _INF: Final = math.inf
+_MAX_WEIGHT_STEPS: Final = 32.0
+"""A sample's weight is its decode steps up to this many: a longer decode's TPOT and prefill
+are means over more steps, but steps close together share their batch and prefill, so
+beyond a few dozen more steps say little more."""
 
 
 class TpotLimit:
@@ -53,21 +62,12 @@ class TpotLimit:
         "_fit",
         "_marks",
         "_n",
+        "_prefilled",
+        "_prefills",
         "_running",
-        "_sw",
-        "_swx",
-        "_swxx",
-        "_swxy",
-        "_swy",
-        "_swyy",
-        "_xmax",
-        "_xmin",
-        "decay",
+        "_samples",
         "engines",
         "holds",
-        "min_samples",
-        "min_spread",
-        "samples",
         "tpot",
         "z",
     )
@@ -83,22 +83,25 @@ class TpotLimit:
     ) -> None:
         self.tpot = {k: v for k, v in tpot_by_tier.items() if v is not None}
         self.z = z
-        self.decay = 0.5 ** (1.0 / half_life)
-        self.min_samples = min_samples
-        self.min_spread = min_spread
         self.engines = 1
-        self.samples = 0
         self.holds = 0
         """Dispatches held by this limit (cumulative)."""
         self._n = 0  # jobs in flight in the pool
         self._at = 0.0  # time of the last change of _n
         self._area = 0.0  # integral of _n / engines over time
         self._marks: dict[str, float] = {}  # job id -> _area at its first token
+        self._prefilled = 0.0  # prompt tokens prefilled per engine (cumulative)
+        self._prefills: dict[str, float] = {}  # job id -> _prefilled at its first token
         self._running: dict[str, int] = {}  # tier -> jobs in flight
-        self._sw = self._swx = self._swy = self._swxx = self._swxy = self._swyy = 0.0
-        self._xmin = _INF
-        self._xmax = -_INF
-        self._fit: tuple[float, float, float] | None = None
+        self._samples = TpotSamples(
+            half_life=half_life, min_samples=min_samples, min_spread=min_spread
+        )
+        self._fit: TpotFit | None = None
+
+    @property
+    def samples(self) -> int:
+        """Samples taken (completed streamed responses of two tokens or more)."""
+        return self._samples.count
 
     # -- the in-flight integral --------------------------------------------------------
 
@@ -117,9 +120,12 @@ class TpotLimit:
         fit = self.fit()
         per = self.per_engine()
         return {
-            "tpot_base_s": None if fit is None else fit[0],
-            "tpot_per_seq_s": None if fit is None else fit[1],
-            "tpot_sd_s": None if fit is None else fit[2],
+            "tpot_base_s": None if fit is None else fit.base_s,
+            "tpot_per_seq_s": None if fit is None else fit.per_seq_s,
+            "tpot_per_prefill_token_s": None if fit is None else fit.per_prefill_token_s,
+            "prefill_per_seq": None if fit is None else fit.prefill_per_seq,
+            "prefill_max_per_step": None if fit is None else fit.prefill_max,
+            "tpot_sd_s": None if fit is None else fit.sd_s,
             "per_engine": None if per == _INF else per,
             "target_tpot_s": self.target_s(),
             "samples": self.samples,
@@ -134,15 +140,20 @@ class TpotLimit:
     # -- events ------------------------------------------------------------------------
 
     def started(self, job: Job, now: float) -> None:
-        """``job`` was dispatched from the pool."""
+        """``job`` was dispatched from the pool (a response not streamed counts as
+        prefilled now: no first token will say when)."""
         self._advance(now)
         self._n += 1
         tier = job.tier
         self._running[tier] = self._running.get(tier, 0) + 1
+        if not job.streamed:
+            self._prefilled += job.prompt_tokens / max(1, self.engines)
 
     def first_token(self, job: Job, now: float) -> None:
-        """``job`` produced its first token: its decode starts now."""
+        """``job`` produced its first token: its prompt is prefilled, its decode starts."""
         self._marks[job.id] = self._advance(now)
+        self._prefilled += job.prompt_tokens / max(1, self.engines)
+        self._prefills[job.id] = self._prefilled  # its own prefill came before its decode
 
     def ended(self, job: Job, now: float, output_tokens: int, completed: bool) -> None:
         """``job`` ended; a completed streamed job of two tokens or more is a sample."""
@@ -151,50 +162,28 @@ class TpotLimit:
         tier = job.tier
         self._running[tier] -= 1
         mark = self._marks.pop(job.id, None)
+        prefilled = self._prefills.pop(job.id, None)
         first = job.first_token_at
-        if not completed or mark is None or first is None or output_tokens < 2:
+        if not completed or mark is None or prefilled is None or first is None:
             return
         span = now - first
-        if span <= 0.0:
+        if output_tokens < 2 or span <= 0.0:
             return
-        self._observe((area - mark) / span, span / (output_tokens - 1))
-
-    def _observe(self, x: float, y: float) -> None:
-        d = self.decay
-        self._sw = self._sw * d + 1.0
-        self._swx = self._swx * d + x
-        self._swy = self._swy * d + y
-        self._swxx = self._swxx * d + x * x
-        self._swxy = self._swxy * d + x * y
-        self._swyy = self._swyy * d + y * y
-        self.samples += 1
-        self._xmin = min(self._xmin, x)
-        self._xmax = max(self._xmax, x)
-        self._fit = self._solve()
+        steps = output_tokens - 1
+        self._samples.add(
+            (area - mark) / span,
+            (self._prefilled - prefilled) / steps,
+            span / steps,
+            min(float(steps), _MAX_WEIGHT_STEPS),
+        )
+        self._fit = self._samples.solve()
 
     # -- the rule ----------------------------------------------------------------------
 
-    def fit(self) -> tuple[float, float, float] | None:
-        """``(a, b, σ)``: ``tpot ≈ a + b·n`` (``n`` per engine) and the samples' standard
-        deviation around it; ``None`` while unknown (solved once per sample, not per
-        dispatch)."""
+    def fit(self) -> TpotFit | None:
+        """The fit of the samples (:mod:`velvetrope.core.tpot_fit`); ``None`` while unknown
+        (solved once per sample, not per dispatch)."""
         return self._fit
-
-    def _solve(self) -> tuple[float, float, float] | None:
-        if self.samples < self.min_samples or self._xmax - self._xmin < self.min_spread:
-            return None
-        sw = self._sw
-        mx = self._swx / sw
-        my = self._swy / sw
-        var = self._swxx / sw - mx * mx
-        if var <= 1e-12:
-            return None
-        cov = self._swxy / sw - mx * my
-        b = cov / var
-        if b * (self._xmax - self._xmin) <= 1e-3 * my:  # flat (or falling) over the range
-            return None
-        resid = max(0.0, self._swyy / sw - my * my - b * cov)
-        return my - b * mx, b, math.sqrt(resid)
 
     def target_s(self, tier: str | None = None) -> float | None:
         """The tightest TPOT objective among tiers with work in flight (and ``tier``)."""
@@ -209,11 +198,10 @@ class TpotLimit:
         target = self.target_s(tier)
         if target is None:
             return _INF
-        fit = self.fit()
+        fit = self._fit
         if fit is None:
             return _INF
-        a, b, sd = fit
-        return max(1.0, (target - self.z * sd - a) / b)
+        return fit.per_engine(target, self.z)
 
     def allows_dispatch(self, job: Job, in_flight: int, tokens_in_flight: int, now: float) -> bool:
         """Whether one more job (``job``) keeps the pool within the limit."""

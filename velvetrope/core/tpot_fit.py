@@ -1,0 +1,182 @@
+"""The fit behind the TPOT limit: time per output token against the batch and the prefill
+that shares its steps (:class:`TpotSamples`, :class:`TpotFit`).
+
+A continuously batching engine's step decodes every running sequence once and spends the
+rest of its token budget on prefill chunks, so the time a request waits per output token is
+
+    ``tpot ≈ a + b·n + c·p``
+
+with ``n`` the sequences in flight per engine while it decoded and ``p`` the prompt tokens
+the engine prefilled per decode step meanwhile.  Both are measured per request
+(:mod:`velvetrope.core.tpot_limit`).  Fitting ``tpot`` on ``n`` alone confounds the two:
+a burst of arrivals raises ``n`` and the prefill together, and a line through such samples
+charges each sequence for the prefill, a slope many times the decode's own (seen on
+prefill-heavy traces: a limit of tens per engine where the engines meet the objective at
+hundreds).
+
+What the limit controls is ``n``; the prefill follows it.  In a steady state each request in
+flight was prefilled once, so the prefill per step grows in proportion to the batch,
+``p ≈ r·n`` with ``r = p̄ / n̄`` measured, up to the most the engines have been seen to
+prefill per step (their chunk budget, once they have been saturated with prompts).  The
+TPOT at a batch of ``n`` is then the lesser of two lines:
+
+* proportional: ``a + (b + c·r)·n``, whose samples' spread ``σ_line`` around it includes the
+  prefill's variation around its proportional share;
+* saturated: ``a + b·n + c·p_max``, the prefill at its largest, with the fit's residual
+  spread ``σ``.
+
+:meth:`TpotFit.per_engine` is the largest ``n`` at which one of them, plus ``z`` of its
+spread, is within the objective.  When the two causes cannot be told apart (no spread of
+``p``, ``n`` and ``p`` moving together, a TPOT that falls as the prefill grows, or a
+prefill term too small to matter: less than a tenth of the mean TPOT at the most prefill
+seen, as with short prompts), the fit is the line on ``n`` alone (``c = 0``).  A cost per
+sequence that comes out negative means one of the two is noise: if the prefill alone
+explains more of the TPOT's variance than the batch alone, the decode's own cost is too
+small to measure beside it and the fit is on the prefill with ``b = 0``; else it is the
+line on ``n`` alone.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = ["TpotFit", "TpotSamples"]
+
+_INF: Final = math.inf
+_MAX_CORRELATION_SQ: Final = 0.99
+"""Above this squared correlation of ``n`` and ``p`` the two slopes are not identified."""
+_MIN_PREFILL_SHARE: Final = 0.1
+"""A prefill term that adds less than this share of the mean TPOT at the most prefill seen
+is noise, not a cause (short prompts): the fit is then the line on ``n`` alone."""
+
+
+@dataclass(frozen=True, slots=True)
+class TpotFit:
+    """``tpot ≈ base_s + per_seq_s·n + per_prefill_token_s·p`` and what the limit needs of
+    the samples (module docstring).  ``per_prefill_token_s`` is 0 for the line on ``n``
+    alone, whose ``line_sd_s`` equals ``sd_s``."""
+
+    base_s: float
+    per_seq_s: float
+    sd_s: float
+    per_prefill_token_s: float = 0.0
+    prefill_per_seq: float = 0.0
+    prefill_max: float = 0.0
+    line_sd_s: float = 0.0
+
+    def per_engine(self, target_s: float, z: float) -> float:
+        """The most in flight per engine at which the predicted TPOT plus ``z`` spreads is
+        within ``target_s`` (at least 1; ``inf`` when no batch reaches it)."""
+        c = self.per_prefill_token_s
+        b = self.per_seq_s
+        slope = b + c * self.prefill_per_seq
+        n = (target_s - z * self.line_sd_s - self.base_s) / slope if slope > 0 else _INF
+        if c > 0.0:
+            left = target_s - z * self.sd_s - self.base_s - c * self.prefill_max
+            saturated = left / b if b > 0 else (_INF if left > 0 else -_INF)
+            n = max(n, saturated)
+        return max(1.0, n)
+
+
+class TpotSamples:
+    """Weighted sums of ``(n, p, tpot)`` samples and their least-squares fit.
+
+    Each sample's weight halves every ``half_life`` samples after it.  :meth:`solve` is ``None``
+    until ``min_samples`` samples spanning at least ``min_spread`` in ``n`` are in, or while
+    the TPOT does not grow with ``n`` (by less than 0.1% of its mean over the range seen).
+    """
+
+    __slots__ = (
+        "_decay",
+        "_pmax",
+        "_s",
+        "_sp",
+        "_spp",
+        "_spy",
+        "_sx",
+        "_sxp",
+        "_sxx",
+        "_sxy",
+        "_sy",
+        "_syy",
+        "count",
+        "min_samples",
+        "min_spread",
+        "xmax",
+        "xmin",
+    )
+
+    def __init__(self, *, half_life: float, min_samples: int, min_spread: float) -> None:
+        self._decay = 0.5 ** (1.0 / half_life)
+        self.min_samples = min_samples
+        self.min_spread = min_spread
+        self.count = 0
+        self.xmin = _INF
+        self.xmax = -_INF
+        self._pmax = 0.0
+        self._s = self._sx = self._sp = self._sy = 0.0
+        self._sxx = self._sxp = self._spp = self._sxy = self._spy = self._syy = 0.0
+
+    def add(self, x: float, p: float, y: float, w: float = 1.0) -> None:
+        """One sample of weight ``w``: ``x`` in flight per engine, ``p`` prefill tokens per
+        step, TPOT ``y``."""
+        d = self._decay
+        self._s = self._s * d + w
+        self._sx = self._sx * d + w * x
+        self._sp = self._sp * d + w * p
+        self._sy = self._sy * d + w * y
+        self._sxx = self._sxx * d + w * x * x
+        self._sxp = self._sxp * d + w * x * p
+        self._spp = self._spp * d + w * p * p
+        self._sxy = self._sxy * d + w * x * y
+        self._spy = self._spy * d + w * p * y
+        self._syy = self._syy * d + w * y * y
+        self.count += 1
+        self.xmin = min(self.xmin, x)
+        self.xmax = max(self.xmax, x)
+        self._pmax = max(self._pmax, p)
+
+    def solve(self) -> TpotFit | None:
+        """The fit of the samples so far (module docstring), or ``None`` while unknown."""
+        if self.count < self.min_samples or self.xmax - self.xmin < self.min_spread:
+            return None
+        s = self._s
+        mx, mp, my = self._sx / s, self._sp / s, self._sy / s
+        vxx = self._sxx / s - mx * mx
+        if vxx <= 1e-12:
+            return None
+        vpp = self._spp / s - mp * mp
+        cxp = self._sxp / s - mx * mp
+        cxy = self._sxy / s - mx * my
+        cpy = self._spy / s - mp * my
+        vyy = self._syy / s - my * my
+        flat = 1e-3 * my
+        det = vxx * vpp - cxp * cxp
+        if vpp > 1e-12 and det > (1.0 - _MAX_CORRELATION_SQ) * vxx * vpp and mx > 0.0:
+            b = (vpp * cxy - cxp * cpy) / det
+            c = (vxx * cpy - cxp * cxy) / det
+            if b < 0.0 and c > 0.0:
+                # one of the two causes is noise: keep the one that explains more alone
+                # (the prefill: b = 0, the decode's own cost too small to measure)
+                b, c = (0.0, cpy / vpp) if cpy * cpy * vxx > cxy * cxy * vpp else (0.0, 0.0)
+            if c > 0.0 and c * self._pmax >= _MIN_PREFILL_SHARE * my:
+                r = mp / mx
+                slope = b + c * r
+                if slope * (self.xmax - self.xmin) <= flat:
+                    return None
+                return TpotFit(
+                    base_s=my - b * mx - c * mp,
+                    per_seq_s=b,
+                    sd_s=math.sqrt(max(0.0, vyy - b * cxy - c * cpy)),
+                    per_prefill_token_s=c,
+                    prefill_per_seq=r,
+                    prefill_max=self._pmax,
+                    line_sd_s=math.sqrt(max(0.0, vyy - 2.0 * slope * cxy + slope * slope * vxx)),
+                )
+        b = cxy / vxx
+        if b * (self.xmax - self.xmin) <= flat:  # flat (or falling) over the range
+            return None
+        sd = math.sqrt(max(0.0, vyy - b * cxy))
+        return TpotFit(base_s=my - b * mx, per_seq_s=b, sd_s=sd, line_sd_s=sd)
