@@ -38,7 +38,8 @@ Run: ``.venv/bin/python bench/policy_suite.py`` (``--only NAME`` for one workloa
 seeds: the tenant draws change, the trace window does not, and the lines count all N × 8
 runs; a margin of a few requests that changes sign from seed to seed is noise, one that
 keeps its sign is the policy; ``--held-out`` for twelve other workloads no setting was
-chosen on: other slices, mixes and overloads, other engines and pool sizes).  Seconds on 2 cores with the compiled core.
+chosen on: other slices, mixes and overloads, other engines and pool sizes).  Seconds on 2
+cores with the compiled core.
 """
 
 from __future__ import annotations

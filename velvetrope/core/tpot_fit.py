@@ -30,10 +30,10 @@ spread, is within the objective.  When the two causes cannot be told apart (no s
 ``p``, ``n`` and ``p`` moving together, a TPOT that falls as the prefill grows, or a
 prefill term too small to matter: less than a tenth of the mean TPOT at the most prefill
 seen, as with short prompts), the fit is the line on ``n`` alone (``c = 0``).  A cost per
-sequence that comes out negative means one of the two is noise: if the prefill alone
-explains more of the TPOT's variance than the batch alone, the decode's own cost is too
-small to measure beside it and the fit is on the prefill with ``b = 0``; else it is the
-line on ``n`` alone.
+sequence that comes out negative (with the prefill's positive, it does only when the
+prefill alone explains more of the TPOT than the batch alone) means the decode's own cost is
+too small to measure beside the prefill's: the fit is then on the prefill with ``b = 0``,
+the least-squares fit under ``b ≥ 0``.
 """
 
 from __future__ import annotations
@@ -157,10 +157,8 @@ class TpotSamples:
         if vpp > 1e-12 and det > (1.0 - _MAX_CORRELATION_SQ) * vxx * vpp and mx > 0.0:
             b = (vpp * cxy - cxp * cpy) / det
             c = (vxx * cpy - cxp * cxy) / det
-            if b < 0.0 and c > 0.0:
-                # one of the two causes is noise: keep the one that explains more alone
-                # (the prefill: b = 0, the decode's own cost too small to measure)
-                b, c = (0.0, cpy / vpp) if cpy * cpy * vxx > cxy * cxy * vpp else (0.0, 0.0)
+            if b < 0.0 and c > 0.0:  # no cost per sequence measurable: the fit with b = 0
+                b, c = 0.0, cpy / vpp
             if c > 0.0 and c * self._pmax >= _MIN_PREFILL_SHARE * my:
                 r = mp / mx
                 slope = b + c * r
