@@ -10,7 +10,8 @@
   the batch request the engine queues, or, when what it queues is interactive too, because
   the engine starts it within its TTFT; with ``limit: fixed`` it waits in the gateway's
   queue like the batch request.
-* The TPOT limit learns ``tpot ≈ a + b·n`` from the relayed streams and reports it.
+* The TPOT limit learns ``tpot ≈ a + b·n + c·p`` from the relayed streams and reports it,
+  with long prompts prefilled while short answers decode charged to the prefill.
 
 Tests wait on ``/admin/status``, never a fixed time.
 """
@@ -254,3 +255,62 @@ def test_the_tpot_limit_learns_the_engines_decode_from_the_streams(tmp_path: Pat
     assert tl["tpot_per_prefill_token_s"] is not None and tl["tpot_per_prefill_token_s"] >= 0
     assert tl["tpot_per_seq_s"] > 0 or tl["tpot_per_prefill_token_s"] > 0, repr(tl)
     assert 0 < tl["tpot_base_s"] < 0.5, tl
+
+
+def test_the_tpot_limit_tells_long_prompts_prefill_from_the_batch(tmp_path: Path) -> None:
+    """Short answers decode while long prompts are prefilled in the same steps: the fit
+    charges the slowdown to the prefill (per prompt token), measured from the relayed
+    streams' first tokens, not to the batch."""
+    eng = start_engine(3.0, "--set", "max_num_seqs=64")  # a prefill chunk costs a few ms
+    cfg = gateway_config(
+        [eng.url],
+        tiers=TIERS,
+        pools=[{"name": "default", "slo_limit": {"min_samples": 20}}],
+    )
+    gw = start_gateway(tmp_path, cfg)
+    client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="sk-gold-0000", max_retries=0)
+    long_prompt = "lorem ipsum dolor sit amet " * 300  # ~1,500 tokens
+
+    async def one(prompt: str, max_tokens: int, delay_s: float = 0.0) -> None:
+        await asyncio.sleep(delay_s)
+        stream = await client.completions.create(
+            model="velvetrope-sim",
+            prompt=prompt,
+            max_tokens=max_tokens,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        async for _ in stream:
+            pass
+
+    def learned(s: dict[str, Any]) -> bool:
+        tl = s["pools"]["default"]["tpot_limit"]
+        return bool(tl["samples"] >= 20 and (tl["tpot_per_prefill_token_s"] or 0.0) > 0.0)
+
+    async def wave(width: int, prompts: int) -> None:
+        """``width`` short prompts decode 60 tokens; ``prompts`` long ones arrive meanwhile."""
+        short = [one("hi", 60) for _ in range(width)]
+        longs = [one(long_prompt, 2, 0.02 * (i + 1)) for i in range(prompts)]
+        await asyncio.gather(*short, *longs)
+
+    async def go() -> dict[str, Any]:
+        async with client, httpx.AsyncClient(timeout=30) as c:
+            st: dict[str, Any] = {}
+            for _ in range(4):  # a busy machine's noisy TPOTs: more waves, a bounded number
+                for width, prompts in ((4, 0), (16, 0), (4, 8), (16, 8), (8, 16)):
+                    await wave(width, prompts)
+                st = await status_until(c, gw.url, learned, timeout_s=5.0)
+                if learned(st):
+                    break
+            return st
+
+    try:
+        st = asyncio.run(go())
+    finally:
+        gw.stop()
+        eng.stop()
+    tl = st["pools"]["default"]["tpot_limit"]
+    assert tl["samples"] >= 20, tl
+    assert tl["tpot_per_prefill_token_s"] > 0, repr(tl)
+    assert tl["prefill_max_per_step"] > 50, repr(tl)  # long prompts counted while one decoded
+    assert tl["tpot_per_seq_s"] >= 0 and tl["prefill_per_seq"] > 0, repr(tl)
