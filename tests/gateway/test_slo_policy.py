@@ -19,6 +19,7 @@ Tests wait on ``/admin/status``, never a fixed time.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -202,8 +203,20 @@ def test_the_top_tier_passes_behind_its_own_queued_requests_when_they_start_in_t
     assert slo["pools"]["default"]["headroom_overtakes"] == 0, slo["pools"]
 
 
-def test_the_tpot_limit_learns_the_engines_decode_from_the_streams(tmp_path: Path) -> None:
-    eng = start_engine(10.0, "--set", "max_num_seqs=64")  # TPOTs well above timer noise
+Stream = Callable[[str, int, float], Awaitable[None]]
+
+
+def _learn_tpot(
+    tmp_path: Path,
+    speed: float,
+    round_of_waves: Callable[[Stream], Awaitable[None]],
+    learned: Callable[[dict[str, Any]], bool],
+) -> dict[str, Any]:
+    """A gateway (``min_samples: 20``) in front of one ``velvetrope engine`` at ``speed``
+    (64 seats): rounds of streamed waves (``round_of_waves``, given a function that streams
+    one request of a prompt and ``max_tokens`` after a delay) until the TPOT limit's status
+    is ``learned``, four rounds at most (a busy machine's TPOTs are noisy); returns it."""
+    eng = start_engine(speed, "--set", "max_num_seqs=64")
     cfg = gateway_config(
         [eng.url],
         tiers=TIERS,
@@ -212,32 +225,29 @@ def test_the_tpot_limit_learns_the_engines_decode_from_the_streams(tmp_path: Pat
     gw = start_gateway(tmp_path, cfg)
     client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="sk-gold-0000", max_retries=0)
 
-    async def one() -> None:
+    async def one(prompt: str, max_tokens: int, delay_s: float) -> None:
+        await asyncio.sleep(delay_s)
         stream = await client.completions.create(
             model="velvetrope-sim",
-            prompt="hi",
-            max_tokens=40,
+            prompt=prompt,
+            max_tokens=max_tokens,
             stream=True,
             extra_body={"ignore_eos": True},
         )
         async for _ in stream:
             pass
 
-    def fitted(s: dict[str, Any]) -> bool:
-        tl = s["pools"]["default"]["tpot_limit"]
-        return bool(tl["samples"] >= 20 and tl["tpot_per_seq_s"] is not None)
+    def done(s: dict[str, Any]) -> bool:
+        return learned(s["pools"]["default"]["tpot_limit"])
 
     async def go() -> dict[str, Any]:
         async with client, httpx.AsyncClient(timeout=30) as c:
-            for width in (1, 4, 16, 32):  # waves of growing concurrency: a spread of n
-                await asyncio.gather(*(one() for _ in range(max(8, width))))
-            st = await status_until(c, gw.url, fitted, timeout_s=5.0)
-            for _ in range(4):  # a busy machine's noisy TPOTs: more waves, a bounded number
-                if fitted(st):
+            st: dict[str, Any] = {}
+            for _ in range(4):
+                await round_of_waves(one)
+                st = await status_until(c, gw.url, done, timeout_s=5.0)
+                if done(st):
                     break
-                for width in (4, 32):
-                    await asyncio.gather(*(one() for _ in range(width)))
-                st = await status_until(c, gw.url, fitted, timeout_s=5.0)
             return st
 
     try:
@@ -245,7 +255,18 @@ def test_the_tpot_limit_learns_the_engines_decode_from_the_streams(tmp_path: Pat
     finally:
         gw.stop()
         eng.stop()
-    tl = st["pools"]["default"]["tpot_limit"]
+    tl: dict[str, Any] = st["pools"]["default"]["tpot_limit"]
+    return tl
+
+
+def test_the_tpot_limit_learns_the_engines_decode_from_the_streams(tmp_path: Path) -> None:
+    async def waves(one: Stream) -> None:
+        for width in (1, 4, 16, 32):  # waves of growing concurrency: a spread of n
+            await asyncio.gather(*(one("hi", 40, 0.0) for _ in range(max(8, width))))
+
+    tl = _learn_tpot(  # at 10× speed: TPOTs well above timer noise
+        tmp_path, 10.0, waves, lambda t: t["samples"] >= 20 and t["tpot_per_seq_s"] is not None
+    )
     assert tl["samples"] >= 20, tl
     assert tl["target_tpot_s"] is None  # nothing in flight now: no tier's objective applies
     # what slows a step here: the batch, and each new request's prefill and arrival (two
@@ -261,55 +282,21 @@ def test_the_tpot_limit_tells_long_prompts_prefill_from_the_batch(tmp_path: Path
     """Short answers decode while long prompts are prefilled in the same steps: the fit
     charges the slowdown to the prefill (per prompt token), measured from the relayed
     streams' first tokens, not to the batch."""
-    eng = start_engine(3.0, "--set", "max_num_seqs=64")  # a prefill chunk costs a few ms
-    cfg = gateway_config(
-        [eng.url],
-        tiers=TIERS,
-        pools=[{"name": "default", "slo_limit": {"min_samples": 20}}],
-    )
-    gw = start_gateway(tmp_path, cfg)
-    client = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key="sk-gold-0000", max_retries=0)
     long_prompt = "lorem ipsum dolor sit amet " * 300  # ~1,500 tokens
 
-    async def one(prompt: str, max_tokens: int, delay_s: float = 0.0) -> None:
-        await asyncio.sleep(delay_s)
-        stream = await client.completions.create(
-            model="velvetrope-sim",
-            prompt=prompt,
-            max_tokens=max_tokens,
-            stream=True,
-            extra_body={"ignore_eos": True},
-        )
-        async for _ in stream:
-            pass
+    async def waves(one: Stream) -> None:
+        # width short prompts decode 60 tokens; prompts long ones arrive meanwhile
+        for width, prompts in ((4, 0), (16, 0), (4, 8), (16, 8), (8, 16)):
+            short = [one("hi", 60, 0.0) for _ in range(width)]
+            longs = [one(long_prompt, 2, 0.02 * (i + 1)) for i in range(prompts)]
+            await asyncio.gather(*short, *longs)
 
-    def learned(s: dict[str, Any]) -> bool:
-        tl = s["pools"]["default"]["tpot_limit"]
-        return bool(tl["samples"] >= 20 and (tl["tpot_per_prefill_token_s"] or 0.0) > 0.0)
-
-    async def wave(width: int, prompts: int) -> None:
-        """``width`` short prompts decode 60 tokens; ``prompts`` long ones arrive meanwhile."""
-        short = [one("hi", 60) for _ in range(width)]
-        longs = [one(long_prompt, 2, 0.02 * (i + 1)) for i in range(prompts)]
-        await asyncio.gather(*short, *longs)
-
-    async def go() -> dict[str, Any]:
-        async with client, httpx.AsyncClient(timeout=30) as c:
-            st: dict[str, Any] = {}
-            for _ in range(4):  # a busy machine's noisy TPOTs: more waves, a bounded number
-                for width, prompts in ((4, 0), (16, 0), (4, 8), (16, 8), (8, 16)):
-                    await wave(width, prompts)
-                st = await status_until(c, gw.url, learned, timeout_s=5.0)
-                if learned(st):
-                    break
-            return st
-
-    try:
-        st = asyncio.run(go())
-    finally:
-        gw.stop()
-        eng.stop()
-    tl = st["pools"]["default"]["tpot_limit"]
+    tl = _learn_tpot(  # at 3× speed a prefill chunk costs a few ms
+        tmp_path,
+        3.0,
+        waves,
+        lambda t: t["samples"] >= 20 and (t["tpot_per_prefill_token_s"] or 0.0) > 0.0,
+    )
     assert tl["samples"] >= 20, tl
     assert tl["tpot_per_prefill_token_s"] > 0, repr(tl)
     assert tl["prefill_max_per_step"] > 50, repr(tl)  # long prompts counted while one decoded
