@@ -84,6 +84,7 @@ class TpotLimit:
         self.tpot = {k: v for k, v in tpot_by_tier.items() if v is not None}
         self.z = z
         self.engines = 1
+        """Live engines in the pool, at least 1 (:meth:`engines_changed`)."""
         self.holds = 0
         """Dispatches held by this limit (cumulative)."""
         self._n = 0  # jobs in flight in the pool
@@ -107,7 +108,7 @@ class TpotLimit:
 
     def _advance(self, now: float) -> float:
         if now > self._at:
-            self._area += (now - self._at) * self._n / max(1, self.engines)
+            self._area += (now - self._at) * self._n / self.engines
             self._at = now
         return self._area
 
@@ -147,12 +148,12 @@ class TpotLimit:
         tier = job.tier
         self._running[tier] = self._running.get(tier, 0) + 1
         if not job.streamed:
-            self._prefilled += job.prompt_tokens / max(1, self.engines)
+            self._prefilled += job.prompt_tokens / self.engines
 
     def first_token(self, job: Job, now: float) -> None:
         """``job`` produced its first token: its prompt is prefilled, its decode starts."""
         self._marks[job.id] = self._advance(now)
-        self._prefilled += job.prompt_tokens / max(1, self.engines)
+        self._prefilled += job.prompt_tokens / self.engines
         self._prefills[job.id] = self._prefilled  # its own prefill came before its decode
 
     def ended(self, job: Job, now: float, output_tokens: int, completed: bool) -> None:
