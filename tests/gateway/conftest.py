@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from tests.support.prometheus import metric_sum
@@ -144,6 +145,20 @@ async def status_until(
         if ok(st) or time.monotonic() >= deadline:
             return st
         await asyncio.sleep(0.02)
+
+
+async def stream_to_end(client: openai.AsyncOpenAI, prompt: str, max_tokens: int) -> None:
+    """Stream one completion of ``prompt`` (``max_tokens`` tokens, no early stop) from
+    ``velvetrope engine``'s model through ``client`` and read it to its end."""
+    stream = await client.completions.create(
+        model="velvetrope-sim",
+        prompt=prompt,
+        max_tokens=max_tokens,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    async for _ in stream:
+        pass
 
 
 def wait_idle(gw: str, timeout_s: float = 20.0) -> dict[str, Any]:

@@ -45,8 +45,11 @@ def _setup(
 
 
 def _ordered(ctl: AdmissionController) -> bool:
+    """Whether the headroom rule counts on the engines' order; the prefill backlog the
+    replica choice reads always agrees."""
     rule = ctl.saturation("default")
-    assert rule is not None and rule.headroom is not None
+    assert rule is not None and rule.headroom is not None and rule.backlog is not None
+    assert rule.backlog.ordered == rule.headroom.ordered
     return rule.headroom.ordered
 
 

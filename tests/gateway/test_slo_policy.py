@@ -27,7 +27,7 @@ import httpx
 import openai
 import pytest
 
-from .conftest import gateway_config, start_engine, start_gateway, status_until
+from .conftest import gateway_config, start_engine, start_gateway, status_until, stream_to_end
 
 pytestmark = pytest.mark.integration
 
@@ -227,15 +227,7 @@ def _learn_tpot(
 
     async def one(prompt: str, max_tokens: int, delay_s: float) -> None:
         await asyncio.sleep(delay_s)
-        stream = await client.completions.create(
-            model="velvetrope-sim",
-            prompt=prompt,
-            max_tokens=max_tokens,
-            stream=True,
-            extra_body={"ignore_eos": True},
-        )
-        async for _ in stream:
-            pass
+        await stream_to_end(client, prompt, max_tokens)
 
     def done(s: dict[str, Any]) -> bool:
         return learned(s["pools"]["default"]["tpot_limit"])

@@ -438,13 +438,16 @@ class AdmissionController(JobSizing):
         """Whether ``pool``'s engines order their own waiting queues by the priority the
         pool forwards (``engine_priority``; :mod:`.engine_priority`).  The driver learns
         it from the engines: one that refuses the field, or runs FCFS, does not.  The
-        headroom rule counts on that order only while it holds (and only in a pool that
-        forwards the priority)."""
+        headroom rule and the prefill backlog the replica choice reads count on that order
+        only while it holds (and only in a pool that forwards the priority)."""
         sat = self._saturation.get(pool)
-        if sat is None or sat.headroom is None:
+        if sat is None:
             return
         forwards = any(p.engine_priority for p in self.config.pools if p.name == pool)
-        sat.headroom.ordered = ordered and forwards
+        if sat.headroom is not None:
+            sat.headroom.ordered = ordered and forwards
+        if sat.backlog is not None:
+            sat.backlog.ordered = ordered and forwards
 
     def pool_limit(self, pool: str) -> AdaptiveLimit | None:
         """The adaptive in-flight limit of ``pool`` (``None`` with a fixed ``max_in_flight``)."""

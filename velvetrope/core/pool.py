@@ -16,6 +16,7 @@ from velvetrope.core.limit import AdaptiveLimit
 from velvetrope.core.policy import PolicyConfig
 from velvetrope.core.pool_policy import PoolPolicy
 from velvetrope.core.preemption import Preemption
+from velvetrope.core.prefill_backlog import PrefillBacklog
 from velvetrope.core.saturation import EngineSaturation
 from velvetrope.core.scheduler import Scheduler
 from velvetrope.core.tpot_limit import TpotLimit
@@ -89,6 +90,9 @@ class Pool:
             rule = self.saturation = EngineSaturation.from_policy(p.name, config.saturation)
             self.capacity.signals.append(rule)
             self.capacity.trackers.append(rule)
+            rule.backlog = PrefillBacklog(
+                ordered=p.engine_priority, timed=(t for t, v in ttft.items() if v is not None)
+            )
             if mode == "slo":
                 rule.headroom = TierHeadroom(
                     ttft,

@@ -31,8 +31,10 @@ Degradation is decided before the job's bucket claims are computed, so the bucke
 (and later settle) what the degraded job will use.
 
 **Replica** (:func:`least_loaded`).  Inside a pool the job goes to the eligible replica
-with the fewest jobs outstanding (dispatched to it and not finished); ties go to the first in
-order from ``start``.  The gateway rotates ``start`` so that ties spread; the simulator
+with the least prefill ahead of its first token (when the pool's saturation rule keeps the
+engines' prefill backlog: :mod:`velvetrope.core.prefill_backlog`), then with the fewest
+jobs outstanding (dispatched to it and not finished); ties go to the first in order from
+``start``.  The gateway rotates ``start`` so that ties spread; the simulator
 passes 0 (the lowest-numbered replica), which keeps its runs a pure function of its inputs.
 """
 
@@ -161,22 +163,30 @@ def least_loaded(
     loads: Sequence[int],
     start: int = 0,
     eligible: Callable[[int], bool] | None = None,
+    ahead: Sequence[int] | None = None,
 ) -> int:
     """Index of the eligible replica with the fewest outstanding jobs in ``loads``, or -1.
 
-    Replicas are scanned cyclically from ``start``; the first with the smallest load wins,
-    so ties go to the first in that order.  ``eligible(i)`` (default: all) excludes
-    replicas that may not take work (unhealthy, breaker open).
+    With ``ahead`` (per replica, the prompt tokens it prefills before the job's first
+    token: :meth:`~velvetrope.core.saturation.EngineSaturation.prefill_ahead`), the fewest
+    of those wins first and the load breaks ties: a top-tier burst of long prompts spreads
+    over the replicas instead of queueing behind itself on the one that happens to hold
+    fewer requests.  Replicas are scanned cyclically from ``start``; the first with the
+    smallest key wins, so ties go to the first in that order.  ``eligible(i)`` (default:
+    all) excludes replicas that may not take work (unhealthy, breaker open).
     """
     n = len(loads)
     best = -1
     best_load = 0
+    best_ahead = 0
     for j in range(n):
         i = (start + j) % n if start else j
         if eligible is not None and not eligible(i):
             continue
         load = loads[i]
-        if best < 0 or load < best_load:
+        first = 0 if ahead is None else ahead[i]
+        if best < 0 or first < best_ahead or (first == best_ahead and load < best_load):
             best = i
             best_load = load
+            best_ahead = first
     return best

@@ -47,8 +47,11 @@ its KV cache.  The pool allows a dispatch while ``Σ_e max(0, room_e) − pendin
   × live engines decides).
 
 :meth:`EngineSaturation.engine_room` is one engine's room, so that the replica choice can
-prefer engines with room (:meth:`EngineSaturation.has_room`); :meth:`EngineSaturation.state`
-says which of the cases above holds (``on``, ``stale``, ``blind``).
+prefer engines with room (:meth:`EngineSaturation.has_room`), and among those the one with
+the least prefill ahead of the job (:meth:`EngineSaturation.prefill_ahead`, kept by the
+rule's :attr:`~EngineSaturation.backlog` from the same events:
+:mod:`velvetrope.core.prefill_backlog`); :meth:`EngineSaturation.state` says which of the
+cases above holds (``on``, ``stale``, ``blind``).
 
 **Accounting, per job.**  :meth:`~EngineSaturation.started` (every dispatch from the pool)
 counts a job as pending; :meth:`~EngineSaturation.sent` moves it to the engine that took it
@@ -69,6 +72,7 @@ from typing import Any, Final
 from velvetrope.core.headroom import TierHeadroom
 from velvetrope.core.job import Job
 from velvetrope.core.policy import SaturationPolicy
+from velvetrope.core.prefill_backlog import PrefillBacklog
 
 __all__ = ["EngineReading", "EngineSaturation"]
 
@@ -125,6 +129,9 @@ class EngineSaturation:
         self._pending = 0
         self.headroom: TierHeadroom | None = None
         """Lets jobs with a TTFT objective past the brake (:mod:`velvetrope.core.headroom`)."""
+        self.backlog: PrefillBacklog | None = None
+        """Each engine's prompt tokens not prefilled yet, for the replica choice
+        (:mod:`velvetrope.core.prefill_backlog`)."""
 
     @classmethod
     def from_policy(cls, pool: str, policy: SaturationPolicy) -> EngineSaturation:
@@ -179,11 +186,16 @@ class EngineSaturation:
         self._pending += 1
         if self.headroom is not None:
             self.headroom.started(job, now)
+        if self.backlog is not None:
+            self.backlog.started(job)
 
     def first_token(self, job: Job, now: float) -> None:
-        """``job`` produced its first token (the headroom rule measures starts)."""
+        """``job`` produced its first token (the headroom rule measures starts; its prompt
+        leaves the prefill backlog)."""
         if self.headroom is not None:
             self.headroom.first_token(job, now)
+        if self.backlog is not None:
+            self.backlog.prefilled(job.id)
 
     def sent(self, job_id: str, engine: str) -> None:
         """Job ``job_id`` was handed to ``engine`` (again, to another, on a retry).  Ignored
@@ -198,11 +210,15 @@ class EngineSaturation:
             self._engines[prev].ours -= 1
         self._engine(engine).ours += 1
         where[job_id] = engine
+        if self.backlog is not None:
+            self.backlog.sent(job_id, engine)
 
     def ended(self, job: Job, now: float) -> None:
         """``job`` reached its terminal state: release it from wherever it was counted."""
         if self.headroom is not None:
             self.headroom.ended(job, now)
+        if self.backlog is not None:
+            self.backlog.ended(job.id)
         prev = self._where.pop(job.id, _ABSENT)
         if prev is _ABSENT:
             return
@@ -309,6 +325,11 @@ class EngineSaturation:
         """Whether ``engine`` can take one more dispatch by its readings."""
         return self.engine_room(engine, now) >= 1.0
 
+    def prefill_ahead(self, engine: str, job: Job) -> int:
+        """The prompt tokens ``engine`` prefills before ``job``'s first token
+        (:meth:`PrefillBacklog.ahead`; 0 without a backlog)."""
+        return 0 if self.backlog is None else self.backlog.ahead(engine, job)
+
     def state(self, engine: str, now: float) -> str:
         """``blind`` (declared unreadable before any reading), ``stale`` (its last reading is
         older than ``stale_after_s``) or ``on`` (its readings, or before the first one its
@@ -344,5 +365,8 @@ class EngineSaturation:
                 "ours": e.ours,
                 "projected": None if r is None else r.running + r.waiting + e.ours - e.ours_at,
                 "room": None if room == _INF else room,
+                "prefill_backlog_tokens": (
+                    None if self.backlog is None else self.backlog.tokens(eid)
+                ),
             }
         return out

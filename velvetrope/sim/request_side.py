@@ -218,7 +218,7 @@ class RequestSide:
         if self.prompts[idx] + self.outputs[idx] > self.inp.max_len or not self.members[pool]:
             self.machine.failed(job, Reason.UPSTREAM_ERROR)  # too long, or no engine to take it
             return
-        k = self.scrapes.route(pool, now, self.inp.blocks[idx], self.inp.block_tokens[idx])
+        k = self.scrapes.route(pool, now, self.inp.blocks[idx], self.inp.block_tokens[idx], job)
         if self.steps.runs[k] is not None:
             self.steps.settle(k, now, by)
         self._add(job, idx, k, now)

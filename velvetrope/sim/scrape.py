@@ -116,14 +116,22 @@ class EngineScrapes:
                     self._rules[i] = (rule, list(present))
 
     def route(
-        self, pool: int, now: float, hashes: Sequence[int] = (), block_tokens: int = 0
+        self,
+        pool: int,
+        now: float,
+        hashes: Sequence[int] = (),
+        block_tokens: int = 0,
+        job: Job | None = None,
     ) -> int:
         """The replica that takes the next job of pool number ``pool`` (which must have an
-        enabled replica): the fleet's router, except that with ``least_loaded`` and a
-        saturation rule the least-loaded replica *the rule gives room*
-        (:meth:`~velvetrope.core.saturation.EngineSaturation.has_room`) is preferred, as the
-        gateway's :meth:`~velvetrope.gateway.upstream.engines.Engines.pick` does; none with room:
-        the least-loaded of all.  A pool with a prefix-aware router
+        enabled replica), ``job``: the fleet's router, except that with
+        ``least_loaded`` and a saturation rule the replicas *the rule gives room*
+        (:meth:`~velvetrope.core.saturation.EngineSaturation.has_room`) are preferred and,
+        among them, the one with the least prefill ahead of the job
+        (:meth:`~velvetrope.core.saturation.EngineSaturation.prefill_ahead`), then the
+        least-loaded, as the gateway's
+        :meth:`~velvetrope.gateway.upstream.engines.Engines.pick` does; none with room: the
+        same choice among all.  A pool with a prefix-aware router
         (:attr:`~velvetrope.sim.fleet.Fleet.prefix`) gives it the job's prefix ``hashes``
         (of ``block_tokens`` tokens a block) and the replicas' names and loads, those with
         room first as above, and records the choice
@@ -150,8 +158,9 @@ class EngineScrapes:
             return fleet.route(pool)
         ids = self._ids
         loads = [fleet.load[k] for k in m]
-        i = least_loaded(loads, 0, lambda j: rule.has_room(ids[m[j]], now))
-        return m[i if i >= 0 else least_loaded(loads)]
+        ahead = None if job is None else [rule.prefill_ahead(ids[k], job) for k in m]
+        i = least_loaded(loads, 0, lambda j: rule.has_room(ids[m[j]], now), ahead)
+        return m[i if i >= 0 else least_loaded(loads, 0, None, ahead)]
 
     def sent(self, job: Job, k: int) -> None:
         """``job`` was added to replica ``k``'s engine."""

@@ -291,8 +291,8 @@ class CompletionPath:
         while True:
             if again is None:
                 pinned = pinned_exclude(self.upstreams, job.pool, home) if home else ()
-                up = engines.pick(job.pool, tried + pinned, hashes) if pinned else None
-                up = up or engines.pick(job.pool, tried, hashes)
+                up = engines.pick(job.pool, tried + pinned, hashes, job) if pinned else None
+                up = up or engines.pick(job.pool, tried, hashes, job)
             else:
                 up, again = again, None
             if up is None:

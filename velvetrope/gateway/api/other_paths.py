@@ -185,7 +185,7 @@ class OtherPaths:
             ticket = entry
             tried: tuple[str, ...] = ()
             while True:
-                up = self.engines.pick(job.pool, tried)
+                up = self.engines.pick(job.pool, tried, (), job)
                 if up is None:
                     ticket.fail(Reason.NO_HEALTHY_UPSTREAM)
                     msg = f"no healthy upstream in pool {job.pool!r}"

@@ -123,14 +123,20 @@ class Engines:
         return prefix_hashes(body, s.block_tokens, s.max_blocks, self._chars_per_token)
 
     def pick(
-        self, pool: str, exclude: tuple[str, ...] = (), hashes: tuple[int, ...] = ()
+        self,
+        pool: str,
+        exclude: tuple[str, ...] = (),
+        hashes: tuple[int, ...] = (),
+        job: Job | None = None,
     ) -> UpstreamState | None:
-        """The upstream of ``pool`` that takes the next request: the least-loaded one its
-        saturation rule gives room (:meth:`EngineSaturation.has_room`: a blind or stale
-        engine always has), else the least-loaded of all (:meth:`UpstreamPools.pick`).  So
-        in a pool that mixes engines read and engines not read, the ones read still take
-        no more than their readings allow while another can take the work.  In a
-        prefix-routed pool the choice among them is its router's, on ``hashes``."""
+        """The upstream of ``pool`` that takes the next request (``job``'s): among
+        those its saturation rule gives room (:meth:`EngineSaturation.has_room`: a blind or
+        stale engine always has), else among all, the one with the least prefill ahead of
+        the request (:meth:`EngineSaturation.prefill_ahead`), then the least-loaded
+        (:meth:`UpstreamPools.pick`).  So in a pool that mixes engines read and engines not
+        read, the ones read still take no more than their readings allow while another can
+        take the work.  In a prefix-routed pool the choice among them is its router's, on
+        ``hashes``."""
         rule = self.rules.get(pool)
         prefix = self.prefix.get(pool) if self.prefix else None
         if prefix is not None and len(self.upstreams.pools.get(pool, ())) > 1:
@@ -143,7 +149,11 @@ class Engines:
         if rule is None or len(self.upstreams.pools.get(pool, ())) < 2:  # nothing to prefer
             return self.upstreams.pick(pool, exclude)
         now = self._clock.now()
-        return self.upstreams.pick(pool, exclude, lambda url: rule.has_room(url, now))
+        ahead: Callable[[str], int] | None = None
+        if job is not None:
+            subject = job
+            ahead = lambda url: rule.prefill_ahead(url, subject)  # noqa: E731
+        return self.upstreams.pick(pool, exclude, lambda url: rule.has_room(url, now), ahead=ahead)
 
     def sent(self, job: Job, up: UpstreamState) -> None:
         """``job`` is being handed to ``up``: count it there (and in the saturation rule,

@@ -246,12 +246,16 @@ class UpstreamPools:
         prefix: PrefixRouter | None = None,
         hashes: Sequence[int] = (),
         block_tokens: int = 0,
+        ahead: Callable[[str], int] | None = None,
     ) -> UpstreamState | None:
         """The least-loaded upstream of ``pool`` that may take a request now (healthy, not
         in ``exclude``, breaker closed, or half-open with no probe out: picking it sends the
         probe), or ``None``.  With ``room`` (an upstream URL → whether its engine can take
         one more, the saturation rule's say) the least-loaded of those with room is
-        preferred; none with room: the least-loaded of all.  With ``prefix`` (the pool's
+        preferred; none with room: the least-loaded of all.  With ``ahead`` (an upstream URL
+        → the prompt tokens its engine prefills before the request's first token) the
+        fewest of those comes first and the load breaks ties
+        (:func:`~velvetrope.core.routing.least_loaded`).  With ``prefix`` (the pool's
         prefix-aware router) the same candidates go to ``prefix.choose`` with the request's
         ``hashes`` (blocks of ``block_tokens`` tokens) instead of least-loaded picking."""
         ups = self.pools.get(pool)
@@ -277,9 +281,10 @@ class UpstreamPools:
         start = next(self._rr) % len(ups)
         while True:
             loads = [u.in_flight for u in ups]
-            i = least_loaded(loads, start, roomy) if roomy is not None else -1
+            first = None if ahead is None else [ahead(u.url) for u in ups]
+            i = least_loaded(loads, start, roomy, first) if roomy is not None else -1
             if i < 0:
-                i = least_loaded(loads, start, eligible)
+                i = least_loaded(loads, start, eligible, first)
             if i < 0:
                 return None
             if ups[i].breaker.allow():
