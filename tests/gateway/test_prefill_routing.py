@@ -6,7 +6,8 @@ While one engine prefills a long top-tier prompt, every further top-tier request
 the other engine, although the two then hold the same number of requests (a count-based
 choice would send every other one behind the long prompt); a batch request, which has no
 TTFT objective, still goes to the engine with fewer requests.  The backlog the gateway
-reports per engine (``/admin/status`` ``engine_load[*].prefill_backlog_tokens``) is exact:
+reports per engine (``/admin/status`` ``engine_load[*].prefill_backlog_tokens``, and the
+``velvetrope_engine_prefill_backlog_tokens`` gauge) is exact:
 the long prompt's tokens while it prefills, 0 once every request has ended.
 """
 
@@ -23,6 +24,7 @@ import pytest
 
 from .conftest import (
     gateway_config,
+    metric,
     start_engine,
     start_gateway,
     start_together,
@@ -80,6 +82,8 @@ def test_top_tier_requests_go_where_no_long_prompt_is_prefilling(tmp_path: Path)
             other = next(u for u in _requests(st) if u != long_at)
             assert _requests(st) == {long_at: 1, other: 4}, st["upstreams"]
             assert _backlogs(st)[long_at] == 6000, "the long prompt was prefilled too soon"
+            gauge = "velvetrope_engine_prefill_backlog_tokens"
+            assert metric(gw.url, gauge, upstream=long_at) == 6000
             tasks.append(asyncio.create_task(stream_to_end(bronze, "hi", 400)))  # no TTFT objective
             st = await status_until(c, gw.url, in_flight(6))
             assert _requests(st) == {long_at: 2, other: 4}, st["upstreams"]  # the fewer
@@ -89,6 +93,7 @@ def test_top_tier_requests_go_where_no_long_prompt_is_prefilling(tmp_path: Path)
             st = await status_until(c, gw.url, in_flight(0))
             assert st["in_flight"] == 0, st
             assert _backlogs(st) == {long_at: 0, other: 0}, st["engine_load"]
+            assert metric(gw.url, gauge) == 0
 
     try:
         asyncio.run(go())

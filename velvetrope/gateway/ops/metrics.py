@@ -18,8 +18,9 @@ The engines (:class:`~velvetrope.gateway.upstream.engines.Engines`, attached wit
 :meth:`GatewayMetrics.attach_engines`) add, per upstream: health, breaker state, the
 gateway's requests in flight to it, the last scraped engine gauges (the engine's own names
 kept verbatim in the ``metric`` label, whatever its dialect), the reading's age, the learned
-capacity and the corrected load, the failed scrapes by reason, the saturation state and the
-dialect (:meth:`~velvetrope.gateway.upstream.scrape.Scraper.families`); per pool: live engines,
+capacity, the corrected load and the prompt tokens not yet prefilled, the failed scrapes by
+reason, the saturation state and the dialect
+(:meth:`~velvetrope.gateway.upstream.scrape.Scraper.families`); per pool: live engines,
 capacity (per engine × live engines), the saturation rule's room, pending dispatches and
 holds; and counters of routing decisions (``pool``, ``rule``) and degradations (``tier``,
 ``action``).
@@ -86,6 +87,12 @@ def _engine_families(engines: Any, now: float) -> list[GaugeMetricFamily | Count
         "Running + waiting at the last reading, corrected by what was sent and came back since.",
         labels=up_labels,
     )
+    backlog = GaugeMetricFamily(
+        "velvetrope_engine_prefill_backlog_tokens",
+        "Prompt tokens sent to the engine whose first token has not come yet (streamed"
+        " requests; the replica choice's first key for tiers with a TTFT objective).",
+        labels=up_labels,
+    )
     for u in engines.upstreams.status():
         lv = [str(u["pool"]), str(u["url"])]
         breaker.add_metric(lv, _BREAKER.get(str(u["breaker"]), 2.0))
@@ -97,6 +104,8 @@ def _engine_families(engines: Any, now: float) -> list[GaugeMetricFamily | Count
                 age.add_metric(lv, e["age_s"])
                 projected.add_metric(lv, e["projected"])
             learned.add_metric(lv, e["capacity"])
+            if e["prefill_backlog_tokens"] is not None:
+                backlog.add_metric(lv, e["prefill_backlog_tokens"])
     live = GaugeMetricFamily(
         "velvetrope_pool_engines", "Live engines (healthy, breaker closed).", labels=["pool"]
     )
@@ -129,6 +138,7 @@ def _engine_families(engines: Any, now: float) -> list[GaugeMetricFamily | Count
         age,
         learned,
         projected,
+        backlog,
         live,
         room,
         pending,
