@@ -283,3 +283,39 @@ def test_the_replica_choice_prefers_engines_the_readings_give_room() -> None:
     b.healthy = False
     rule.observe(A, EngineReading(running=2, waiting=5, kv_usage=0.1), clock.now())
     assert gw.engines.pick("default") is a  # none with room: the least loaded of all
+
+
+def test_the_replica_choice_takes_the_least_prefill_ahead_then_the_load() -> None:
+    """Among engines with room: for a job of a tier with a TTFT objective, the fewest prompt
+    tokens ahead of it (its band and above: the engines order by the forwarded tier), then
+    the fewest requests; for a tier with none, the fewest requests."""
+    clock = ManualClock()
+    tiers = [
+        {"name": "interactive", "slo": {"ttft_s": 1.0}},
+        {"name": "standard", "slo": {"ttft_s": 5.0}},
+        {"name": "batch", "slo": {"e2e_s": 120}},
+    ]
+    gw = Gateway(parse_config(fleet_config([A, B], tiers=tiers)), clock)
+    rule = gw.ctl.saturation("default")
+    assert rule is not None and rule.backlog is not None and rule.backlog.ordered
+    a, b = gw.upstreams.pools["default"]
+    for url in (A, B):
+        rule.observe(url, EngineReading(running=0, waiting=0, kv_usage=0.1), clock.now())
+
+    def job(tier: str, band: int, prompt: int) -> Job:
+        j = Job(id=f"{tier}-{prompt}", tenant="t", tier=tier, prompt_tokens=prompt, max_tokens=8)
+        j.band = band
+        return j
+
+    long_top, long_standard = job("interactive", 0, 7000), job("standard", 1, 9000)
+    for j, up in ((long_top, a), (long_standard, b)):
+        rule.started(j, clock.now())
+        gw.engines.sent(j, up)
+    a.in_flight, b.in_flight = 1, 3  # a holds fewer requests, but a long top-tier prompt
+    top, standard, batch = job("interactive", 0, 10), job("standard", 1, 10), job("batch", 2, 10)
+    assert gw.engines.pick("default", (), (), top) is b  # the standard prompt is behind it
+    assert gw.engines.pick("default", (), (), standard) is a  # 7,000 ahead of it, not 9,000
+    assert gw.engines.pick("default", (), (), batch) is a  # no TTFT objective: the load
+    assert gw.engines.pick("default") is a  # no job said: the load
+    rule.first_token(long_top, clock.now())  # prefilled: nothing is ahead on a any more
+    assert gw.engines.pick("default", (), (), top) is a
