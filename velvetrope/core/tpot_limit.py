@@ -63,7 +63,6 @@ class TpotLimit:
         "_marks",
         "_n",
         "_prefilled",
-        "_prefills",
         "_running",
         "_samples",
         "engines",
@@ -90,9 +89,9 @@ class TpotLimit:
         self._n = 0  # jobs in flight in the pool
         self._at = 0.0  # time of the last change of _n
         self._area = 0.0  # integral of _n / engines over time
-        self._marks: dict[str, float] = {}  # job id -> _area at its first token
+        self._marks: dict[str, tuple[float, float]] = {}
+        """Job id -> ``(_area, _prefilled)`` at its first token (its own prefill included)."""
         self._prefilled = 0.0  # prompt tokens prefilled per engine (cumulative)
-        self._prefills: dict[str, float] = {}  # job id -> _prefilled at its first token
         self._running: dict[str, int] = {}  # tier -> jobs in flight
         self._samples = TpotSamples(
             half_life=half_life, min_samples=min_samples, min_spread=min_spread
@@ -152,9 +151,9 @@ class TpotLimit:
 
     def first_token(self, job: Job, now: float) -> None:
         """``job`` produced its first token: its prompt is prefilled, its decode starts."""
-        self._marks[job.id] = self._advance(now)
-        self._prefilled += job.prompt_tokens / self.engines
-        self._prefills[job.id] = self._prefilled  # its own prefill came before its decode
+        area = self._advance(now)
+        self._prefilled += job.prompt_tokens / self.engines  # before its decode
+        self._marks[job.id] = (area, self._prefilled)
 
     def ended(self, job: Job, now: float, output_tokens: int, completed: bool) -> None:
         """``job`` ended; a completed streamed job of two tokens or more is a sample."""
@@ -163,16 +162,16 @@ class TpotLimit:
         tier = job.tier
         self._running[tier] -= 1
         mark = self._marks.pop(job.id, None)
-        prefilled = self._prefills.pop(job.id, None)
         first = job.first_token_at
-        if not completed or mark is None or prefilled is None or first is None:
+        if not completed or mark is None or first is None:
             return
+        at_area, prefilled = mark
         span = now - first
         if output_tokens < 2 or span <= 0.0:
             return
         steps = output_tokens - 1
         self._samples.add(
-            (area - mark) / span,
+            (area - at_area) / span,
             (self._prefilled - prefilled) / steps,
             span / steps,
             min(float(steps), _MAX_WEIGHT_STEPS),

@@ -279,9 +279,9 @@ class UpstreamPools:
         if prefix is not None:
             return self._pick_prefix(ups, prefix, hashes, block_tokens, eligible, roomy, banned)
         start = next(self._rr) % len(ups)
+        first = None if ahead is None else [ahead(u.url) for u in ups]  # fixed while it picks
         while True:
             loads = [u.in_flight for u in ups]
-            first = None if ahead is None else [ahead(u.url) for u in ups]
             i = least_loaded(loads, start, roomy, first) if roomy is not None else -1
             if i < 0:
                 i = least_loaded(loads, start, eligible, first)
