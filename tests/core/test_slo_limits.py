@@ -310,40 +310,6 @@ def test_late_first_tokens_of_a_higher_tier_cap_the_tiers_below() -> None:
     assert ceil.ceilings() == {}
 
 
-def test_a_ceiling_no_late_first_token_renews_unwinds_at_the_rate_it_was_cut() -> None:
-    """A burst that made the top tier late once does not hold the tiers below for the rest
-    of the run: past a whole TTFT objective with no late first token the ceiling grows by
-    1 / (1 − cut) per objective's length; a late first token cuts it again and restarts
-    the wait."""
-    ceil = LowerTierCeiling({"interactive": 1.0, "batch": None}, share=0.5, cut=0.1)
-
-    def first_token(arrival: float, now: float, in_flight: int) -> None:
-        j = _job("interactive", band=0)
-        j.arrival = arrival
-        ceil.first_token(j, now, in_flight)
-
-    first_token(0.0, 0.8, 300)  # late: 0.9 × 300
-    assert ceil.ceilings() == {0: pytest.approx(270.0)}
-    first_token(1.0, 1.5, 270)  # in time, within the objective after the cut: + 1 / 270
-    assert ceil.ceilings()[0] == pytest.approx(270.0 + 1 / 270)
-    first_token(3.5, 3.8, 270)  # 3.0 s past the cut: 2.0 s (3.8 − 1.8) of it quiet
-    unwound = (270.0 + 1 / 270) / 0.9**2
-    assert ceil.ceilings()[0] == pytest.approx(unwound)
-    first_token(4.0, 4.3, 270)  # 0.5 s more of quiet, counted once
-    unwound /= 0.9**0.5
-    assert ceil.ceilings()[0] == pytest.approx(unwound)
-    first_token(4.0, 4.6, 250)  # late again: cut to 0.9 × 250, the quiet starts over
-    assert ceil.ceilings()[0] == pytest.approx(225.0)
-    first_token(5.0, 5.4, 250)  # within the objective after the cut: additive only
-    assert ceil.ceilings()[0] == pytest.approx(225.0 + 1 / 225)
-    assert not ceil.allows_dispatch(_job("batch", band=2), 226, 0, 5.4)
-    first_token(9.0, 9.2, 250)  # 3.6 s of quiet past 5.6 s: × (1 / 0.9)^3.6, about 329
-    assert ceil.ceilings()[0] == pytest.approx((225.0 + 1 / 225) / 0.9**3.6)
-    assert ceil.allows_dispatch(_job("batch", band=2), 300, 0, 9.2)
-    first_token(15.0, 15.1, 250)  # 5.9 s more: past 2 × 250 in flight, dropped
-    assert ceil.ceilings() == {}
-
-
 def test_headroom_sends_nothing_to_engines_whose_kv_cache_is_full() -> None:
     ctl, clock, sat = saturable(engine_priority=True)
     assert sat.headroom is not None

@@ -46,13 +46,8 @@ An engine full of lower-tier work starts a top-tier job only when a running sequ
 a long prefill shares each step with every running decode.  :class:`LowerTierCeiling` keeps
 room for the higher tier by measuring what it needs: each higher-tier first token that
 comes late (past ``share`` of its TTFT objective) cuts a ceiling on the lower tiers' jobs in
-flight; each one in time relaxes it a little (additive increase, as TCP's congestion
-window), and once a whole TTFT objective has passed with no late first token the ceiling
-unwinds at the rate it was cut (by the inverse of the cut per objective's length).  A
-ceiling is the answer to lateness that recurs: it holds while the higher tier keeps coming
-late and no longer than that, so that a moment of overload early in a run (a burst that
-filled the engines' KV caches) does not hold the lower tiers below what the engines can run
-for the rest of it.  The ceilings and the headroom are the tiers' objectives at work: a
+flight; each one in time relaxes it (additive increase, multiplicative decrease, as TCP's
+congestion window).  The ceilings and the headroom are the tiers' objectives at work: a
 deployment whose higher tiers meet their TTFT never sees a ceiling.
 """
 
@@ -206,17 +201,15 @@ class LowerTierCeiling:
     come late, and relax while they come in time: the headroom a higher tier needs when the
     engines are full of lower-tier work (module docstring of :mod:`velvetrope.core.headroom`).
 
-    For each band ``b`` whose tier has a TTFT objective ``T``, a ceiling ``L_b`` on the
-    pool's jobs in flight applies to every job of a lower band (a larger index).  Each first
-    token of a band-``b`` job is a sample: late (its TTFT above ``share`` × ``T``) cuts
+    For each band ``b`` whose tier has a TTFT objective, a ceiling ``L_b`` on the pool's
+    jobs in flight applies to every job of a lower band (a larger index).  Each first token
+    of a band-``b`` job is a sample: late (its TTFT above ``share`` × the objective) cuts
     ``L_b`` to ``(1 − cut)`` × the jobs then in flight; in time raises it by ``1 / L_b``
-    (about one slot per ``L_b`` first tokens in time) and, for the time since the last late
-    sample beyond ``T``, multiplies it by ``1 / (1 − cut)`` per ``T`` (a ceiling no late
-    sample has renewed for a whole objective unwinds at the rate it was cut).  No ceiling
-    before the first late sample, and a ceiling that grows past twice the jobs in flight is
-    dropped (nothing holds it any more)."""
+    (additive increase, multiplicative decrease: about one slot per ``L_b`` first tokens in
+    time).  No ceiling before the first late sample, and a ceiling that grows past twice
+    the jobs in flight is dropped (nothing holds it any more)."""
 
-    __slots__ = ("_ceiling", "_grown_at", "_late_at", "cut", "holds", "share", "ttft")
+    __slots__ = ("_ceiling", "cut", "holds", "share", "ttft")
 
     def __init__(
         self, ttft_by_tier: Mapping[str, float | None], *, share: float, cut: float = 0.1
@@ -226,8 +219,6 @@ class LowerTierCeiling:
         self.cut = cut
         self.holds = 0
         self._ceiling: dict[int, float] = {}
-        self._late_at: dict[int, float] = {}  # band -> its last late first token
-        self._grown_at: dict[int, float] = {}  # band -> the last sample that moved L_b
 
     def retarget(self, ttft_by_tier: Mapping[str, float | None]) -> None:
         """Take the tiers' TTFT objectives of a reloaded policy (ceilings are kept)."""
@@ -244,15 +235,8 @@ class LowerTierCeiling:
         if now - job.arrival > self.share * ttft:
             cut = (1.0 - self.cut) * in_flight
             self._ceiling[band] = max(1.0, cut if ceiling is None else min(ceiling, cut))
-            self._late_at[band] = self._grown_at[band] = now
         elif ceiling is not None:
-            quiet_from = self._late_at[band] + ttft
-            if now > quiet_from:  # a whole objective without a late sample: unwind
-                quiet = now - max(self._grown_at[band], quiet_from)
-                ceiling *= (1.0 / (1.0 - self.cut)) ** (quiet / ttft)
-            else:
-                ceiling += 1.0 / ceiling
-            self._grown_at[band] = now
+            ceiling += 1.0 / ceiling
             if ceiling > 2.0 * max(1, in_flight):
                 del self._ceiling[band]
             else:
