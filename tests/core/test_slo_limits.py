@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from tests.core.helpers import controller, decode_one, make_job
 from velvetrope.clock import ManualClock
 from velvetrope.core import AdmissionController, EngineReading, PolicyConfig, Rejected, Usage
+from velvetrope.core.event_rate import EventRate
 from velvetrope.core.headroom import LowerTierCeiling, TierHeadroom
 from velvetrope.core.job import Job
 from velvetrope.core.reload import restart_needed
@@ -112,6 +113,94 @@ def test_the_margin_is_the_measured_spread() -> None:
     assert tight.per_engine("interactive") == pytest.approx(68.0, rel=0.02)
 
 
+def _known_limit() -> tuple[TpotLimit, float]:
+    """A TPOT limit of 80 per engine for the interactive tier (1 s TTFT, 50 ms TPOT)."""
+    limit = TpotLimit(
+        {"interactive": 0.05, "standard": None, "batch": None},
+        z=0.0,
+        min_samples=10,
+        ttft_by_tier={"interactive": 1.0, "standard": 5.0, "batch": None},
+        share=0.5,
+    )
+    now = 0.0
+    for n in (4, 16, 32, 64):  # tpot = 10 ms + 0.5 ms per sequence: 80 at 50 ms
+        now = feed(limit, n, 0.010 + 0.0005 * n, 5, now)
+    assert limit.per_engine("interactive") == pytest.approx(80.0, rel=1e-3)
+    return limit, now
+
+
+def test_a_top_tier_job_that_would_miss_its_ttft_waiting_passes_the_tpot_limit() -> None:
+    """Over the limit (it fell with the pool past it), the lower tiers wait for the pool; a
+    top-tier job waits ``share`` of its TTFT, then goes if the pool, at the rate its jobs
+    end, would not fall under the limit within the TTFT it has left, while the top tier's
+    own jobs are under the limit."""
+    limit, now = _known_limit()
+    now += 10.0  # the ends of the fit's samples have left the 5 s window: no end rate
+    for _ in range(100):
+        limit.started(_job("batch", band=2), now)
+    for _ in range(20):
+        limit.started(_job("interactive"), now)
+    top = _job("interactive")
+    top.arrival = now
+    assert limit.ask_at(top) == pytest.approx(now + 0.5)
+    assert not limit.allows_dispatch(top, 120, 0, now + 0.4)  # not half its TTFT yet
+    assert limit.allows_dispatch(top, 120, 0, now + 0.5)  # 21 top-tier jobs <= 80
+    assert limit.top_passes == 1 and limit.status()["top_passes"] == 1
+    for _ in range(40):  # 40 jobs end at once: 8 ends per second over the window
+        j = _job("batch", band=2)
+        limit.started(j, now + 0.5)
+        limit.ended(j, now + 0.5, 1, False)
+    # 41 over the limit at 8 a second: 5.1 s, past the 0.5 s it has left: it goes
+    assert limit.allows_dispatch(top, 120, 0, now + 0.5)
+    # 2 over the limit: 0.25 s, within the 0.5 s it has left: it waits for the slot
+    assert not limit.allows_dispatch(top, 81, 0, now + 0.5)
+    assert limit.top_passes == 2
+    standard = _job("standard", band=1)
+    standard.arrival = now
+    batch = _job("batch", band=2)
+    batch.arrival = now
+    for lower in (standard, batch):  # not the top band: they wait for the pool
+        assert limit.ask_at(lower) is None
+        assert not limit.allows_dispatch(lower, 120, 0, now + 4.0)
+    assert limit.allows_dispatch(batch, 79, 0, now + 4.0)  # under the limit: anyone
+    for _ in range(60):  # the top tier alone at the limit: it waits too
+        limit.started(_job("interactive"), now)
+    assert not limit.allows_dispatch(top, 180, 0, now + 0.9)
+    assert limit.top_passes == 2
+
+
+def test_the_controller_wakes_a_top_tier_job_held_by_the_tpot_limit() -> None:
+    """Through the controller, with preemption off: the job held by the TPOT limit is due
+    at half its TTFT (``next_deadline``), and the dispatch then lets it through."""
+    cfg = policy(limit="slo", slo_limit={"preempt": False, "min_samples": 10})
+    cfg["saturation"] = {"enabled": False}
+    ctl, clock = controller(cfg)
+    for i in range(100):  # the limit is not known yet: all go, one interactive among them
+        j = make_job(
+            tenant="acme" if i == 0 else "initech", tier="interactive" if i == 0 else "batch"
+        )
+        assert type(ctl.arrive(j)).__name__ == "Dispatched"
+    limit = ctl._pools["default"].tpot_limit
+    assert limit is not None
+    now = 0.0
+    for n in (4, 16, 32, 64):  # with the 100 held: 10 ms + 0.5 ms per sequence, as above
+        now = feed(limit, n, 0.060 + 0.0005 * n, 5, now)
+    assert limit.per_engine("interactive") == pytest.approx(80.0, rel=1e-3)
+    clock.advance(now + 10.0)  # the samples' ends have left the end-rate window
+    t0 = clock.now()
+    standard = make_job(tenant="globex", tier="standard")
+    top = make_job(tenant="acme", tier="interactive")
+    assert type(ctl.arrive(standard)).__name__ == "Queued"  # 100 in flight, limit 80
+    assert type(ctl.arrive(top)).__name__ == "Queued"
+    assert ctl.next_deadline() == pytest.approx(t0 + 0.5)  # half the top tier's 1 s TTFT
+    clock.advance(0.4)
+    assert ctl.dispatchable() == []
+    clock.advance(0.1)
+    assert ctl.dispatchable() == [top]  # the standard job still waits for the pool
+    status = ctl.status()["pools"]["default"]
+    assert status["tpot_limit"]["top_passes"] == 1, status
+
+
 def test_the_tpot_limit_binds_only_when_it_is_known() -> None:
     limit = TpotLimit({"interactive": 0.05}, min_samples=10, min_spread=4.0)
     job = _job("interactive")
@@ -174,8 +263,9 @@ def test_headroom_corrects_a_prediction_that_proves_optimistic() -> None:
         if job.id in h._passed:
             h.started(job, now)
             h.first_token(job, now + 2.0)
-            h._firsts.clear()
-            h._firsts.extend([now + 2.0 - 0.5 * k for k in range(10)])
+            h._firsts = EventRate(h.window_s)  # the last 5 s: two starts a second
+            for k in range(10):
+                h._firsts.add(now + 2.0 - 0.5 * (9 - k))
     assert h.bias > 1.5, h.bias
     late = _job("interactive", band=0)
     late.arrival = now

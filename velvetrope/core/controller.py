@@ -272,11 +272,9 @@ class AdmissionController(JobSizing):
         deadline = self._deadline(job, tier)
         if deadline is not None:
             heapq.heappush(self._deadlines, (deadline, seq, job))
-        pre = pool.preemption
-        if pre is not None:
-            ask = pre.ask_at(job)
-            if ask is not None:
-                heapq.heappush(self._asks, (ask, seq, job))
+        ask = pool.ask_at(job)
+        if ask is not None:
+            heapq.heappush(self._asks, (ask, seq, job))
         return new_tuple(Queued, (job, ahead_n, eta))
 
     def _take(self, job: Job, reservation: Grant | Denial | None) -> Denial | None:

@@ -53,10 +53,10 @@ deployment whose higher tiers meet their TTFT never sees a ceiling.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Mapping
 from typing import Final
 
+from velvetrope.core.event_rate import EventRate
 from velvetrope.core.job import Job
 
 __all__ = ["LowerTierCeiling", "TierHeadroom"]
@@ -104,7 +104,7 @@ class TierHeadroom:
         ordered engines (:meth:`overtakes`; cumulative)."""
         self._waiting: dict[int, int] = {}
         self._where: dict[str, int] = {}
-        self._firsts: deque[float] = deque()
+        self._firsts = EventRate(window_s)
         self._passed: dict[str, tuple[float, float]] = {}  # job id -> (passed at, predicted)
         self.bias = 1.0
         """Measured over predicted time to first token of the jobs let through (smoothed):
@@ -128,7 +128,7 @@ class TierHeadroom:
         band = self._where.pop(job.id, None)
         if band is not None:
             self._waiting[band] -= 1
-        self._firsts.append(now)
+        self._firsts.add(now)
         passed = self._passed.pop(job.id, None)
         if passed is not None:
             ratio = (now - passed[0]) / passed[1]
@@ -145,13 +145,7 @@ class TierHeadroom:
 
     def start_rate(self, now: float) -> float:
         """First tokens per second over the last ``window_s`` (0 before any)."""
-        firsts = self._firsts
-        cut = now - self.window_s
-        while firsts and firsts[0] < cut:
-            firsts.popleft()
-        if not firsts:
-            return 0.0
-        return len(firsts) / self.window_s
+        return self._firsts.rate(now)
 
     def ahead(self, band: int) -> int:
         """Dispatched jobs not yet started that an engine starts before a new job of

@@ -104,7 +104,10 @@ class SloLimitPolicy(_Model):
         "its remaining TTFT (the rest covers its prefill and measurement error).",
     )
     start_window_s: float = Field(
-        5.0, gt=0, description="Window over which the engines' start rate is measured."
+        5.0,
+        gt=0,
+        description="Window over which the engines' start rate and the pool's end rate are "
+        "measured.",
     )
     preempt: bool = Field(
         True,
@@ -120,5 +123,9 @@ class SloLimitPolicy(_Model):
         le=1,
         description="A job asks for room when its predicted wait for a slot (one over the "
         "rate at which the pool's jobs end) exceeds this share of the TTFT it has left, or, "
-        "before any end is measured, once it has waited this share of its TTFT.",
+        "before any end is measured, once it has waited this share of its TTFT.  A job of "
+        "the top tier that has waited this share of its TTFT also passes the TPOT limit when "
+        "the pool, at the rate its jobs end, would not fall under the limit within the TTFT "
+        "it has left, while the top tier's own jobs in flight are under the limit (whether "
+        "or not `preempt`).",
     )

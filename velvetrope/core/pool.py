@@ -71,6 +71,9 @@ class Pool:
                 half_life=s.half_life,
                 min_samples=s.min_samples,
                 min_spread=s.min_spread,
+                ttft_by_tier=_objectives(config, "ttft_s"),
+                share=s.preempt_share,
+                window_s=s.start_window_s,
             )
             self.capacity.signals.append(tl)
             self.capacity.listeners.append(tl.engines_changed)
@@ -114,7 +117,7 @@ class Pool:
         self.sched.retier(config)
         ttft = _objectives(config, "ttft_s")
         if self.tpot_limit is not None:
-            self.tpot_limit.retarget(_objectives(config, "tpot_s"))
+            self.tpot_limit.retarget(_objectives(config, "tpot_s"), ttft)
         if self.ceiling is not None:
             self.ceiling.retarget(ttft)
         if self.preemption is not None:
@@ -185,6 +188,16 @@ class Pool:
             self.ceiling.first_token(job, now, self.capacity.in_flight)
         if self.preemption is not None:
             self.preemption.first_token(job)
+
+    def ask_at(self, job: Job) -> float | None:
+        """When ``job``, queued, may ask for room (:mod:`velvetrope.core.preemption`) or pass
+        the TPOT limit (:mod:`velvetrope.core.tpot_limit`), the earlier; ``None``: never.
+        The driver wakes then even if nothing else happens."""
+        pre = None if self.preemption is None else self.preemption.ask_at(job)
+        tl = None if self.tpot_limit is None else self.tpot_limit.ask_at(job)
+        if pre is None:
+            return tl
+        return pre if tl is None else min(pre, tl)
 
     def retry_s(self, tokens: float) -> float:
         """``Retry-After`` for a job shed behind ``tokens`` of work: their predicted drain,

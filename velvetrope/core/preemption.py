@@ -26,9 +26,9 @@ engine (:meth:`AdmissionController.take_preempted
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Mapping
 
+from velvetrope.core.event_rate import EventRate
 from velvetrope.core.job import Job
 
 __all__ = ["Preemption"]
@@ -48,7 +48,7 @@ class Preemption:
         self.window_s = window_s
         self.count = 0
         self._sent: dict[str, Job] = {}  # preemptible jobs, in the order they were sent
-        self._ends: deque[float] = deque()
+        self._ends = EventRate(window_s)
 
     def retarget(self, ttft_by_tier: Mapping[str, float | None]) -> None:
         """Take the tiers' TTFT objectives of a reloaded policy (what was measured stays)."""
@@ -69,17 +69,13 @@ class Preemption:
     def ended(self, job: Job, now: float) -> None:
         """``job`` left its engine (any end, or its preemption): one end measured."""
         self._sent.pop(job.id, None)
-        self._ends.append(now)
+        self._ends.add(now)
 
     # -- the rule ----------------------------------------------------------------------
 
     def end_rate(self, now: float) -> float:
         """Jobs ended per second over the last ``window_s`` (0 before any)."""
-        ends = self._ends
-        cut = now - self.window_s
-        while ends and ends[0] < cut:
-            ends.popleft()
-        return len(ends) / self.window_s
+        return self._ends.rate(now)
 
     def ask_at(self, job: Job) -> float | None:
         """When ``job``, queued, has waited ``share`` of its TTFT (``None``: its tier has no

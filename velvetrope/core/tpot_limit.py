@@ -25,6 +25,21 @@ of every streamed response, with no profile of the engine:
   batch do not all see the same TPOT (a prefill in the batch slows the steps it shares), so
   the margin is the measured spread, not a constant.
 
+The top tier does not wait on the limit for its first token.  Early in a run the fit has
+few samples and the limit can fall well below what the pool already holds (on a slow
+engine, to half of it), and then nothing goes until the lower tiers' jobs in flight end:
+seconds in which every top-tier arrival would miss its TTFT objective waiting for a limit
+that guards its TPOT.  So a job of the top band (band 0) whose
+tier has a TTFT objective, once it has waited ``share`` of that objective (the moment it
+asks for room, :meth:`TpotLimit.ask_at`; :mod:`velvetrope.core.preemption` uses the same),
+passes the limit when waiting would cost it the objective, that is when the pool, at the
+rate its jobs end (measured over ``window_s``), would not fall under the limit within the
+TTFT the job has left, and while the top band's own jobs in flight are under the limit.
+The lower bands still wait for the pool to fall under the limit, so it gets there as their
+jobs end, and the top tier meanwhile decodes in a batch somewhat above its objective rather
+than miss its first token.  A pool just over the limit, whose jobs end fast enough, keeps
+the job for the next slot.  Counted in ``top_passes``.
+
 The limit binds only when it is known: until ``min_samples`` samples spanning at least
 ``min_spread`` sequences per engine have been seen, or while the fitted slope is not
 positive (decode time grows with the batch by less than 0.1% of its mean over the range
@@ -41,6 +56,7 @@ import math
 from collections.abc import Mapping
 from typing import Final
 
+from velvetrope.core.event_rate import EventRate
 from velvetrope.core.job import Job
 from velvetrope.core.tpot_fit import TpotFit, TpotSamples
 
@@ -59,15 +75,20 @@ class TpotLimit:
     __slots__ = (
         "_area",
         "_at",
+        "_ends",
         "_fit",
         "_marks",
         "_n",
         "_prefilled",
         "_running",
         "_samples",
+        "_top",
         "engines",
         "holds",
+        "share",
+        "top_passes",
         "tpot",
+        "ttft",
         "z",
     )
 
@@ -79,8 +100,18 @@ class TpotLimit:
         half_life: float = 200.0,
         min_samples: int = 30,
         min_spread: float = 4.0,
+        ttft_by_tier: Mapping[str, float | None] | None = None,
+        share: float = 0.5,
+        window_s: float = 5.0,
     ) -> None:
         self.tpot = {k: v for k, v in tpot_by_tier.items() if v is not None}
+        self.ttft = {k: v for k, v in (ttft_by_tier or {}).items() if v is not None}
+        """The TTFT objectives, for the top band's pass (none: no pass)."""
+        self.share = share
+        self.top_passes = 0
+        """Top-band dispatches let past the limit after waiting ``share`` of their TTFT."""
+        self._top = 0  # top-band (band 0) jobs in flight
+        self._ends = EventRate(window_s)
         self.z = z
         self.engines = 1
         """Live engines in the pool, at least 1 (:meth:`engines_changed`)."""
@@ -111,9 +142,16 @@ class TpotLimit:
             self._at = now
         return self._area
 
-    def retarget(self, tpot_by_tier: Mapping[str, float | None]) -> None:
-        """Take the tiers' TPOT objectives of a reloaded policy (the fit is kept)."""
+    def retarget(
+        self,
+        tpot_by_tier: Mapping[str, float | None],
+        ttft_by_tier: Mapping[str, float | None] | None = None,
+    ) -> None:
+        """Take the tiers' TPOT (and TTFT) objectives of a reloaded policy (the fit is
+        kept)."""
         self.tpot = {k: v for k, v in tpot_by_tier.items() if v is not None}
+        if ttft_by_tier is not None:
+            self.ttft = {k: v for k, v in ttft_by_tier.items() if v is not None}
 
     def status(self) -> dict[str, float | int | None]:
         """The fit, the limit per engine now and the counters, for ``/admin/status``."""
@@ -130,6 +168,7 @@ class TpotLimit:
             "target_tpot_s": self.target_s(),
             "samples": self.samples,
             "holds": self.holds,
+            "top_passes": self.top_passes,
         }
 
     def engines_changed(self, engines: int) -> None:
@@ -144,6 +183,8 @@ class TpotLimit:
         prefilled now: no first token will say when)."""
         self._advance(now)
         self._n += 1
+        if job.band == 0:
+            self._top += 1
         tier = job.tier
         self._running[tier] = self._running.get(tier, 0) + 1
         if not job.streamed:
@@ -159,6 +200,9 @@ class TpotLimit:
         """``job`` ended; a completed streamed job of two tokens or more is a sample."""
         area = self._advance(now)
         self._n -= 1
+        self._ends.add(now)
+        if job.band == 0:
+            self._top -= 1
         tier = job.tier
         self._running[tier] -= 1
         mark = self._marks.pop(job.id, None)
@@ -203,9 +247,28 @@ class TpotLimit:
             return _INF
         return fit.per_engine(target, self.z)
 
+    def ask_at(self, job: Job) -> float | None:
+        """When ``job``, queued, may pass the limit (``None``: never, it is not of the top
+        band or its tier has no TTFT objective): the driver wakes then."""
+        ttft = self.ttft.get(job.tier)
+        if ttft is None or job.band != 0:
+            return None
+        return job.arrival + self.share * ttft
+
     def allows_dispatch(self, job: Job, in_flight: int, tokens_in_flight: int, now: float) -> bool:
-        """Whether one more job (``job``) keeps the pool within the limit."""
-        if in_flight + 1 <= self.per_engine(job.tier) * self.engines:
+        """Whether one more job (``job``) keeps the pool within the limit, or is a top-band
+        job that has waited its share of its TTFT and would miss it waiting for the pool
+        to fall under the limit, with the top band's own jobs under it (module
+        docstring)."""
+        limit = self.per_engine(job.tier) * self.engines
+        if in_flight + 1 <= limit:
             return True
+        ask = self.ask_at(job)
+        if ask is not None and now >= ask and self._top + 1 <= limit:
+            rate = self._ends.rate(now)
+            left = job.arrival + self.ttft[job.tier] - now
+            if rate <= 0.0 or (in_flight + 1 - limit) / rate > left:
+                self.top_passes += 1
+                return True
         self.holds += 1
         return False
