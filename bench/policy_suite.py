@@ -230,7 +230,9 @@ def tpot_violations(rec: JobRecords, slos: Mapping[str, SloPolicy], bound: float
     return n
 
 
-def run(w: Workload, config: Path) -> dict[str, Run]:
+def run(w: Workload, config: Path, records: dict[str, JobRecords] | None = None) -> dict[str, Run]:
+    """The three runs of ``w`` (``fcfs``, ``prio``, ``gateway``) counted; ``records``, if
+    given, receives each run's per-job records by the same keys."""
     s = DemoSettings(
         live=False,
         trace=w.trace,
@@ -267,6 +269,8 @@ def run(w: Workload, config: Path) -> dict[str, Run]:
             label=key,
             engine_scheduling=scheduling,
         )
+        if records is not None:
+            records[key] = res.records
         out[key] = Run(
             measure(key, res, slos, bound, w.window_s),
             tpot_violations(res.records, slos, bound),

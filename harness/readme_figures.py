@@ -92,6 +92,18 @@ CHECKS = (
         ROOT / "docs" / "concepts" / "slo-limits.md",
     ),
     Check(
+        ("bench/prefill_lag.py",),
+        "prefill_lag:",
+        (
+            "lag_max_tokens",
+            "lag_max_at_s",
+            "lag_at_window_end",
+            "batch_by_bound_prio",
+            "batch_by_bound_gateway",
+        ),
+        ROOT / "docs" / "concepts" / "slo-limits.md",
+    ),
+    Check(
         ("bench/planner_validate.py",),
         "planner:",
         ("conv_err", "code_err", "prefix_err", "spec_err"),
