@@ -47,8 +47,13 @@ a long prefill shares each step with every running decode.  :class:`LowerTierCei
 room for the higher tier by measuring what it needs: each higher-tier first token that
 comes late (past ``share`` of its TTFT objective) cuts a ceiling on the lower tiers' jobs in
 flight; each one in time relaxes it (additive increase, multiplicative decrease, as TCP's
-congestion window).  The ceilings and the headroom are the tiers' objectives at work: a
-deployment whose higher tiers meet their TTFT never sees a ceiling.
+congestion window).  The increase is one slot per ceiling's worth of in-time first tokens
+while the engines are busy, and one slot per in-time first token while the pool says they
+have room (the caller's ``room``: no engine queueing, every KV cache and the TPOT limit well
+short of full): a ceiling cut by one burst then does not hold the lower tiers back for the
+rest of a run while the engines sit half empty.  The ceilings and the headroom are the
+tiers' objectives at work: a deployment whose higher tiers meet their TTFT never sees a
+ceiling.
 """
 
 from __future__ import annotations
@@ -200,10 +205,12 @@ class LowerTierCeiling:
     of a band-``b`` job is a sample: late (its TTFT above ``share`` × the objective) cuts
     ``L_b`` to ``(1 − cut)`` × the jobs then in flight; in time raises it by ``1 / L_b``
     (additive increase, multiplicative decrease: about one slot per ``L_b`` first tokens in
-    time).  No ceiling before the first late sample, and a ceiling that grows past twice
-    the jobs in flight is dropped (nothing holds it any more)."""
+    time), or, when the caller says the engines have room, to one more than the larger of
+    ``L_b`` and the jobs then in flight (counted in ``quick_relaxes``).  No ceiling before
+    the first late sample, and a ceiling that grows past twice the jobs in flight is
+    dropped (nothing holds it any more)."""
 
-    __slots__ = ("_ceiling", "cut", "holds", "share", "ttft")
+    __slots__ = ("_ceiling", "cut", "holds", "quick_relaxes", "share", "ttft")
 
     def __init__(
         self, ttft_by_tier: Mapping[str, float | None], *, share: float, cut: float = 0.1
@@ -212,15 +219,21 @@ class LowerTierCeiling:
         self.share = share
         self.cut = cut
         self.holds = 0
+        self.quick_relaxes = 0
         self._ceiling: dict[int, float] = {}
 
     def retarget(self, ttft_by_tier: Mapping[str, float | None]) -> None:
         """Take the tiers' TTFT objectives of a reloaded policy (ceilings are kept)."""
         self.ttft = {k: v for k, v in ttft_by_tier.items() if v is not None}
 
-    def first_token(self, job: Job, now: float, in_flight: int) -> None:
+    def active(self) -> bool:
+        """Whether some band's ceiling holds the bands below it."""
+        return bool(self._ceiling)
+
+    def first_token(self, job: Job, now: float, in_flight: int, room: bool = False) -> None:
         """A first token of ``job``, with ``in_flight`` jobs in the pool: a sample of its
-        band's TTFT."""
+        band's TTFT.  ``room``: the engines have room for more (an in-time sample then
+        relaxes the ceiling by a whole slot)."""
         ttft = self.ttft.get(job.tier)
         if ttft is None:
             return
@@ -230,7 +243,11 @@ class LowerTierCeiling:
             cut = (1.0 - self.cut) * in_flight
             self._ceiling[band] = max(1.0, cut if ceiling is None else min(ceiling, cut))
         elif ceiling is not None:
-            ceiling += 1.0 / ceiling
+            if room:
+                ceiling = max(ceiling, float(in_flight)) + 1.0
+                self.quick_relaxes += 1
+            else:
+                ceiling += 1.0 / ceiling
             if ceiling > 2.0 * max(1, in_flight):
                 del self._ceiling[band]
             else:

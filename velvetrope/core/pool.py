@@ -184,10 +184,24 @@ class Pool:
             self.saturation.first_token(job, now)
         if self.tpot_limit is not None and job.streamed:
             self.tpot_limit.first_token(job, now)
-        if self.ceiling is not None:
-            self.ceiling.first_token(job, now, self.capacity.in_flight)
+        ce = self.ceiling
+        if ce is not None:
+            n = self.capacity.in_flight
+            room = ce.active() and self._engines_have_room(n, ce.share, now)
+            ce.first_token(job, now, n, room)
         if self.preemption is not None:
             self.preemption.first_token(job)
+
+    def _engines_have_room(self, in_flight: int, share: float, now: float) -> bool:
+        """Whether the engines' readings and the TPOT limit both leave plain room for more:
+        no engine queueing, every KV cache under ``share`` of full, and the jobs in flight
+        under ``share`` of the TPOT limit (``slo_limit.headroom_share``: the lower-tier
+        ceiling then relaxes fast, :class:`~velvetrope.core.headroom.LowerTierCeiling`).
+        False without readings."""
+        sat = self.saturation
+        if sat is None or not sat.slack(now, share):
+            return False
+        return self.tpot_limit is None or self.tpot_limit.under(in_flight, share)
 
     def ask_at(self, job: Job) -> float | None:
         """When ``job``, queued, may ask for room (:mod:`velvetrope.core.preemption`) or pass
@@ -294,6 +308,9 @@ class Pool:
             "lower_tier_ceilings": None
             if self.ceiling is None
             else {str(b): c for b, c in self.ceiling.ceilings().items()},
+            "lower_tier_ceiling_quick_relaxes": None
+            if self.ceiling is None
+            else self.ceiling.quick_relaxes,
             "preemptions": None if self.preemption is None else self.preemption.count,
             "headroom_passes": None
             if self.saturation is None or self.saturation.headroom is None

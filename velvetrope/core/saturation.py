@@ -293,6 +293,20 @@ class EngineSaturation:
                 return True
         return not self._live
 
+    def slack(self, now: float, share: float) -> bool:
+        """Whether the engines plainly have room for more: every live engine has a current
+        reading showing no request waiting and KV-cache usage under ``share`` ×
+        ``max_kv_usage``.  False with no live engine, or one blind or stale (unknown is not
+        room)."""
+        if not self._live:
+            return False
+        stale, kv = self.stale_after_s, share * self.max_kv_usage
+        for e in self._live:
+            r = e.reading
+            if e.blind or r is None or now - e.at > stale or r.waiting > 0 or r.kv_usage >= kv:
+                return False
+        return True
+
     def allows_dispatch(self, job: Job, in_flight: int, tokens_in_flight: int, now: float) -> bool:
         """True unless the pool's live engines are saturated and ``job`` gets no headroom
         (:mod:`velvetrope.core.headroom`: a top-band job ahead of lower-band requests the

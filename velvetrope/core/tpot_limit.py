@@ -247,6 +247,11 @@ class TpotLimit:
             return _INF
         return fit.per_engine(target, self.z)
 
+    def under(self, in_flight: int, share: float) -> bool:
+        """Whether ``in_flight`` jobs are under ``share`` of the pool's limit now (true while
+        the limit is not known)."""
+        return in_flight < share * self.per_engine() * self.engines
+
     def ask_at(self, job: Job) -> float | None:
         """When ``job``, queued, may pass the limit (``None``: never, it is not of the top
         band or its tier has no TTFT objective): the driver wakes then."""
