@@ -38,8 +38,9 @@ Run: ``.venv/bin/python bench/policy_suite.py`` (``--only NAME`` for one workloa
 seeds: the tenant draws change, the trace window does not, and the lines count all N × 8
 runs; a margin of a few requests that changes sign from seed to seed is noise, one that
 keeps its sign is the policy; ``--held-out`` for twelve other workloads no setting was
-chosen on: other slices, mixes and overloads, other engines and pool sizes).  Seconds on 2
-cores with the compiled core.
+chosen on: other slices, mixes and overloads, other engines and pool sizes; ``--random N``
+for N workloads drawn at random, ``bench/random_workloads.py``, with ``--random-seed S``).
+Seconds on 2 cores with the compiled core.
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from random_workloads import draw  # noqa: E402
 
 from experiments.n_engine_priority.run import (  # noqa: E402
     Result,
@@ -69,6 +73,7 @@ from velvetrope.core.policy import SloPolicy  # noqa: E402
 from velvetrope.demo.settings import DEFAULT_CONFIG, DemoSettings, read_config  # noqa: E402
 from velvetrope.demo.workload import build_workload  # noqa: E402
 from velvetrope.engine import load_profile  # noqa: E402
+from velvetrope.errors import PolicyError  # noqa: E402
 from velvetrope.sim.loop import run_simulation  # noqa: E402
 from velvetrope.sim.metrics import JobRecords  # noqa: E402
 
@@ -94,6 +99,8 @@ class Workload:
     tight_tpot: bool = False
     profile: str = PROFILE
     engines: int = ENGINES
+    tenant_limits: bool = True
+    """False: the tenants' rate limits (contracts, not capacity) are lifted."""
 
 
 WORKLOADS: tuple[Workload, ...] = (
@@ -230,10 +237,8 @@ def tpot_violations(rec: JobRecords, slos: Mapping[str, SloPolicy], bound: float
     return n
 
 
-def run(w: Workload, config: Path, records: dict[str, JobRecords] | None = None) -> dict[str, Run]:
-    """The three runs of ``w`` (``fcfs``, ``prio``, ``gateway``) counted; ``records``, if
-    given, receives each run's per-job records by the same keys."""
-    s = DemoSettings(
+def _settings(w: Workload) -> DemoSettings:
+    return DemoSettings(
         live=False,
         trace=w.trace,
         trace_start_s=w.start_s,
@@ -243,11 +248,33 @@ def run(w: Workload, config: Path, records: dict[str, JobRecords] | None = None)
         seed=w.seed,
         profile=w.profile,
     )
+
+
+def feasible(w: Workload) -> bool:
+    """Whether ``w``'s trace holds enough requests after its start for its rate and window."""
+    try:
+        build_workload(_settings(w))
+    except PolicyError:
+        return False
+    return True
+
+
+def _without_limits(policy: dict[str, Any]) -> dict[str, Any]:
+    tenants = [{k: v for k, v in t.items() if k != "limits"} for t in policy["tenants"]]
+    return {**policy, "tenants": tenants}
+
+
+def run(w: Workload, config: Path, records: dict[str, JobRecords] | None = None) -> dict[str, Run]:
+    """The three runs of ``w`` (``fcfs``, ``prio``, ``gateway``) counted; ``records``, if
+    given, receives each run's per-job records by the same keys."""
+    s = _settings(w)
     requests = build_workload(s).requests
     profile = at_speed(load_profile(s.profile), s.speed)
     mapping = _policy_mapping(config)
     if w.tight_tpot:
         mapping = _tighten(mapping)
+    if not w.tenant_limits:
+        mapping = _without_limits(mapping)
     gateway = PolicyConfig.model_validate(mapping)
     forwards = any(p.engine_priority for p in gateway.pools)
     cases = {
@@ -302,8 +329,18 @@ def main() -> None:
         action="store_true",
         help="run the held-out workloads (other slices, mixes, engines, pool sizes) instead",
     )
+    ap.add_argument(
+        "--random",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run N workloads drawn at random (bench/random_workloads.py) instead",
+    )
+    ap.add_argument("--random-seed", type=int, default=1, help="the draw's seed (default 1)")
     args = ap.parse_args()
     workloads = HELD_OUT if args.held_out else WORKLOADS
+    if args.random:
+        workloads = tuple(draw(args.random, args.random_seed, Workload, feasible))
     chosen = [
         replace(w, name=f"{w.name}@{w.seed + 101 * i}" if i else w.name, seed=w.seed + 101 * i)
         for i in range(max(1, args.seeds))
@@ -322,6 +359,10 @@ def main() -> None:
         where = (
             "" if (w.profile, w.engines) == (PROFILE, ENGINES) else (f", {w.engines} × {w.profile}")
         )
+        if w.mix not in (MIX_DEFAULT, MIX_INTERACTIVE):
+            where += f", {w.mix}"
+        if w.tight_tpot:
+            where += f", TPOT {1000 * TIGHT_TPOT_S:g} ms"
         print(
             f"{w.name}  ({w.trace} from {w.start_s:g} s, {w.overload:g}×, {w.window_s:g} s{where})"
         )

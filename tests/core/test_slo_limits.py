@@ -373,6 +373,36 @@ def test_the_controller_sends_the_top_tier_ahead_of_what_the_engines_queue() -> 
         assert ctl.status()["pools"]["default"]["headroom_overtakes"] == int(ordered)
 
 
+def test_a_full_kv_cache_holds_the_start_time_headroom_but_not_the_top_tier() -> None:
+    """Engines whose KV caches are full start nothing until running sequences end; an engine
+    that orders its queue by the tier then starts the top-tier job before the batch work it
+    queues, so that job still goes.  The start-time rule (a standard job the engines would
+    start in time by the measured start rate) sends nothing to full caches."""
+    for ordered in (True, False):
+        ctl, clock, sat = saturable(engine_priority=ordered)
+        sent = [make_job(tenant="initech", tier="batch") for _ in range(8)]
+        for j in sent:
+            assert type(ctl.arrive(j)).__name__ == "Dispatched"
+            sat.sent(j.id, "e")
+            sat.observe("e", EngineReading(running=1, waiting=0, kv_usage=0.1), clock.now())
+        for j in sent:  # eight starts measured (1.6/s over 5 s): start times can be predicted
+            ctl.first_token(j.id)
+        clock.advance(0.5)
+        std = make_job(tenant="globex", tier="standard")
+        top = make_job(tenant="acme", tier="interactive")
+        # the cache has room: the standard job starts in time, so it passes the brake
+        sat.observe("e", EngineReading(running=1, waiting=3, kv_usage=0.1), clock.now())
+        assert type(ctl.arrive(std)).__name__ == "Dispatched", ordered
+        sat.sent(std.id, "e")
+        # the cache is full: the standard job is held; the top-tier one goes when ordered
+        sat.observe("e", EngineReading(running=1, waiting=4, kv_usage=0.99), clock.now())
+        std2 = make_job(tenant="globex", tier="standard")
+        assert type(ctl.arrive(std2)).__name__ == "Queued"
+        assert type(ctl.arrive(top)).__name__ == "Queued"  # behind the queued standard job
+        assert ctl.dispatchable() == ([top] if ordered else []), ordered
+        assert ctl.status()["pools"]["default"]["headroom_overtakes"] == int(ordered)
+
+
 def test_late_first_tokens_of_a_higher_tier_cap_the_tiers_below() -> None:
     ceil = LowerTierCeiling({"interactive": 1.0, "batch": None}, share=0.5, cut=0.1)
     in_flight = 50  # batch jobs running

@@ -29,7 +29,12 @@ waiting than this pool's top-band jobs not yet begun, the rest are lower-band wo
 engine starts after a top-band job it is sent now.  Holding the job in the gateway would
 only make it wait for them too (the brake opens when the engines' queues shrink), so it
 goes, one job per lower-band request waiting: the top tier never waits for capacity the
-engines would give it now.  Not a job that would start late even so (the top-band jobs
+engines would give it now.  That holds whatever the engines' KV caches hold: an engine
+whose cache is full starts nothing until running sequences end, and then starts its
+highest-priority waiting request first; a top-band job held in the gateway would let the
+lower-band requests already waiting there take that room (the start-time rule above, by
+contrast, sends nothing to engines whose caches are full: no start time can be predicted
+for them).  Not a job that would start late even so (the top-band jobs
 not yet begun and itself, at the measured start rate, past its TTFT): the gateway keeps
 that one, to expire it cleanly or make room for it, rather than spend an engine's prefill
 on it.  Only the top band: a middle band's job sent past the brake takes a seat before a

@@ -285,7 +285,8 @@ class EngineSaturation:
 
     def _kv_free(self, now: float) -> bool:
         """Whether some live engine has room in its KV cache by its last reading (or no
-        reading to go by): headroom sends nothing to engines that cannot start it."""
+        reading to go by): the start-time headroom sends nothing to engines that cannot
+        start it."""
         max_kv, stale = self.max_kv_usage, self.stale_after_s
         for e in self._live:
             r = e.reading
@@ -309,16 +310,20 @@ class EngineSaturation:
 
     def allows_dispatch(self, job: Job, in_flight: int, tokens_in_flight: int, now: float) -> bool:
         """True unless the pool's live engines are saturated and ``job`` gets no headroom
-        (:mod:`velvetrope.core.headroom`: a top-band job ahead of lower-band requests the
-        engines queue, or a job the engines start within its TTFT); a hold counts in
-        ``holds``."""
+        (:mod:`velvetrope.core.headroom`); a hold counts in ``holds``.
+
+        Headroom is a top-band job ahead of lower-band requests the engines queue, whatever
+        their KV caches hold (an engine that orders its queue by the tier gives the KV it
+        frees to that job before them: held in the gateway, the job would wait for them
+        too), or a job the engines start within its TTFT while some engine's KV cache has
+        room."""
         if self.room(now) >= 1.0:
             return True
         h = self.headroom
-        if h is not None and self._kv_free(now):
+        if h is not None:
             if job.band == 0 and h.ordered and h.overtakes(job, self._waiting(now), now):
                 return True
-            if h.allows_dispatch(job, now):
+            if self._kv_free(now) and h.allows_dispatch(job, now):
                 return True
         self.holds += 1
         return False
