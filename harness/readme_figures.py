@@ -145,15 +145,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true", help="print the checks, run nothing")
     args = ap.parse_args(argv)
     bad = 0
+    runs: dict[tuple[str, ...], subprocess.CompletedProcess[str]] = {}  # one run per command
     for check in CHECKS:
         command = " ".join(check.argv)
         where = check.page.relative_to(ROOT)
         if args.list:
             print(f"{command}: {check.prefix} {' '.join(check.keys)} (in {where})")
             continue
-        proc = subprocess.run(
-            [sys.executable, *check.argv], cwd=ROOT, capture_output=True, text=True, check=False
-        )
+        proc = runs.get(check.argv)
+        if proc is None:
+            proc = runs[check.argv] = subprocess.run(
+                [sys.executable, *check.argv], cwd=ROOT, capture_output=True, text=True, check=False
+            )
         page = check.page.read_text(encoding="utf-8")
         missing = stale(check, proc.stdout, page) if proc.returncode == 0 else ["exit"]
         bad += bool(missing)
