@@ -169,6 +169,52 @@ def test_a_top_tier_job_that_would_miss_its_ttft_waiting_passes_the_tpot_limit()
     assert limit.top_passes == 2
 
 
+def _slow_engine_limit(objective: float) -> tuple[TpotLimit, float]:
+    """A TPOT limit for the interactive tier (1 s TTFT, ``objective`` TPOT) fitted on an
+    engine whose TPOT is 60 ms + 0.5 ms per sequence, then 10 s with no end (no end rate:
+    the pool will not fall under the limit)."""
+    limit = TpotLimit(
+        {"interactive": objective, "batch": None},
+        z=0.0,
+        min_samples=10,
+        ttft_by_tier={"interactive": 1.0, "batch": None},
+        share=0.5,
+    )
+    now = 0.0
+    for n in (4, 16, 32, 64):
+        now = feed(limit, n, 0.060 + 0.0005 * n, 5, now)
+    return limit, now + 10.0
+
+
+def test_an_objective_no_batch_meets_does_not_hold_the_top_tier_by_its_own_count() -> None:
+    """When the fit predicts the objective missed even at one per engine, the limit stands
+    at 1 per engine: the lower tiers wait for it, and the top tier's pass is not held by
+    its own jobs in flight (waiting buys it no TPOT, only a late first token)."""
+    limit, now = _slow_engine_limit(0.05)  # over 50 ms at any batch
+    fit = limit.fit()
+    assert fit is not None and fit.reach(0.05, 0.0) < 1.0
+    assert limit.per_engine("interactive") == 1.0
+    for _ in range(5):
+        limit.started(_job("interactive"), now)
+    top = _job("interactive")
+    top.arrival = now
+    assert not limit.allows_dispatch(top, 5, 0, now + 0.4)  # not half its TTFT yet
+    assert limit.allows_dispatch(top, 5, 0, now + 0.5)  # 6 top-tier jobs > the limit of 1
+    assert limit.top_passes == 1
+    batch = _job("batch", band=2)
+    batch.arrival = now
+    assert not limit.allows_dispatch(batch, 5, 0, now + 0.5)
+    # an objective the fit reaches (at 8 per engine) holds the top tier once its own jobs
+    # fill the limit
+    reachable, then = _slow_engine_limit(0.064)
+    assert reachable.per_engine("interactive") == pytest.approx(8.0, rel=1e-3)
+    for _ in range(8):
+        reachable.started(_job("interactive"), then)
+    top.arrival = then
+    assert not reachable.allows_dispatch(top, 8, 0, then + 0.5)
+    assert reachable.top_passes == 0
+
+
 def test_the_controller_wakes_a_top_tier_job_held_by_the_tpot_limit() -> None:
     """Through the controller, with preemption off: the job held by the TPOT limit is due
     at half its TTFT (``next_deadline``), and the dispatch then lets it through."""

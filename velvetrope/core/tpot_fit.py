@@ -68,7 +68,13 @@ class TpotFit:
 
     def per_engine(self, target_s: float, z: float) -> float:
         """The most in flight per engine at which the predicted TPOT plus ``z`` spreads is
-        within ``target_s`` (at least 1; ``inf`` when no batch reaches it)."""
+        within ``target_s`` (:meth:`reach`, at least 1; ``inf`` when no batch reaches it)."""
+        return max(1.0, self.reach(target_s, z))
+
+    def reach(self, target_s: float, z: float) -> float:
+        """The batch per engine at which the predicted TPOT plus ``z`` spreads reaches
+        ``target_s``, not floored: under 1 when even a batch of one is predicted to miss it,
+        ``inf`` when the predicted TPOT does not grow with the batch."""
         c = self.per_prefill_token_s
         b = self.per_seq_s
         slope = b + c * self.prefill_per_seq
@@ -77,7 +83,7 @@ class TpotFit:
             left = target_s - z * self.sd_s - self.base_s - c * self.prefill_max
             saturated = left / b if b > 0 else (_INF if left > 0 else -_INF)
             n = max(n, saturated)
-        return max(1.0, n)
+        return n
 
 
 class TpotSamples:

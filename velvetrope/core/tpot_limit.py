@@ -37,8 +37,12 @@ rate its jobs end (measured over ``window_s``), would not fall under the limit w
 TTFT the job has left, and while the top band's own jobs in flight are under the limit.
 The lower bands still wait for the pool to fall under the limit, so it gets there as their
 jobs end, and the top tier meanwhile decodes in a batch somewhat above its objective rather
-than miss its first token.  A pool just over the limit, whose jobs end fast enough, keeps
-the job for the next slot.  Counted in ``top_passes``.
+than miss its first token.  When the fit predicts the objective missed even at a batch of
+one per engine (the limit then stands at 1 per engine: early in a run whose prompts fill
+the engines' steps, the spread of the first samples alone can exceed the objective), the
+top band's own count does not hold its pass: waiting would not buy it the TPOT the fit
+says no batch gets, only cost it its first token.  A pool just over the limit, whose jobs
+end fast enough, keeps the job for the next slot.  Counted in ``top_passes``.
 
 The limit binds only when it is known: until ``min_samples`` samples spanning at least
 ``min_spread`` sequences per engine have been seen, or while the fitted slope is not
@@ -252,6 +256,13 @@ class TpotLimit:
         the limit is not known)."""
         return in_flight < share * self.per_engine() * self.engines
 
+    def _beyond(self, job: Job) -> bool:
+        """Whether the fit predicts that ``job``'s objective is missed even at a batch of
+        one per engine (the limit then stands at 1 per engine)."""
+        target = self.target_s(job.tier)
+        fit = self._fit
+        return fit is not None and target is not None and fit.reach(target, self.z) < 1.0
+
     def ask_at(self, job: Job) -> float | None:
         """When ``job``, queued, may pass the limit (``None``: never, it is not of the top
         band or its tier has no TTFT objective): the driver wakes then."""
@@ -263,13 +274,13 @@ class TpotLimit:
     def allows_dispatch(self, job: Job, in_flight: int, tokens_in_flight: int, now: float) -> bool:
         """Whether one more job (``job``) keeps the pool within the limit, or is a top-band
         job that has waited its share of its TTFT and would miss it waiting for the pool
-        to fall under the limit, with the top band's own jobs under it (module
-        docstring)."""
+        to fall under the limit, with the top band's own jobs under it or the objective
+        out of the fit's reach at any batch (module docstring)."""
         limit = self.per_engine(job.tier) * self.engines
         if in_flight + 1 <= limit:
             return True
         ask = self.ask_at(job)
-        if ask is not None and now >= ask and self._top + 1 <= limit:
+        if ask is not None and now >= ask and (self._top + 1 <= limit or self._beyond(job)):
             rate = self._ends.rate(now)
             left = job.arrival + self.ttft[job.tier] - now
             if rate <= 0.0 or (in_flight + 1 - limit) / rate > left:
