@@ -98,6 +98,18 @@ CHECKS = (
         ROOT / "docs" / "concepts" / "slo-limits.md",
     ),
     Check(
+        ("bench/policy_suite.py", "--random", "60", "--random-seed", "2"),
+        "policy:",
+        ("workloads", "tiers_at_or_above", "total_ratio_min", "total_ratio_mean"),
+        ROOT / "docs" / "concepts" / "slo-limits.md",
+    ),
+    Check(
+        ("bench/policy_suite.py", "--random", "60", "--random-seed", "2"),
+        "settled:",
+        ("tiers_at_or_above", "total_ratio_min", "total_ratio_mean"),
+        ROOT / "docs" / "concepts" / "slo-limits.md",
+    ),
+    Check(
         ("bench/tpot_limit_convergence.py",),
         "tpot_limit:",
         ("known_after_s", "samples", "before_step", "after_step", "settled_s"),
