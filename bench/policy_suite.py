@@ -46,6 +46,7 @@ Seconds on 2 cores with the compiled core.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import sys
 import time
@@ -71,6 +72,7 @@ from experiments.n_engine_priority.run import (  # noqa: E402
 from velvetrope.core import PolicyConfig  # noqa: E402
 from velvetrope.core.policy import SloPolicy  # noqa: E402
 from velvetrope.demo.settings import DEFAULT_CONFIG, DemoSettings, read_config  # noqa: E402
+from velvetrope.demo.workload import Workload as DemoWorkload  # noqa: E402
 from velvetrope.demo.workload import build_workload  # noqa: E402
 from velvetrope.engine import load_profile  # noqa: E402
 from velvetrope.errors import PolicyError  # noqa: E402
@@ -250,13 +252,19 @@ def _settings(w: Workload) -> DemoSettings:
     )
 
 
+@functools.cache
+def _built(w: Workload) -> DemoWorkload | PolicyError:
+    """``w``'s requests (built once per workload: ``--random`` asks :func:`feasible` of each
+    draw, then :func:`run`s it), or why its trace cannot offer them."""
+    try:
+        return build_workload(_settings(w))
+    except PolicyError as e:
+        return e
+
+
 def feasible(w: Workload) -> bool:
     """Whether ``w``'s trace holds enough requests after its start for its rate and window."""
-    try:
-        build_workload(_settings(w))
-    except PolicyError:
-        return False
-    return True
+    return not isinstance(_built(w), PolicyError)
 
 
 def _without_limits(policy: dict[str, Any]) -> dict[str, Any]:
@@ -268,7 +276,10 @@ def run(w: Workload, config: Path, records: dict[str, JobRecords] | None = None)
     """The three runs of ``w`` (``fcfs``, ``prio``, ``gateway``) counted; ``records``, if
     given, receives each run's per-job records by the same keys."""
     s = _settings(w)
-    requests = build_workload(s).requests
+    built = _built(w)
+    if isinstance(built, PolicyError):
+        raise built
+    requests = built.requests
     profile = at_speed(load_profile(s.profile), s.speed)
     mapping = _policy_mapping(config)
     if w.tight_tpot:
