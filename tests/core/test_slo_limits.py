@@ -194,6 +194,7 @@ def test_an_objective_no_batch_meets_does_not_hold_the_top_tier_by_its_own_count
     fit = limit.fit()
     assert fit is not None and fit.reach(0.05, 0.0) < 1.0
     assert limit.per_engine("interactive") == 1.0
+    assert limit.out_of_reach("interactive")
     for _ in range(5):
         limit.started(_job("interactive"), now)
     top = _job("interactive")
@@ -201,6 +202,7 @@ def test_an_objective_no_batch_meets_does_not_hold_the_top_tier_by_its_own_count
     assert not limit.allows_dispatch(top, 5, 0, now + 0.4)  # not half its TTFT yet
     assert limit.allows_dispatch(top, 5, 0, now + 0.5)  # 6 top-tier jobs > the limit of 1
     assert limit.top_passes == 1
+    assert limit.status()["out_of_reach"] is True  # interactive jobs are running
     batch = _job("batch", band=2)
     batch.arrival = now
     assert not limit.allows_dispatch(batch, 5, 0, now + 0.5)
@@ -208,6 +210,7 @@ def test_an_objective_no_batch_meets_does_not_hold_the_top_tier_by_its_own_count
     # fill the limit
     reachable, then = _slow_engine_limit(0.064)
     assert reachable.per_engine("interactive") == pytest.approx(8.0, rel=1e-3)
+    assert not reachable.out_of_reach("interactive")
     for _ in range(8):
         reachable.started(_job("interactive"), then)
     top.arrival = then

@@ -261,6 +261,7 @@ def test_the_tpot_limit_learns_the_engines_decode_from_the_streams(tmp_path: Pat
     )
     assert tl["samples"] >= 20, tl
     assert tl["target_tpot_s"] is None  # nothing in flight now: no tier's objective applies
+    assert tl["out_of_reach"] is False  # so no objective is out of the fit's reach
     # what slows a step here: the batch, and each new request's prefill and arrival (two
     # prompt tokens, but a request's handling takes the engine's loop too): the fit learns
     # one or both, never a negative cost

@@ -158,7 +158,8 @@ class TpotLimit:
             self.ttft = {k: v for k, v in ttft_by_tier.items() if v is not None}
 
     def status(self) -> dict[str, float | int | None]:
-        """The fit, the limit per engine now and the counters, for ``/admin/status``."""
+        """The fit, the limit per engine now (``out_of_reach``: the fit predicts the
+        objective missed even at one per engine) and the counters, for ``/admin/status``."""
         fit = self.fit()
         per = self.per_engine()
         return {
@@ -170,6 +171,7 @@ class TpotLimit:
             "tpot_sd_s": None if fit is None else fit.sd_s,
             "per_engine": None if per == _INF else per,
             "target_tpot_s": self.target_s(),
+            "out_of_reach": self.out_of_reach(),
             "samples": self.samples,
             "holds": self.holds,
             "top_passes": self.top_passes,
@@ -256,10 +258,10 @@ class TpotLimit:
         the limit is not known)."""
         return in_flight < share * self.per_engine() * self.engines
 
-    def _beyond(self, job: Job) -> bool:
-        """Whether the fit predicts that ``job``'s objective is missed even at a batch of
-        one per engine (the limit then stands at 1 per engine)."""
-        target = self.target_s(job.tier)
+    def out_of_reach(self, tier: str | None = None) -> bool:
+        """Whether the fit predicts the objective (:meth:`target_s` with ``tier``) missed
+        even at a batch of one per engine (the limit then stands at 1 per engine)."""
+        target = self.target_s(tier)
         fit = self._fit
         return fit is not None and target is not None and fit.reach(target, self.z) < 1.0
 
@@ -280,7 +282,11 @@ class TpotLimit:
         if in_flight + 1 <= limit:
             return True
         ask = self.ask_at(job)
-        if ask is not None and now >= ask and (self._top + 1 <= limit or self._beyond(job)):
+        if (
+            ask is not None
+            and now >= ask
+            and (self._top + 1 <= limit or self.out_of_reach(job.tier))
+        ):
             rate = self._ends.rate(now)
             left = job.arrival + self.ttft[job.tier] - now
             if rate <= 0.0 or (in_flight + 1 - limit) / rate > left:
