@@ -33,6 +33,17 @@ class Check:
     page: Path = README
 
 
+def _suite_lines(*args: str) -> tuple[Check, Check]:
+    """The checks of ``bench/policy_suite.py *args``: its ``policy:`` and ``settled:`` lines'
+    counts and ratios, as ``docs/concepts/slo-limits.md`` quotes them."""
+    argv = ("bench/policy_suite.py", *args)
+    page = ROOT / "docs" / "concepts" / "slo-limits.md"
+    ratios = ("tiers_at_or_above", "total_ratio_min", "total_ratio_mean")
+    return Check(argv, "policy:", ("workloads", *ratios), page), Check(
+        argv, "settled:", ratios, page
+    )
+
+
 CHECKS = (
     Check(
         ("bench/adaptive_bench.py",),
@@ -61,54 +72,10 @@ CHECKS = (
         ("tiers_at_or_above", "total_ratio_min", "total_ratio_mean", "unsettled"),
         ROOT / "docs" / "concepts" / "slo-limits.md",
     ),
-    Check(
-        ("bench/policy_suite.py", "--seeds", "4"),
-        "policy:",
-        ("workloads", "tiers_at_or_above", "total_ratio_min", "total_ratio_mean"),
-        ROOT / "docs" / "concepts" / "slo-limits.md",
-    ),
-    Check(
-        ("bench/policy_suite.py", "--seeds", "4"),
-        "settled:",
-        ("tiers_at_or_above", "total_ratio_min", "total_ratio_mean"),
-        ROOT / "docs" / "concepts" / "slo-limits.md",
-    ),
-    Check(
-        ("bench/policy_suite.py", "--held-out"),
-        "policy:",
-        ("workloads", "tiers_at_or_above", "total_ratio_min", "total_ratio_mean"),
-        ROOT / "docs" / "concepts" / "slo-limits.md",
-    ),
-    Check(
-        ("bench/policy_suite.py", "--held-out"),
-        "settled:",
-        ("tiers_at_or_above", "total_ratio_min", "total_ratio_mean"),
-        ROOT / "docs" / "concepts" / "slo-limits.md",
-    ),
-    Check(
-        ("bench/policy_suite.py", "--random", "60"),
-        "policy:",
-        ("workloads", "tiers_at_or_above", "total_ratio_min", "total_ratio_mean"),
-        ROOT / "docs" / "concepts" / "slo-limits.md",
-    ),
-    Check(
-        ("bench/policy_suite.py", "--random", "60"),
-        "settled:",
-        ("tiers_at_or_above", "total_ratio_min", "total_ratio_mean"),
-        ROOT / "docs" / "concepts" / "slo-limits.md",
-    ),
-    Check(
-        ("bench/policy_suite.py", "--random", "60", "--random-seed", "2"),
-        "policy:",
-        ("workloads", "tiers_at_or_above", "total_ratio_min", "total_ratio_mean"),
-        ROOT / "docs" / "concepts" / "slo-limits.md",
-    ),
-    Check(
-        ("bench/policy_suite.py", "--random", "60", "--random-seed", "2"),
-        "settled:",
-        ("tiers_at_or_above", "total_ratio_min", "total_ratio_mean"),
-        ROOT / "docs" / "concepts" / "slo-limits.md",
-    ),
+    *_suite_lines("--seeds", "4"),
+    *_suite_lines("--held-out"),
+    *_suite_lines("--random", "60"),
+    *_suite_lines("--random", "60", "--random-seed", "2"),
     Check(
         ("bench/tpot_limit_convergence.py",),
         "tpot_limit:",

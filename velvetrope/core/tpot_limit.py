@@ -243,15 +243,19 @@ class TpotLimit:
                 best = t
         return None if best == _INF else best
 
+    def _reach(self, tier: str | None) -> float:
+        """The fit's :meth:`~velvetrope.core.tpot_fit.TpotFit.reach` for the objective
+        (:meth:`target_s` with ``tier``), not floored (``inf``: not known, or no TPOT
+        objective)."""
+        target = self.target_s(tier)
+        fit = self._fit
+        if target is None or fit is None:
+            return _INF
+        return fit.reach(target, self.z)
+
     def per_engine(self, tier: str | None = None) -> float:
         """The limit per live engine now (``inf``: not known, or no TPOT objective)."""
-        target = self.target_s(tier)
-        if target is None:
-            return _INF
-        fit = self._fit
-        if fit is None:
-            return _INF
-        return fit.per_engine(target, self.z)
+        return max(1.0, self._reach(tier))
 
     def under(self, in_flight: int, share: float) -> bool:
         """Whether ``in_flight`` jobs are under ``share`` of the pool's limit now (true while
@@ -261,9 +265,7 @@ class TpotLimit:
     def out_of_reach(self, tier: str | None = None) -> bool:
         """Whether the fit predicts the objective (:meth:`target_s` with ``tier``) missed
         even at a batch of one per engine (the limit then stands at 1 per engine)."""
-        target = self.target_s(tier)
-        fit = self._fit
-        return fit is not None and target is not None and fit.reach(target, self.z) < 1.0
+        return self._reach(tier) < 1.0
 
     def ask_at(self, job: Job) -> float | None:
         """When ``job``, queued, may pass the limit (``None``: never, it is not of the top
@@ -278,15 +280,12 @@ class TpotLimit:
         job that has waited its share of its TTFT and would miss it waiting for the pool
         to fall under the limit, with the top band's own jobs under it or the objective
         out of the fit's reach at any batch (module docstring)."""
-        limit = self.per_engine(job.tier) * self.engines
+        reach = self._reach(job.tier)
+        limit = max(1.0, reach) * self.engines
         if in_flight + 1 <= limit:
             return True
         ask = self.ask_at(job)
-        if (
-            ask is not None
-            and now >= ask
-            and (self._top + 1 <= limit or self.out_of_reach(job.tier))
-        ):
+        if ask is not None and now >= ask and (self._top + 1 <= limit or reach < 1.0):
             rate = self._ends.rate(now)
             left = job.arrival + self.ttft[job.tier] - now
             if rate <= 0.0 or (in_flight + 1 - limit) / rate > left:
