@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test test-latest lock docs reference test-engines llama-server demo install lint typecheck pytest bench chaos fuzz soak clean constraints deploy-bench studies
+.PHONY: test test-latest lock lock-peer bench-peer docs reference test-engines llama-server demo install lint typecheck pytest bench chaos fuzz soak clean constraints deploy-bench studies
 
 # llama.cpp's llama-server, built from the llama-cpp-python sdist (harness/llama_build.py)
 # and kept here between runs: minutes to build on two cores, once per machine
@@ -112,6 +112,26 @@ reference: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/core_bench.py
 
+# the demo's workload through SGLang's Shepherd Model Gateway against ours, real processes
+# (bench/peer_gateway.py); SMG from requirements/peer.txt (hashed) in a venv of its own
+PEER := .venv-peer
+PEER_LOCK := requirements/peer.txt
+$(PEER)/.installed: $(PEER_LOCK)
+	$(PY) -m venv $(PEER)
+	$(PEER)/bin/python -m pip install --quiet pip==$(PIP_VERSION)
+	$(PEER)/bin/python -m pip install --quiet --require-hashes -r $(PEER_LOCK)
+	touch $@
+
+PEER_DRAIN ?= 12
+bench-peer: $(STAMP) $(PEER)/.installed
+	$(BIN)/python bench/peer_gateway.py --smg $(PEER)/bin/smg --drain $(PEER_DRAIN)
+
+lock-peer:
+	$(PY) -m venv .venv-lock
+	.venv-lock/bin/python -m pip install --quiet pip==$(PIP_VERSION) pip-tools==$(PIP_TOOLS_VERSION)
+	.venv-lock/bin/pip-compile --quiet --upgrade --generate-hashes --allow-unsafe --strip-extras \
+	  --no-emit-index-url --no-emit-find-links --output-file $(PEER_LOCK) requirements/peer.in
+
 # deploy/constraints.txt: the image's pinned dependency set, what a base install (no extra)
 # resolves to; run after changing [project] dependencies (tests/test_packaging.py checks it)
 constraints: $(STAMP)
@@ -136,4 +156,4 @@ soak: $(STAMP)
 	$(BIN)/python -m harness.soak --seconds $(SOAK_SECONDS)
 
 clean:
-	rm -rf $(VENV) .venv-lock $(LATEST) .mypy_cache .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .venv-lock $(LATEST) $(PEER) .mypy_cache .pytest_cache .ruff_cache .hypothesis

@@ -8,7 +8,8 @@ import os
 import signal
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
 
 import httpx
 import pytest
@@ -214,6 +215,24 @@ def test_rejections_round_robin_and_failures() -> None:
     assert live.finished == 6 and live.open == 0
 
 
+@asynccontextmanager
+async def _completions_server(
+    handler: Callable[[web.Request], Awaitable[web.Response]],
+) -> AsyncIterator[str]:
+    """An aiohttp server on loopback answering ``POST /v1/completions`` with ``handler``;
+    yields its base URL."""
+    app = web.Application()
+    app.router.add_post("/v1/completions", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
 @pytest.mark.integration
 def test_priorities_put_each_tiers_priority_in_the_body() -> None:
     tiers = ["interactive", "batch", "standard", "interactive", "batch", "standard"]
@@ -228,23 +247,44 @@ def test_priorities_put_each_tiers_priority_in_the_body() -> None:
 
     async def run(priorities: dict[str, int] | None) -> dict[int, object]:
         bodies.clear()
-        app = web.Application()
-        app.router.add_post("/v1/completions", record)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        port = free_port()
-        try:
-            await web.TCPSite(runner, "127.0.0.1", port).start()
-            cfg = ReplayConfig((f"http://127.0.0.1:{port}",), deadline_s=10, priorities=priorities)
-            res = await replay(reqs, cfg)
-        finally:
-            await runner.cleanup()
+        async with _completions_server(record) as url:
+            res = await replay(reqs, ReplayConfig((url,), deadline_s=10, priorities=priorities))
         assert res.by_outcome() == {ReplayOutcome.REJECTED: len(reqs)}
         return {len(str(b["prompt"])) // len(FILLER_WORD): b.get("priority") for b in bodies}
 
     sent = asyncio.run(run(prio))
     assert sent == {r.prompt_tokens: prio[str(r.tier)] for r in reqs}
     assert asyncio.run(run(None)) == {r.prompt_tokens: None for r in reqs}
+
+
+@pytest.mark.integration
+def test_tier_headers_go_with_each_tiers_requests_and_keep_the_key() -> None:
+    tiers = ["interactive", "batch", "standard", "interactive"]
+    reqs = [TraceRequest(0.01 * i, 10 + i, 5, tenant="a", tier=t) for i, t in enumerate(tiers)]
+    classes = {
+        "interactive": {"x-smg-priority": "interactive"},
+        "batch": {"x-smg-priority": "bulk"},
+    }
+    seen: dict[int, tuple[str | None, str | None]] = {}
+
+    async def record(request: web.Request) -> web.Response:
+        body = await request.json()
+        n = len(str(body["prompt"])) // len(FILLER_WORD)
+        seen[n] = (request.headers.get("x-smg-priority"), request.headers.get("Authorization"))
+        return web.json_response({"error": {"code": "queue_full"}}, status=503)
+
+    async def run() -> None:
+        headers = {**classes, "standard": {"Authorization": "Bearer forged"}}
+        async with _completions_server(record) as url:
+            await replay(reqs, ReplayConfig((url,), "sk-a", deadline_s=10, tier_headers=headers))
+
+    asyncio.run(run())
+    assert seen == {
+        10: ("interactive", "Bearer sk-a"),
+        11: ("bulk", "Bearer sk-a"),
+        12: (None, "Bearer sk-a"),  # a tier's headers never replace the key
+        13: ("interactive", "Bearer sk-a"),
+    }
 
 
 def test_bad_arguments() -> None:

@@ -210,6 +210,7 @@ async def _one(
     live.sent += 1
     live.open += 1
     headers = {
+        **cfg.headers_for(req.tier),
         "Authorization": f"Bearer {cfg.key_for(req.tenant)}",
         "Content-Type": "application/json",
     }

@@ -55,7 +55,9 @@ class ReplayConfig:
     ``request_timeout_s`` bounds each request from its send.  ``max_connections`` caps
     open sockets (aiohttp's connector limit).  ``priorities``: tier -> the ``priority``
     field each request of that tier carries (every tier of the workload must be in it;
-    ``None``: no request carries one).
+    ``None``: no request carries one).  ``tier_headers``: tier -> extra HTTP headers each
+    request of that tier carries (a peer gateway's class header, say; a tier not in it
+    carries none).
     """
 
     base_urls: tuple[str, ...]
@@ -65,6 +67,7 @@ class ReplayConfig:
     request_timeout_s: float = 60.0
     max_connections: int = 1024
     priorities: Mapping[str, int] | None = None
+    tier_headers: Mapping[str, Mapping[str, str]] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.base_urls, str) or not self.base_urls:
@@ -92,3 +95,10 @@ class ReplayConfig:
         if tier is None or tier not in self.priorities:
             raise PolicyError(f"no engine priority for tier {tier!r}")
         return self.priorities[tier]
+
+    def headers_for(self, tier: str | None) -> Mapping[str, str]:
+        """The extra headers a request of ``tier`` carries (none unless ``tier_headers``
+        names the tier)."""
+        if self.tier_headers is None or tier is None:
+            return {}
+        return self.tier_headers.get(tier, {})
