@@ -23,8 +23,8 @@ Prints, per run and tier, the requests within their SLO (the demo's definition,
 :func:`velvetrope.demo.summary.summarize`), then per run the total, the tokens generated
 for requests never completed, the requests turned away by status and code, and the answers
 of status 200 that carried no token (a stream that ended empty: SMG's answer to a request
-it preempted before its first byte, where velvetrope answers 503 ``preempted``).  Ends
-with one line::
+it preempted before its first byte, where velvetrope answers 503 ``preempted``), and the
+top tier's TTFT p99 and TPOT p50 and p99 over its completed answers.  Ends with one line::
 
     peer: velvetrope=N smg_best=M best_run=NAME ratio=N/M
 
@@ -61,7 +61,7 @@ from velvetrope.demo.summary import summarize
 from velvetrope.demo.workload import build_workload
 from velvetrope.engine import load_profile
 from velvetrope.serving import launch
-from velvetrope.sim.metrics import config_slos
+from velvetrope.sim.metrics import config_slos, percentiles
 
 SMG_CLASSES = ("interactive", "default", "bulk")
 """SMG's classes for the tiers, top tier first (the tiers past the third are ``bulk``)."""
@@ -154,6 +154,25 @@ def wasted(rr: ReplayResult) -> int:
     return sum(r.tokens for r in rr.results if r.outcome is not ReplayOutcome.COMPLETED)
 
 
+def latency(rr: ReplayResult, tier: str) -> tuple[float, float, float]:
+    """TTFT p99 (s), TPOT p50 and p99 (ms) of ``tier``'s completed answers (TPOT of those
+    with two tokens or more: (end − first token) / (tokens − 1))."""
+    done = [
+        r
+        for r in rr.results
+        if r.tier == tier and r.outcome is ReplayOutcome.COMPLETED and r.ttft_s is not None
+    ]
+    ttft = [r.ttft_s for r in done if r.ttft_s is not None]
+    tpot = [
+        1000.0 * (r.e2e_s - r.ttft_s) / (r.tokens - 1)
+        for r in done
+        if r.tokens >= 2 and r.e2e_s is not None and r.ttft_s is not None
+    ]
+    (p99,) = percentiles(ttft, (99,))
+    p50_tpot, p99_tpot = percentiles(tpot, (50, 99))
+    return p99, p50_tpot, p99_tpot
+
+
 def turned_away(rr: ReplayResult) -> Counter[str]:
     """Requests answered with an error status, by ``status code``."""
     return Counter(
@@ -242,6 +261,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{name:32} "
             + " ".join(f"{per[t]:>12}" for t in tiers)
             + f"  {totals[name]:>6}  {wasted(rr):>6}  {empty_answers(rr):>9}   turned away: {away}"
+        )
+    top = tiers[0]
+    for name, rr in results.items():
+        ttft99, tpot50, tpot99 = latency(rr, top)
+        print(
+            f"  {name}: {top} completed, TTFT p99 {ttft99:.2f} s, "
+            f"TPOT p50 {tpot50:.0f} ms, p99 {tpot99:.0f} ms"
         )
     best = max((n for n in totals if n != "velvetrope"), key=lambda n: totals[n])
     print(
