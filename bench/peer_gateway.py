@@ -13,7 +13,8 @@ one run per gateway in front of them, each on idle engines:
   the top tier ``interactive``, the next ``default``, the rest ``bulk``), each tenant's
   class as its ``max_class``;
 * **smg, 96 slots**: the same with ``--max-concurrent-requests 96`` (what issue 39 measured:
-  the slots velvetrope's earlier example config had);
+  the slots velvetrope's earlier example config had) and every class's reserved floor 0
+  (SMG's built-in floors exceed 96 slots, and its priority scheduler would not start);
 * **smg, 96 slots, SLO timeouts**: and each class's ``queue_timeout_secs`` set from its
   tier's objective (its TTFT, else its end-to-end time, rounded up to a whole second: SMG
   takes whole seconds), so that a request leaves SMG's queue when waiting has cost it
@@ -29,7 +30,8 @@ top tier's TTFT p99 and TPOT p50 and p99 over its completed answers.  Ends with 
     peer: velvetrope=N smg_best=M best_run=NAME ratio=N/M
 
 Run: ``make bench-peer`` (installs SMG, pinned, into ``.venv-peer``:
-``requirements/peer.txt``), or ``.venv/bin/python bench/peer_gateway.py --smg PATH``.
+``requirements/peer.txt``; ``PEER_DRAIN=150`` to wait for every outcome), or
+``.venv/bin/python bench/peer_gateway.py --smg PATH [--drain S]``.
 """
 
 from __future__ import annotations
