@@ -301,6 +301,7 @@ def engine() -> Iterator[EngineServer]:
 
 
 @pytest.mark.integration
+@pytest.mark.alone  # it fits coefficients to a real engine's step times: no load beside it
 @pytest.mark.timeout(60)
 def test_quick_calibration_recovers_our_engine(engine: EngineServer, tmp_path: Path) -> None:
     out = tmp_path / "cal.yaml"
