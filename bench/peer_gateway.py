@@ -16,9 +16,9 @@ one run per gateway in front of them, each on idle engines:
   the slots velvetrope's earlier example config had) and every class's reserved floor 0
   (SMG's built-in floors exceed 96 slots, and its priority scheduler would not start);
 * **smg, 96 slots, SLO timeouts**: and each class's ``queue_timeout_secs`` set from its
-  tier's objective (its TTFT, else its end-to-end time, rounded up to a whole second: SMG
-  takes whole seconds), so that a request leaves SMG's queue when waiting has cost it
-  its objective, as velvetrope's queue bounds in time do.
+  tier's wait bound (``TierPolicy.wait_bound_s``: its TTFT, else its end-to-end time,
+  rounded up to a whole second: SMG takes whole seconds), so that a request leaves SMG's
+  queue when waiting has cost it its objective, as velvetrope's queue bounds in time do.
 
 Prints, per run and tier, the requests within their SLO (the demo's definition,
 :func:`velvetrope.demo.summary.summarize`), then per run the total, the tokens generated
@@ -151,25 +151,12 @@ def empty_answers(rr: ReplayResult) -> int:
     return sum(1 for r in rr.results if r.status == 200 and r.tokens == 0)
 
 
-def wasted(rr: ReplayResult) -> int:
-    """Tokens generated for requests never completed."""
-    return sum(r.tokens for r in rr.results if r.outcome is not ReplayOutcome.COMPLETED)
-
-
 def latency(rr: ReplayResult, tier: str) -> tuple[float, float, float]:
-    """TTFT p99 (s), TPOT p50 and p99 (ms) of ``tier``'s completed answers (TPOT of those
-    with two tokens or more: (end − first token) / (tokens − 1))."""
-    done = [
-        r
-        for r in rr.results
-        if r.tier == tier and r.outcome is ReplayOutcome.COMPLETED and r.ttft_s is not None
-    ]
+    """TTFT p99 (s), TPOT p50 and p99 (ms; :attr:`RequestResult.tpot_s`, answers of two
+    tokens or more) of ``tier``'s completed answers."""
+    done = [r for r in rr.results if r.tier == tier and r.outcome is ReplayOutcome.COMPLETED]
     ttft = [r.ttft_s for r in done if r.ttft_s is not None]
-    tpot = [
-        1000.0 * (r.e2e_s - r.ttft_s) / (r.tokens - 1)
-        for r in done
-        if r.tokens >= 2 and r.e2e_s is not None and r.ttft_s is not None
-    ]
+    tpot = [1000.0 * t for r in done if (t := r.tpot_s) is not None]
     (p99,) = percentiles(ttft, (99,))
     p50_tpot, p99_tpot = percentiles(tpot, (50, 99))
     return p99, p50_tpot, p99_tpot
@@ -205,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tenant_class = {t.name: tier_class[t.tier] for t in policy.tenants if t.name in keys}
     timeouts: dict[str, int] = {}
     for t in policy.tiers:  # the first tier of each class sets its timeout
-        bound = t.slo.ttft_s if t.slo and t.slo.ttft_s else (t.slo.e2e_s if t.slo else None)
+        bound = t.wait_bound_s  # how long velvetrope's queue holds a job of the tier
         if bound is not None:
             timeouts.setdefault(tier_class[t.name], max(1, math.ceil(bound)))
     wl = build_workload(s, 2 * load_profile(s.profile).max_num_seqs)
@@ -262,7 +249,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"{name:32} "
             + " ".join(f"{per[t]:>12}" for t in tiers)
-            + f"  {totals[name]:>6}  {wasted(rr):>6}  {empty_answers(rr):>9}   turned away: {away}"
+            + f"  {totals[name]:>6}  {rr.tokens_wasted():>6}  {empty_answers(rr):>9}"
+            + f"   turned away: {away}"
         )
     top = tiers[0]
     for name, rr in results.items():

@@ -61,6 +61,14 @@ class RequestResult:
     tokens: int = 0
     usage_tokens: int | None = None
 
+    @property
+    def tpot_s(self) -> float | None:
+        """Time per output token after the first, ``(e2e − ttft) / (tokens − 1)``; ``None``
+        without both times or for an answer of fewer than two tokens."""
+        if self.tokens < 2 or self.ttft_s is None or self.e2e_s is None:
+            return None
+        return (self.e2e_s - self.ttft_s) / (self.tokens - 1)
+
 
 @dataclass(slots=True)
 class LiveCounters:
@@ -110,3 +118,8 @@ class ReplayResult:
     def by_outcome(self) -> Counter[ReplayOutcome]:
         """How many requests ended each way."""
         return Counter(r.outcome for r in self.results)
+
+    def tokens_wasted(self) -> int:
+        """Tokens streamed for requests that never completed (cut at the deadline, hung up,
+        failed): work the engines did for nothing."""
+        return sum(r.tokens for r in self.results if r.outcome is not ReplayOutcome.COMPLETED)

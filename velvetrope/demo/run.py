@@ -97,8 +97,7 @@ class DemoReport:
     def tokens_wasted(self, run: str) -> int:
         """Tokens streamed in ``run`` for requests that never completed (cut at the
         deadline, hung up, failed): work the engines did for nothing."""
-        rr = self.runs[run].replay
-        return sum(r.tokens for r in rr.results if r.outcome is not ReplayOutcome.COMPLETED)
+        return self.runs[run].replay.tokens_wasted()
 
     def throughput(self, run: str) -> tuple[float, float]:
         """``(completed requests, completion tokens)`` per second of ``run``'s duration."""

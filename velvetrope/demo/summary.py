@@ -70,8 +70,8 @@ def _count_within(rs: Sequence[RequestResult], slo: SloPolicy) -> int:
     times: list[tuple[float, float, float]] = []
     for r in rs:
         if r.outcome is ReplayOutcome.COMPLETED and r.ttft_s is not None and r.e2e_s is not None:
-            tpot = (r.e2e_s - r.ttft_s) / (r.tokens - 1) if r.tokens >= 2 else math.nan
-            times.append((r.ttft_s, tpot, r.e2e_s))
+            tpot = r.tpot_s
+            times.append((r.ttft_s, math.nan if tpot is None else tpot, r.e2e_s))
     if not times:
         return 0
     ttft, tpot_a, e2e = (np.array(col, dtype=np.float64) for col in zip(*times, strict=True))
