@@ -136,6 +136,27 @@ def test_a_call_that_raises_at_once_is_sent_again_and_the_outbox_lives_on() -> N
     asyncio.run(main())
 
 
+def test_a_call_on_its_way_counts_until_it_lands() -> None:
+    """A status reads ``len(outbox)``: 0 must mean nothing is left on its way to the store,
+    not only that nothing waits for a round (the round in flight counts too)."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[Any] = loop.create_future()
+        box = Outbox(ready=lambda: True, on_result=lambda ok: None, timeout_s=lambda: 5.0)
+        box.start()
+        box.put(lambda: answer)
+        for _ in range(5):  # the round starts: the entry leaves the queue, still unanswered
+            await asyncio.sleep(0)
+        assert len(box) == 1
+        answer.set_result(1)
+        assert await box.flush(5.0)
+        assert len(box) == 0 and box.sent == 1
+        await box.stop()
+
+    asyncio.run(main())
+
+
 class Refusal(Exception):
     """What the store answers to a call it will never accept."""
 

@@ -87,7 +87,9 @@ class Outbox:
         self._in_flight = 0  # calls of the batch being sent
 
     def __len__(self) -> int:
-        return len(self._items)
+        """Entries not yet known to have landed: those queued and those of the round in
+        flight (a status that reads 0 here has nothing left on its way to the store)."""
+        return len(self._items) + self._in_flight
 
     def put(self, send: Send) -> None:
         """Queue ``send`` (a coroutine factory); never blocks."""
