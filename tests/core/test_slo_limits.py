@@ -218,6 +218,44 @@ def test_an_objective_no_batch_meets_does_not_hold_the_top_tier_by_its_own_count
     assert reachable.top_passes == 0
 
 
+def test_a_ramps_spread_holds_the_lower_tiers_at_a_limit_and_not_the_top_tier() -> None:
+    """First samples from a ramp (prefill per step far off its proportional share: ±300·√n
+    tokens at 32-96 per engine): at their own spread no batch reaches 50 ms, but with the
+    spread narrowing below their batch (:mod:`velvetrope.core.tpot_fit`) the limit is
+    several per engine, not 1.  The lower tiers wait for it; the top tier's pass is not
+    held by its own count, the objective being out of reach at the samples' own spread."""
+    a, b, c = 0.004, 3.4e-5, 1.8e-5
+    limit = TpotLimit(
+        {"interactive": 0.05, "batch": None},
+        z=3.0,
+        min_samples=10,
+        ttft_by_tier={"interactive": 1.0, "batch": None},
+        share=0.5,
+    )
+    now = 0.0
+    for n in (32, 64, 96):
+        for sign in (-1, 1, -1, 1):
+            prompts = round((40 * n + sign * 300 * math.sqrt(n)) / 10)  # 100 tokens, 10 steps
+            now = decode_one(limit, n, a + b * n + c * prompts * 10, 11, now, prompts, 100)
+    fit = limit.fit()
+    assert fit is not None and fit.reach_uniform(0.05, 3.0) < 1.0
+    assert limit.out_of_reach("interactive")
+    per = limit.per_engine("interactive")
+    assert 4.0 < per < 10.0
+    now += 10.0  # no end since: the pool will not fall under the limit
+    for _ in range(10):  # the top tier's own jobs over the limit (its objective holds)
+        limit.started(_job("interactive"), now)
+    batch = _job("batch", band=2)
+    batch.arrival = now
+    assert limit.allows_dispatch(batch, 3, 0, now)  # under the limit (1 per engine before)
+    assert not limit.allows_dispatch(batch, math.ceil(per), 0, now)
+    top = _job("interactive")
+    top.arrival = now
+    assert limit.allows_dispatch(top, 10, 0, now + 0.5)
+    assert limit.top_passes == 1
+    assert not limit.allows_dispatch(batch, 10, 0, now + 0.5)
+
+
 def test_the_controller_wakes_a_top_tier_job_held_by_the_tpot_limit() -> None:
     """Through the controller, with preemption off: the job held by the TPOT limit is due
     at half its TTFT (``next_deadline``), and the dispatch then lets it through."""

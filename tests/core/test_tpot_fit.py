@@ -165,3 +165,46 @@ def test_a_sample_weighs_its_decode_steps_up_to_32() -> None:
         unweighted.add(float(n), 0.0, tpot)
     plain = unweighted.solve()
     assert plain is not None and plain.per_seq_s < fit.per_seq_s
+
+
+# The prefill off its proportional share by ±d·√n: about n prompts arrive while one of a
+# batch of n decodes, so the deviation's variance grows with the batch.
+D = 300.0
+GROWING = [(n, 40.0 * n + s * D * math.sqrt(n)) for n in (4, 16, 64) for s in (-1, 1, -1, 1)]
+
+
+def test_the_prefill_spread_grows_with_the_batch_and_narrows_below_the_samples() -> None:
+    fit = samples(GROWING).solve()
+    assert fit is not None
+    assert fit.per_prefill_token_s == pytest.approx(C, rel=1e-6)
+    assert fit.prefill_per_seq == pytest.approx(40.0, rel=1e-4)  # (weights decay a little)
+    assert fit.prefill_var_per_seq == pytest.approx(D * D, rel=1e-3)  # k² = mean((p − r·n)²/n)
+    # the batch at which the prediction plus z spreads that grow as √n reaches the objective
+    z, target = 3.0, 0.03
+    n = fit.reach(target, z)
+    slope = fit.per_seq_s + C * fit.prefill_per_seq
+    spread = math.hypot(fit.sd_s, C * D * math.sqrt(n))
+    assert fit.base_s + slope * n + z * spread == pytest.approx(target, rel=1e-9)
+    # below the samples' batch it is narrower than their own spread, which alone would
+    # leave a smaller batch (the larger of the two is the limit)
+    assert fit.reach_uniform(target, z) < n
+
+
+def test_a_ramps_spread_does_not_put_every_batch_out_of_reach() -> None:
+    """A cold start's first samples carry far more prefill per step than the steady state:
+    around the proportional line their spread alone exceeds the objective (out of reach at
+    the samples' own spread, at any batch), while the spread that narrows below the samples'
+    batch leaves a limit of several per engine."""
+    ramp = [(n, 40.0 * n + s * D * math.sqrt(n)) for n in (32, 64, 96) for s in (-1, 1, -1, 1)]
+    fit = samples(ramp).solve()
+    assert fit is not None
+    z, target = 3.0, 0.05
+    assert fit.reach_uniform(target, z) < 1.0
+    assert fit.per_engine(target, z) > 4.0
+    # nowhere below the limit does the prediction plus its spread exceed the objective
+    n = fit.per_engine(target, z)
+    slope = fit.per_seq_s + C * fit.prefill_per_seq
+    k2 = fit.prefill_var_per_seq
+    for m in (1.0, n / 2, n):
+        spread = math.sqrt(fit.sd_s**2 + C * C * k2 * m)
+        assert fit.base_s + slope * m + z * spread <= target + 1e-12

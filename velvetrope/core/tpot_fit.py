@@ -25,8 +25,24 @@ TPOT at a batch of ``n`` is then the lesser of two lines:
 * saturated: ``a + b·n + c·p_max``, the prefill at its largest, with the fit's residual
   spread ``σ``.
 
+The proportional line's spread is taken two ways.  ``σ_line`` is the samples' own, the
+same at every batch.  But the prefill a request shares its steps with is that of the
+prompts that arrive while it decodes, about ``n`` of them in a batch of ``n``: its
+deviation from ``r·n`` is a sum of about ``n`` prompts' deviations, and its variance grows
+in proportion to the batch, ``k²·n`` with ``k² = mean((p − r·n)² / n)`` over the samples
+(tokens² per sequence).  At the samples' own batch the two agree; below it the second is
+narrower.  It matters when the first samples all come from a ramp: a cold start's burst
+prefills far more per step than the steady state, ``σ_line`` then exceeds the objective on
+its own (the limit would fall to 1 per engine for as long as those samples weigh), while
+``c·k·√n`` at a small batch does not (seen on one 70B engine with long prompts at 1.1×:
+``σ_line`` 45 ms, 7.5 ms around the full fit).
+
 :meth:`TpotFit.per_engine` is the largest ``n`` at which one of them, plus ``z`` of its
-spread, is within the objective.  When the two causes cannot be told apart (no spread of
+spread (for the proportional line, the batch at which either spread reaches the objective,
+the larger: :meth:`TpotFit.reach`), is within the objective.  :meth:`TpotFit.reach_uniform`
+leaves out the narrower spread at batches below the samples': the verdict that no batch
+reaches the objective (:mod:`velvetrope.core.tpot_limit` lets the top tier pass then) rests
+on no extrapolation below what was seen.  When the two causes cannot be told apart (no spread of
 ``p``, ``n`` and ``p`` moving together, a TPOT that falls as the prefill grows, or a
 prefill term too small to matter: less than a tenth of the mean TPOT at the most prefill
 seen, as with short prompts), the fit is the line on ``n`` alone (``c = 0``).  A cost per
@@ -56,7 +72,8 @@ is noise, not a cause (short prompts): the fit is then the line on ``n`` alone."
 class TpotFit:
     """``tpot ≈ base_s + per_seq_s·n + per_prefill_token_s·p`` and what the limit needs of
     the samples (module docstring).  ``per_prefill_token_s`` is 0 for the line on ``n``
-    alone, whose ``line_sd_s`` equals ``sd_s``."""
+    alone, whose ``line_sd_s`` equals ``sd_s``; ``prefill_var_per_seq`` is ``k²`` (module
+    docstring), 0 for that line."""
 
     base_s: float
     per_seq_s: float
@@ -65,6 +82,7 @@ class TpotFit:
     prefill_per_seq: float = 0.0
     prefill_max: float = 0.0
     line_sd_s: float = 0.0
+    prefill_var_per_seq: float = 0.0
 
     def per_engine(self, target_s: float, z: float) -> float:
         """The most in flight per engine at which the predicted TPOT plus ``z`` spreads is
@@ -74,7 +92,20 @@ class TpotFit:
     def reach(self, target_s: float, z: float) -> float:
         """The batch per engine at which the predicted TPOT plus ``z`` spreads reaches
         ``target_s``, not floored: under 1 when even a batch of one is predicted to miss it,
-        ``inf`` when the predicted TPOT does not grow with the batch."""
+        ``inf`` when the predicted TPOT does not grow with the batch.  The proportional
+        line's spread is the larger of the batch-independent and the growing one's reach
+        (module docstring)."""
+        n = self.reach_uniform(target_s, z)
+        c = self.per_prefill_token_s
+        if c > 0.0:
+            slope = self.per_seq_s + c * self.prefill_per_seq
+            k = c * math.sqrt(self.prefill_var_per_seq)
+            n = max(n, _reach_growing(target_s - self.base_s, slope, z * self.sd_s, z * k))
+        return n
+
+    def reach_uniform(self, target_s: float, z: float) -> float:
+        """:meth:`reach` with the proportional line's spread the samples' own at every
+        batch (``line_sd_s``), none narrower below their batch."""
         c = self.per_prefill_token_s
         b = self.per_seq_s
         slope = b + c * self.prefill_per_seq
@@ -84,6 +115,18 @@ class TpotFit:
             saturated = left / b if b > 0 else (_INF if left > 0 else -_INF)
             n = max(n, saturated)
         return n
+
+
+def _reach_growing(room: float, slope: float, e: float, k: float) -> float:
+    """The largest ``n`` with ``slope·n + √(e² + k²·n) ≤ room`` (``slope > 0``; ``e, k ≥
+    0``): the smaller root of ``(room − slope·n)² = e² + k²·n``; negative when ``room ≤ e``
+    (out of reach at any batch)."""
+    if room <= e:
+        return room - e
+    qa = slope * slope
+    qb = 2.0 * slope * room + k * k
+    qc = room * room - e * e
+    return (qb - math.sqrt(max(0.0, qb * qb - 4.0 * qa * qc))) / (2.0 * qa)
 
 
 class TpotSamples:
@@ -100,6 +143,7 @@ class TpotSamples:
         "_s",
         "_sp",
         "_spp",
+        "_sppn",
         "_spy",
         "_sx",
         "_sxp",
@@ -124,6 +168,7 @@ class TpotSamples:
         self._pmax = 0.0
         self._s = self._sx = self._sp = self._sy = 0.0
         self._sxx = self._sxp = self._spp = self._sxy = self._spy = self._syy = 0.0
+        self._sppn = 0.0  # Σ w·p²/n, for k² (module docstring)
 
     def add(self, x: float, p: float, y: float, w: float = 1.0) -> None:
         """One sample of weight ``w``: ``x`` in flight per engine, ``p`` prefill tokens per
@@ -136,6 +181,7 @@ class TpotSamples:
         self._sxx = self._sxx * d + w * x * x
         self._sxp = self._sxp * d + w * x * p
         self._spp = self._spp * d + w * p * p
+        self._sppn = self._sppn * d + (w * p * p / x if x > 0.0 else 0.0)
         self._sxy = self._sxy * d + w * x * y
         self._spy = self._spy * d + w * p * y
         self._syy = self._syy * d + w * y * y
@@ -178,6 +224,7 @@ class TpotSamples:
                     prefill_per_seq=r,
                     prefill_max=self._pmax,
                     line_sd_s=math.sqrt(max(0.0, vyy - 2.0 * slope * cxy + slope * slope * vxx)),
+                    prefill_var_per_seq=max(0.0, self._sppn / s - 2.0 * r * mp + r * r * mx),
                 )
         b = cxy / vxx
         if b * (self.xmax - self.xmin) <= flat:  # flat (or falling) over the range

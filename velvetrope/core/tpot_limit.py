@@ -20,7 +20,8 @@ of every streamed response, with no profile of the engine:
   hardware or traffic mix;
 * the limit per engine is the largest ``n`` at which the TPOT predicted for it, with the
   prefill growing with the batch up to the most seen, plus ``z`` (default 3) standard
-  deviations of the samples around the prediction, reaches ``τ``, the tightest TPOT
+  deviations of the samples around the prediction (the prefill's share of them growing with
+  the batch: :mod:`velvetrope.core.tpot_fit`), reaches ``τ``, the tightest TPOT
   objective among the tiers with work in flight and the job's own tier: requests of one
   batch do not all see the same TPOT (a prefill in the batch slows the steps it shares), so
   the margin is the measured spread, not a constant.
@@ -38,10 +39,12 @@ TTFT the job has left, and while the top band's own jobs in flight are under the
 The lower bands still wait for the pool to fall under the limit, so it gets there as their
 jobs end, and the top tier meanwhile decodes in a batch somewhat above its objective rather
 than miss its first token.  When the fit predicts the objective missed even at a batch of
-one per engine (the limit then stands at 1 per engine: early in a run whose prompts fill
-the engines' steps, the spread of the first samples alone can exceed the objective), the
-top band's own count does not hold its pass: waiting would not buy it the TPOT the fit
-says no batch gets, only cost it its first token.  A pool just over the limit, whose jobs
+one per engine with the samples' own spread (early in a run whose prompts fill the
+engines' steps, the spread of the first samples alone can exceed the objective; the limit
+then stands where the spread that narrows below the samples' batch puts it, at least 1 per
+engine: :mod:`velvetrope.core.tpot_fit`), the top band's own count does not hold its
+pass: holding it would cost it its first token for certain, on a prediction that rests on
+batches smaller than any seen.  A pool just over the limit, whose jobs
 end fast enough, keeps the job for the next slot.  Counted in ``top_passes``.
 
 The limit binds only when it is known: until ``min_samples`` samples spanning at least
@@ -159,7 +162,8 @@ class TpotLimit:
 
     def status(self) -> dict[str, float | int | None]:
         """The fit, the limit per engine now (``out_of_reach``: the fit predicts the
-        objective missed even at one per engine) and the counters, for ``/admin/status``."""
+        objective missed even at one per engine, :meth:`out_of_reach`) and the counters,
+        for ``/admin/status``."""
         fit = self.fit()
         per = self.per_engine()
         return {
@@ -169,6 +173,8 @@ class TpotLimit:
             "prefill_per_seq": None if fit is None else fit.prefill_per_seq,
             "prefill_max_per_step": None if fit is None else fit.prefill_max,
             "tpot_sd_s": None if fit is None else fit.sd_s,
+            "tpot_line_sd_s": None if fit is None else fit.line_sd_s,
+            "prefill_var_per_seq": None if fit is None else fit.prefill_var_per_seq,
             "per_engine": None if per == _INF else per,
             "target_tpot_s": self.target_s(),
             "out_of_reach": self.out_of_reach(),
@@ -264,8 +270,12 @@ class TpotLimit:
 
     def out_of_reach(self, tier: str | None = None) -> bool:
         """Whether the fit predicts the objective (:meth:`target_s` with ``tier``) missed
-        even at a batch of one per engine (the limit then stands at 1 per engine)."""
-        return self._reach(tier) < 1.0
+        even at a batch of one per engine with the samples' own spread
+        (:meth:`~velvetrope.core.tpot_fit.TpotFit.reach_uniform`: no narrower spread
+        extrapolated below their batch)."""
+        target = self.target_s(tier)
+        fit = self._fit
+        return target is not None and fit is not None and fit.reach_uniform(target, self.z) < 1.0
 
     def ask_at(self, job: Job) -> float | None:
         """When ``job``, queued, may pass the limit (``None``: never, it is not of the top
@@ -280,12 +290,15 @@ class TpotLimit:
         job that has waited its share of its TTFT and would miss it waiting for the pool
         to fall under the limit, with the top band's own jobs under it or the objective
         out of the fit's reach at any batch (module docstring)."""
-        reach = self._reach(job.tier)
-        limit = max(1.0, reach) * self.engines
+        limit = self.per_engine(job.tier) * self.engines
         if in_flight + 1 <= limit:
             return True
         ask = self.ask_at(job)
-        if ask is not None and now >= ask and (self._top + 1 <= limit or reach < 1.0):
+        if (
+            ask is not None
+            and now >= ask
+            and (self._top + 1 <= limit or self.out_of_reach(job.tier))
+        ):
             rate = self._ends.rate(now)
             left = job.arrival + self.ttft[job.tier] - now
             if rate <= 0.0 or (in_flight + 1 - limit) / rate > left:
