@@ -249,14 +249,17 @@ class TpotLimit:
                 best = t
         return None if best == _INF else best
 
-    def _reach(self, tier: str | None) -> float:
-        """The fit's :meth:`~velvetrope.core.tpot_fit.TpotFit.reach` for the objective
+    def _reach(self, tier: str | None, uniform: bool = False) -> float:
+        """The fit's :meth:`~velvetrope.core.tpot_fit.TpotFit.reach` (``uniform``: its
+        :meth:`~velvetrope.core.tpot_fit.TpotFit.reach_uniform`) for the objective
         (:meth:`target_s` with ``tier``), not floored (``inf``: not known, or no TPOT
         objective)."""
         target = self.target_s(tier)
         fit = self._fit
         if target is None or fit is None:
             return _INF
+        if uniform:
+            return fit.reach_uniform(target, self.z)
         return fit.reach(target, self.z)
 
     def per_engine(self, tier: str | None = None) -> float:
@@ -273,9 +276,7 @@ class TpotLimit:
         even at a batch of one per engine with the samples' own spread
         (:meth:`~velvetrope.core.tpot_fit.TpotFit.reach_uniform`: no narrower spread
         extrapolated below their batch)."""
-        target = self.target_s(tier)
-        fit = self._fit
-        return target is not None and fit is not None and fit.reach_uniform(target, self.z) < 1.0
+        return self._reach(tier, uniform=True) < 1.0
 
     def ask_at(self, job: Job) -> float | None:
         """When ``job``, queued, may pass the limit (``None``: never, it is not of the top

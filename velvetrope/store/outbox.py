@@ -84,7 +84,7 @@ class Outbox:
         self.rejected = 0
         self._logged_at = -math.inf  # when a refusal was last logged
         self._unlogged = 0  # refusals since
-        self._in_flight = 0  # calls of the batch being sent
+        self._in_flight = 0  # entries of the round being sent
 
     def __len__(self) -> int:
         """Entries not yet known to have landed: those queued and those of the round in
@@ -119,7 +119,7 @@ class Outbox:
         it emptied."""
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout_s
-        while self._items or self._in_flight:
+        while len(self):
             if loop.time() >= end:
                 return False
             self._wake.set()
