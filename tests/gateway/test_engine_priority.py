@@ -2,8 +2,9 @@
 band as vLLM's ``priority`` to a ``velvetrope engine --scheduling priority`` on loopback.
 
 The engine runs one sequence at a time, so requests the gateway dispatches wait in the
-engine's own queue.  A long batch request takes the seat, three short batch requests
-queue behind it, then one short interactive request arrives.  With the tier forwarded the
+engine's own queue.  A long streamed batch request takes the seat, three short batch
+requests queue behind it, then one short interactive request; the long one's client then
+hangs up, and the engine serves its queue.  With the tier forwarded the
 engine serves the interactive request before the batch ones that arrived first; without it
 (and with the batch tenant asking for ``priority: -10`` itself, which the gateway strips)
 the engine serves them in arrival order.  The test reads the order in which the responses
@@ -58,22 +59,31 @@ def _finish_order(tmp: Path, engine: str, engine_priority: bool) -> list[str]:
 
     async def go() -> None:
         async with httpx.AsyncClient(timeout=120) as c:
-            long = asyncio.create_task(one(c, "long", BRONZE, _body(1500)))
-            st = await status_until(c, gw.url, lambda s: s["in_flight"] == 1)
-            assert st["in_flight"] == 1, st
-            batch = [
-                asyncio.create_task(one(c, "b", BRONZE, _body(30, priority=-10))) for _ in range(3)
-            ]
-            st = await status_until(c, gw.url, lambda s: s["in_flight"] == 4)
-            assert st["in_flight"] == 4, st
-            top = asyncio.create_task(one(c, "i", GOLD, _body(30)))
-            await asyncio.gather(long, *batch, top)
+            # the long one holds the engine's one seat until the client hangs up, after all
+            # four short ones are in the engine's queue: however slow the machine, none of
+            # them can find the seat free before then (8,000 tokens take 3 s at 20×)
+            long = _body(8000) | {"stream": True}
+            url = gw.url + "/v1/completions"
+            async with c.stream("POST", url, json=long, headers=BRONZE) as held:
+                assert held.status_code == 200
+                batch = [
+                    asyncio.create_task(one(c, "b", BRONZE, _body(30, priority=-10)))
+                    for _ in range(3)
+                ]
+                st = await status_until(c, gw.url, lambda s: s["in_flight"] == 4)
+                assert st["in_flight"] == 4, st
+                top = asyncio.create_task(one(c, "i", GOLD, _body(30)))
+                st = await status_until(c, gw.url, lambda s: s["in_flight"] == 5)
+                assert st["in_flight"] == 5, st
+            # the stream closed: the gateway cancels the long one at the engine, which
+            # then serves its queue in its own order
+            await asyncio.gather(*batch, top)
 
     try:
         asyncio.run(go())
     finally:
         gw.stop()
-    return [x for x in order if x != "long"]
+    return order
 
 
 def test_the_forwarded_tier_puts_the_top_tier_ahead_in_the_engines_queue(
@@ -82,7 +92,7 @@ def test_the_forwarded_tier_puts_the_top_tier_ahead_in_the_engines_queue(
     # one engine for both gateways: each run leaves it idle, every request answered
     with start_engine(20.0, "--scheduling", "priority", "--set", "max_num_seqs=1") as eng:
         forwarded = _finish_order(tmp_path / "on", eng.url, engine_priority=True)
-        assert forwarded.index("i") < 2, forwarded  # ahead of at least two earlier batch jobs
+        assert forwarded == ["i", "b", "b", "b"], forwarded  # ahead of the earlier batch jobs
         plain = _finish_order(tmp_path / "off", eng.url, engine_priority=False)
     assert plain == ["b", "b", "b", "i"], plain  # arrival order: the client's -10 was dropped
 
