@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.core.helpers import make_job
 from velvetrope.clock import ManualClock
 from velvetrope.core import (
     AdmissionController,
@@ -202,6 +203,29 @@ def test_kv_full_holds_and_an_unreadable_engine_is_blind() -> None:
     assert len(fresh.arrive(6)) == 6  # no saturation for it: only the in-flight limit
     fresh.scrape("e")  # a reading at last: it holds 6 and runs 2, saturation is back on
     assert fresh.sat.state("e", 0.0) == "on" and fresh.arrive(1) == []
+
+
+def test_the_room_is_what_the_kv_cache_holds_at_the_lengths_running_now() -> None:
+    """A capacity learned in requests does not outgrow the KV cache once the sequences it
+    runs grow: the room is at most the requests the cache holds before ``max_kv_usage`` at
+    what each running request holds on average, less those sent since the reading."""
+    sat = EngineSaturation("p", max_waiting=0, max_kv_usage=0.9)
+    sat.set_engines(["e"])
+    sat.observe("e", EngineReading(running=40, waiting=1, kv_usage=0.4), 0.0)
+    assert sat.engine_room("e", 0.0) == pytest.approx(-1.0)  # learned: 40 at once
+    # 20 running hold 0.8 of the cache (0.04 each): room for 2.5 more, not 40 - 20
+    sat.observe("e", EngineReading(running=20, waiting=0, kv_usage=0.8), 1.0)
+    assert sat.engine_room("e", 1.0) == pytest.approx(2.5)
+    for _ in range(2):
+        job = make_job()
+        assert sat.allows_dispatch(job, 0, 0, 1.0)
+        sat.started(job, 1.0)
+        sat.sent(job.id, "e")
+    assert sat.engine_room("e", 1.0) == pytest.approx(0.5)  # the two sent take theirs
+    assert not sat.allows_dispatch(make_job(), 0, 0, 1.0)
+    # short sequences (0.01 each): the learned count is the tighter bound again
+    sat.observe("e", EngineReading(running=20, waiting=0, kv_usage=0.2), 2.0)
+    assert sat.engine_room("e", 2.0) == pytest.approx(20.0)
 
 
 def test_engines_read_keep_their_limit_beside_a_blind_one() -> None:

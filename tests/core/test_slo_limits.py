@@ -71,6 +71,19 @@ def saturable(**pool: Any) -> tuple[AdmissionController, ManualClock, EngineSatu
     return ctl, clock, sat
 
 
+def eight_starts(ctl: AdmissionController, clock: ManualClock, sat: EngineSaturation) -> None:
+    """Eight batch jobs dispatched to ``e`` and started, then 0.5 s: a start rate measured
+    (1.6/s over 5 s), so start times can be predicted."""
+    sent = [make_job(tenant="initech", tier="batch") for _ in range(8)]
+    for j in sent:
+        assert type(ctl.arrive(j)).__name__ == "Dispatched"
+        sat.sent(j.id, "e")
+        sat.observe("e", EngineReading(running=1, waiting=0, kv_usage=0.1), clock.now())
+    for j in sent:
+        ctl.first_token(j.id)
+    clock.advance(0.5)
+
+
 def feed(limit: TpotLimit, n: int, tpot: float, count: int, now: float, out: int = 11) -> float:
     """``count`` jobs of tier interactive decoding ``out`` tokens each at ``tpot`` while the
     pool holds ``n`` per engine, one after another."""
@@ -467,14 +480,7 @@ def test_a_full_kv_cache_holds_the_start_time_headroom_but_not_the_top_tier() ->
     start in time by the measured start rate) sends nothing to full caches."""
     for ordered in (True, False):
         ctl, clock, sat = saturable(engine_priority=ordered)
-        sent = [make_job(tenant="initech", tier="batch") for _ in range(8)]
-        for j in sent:
-            assert type(ctl.arrive(j)).__name__ == "Dispatched"
-            sat.sent(j.id, "e")
-            sat.observe("e", EngineReading(running=1, waiting=0, kv_usage=0.1), clock.now())
-        for j in sent:  # eight starts measured (1.6/s over 5 s): start times can be predicted
-            ctl.first_token(j.id)
-        clock.advance(0.5)
+        eight_starts(ctl, clock, sat)
         std = make_job(tenant="globex", tier="standard")
         top = make_job(tenant="acme", tier="interactive")
         # the cache has room: the standard job starts in time, so it passes the brake
@@ -488,6 +494,51 @@ def test_a_full_kv_cache_holds_the_start_time_headroom_but_not_the_top_tier() ->
         assert type(ctl.arrive(top)).__name__ == "Queued"  # behind the queued standard job
         assert ctl.dispatchable() == ([top] if ordered else []), ordered
         assert ctl.status()["pools"]["default"]["headroom_overtakes"] == int(ordered)
+
+
+def test_the_start_time_headroom_counts_what_was_sent_since_the_reading() -> None:
+    """The start-time rule sends a job only to an engine whose KV cache has room for it by
+    its last reading, counting the requests sent since at what a running request holds on
+    average: one reading does not let a burst into a nearly full cache."""
+    ctl, clock, sat = saturable(engine_priority=True)
+    eight_starts(ctl, clock, sat)
+    # 4 running hold 0.8 of the cache (0.2 each): room for 0.85 of one more under 0.97
+    sat.observe("e", EngineReading(running=4, waiting=3, kv_usage=0.8), clock.now())
+    first = make_job(tenant="globex", tier="standard")
+    assert type(ctl.arrive(first)).__name__ == "Dispatched"
+    sat.sent(first.id, "e")
+    second = make_job(tenant="globex", tier="standard")
+    assert type(ctl.arrive(second)).__name__ == "Queued"  # the first took that room
+    assert ctl.status()["pools"]["default"]["headroom_passes"] == 1
+    sat.observe("e", EngineReading(running=4, waiting=2, kv_usage=0.6), clock.now())
+    assert ctl.dispatchable() == [second]  # a reading with room: it goes
+
+
+def test_lower_bands_leave_the_kv_the_top_tiers_arrivals_need() -> None:
+    """A lower-band job is held while no engine's KV cache has room for the top-band jobs
+    expected within half their TTFT objective (at the rate they were dispatched) and one
+    more; a top-band job is not, and without top-tier traffic there is no reserve."""
+    sat = EngineSaturation("default", max_waiting=2, max_kv_usage=0.97)
+    sat.headroom = TierHeadroom({"interactive": 1.0, "standard": 5.0}, ordered=True)
+    sat.set_engines(["e"])
+    for i in range(10):  # 2 a second over 5 s: 1 expected within 0.5 s
+        top = _job("interactive", band=0)
+        sat.started(top, i * 0.5)
+        sat.sent(top.id, "e")
+    assert sat.headroom.top_reserve(4.5) == pytest.approx(1.0)
+    # 10 running hold 0.85 (0.085 each): room for 1.4 under 0.97, not the 2 kept
+    sat.observe("e", EngineReading(running=10, waiting=0, kv_usage=0.85), 4.5)
+    assert sat.engine_room("e", 4.5) == pytest.approx(0.12 * 10 / 0.85 + 2)  # KV room
+    assert not sat.allows_dispatch(_job("standard", band=1), 10, 0, 4.5)
+    assert sat.reserve_holds == 1 and sat.holds == 1
+    assert sat.allows_dispatch(_job("interactive", band=0), 10, 0, 4.5)
+    sat.observe("e", EngineReading(running=10, waiting=0, kv_usage=0.8), 4.6)  # room for 2.1
+    assert sat.allows_dispatch(_job("standard", band=1), 10, 0, 4.6)
+    later = 10.0  # no top-band dispatch for 5 s: nothing kept
+    assert sat.headroom.top_reserve(later) == 0.0
+    sat.observe("e", EngineReading(running=10, waiting=0, kv_usage=0.85), later)
+    assert sat.allows_dispatch(_job("standard", band=1), 10, 0, later)
+    assert sat.reserve_holds == 1
 
 
 def test_late_first_tokens_of_a_higher_tier_cap_the_tiers_below() -> None:

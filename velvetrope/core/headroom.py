@@ -33,8 +33,10 @@ engines would give it now.  That holds whatever the engines' KV caches hold: an 
 whose cache is full starts nothing until running sequences end, and then starts its
 highest-priority waiting request first; a top-band job held in the gateway would let the
 lower-band requests already waiting there take that room (the start-time rule above, by
-contrast, sends nothing to engines whose caches are full: no start time can be predicted
-for them).  Not a job that would start late even so (the top-band jobs
+contrast, sends nothing to engines whose caches are full, counting the requests sent
+since their last reading at what a running request holds on average: no start time can be
+predicted for them, and a burst into a nearly full cache fills it with decodes that a
+later top-tier prompt then waits for).  Not a job that would start late even so (the top-band jobs
 not yet begun and itself, at the measured start rate, past its TTFT): the gateway keeps
 that one, to expire it cleanly or make room for it, rather than spend an engine's prefill
 on it.  Only the top band: a middle band's job sent past the brake takes a seat before a
@@ -71,6 +73,7 @@ from velvetrope.core.job import Job
 
 __all__ = ["LowerTierCeiling", "TierHeadroom"]
 
+_INF: Final = float("inf")
 _DEFAULT_SHARE: Final = 0.5
 _DEFAULT_WINDOW_S: Final = 5.0
 _BIAS_GAIN: Final = 0.1  # smoothing of the prediction's measured error
@@ -84,6 +87,8 @@ class TierHeadroom:
     __slots__ = (
         "_firsts",
         "_passed",
+        "_top_starts",
+        "_top_ttft",
         "_waiting",
         "_where",
         "bias",
@@ -115,6 +120,8 @@ class TierHeadroom:
         self._waiting: dict[int, int] = {}
         self._where: dict[str, int] = {}
         self._firsts = EventRate(window_s)
+        self._top_starts = EventRate(window_s)
+        self._top_ttft = _INF  # the tightest TTFT objective of a top-band job seen
         self._passed: dict[str, tuple[float, float]] = {}  # job id -> (passed at, predicted)
         self.bias = 1.0
         """Measured over predicted time to first token of the jobs let through (smoothed):
@@ -123,6 +130,7 @@ class TierHeadroom:
     def retarget(self, ttft_by_tier: Mapping[str, float | None]) -> None:
         """Take the tiers' TTFT objectives of a reloaded policy (counts are kept)."""
         self.ttft = {k: v for k, v in ttft_by_tier.items() if v is not None}
+        self._top_ttft = _INF
 
     # -- events ------------------------------------------------------------------------
 
@@ -131,6 +139,11 @@ class TierHeadroom:
         band = job.band
         self._where[job.id] = band
         self._waiting[band] = self._waiting.get(band, 0) + 1
+        if band == 0:
+            ttft = self.ttft.get(job.tier)
+            if ttft is not None:
+                self._top_starts.add(now)
+                self._top_ttft = min(self._top_ttft, ttft)
 
     def first_token(self, job: Job, now: float) -> None:
         """``job`` produced its first token: it has started; one more start measured (and,
@@ -156,6 +169,15 @@ class TierHeadroom:
     def start_rate(self, now: float) -> float:
         """First tokens per second over the last ``window_s`` (0 before any)."""
         return self._firsts.rate(now)
+
+    def top_reserve(self, now: float) -> float:
+        """The top-band jobs (a tier with a TTFT objective) expected to arrive within
+        ``share`` of their TTFT objective at the rate they were dispatched over the last
+        ``window_s``: what the engines' KV caches keep room for, as requests, while lower
+        bands dispatch (:meth:`~velvetrope.core.saturation.EngineSaturation.allows_dispatch`).
+        0 before any."""
+        rate = self._top_starts.rate(now)
+        return 0.0 if rate <= 0.0 else rate * self.share * self._top_ttft
 
     def ahead(self, band: int) -> int:
         """Dispatched jobs not yet started that an engine starts before a new job of

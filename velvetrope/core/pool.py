@@ -318,6 +318,9 @@ class Pool:
             "headroom_overtakes": None
             if self.saturation is None or self.saturation.headroom is None
             else self.saturation.headroom.overtakes_count,
+            "top_reserve_holds": None
+            if self.saturation is None or self.saturation.headroom is None
+            else self.saturation.reserve_holds,
         }
 
 

@@ -37,6 +37,26 @@ its KV cache.  The pool allows a dispatch while ``Σ_e max(0, room_e) − pendin
   sent to it): a cold start is held to the window from the first request, there is no
   learning period in which a burst reaches the engines unchecked;
 * an engine at ``kv_usage ≥ max_kv_usage`` has no room (its KV cache is full);
+* an engine's room is at most its *KV room*: ``(max_kv_usage − kv_usage) × running /
+  kv_usage + max_waiting − waiting_e − (ours_e − ours_at_e)``, the requests its cache holds
+  before ``max_kv_usage`` at what each running request holds on average, plus the queue
+  allowed, less what was sent since the reading.  A capacity in requests is learned at the
+  lengths the engine ran then; as its sequences grow (each decode step adds a token to
+  every one), the same count fills more of the cache, and a room in requests alone would
+  send a burst that a nearly full cache cannot start (and a top-tier prompt then waits for
+  running decodes to end: vLLM admits a waiting prompt only when its blocks are free);
+* a job of a lower band (not band 0) is held while every live engine's KV room, without
+  the queue allowance, is under ``1 +`` its share of the *top band's reserve*: the top-band
+  jobs (a tier with a TTFT objective) expected within ``share`` of their TTFT objective at
+  the rate they were dispatched over the headroom's window
+  (:meth:`~velvetrope.core.headroom.TierHeadroom.top_reserve`).  A top-tier prompt that
+  finds the cache full waits for running decodes to end, however the engine orders its
+  queue (a vLLM engine admits a waiting prompt only when its first blocks are free, and
+  displaces running sequences only when they run out of blocks themselves); the engines
+  alone, overfilling their caches, preempt lower-priority sequences and so make that room,
+  at the cost of the work they throw away.  The reserve keeps the room instead, sized by
+  what the top tier measurably sends: a pool without top-tier traffic keeps none.  Only
+  with the headroom rule (``limit: slo``);
 * a reading older than ``stale_after_s`` is not used: the engine is *stale* and has
   unlimited room, so it is served without saturation (the pool's in-flight limit,
   :mod:`velvetrope.core.capacity`, still holds) until a reading arrives; a rule never holds
@@ -122,6 +142,8 @@ class EngineSaturation:
         self.initial_capacity = float(max(1, initial_capacity))
         self.holds = 0
         """Times a dispatch was held (cumulative)."""
+        self.reserve_holds = 0
+        """Of :attr:`holds`, lower-band dispatches held for the top band's KV reserve."""
         self._engines: dict[str, _Engine] = {}
         self._live: list[_Engine] = []
         self._live_ids: list[str] = []
@@ -245,7 +267,13 @@ class EngineSaturation:
             elif r.kv_usage >= max_kv:
                 room = 0.0
             else:
-                room = e.capacity + max_waiting - (r.running + r.waiting + e.ours - e.ours_at)
+                sent = e.ours - e.ours_at
+                room = e.capacity + max_waiting - (r.running + r.waiting + sent)
+                if r.running > 0 and r.kv_usage > 0.0:  # the KV room, if it is less
+                    kv_room = (max_kv - r.kv_usage) * r.running / r.kv_usage
+                    kv_room += max_waiting - r.waiting - sent
+                    if kv_room < room:
+                        room = kv_room
             out.append(room)
             if stop and room == _INF:
                 break
@@ -283,14 +311,39 @@ class EngineSaturation:
                 total += r.waiting
         return total
 
+    def _kept_for_top(self, reserve: float, now: float) -> bool:
+        """Whether every live engine's KV cache, by its current reading and counting what
+        was sent since, has room for fewer than ``reserve`` / engines + 1 requests at what
+        a running request holds on average: the room the top band's arrivals need (module
+        docstring).  False without a reserve, or while some engine has no current reading
+        that measures it."""
+        live = self._live
+        if reserve <= 0.0 or not live:
+            return False
+        need = reserve / len(live) + 1.0
+        max_kv, stale = self.max_kv_usage, self.stale_after_s
+        for e in live:
+            r = e.reading
+            if e.blind or r is None or now - e.at > stale or r.running <= 0 or r.kv_usage <= 0:
+                return False
+            if (max_kv - r.kv_usage) * r.running / r.kv_usage - (e.ours - e.ours_at) >= need:
+                return False
+        return True
+
     def _kv_free(self, now: float) -> bool:
-        """Whether some live engine has room in its KV cache by its last reading (or no
+        """Whether some live engine has room in its KV cache by its last reading, counting
+        the requests sent to it since at what each running request holds on average (or no
         reading to go by): the start-time headroom sends nothing to engines that cannot
         start it."""
         max_kv, stale = self.max_kv_usage, self.stale_after_s
         for e in self._live:
             r = e.reading
-            if e.blind or r is None or now - e.at > stale or r.kv_usage < max_kv:
+            if e.blind or r is None or now - e.at > stale:
+                return True
+            kv, running = r.kv_usage, r.running
+            if kv >= max_kv:
+                continue
+            if running <= 0 or kv <= 0.0 or (max_kv - kv) * running / kv > e.ours - e.ours_at:
                 return True
         return not self._live
 
@@ -316,10 +369,15 @@ class EngineSaturation:
         their KV caches hold (an engine that orders its queue by the tier gives the KV it
         frees to that job before them: held in the gateway, the job would wait for them
         too), or a job the engines start within its TTFT while some engine's KV cache has
-        room."""
+        room.  A lower-band job is held, whatever the room, while no engine's KV cache keeps
+        the top band's reserve (module docstring; counted in ``reserve_holds`` too)."""
+        h = self.headroom
+        if job.band > 0 and h is not None and self._kept_for_top(h.top_reserve(now), now):
+            self.reserve_holds += 1
+            self.holds += 1
+            return False
         if self.room(now) >= 1.0:
             return True
-        h = self.headroom
         if h is not None:
             if job.band == 0 and h.ordered and h.overtakes(job, self._waiting(now), now):
                 return True
