@@ -29,7 +29,7 @@ GOLDEN = {
     "stress-same-instant": "85ce59934dd90e03832347bcc17fc1588336fe93",
     "conv-overload": "6ce75b79ec15de9044fa43bd29dbffa06440c6d1",
     "code-prefix": "282d8641a0523615e4e871a025acd5e71c24379b",
-    "routes-degrade-engines": "9eb781dbb7fd2ea5d94826eaccef833419157cbc",
+    "routes-degrade-engines": "98758e94fcf4205a3f0dbffd2ab980df753c3aa8",
 }
 
 REGENERATE = "python -m tests.sim.golden --write {name} (then paste its digest into GOLDEN)"
