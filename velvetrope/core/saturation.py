@@ -109,6 +109,15 @@ class EngineReading:
     kv_usage: float
 
 
+def _kv_holds(r: EngineReading, max_kv: float) -> float:
+    """How many more requests ``r``'s engine has KV cache for before ``max_kv``, at what each
+    of its running requests holds on average (``inf``: a reading with nothing running or an
+    empty cache does not measure it)."""
+    if r.running <= 0 or r.kv_usage <= 0.0:
+        return _INF
+    return (max_kv - r.kv_usage) * r.running / r.kv_usage
+
+
 class _Engine:
     __slots__ = ("at", "blind", "capacity", "learned", "ours", "ours_at", "reading")
 
@@ -256,7 +265,7 @@ class EngineSaturation:
         one when ``stop``."""
         out: list[float] = []
         stale, max_kv, max_waiting = self.stale_after_s, self.max_kv_usage, self.max_waiting
-        for e in engines:  # one loop, no call per engine: the dispatch path runs it
+        for e in engines:  # one loop, no method call per engine: the dispatch path runs it
             r = e.reading
             if e.blind:
                 room = _INF
@@ -269,11 +278,9 @@ class EngineSaturation:
             else:
                 sent = e.ours - e.ours_at
                 room = e.capacity + max_waiting - (r.running + r.waiting + sent)
-                if r.running > 0 and r.kv_usage > 0.0:  # the KV room, if it is less
-                    kv_room = (max_kv - r.kv_usage) * r.running / r.kv_usage
-                    kv_room += max_waiting - r.waiting - sent
-                    if kv_room < room:
-                        room = kv_room
+                kv_room = _kv_holds(r, max_kv) + (max_waiting - r.waiting - sent)
+                if kv_room < room:
+                    room = kv_room
             out.append(room)
             if stop and room == _INF:
                 break
@@ -324,9 +331,9 @@ class EngineSaturation:
         max_kv, stale = self.max_kv_usage, self.stale_after_s
         for e in live:
             r = e.reading
-            if e.blind or r is None or now - e.at > stale or r.running <= 0 or r.kv_usage <= 0:
+            if e.blind or r is None or now - e.at > stale:
                 return False
-            if (max_kv - r.kv_usage) * r.running / r.kv_usage - (e.ours - e.ours_at) >= need:
+            if _kv_holds(r, max_kv) - (e.ours - e.ours_at) >= need:
                 return False
         return True
 
@@ -340,10 +347,7 @@ class EngineSaturation:
             r = e.reading
             if e.blind or r is None or now - e.at > stale:
                 return True
-            kv, running = r.kv_usage, r.running
-            if kv >= max_kv:
-                continue
-            if running <= 0 or kv <= 0.0 or (max_kv - kv) * running / kv > e.ours - e.ours_at:
+            if r.kv_usage < max_kv and _kv_holds(r, max_kv) > e.ours - e.ours_at:
                 return True
         return not self._live
 
