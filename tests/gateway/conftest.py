@@ -22,6 +22,7 @@ __all__ = [
     "Proc",
     "admin_status",
     "charged",
+    "completion_body",
     "free_port",
     "metered_config",
     "metric",
@@ -54,6 +55,20 @@ def start_together(*starts: Callable[[], ServerProcess]) -> list[ServerProcess]:
                 f.result().stop()
         next(f for f in futures if f.exception() is not None).result()
     return [f.result() for f in futures]
+
+
+def completion_body(
+    max_tokens: int = 4, stream: bool = False, prompt: str = "hello world"
+) -> dict[str, Any]:
+    """A completion request for ``velvetrope engine``'s model of exactly ``max_tokens``
+    output tokens (``ignore_eos``)."""
+    return {
+        "model": "velvetrope-sim",
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": stream,
+    }
 
 
 def gateway_config(engines: list[str], **policy: Any) -> dict[str, Any]:

@@ -21,6 +21,9 @@ from .conftest import (
     status_until,
     wait_idle,
 )
+from .conftest import (
+    completion_body as body,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -28,16 +31,6 @@ GOLD = {"Authorization": "Bearer sk-gold-0000"}
 SILVER = {"Authorization": "Bearer sk-silver-0000"}
 BRONZE = {"Authorization": "Bearer sk-bronze-0000"}
 BURST = 100_000.0
-
-
-def body(max_tokens: int = 4, stream: bool = False, prompt: str = "hello world") -> dict[str, Any]:
-    return {
-        "model": "velvetrope-sim",
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "ignore_eos": True,
-        "stream": stream,
-    }
 
 
 def slow_limits() -> dict[str, Any]:
