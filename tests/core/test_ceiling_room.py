@@ -120,6 +120,7 @@ def test_the_pool_relaxes_fast_only_while_the_engines_show_room() -> None:
     for j in batch:
         assert type(ctl.arrive(j)).__name__ == "Dispatched"
         sat.sent(j.id, "e")
+        ctl.first_token(j.id)  # running: no prompt of theirs is left to prefill
     status = ctl.status()["pools"]["default"]
     assert status["lower_tier_ceilings"] == {} and status["lower_tier_ceiling_quick_relaxes"] == 0
 

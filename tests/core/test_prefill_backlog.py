@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from velvetrope.core import EngineSaturation, Job, least_loaded
 from velvetrope.core.prefill_backlog import PrefillBacklog
 
@@ -30,7 +32,7 @@ def test_a_prompt_waits_where_it_was_sent_until_its_first_token_or_its_end() -> 
     assert (b.tokens("e0"), b.ahead("e0", probe), b.ahead("e1", probe)) == (7000, 7000, 0)
     b.sent(top.id, "e1")  # a retry elsewhere: it moves
     assert (b.tokens("e0"), b.tokens("e1")) == (0, 7000)
-    b.prefilled(top.id)
+    b.prefilled(top.id, 1.0)
     assert b.tokens("e1") == 0
     b.ended(top.id)  # its end after its first token takes nothing off twice
     assert b.tokens("e1") == 0
@@ -40,8 +42,34 @@ def test_a_prompt_waits_where_it_was_sent_until_its_first_token_or_its_end() -> 
     b.ended(gone.id)  # ended with no first token (failed, cancelled, client gone)
     assert b.tokens("e0") == 0
     b.sent(gone.id, "e0")  # an event for a job no longer held changes nothing
-    b.prefilled(gone.id)
+    b.prefilled(gone.id, 2.0)
     assert b.tokens("e0") == 0
+
+
+def test_the_backlog_takes_its_tokens_over_the_engines_measured_prefill_rate() -> None:
+    """Little's law on the gateway's own streams: 4,000 tokens prefilled at e0 over its
+    first 2 s (2,000 a second), 6,000 waiting there: 3 s; an engine that has prefilled
+    nothing yet, or has nothing waiting, takes 0 (unknown is not busy)."""
+    b = PrefillBacklog(ordered=True, timed=TIMED, window_s=5.0)
+    done = [job("batch", 2, 1000) for _ in range(4)]
+    waiting = [job("interactive", 0, 3000) for _ in range(2)]
+    for j in (*done, *waiting):
+        b.started(j)
+        b.sent(j.id, "e0")
+    cold = job("standard", 1, 500)
+    b.started(cold)
+    b.sent(cold.id, "e1")
+    assert b.prefill_s("e0", 0.0) == 0.0  # nothing prefilled yet: no rate
+    for t, j in zip((0.5, 1.0, 1.5, 2.0), done, strict=True):
+        b.prefilled(j.id, t)
+    assert b.tokens("e0") == 6000
+    assert b.prefill_s("e0", 2.0) == pytest.approx(6000 / (4000 / 1.5))  # 1.5 s since the first
+    assert b.prefill_s("e0", 2.5) == pytest.approx(3.0)
+    assert b.prefill_s("e1", 2.5) == 0.0  # e1 has prefilled nothing
+    assert b.prefill_s("e2", 2.5) == 0.0  # never sent anything
+    for j in waiting:
+        b.ended(j.id)
+    assert b.prefill_s("e0", 2.5) == 0.0  # nothing waits
 
 
 def test_with_the_tier_as_priority_only_the_bands_above_are_ahead() -> None:
@@ -93,7 +121,7 @@ def test_random_event_orders_leave_nothing_behind() -> None:
                 if not done:
                     live[jid] = (prompt, e, False)
             elif op < 0.8:
-                b.prefilled(jid)
+                b.prefilled(jid, step * 0.01)
                 live[jid] = (prompt, where, True)
             else:
                 b.ended(jid)

@@ -17,6 +17,7 @@ from velvetrope.core import AdmissionController, EngineReading, PolicyConfig, Re
 from velvetrope.core.event_rate import EventRate
 from velvetrope.core.headroom import LowerTierCeiling, TierHeadroom
 from velvetrope.core.job import Job
+from velvetrope.core.prefill_backlog import PrefillBacklog
 from velvetrope.core.reload import restart_needed
 from velvetrope.core.saturation import EngineSaturation
 from velvetrope.core.tpot_limit import TpotLimit
@@ -498,8 +499,9 @@ def test_a_full_kv_cache_holds_the_start_time_headroom_but_not_the_top_tier() ->
 
 def test_the_start_time_headroom_counts_what_was_sent_since_the_reading() -> None:
     """The start-time rule sends a job only to an engine whose KV cache has room for it by
-    its last reading, counting the requests sent since at what a running request holds on
-    average: one reading does not let a burst into a nearly full cache."""
+    its last reading, counting the requests sent since and those dispatched and not yet
+    sent at what a running request holds on average: one reading does not let a burst into
+    a nearly full cache."""
     ctl, clock, sat = saturable(engine_priority=True)
     eight_starts(ctl, clock, sat)
     # 4 running hold 0.8 of the cache (0.2 each): room for 0.85 of one more under 0.97
@@ -512,6 +514,15 @@ def test_the_start_time_headroom_counts_what_was_sent_since_the_reading() -> Non
     assert ctl.status()["pools"]["default"]["headroom_passes"] == 1
     sat.observe("e", EngineReading(running=4, waiting=2, kv_usage=0.6), clock.now())
     assert ctl.dispatchable() == [second]  # a reading with room: it goes
+    sat.sent(second.id, "e")
+    # room for 1.54 more by this reading (0.175 each): two jobs dispatched at one instant
+    # and not sent anywhere yet count, so a third waits (uncounted, a burst would all pass
+    # on one reading)
+    sat.observe("e", EngineReading(running=4, waiting=2, kv_usage=0.7), clock.now())
+    burst = [make_job(tenant="globex", tier="standard") for _ in range(5)]
+    verdicts = [type(ctl.arrive(j)).__name__ for j in burst]
+    assert verdicts == ["Dispatched"] * 2 + ["Queued"] * 3, verdicts
+    assert sat.pending == 2
 
 
 def test_lower_bands_leave_the_kv_the_top_tiers_arrivals_need() -> None:
@@ -539,6 +550,47 @@ def test_lower_bands_leave_the_kv_the_top_tiers_arrivals_need() -> None:
     sat.observe("e", EngineReading(running=10, waiting=0, kv_usage=0.85), later)
     assert sat.allows_dispatch(_job("standard", band=1), 10, 0, later)
     assert sat.reserve_holds == 1
+
+
+def test_lower_bands_wait_while_every_engines_prefill_backlog_outlasts_the_top_budget() -> None:
+    """Each engine prefilled 4,000 tokens of top-tier prompts from 0.1 s to 2.1 s (2,000 a
+    second); the top tier's budget is half its 1 s TTFT.  A lower-band job goes while some engine's
+    backlog takes under 0.5 s, and is held once every engine's takes longer (counted in
+    ``prefill_holds``); a top-band job is not; without top-tier traffic there is no budget."""
+    sat = EngineSaturation("default", max_waiting=2, initial_capacity=64)
+    sat.headroom = TierHeadroom({"interactive": 1.0, "standard": 5.0}, ordered=True)
+    sat.backlog = PrefillBacklog(ordered=True, timed=("interactive", "standard"))
+    sat.set_engines(["e0", "e1"])
+
+    def send(tier: str, band: int, prompt: int, engine: str, now: float) -> Job:
+        job = make_job(tenant="t", tier=tier, prompt=prompt)
+        job.band = band
+        sat.started(job, now)
+        sat.sent(job.id, engine)
+        return job
+
+    for i in range(4):
+        for e in ("e0", "e1"):
+            top = send("interactive", 0, 1000, e, 0.5 * i)
+            sat.first_token(top, 0.5 * i + 0.1)
+    for e in ("e0", "e1"):
+        sat.observe(e, EngineReading(running=8, waiting=0, kv_usage=0.2), 2.1)
+    assert sat.headroom.top_budget_s(2.1) == pytest.approx(0.5)
+    send("interactive", 0, 1500, "e0", 2.1)  # 0.75 s at e0
+    send("standard", 1, 500, "e1", 2.1)  # 0.25 s at e1
+    assert sat.backlog.prefill_s("e0", 2.1) == pytest.approx(0.75)
+    assert sat.allows_dispatch(_job("standard", band=1), 10, 0, 2.1)  # e1 prefills it soon
+    send("batch", 2, 1000, "e1", 2.1)  # e1 too: 0.75 s
+    assert not sat.allows_dispatch(_job("standard", band=1), 12, 0, 2.1)
+    assert not sat.allows_dispatch(_job("batch", band=2), 12, 0, 2.1)
+    assert sat.prefill_holds == 2 and sat.holds == 2 and sat.reserve_holds == 0
+    assert sat.allows_dispatch(_job("interactive", band=0), 12, 0, 2.1)
+    assert sat.status(2.1)["e1"]["prefill_backlog_s"] == pytest.approx(0.75)
+    later = 7.5  # no top-band dispatch for 5 s: no budget to keep
+    for e in ("e0", "e1"):
+        sat.observe(e, EngineReading(running=8, waiting=0, kv_usage=0.2), later)
+    assert sat.headroom.top_budget_s(later) == math.inf
+    assert sat.allows_dispatch(_job("standard", band=1), 12, 0, later)
 
 
 def test_late_first_tokens_of_a_higher_tier_cap_the_tiers_below() -> None:

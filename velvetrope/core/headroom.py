@@ -34,7 +34,8 @@ whose cache is full starts nothing until running sequences end, and then starts 
 highest-priority waiting request first; a top-band job held in the gateway would let the
 lower-band requests already waiting there take that room (the start-time rule above, by
 contrast, sends nothing to engines whose caches are full, counting the requests sent
-since their last reading at what a running request holds on average: no start time can be
+since their last reading, and those dispatched and not sent anywhere yet, at what a
+running request holds on average: no start time can be
 predicted for them, and a burst into a nearly full cache fills it with decodes that a
 later top-tier prompt then waits for).  Not a job that would start late even so (the top-band jobs
 not yet begun and itself, at the measured start rate, past its TTFT): the gateway keeps
@@ -178,6 +179,16 @@ class TierHeadroom:
         0 before any."""
         rate = self._top_starts.rate(now)
         return 0.0 if rate <= 0.0 else rate * self.share * self._top_ttft
+
+    def top_budget_s(self, now: float) -> float:
+        """``share`` of the top band's TTFT objective (the tightest of a top-band job seen)
+        while top-band jobs were dispatched over the last ``window_s``: how long a top-tier
+        arrival may wait for the prefill ahead of it; ``inf`` without top-tier traffic.
+        Lower bands hold while every engine's prefill backlog takes longer
+        (:meth:`~velvetrope.core.saturation.EngineSaturation.allows_dispatch`)."""
+        if self._top_starts.rate(now) <= 0.0:
+            return _INF
+        return self.share * self._top_ttft
 
     def ahead(self, band: int) -> int:
         """Dispatched jobs not yet started that an engine starts before a new job of

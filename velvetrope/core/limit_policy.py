@@ -103,7 +103,9 @@ class SloLimitPolicy(_Model):
         "brake when the jobs an engine starts before it are started within this share of "
         "its remaining TTFT (the rest covers its prefill and measurement error).  A "
         "higher tier's first token counts as late past this share of its TTFT (a lower-"
-        "tier ceiling is cut), and the engines have plain room while none queues and "
+        "tier ceiling is cut), lower tiers wait while every engine's prefill backlog "
+        "takes longer than this share of the top tier's TTFT, and the engines have "
+        "plain room while none queues and "
         "their KV caches and the jobs in flight are under this share of full and of the "
         "TPOT limit (a ceiling then relaxes a slot per first token in time).",
     )

@@ -94,7 +94,9 @@ class Pool:
             self.capacity.signals.append(rule)
             self.capacity.trackers.append(rule)
             rule.backlog = PrefillBacklog(
-                ordered=p.engine_priority, timed=(t for t, v in ttft.items() if v is not None)
+                ordered=p.engine_priority,
+                timed=(t for t, v in ttft.items() if v is not None),
+                window_s=p.slo_limit.start_window_s,
             )
             if mode == "slo":
                 rule.headroom = TierHeadroom(
@@ -321,6 +323,9 @@ class Pool:
             "top_reserve_holds": None
             if self.saturation is None or self.saturation.headroom is None
             else self.saturation.reserve_holds,
+            "prefill_holds": None
+            if self.saturation is None or self.saturation.headroom is None
+            else self.saturation.prefill_holds,
         }
 
 

@@ -23,13 +23,21 @@ retry: it moves), :meth:`~PrefillBacklog.prefilled` at its first token and
 :meth:`~PrefillBacklog.ended` at its end, whatever the outcome; a job leaves the backlog at
 the first of the last two, so nothing it counts can leak.  A response that is not streamed
 says nothing of when its prompt was prefilled (its first token is its end), so it is not
-counted.  Sans-IO, no clock: the counts are exact integers.
+counted.  Sans-IO: the counts are exact integers; the clock is the caller's ``now``.
+
+**How long the backlog takes.**  Each first token also measures the engine's *prefill
+rate*: the prompt tokens that reached their first token there per second over
+``window_s`` (:class:`~velvetrope.core.event_rate.AmountRate`).  :meth:`PrefillBacklog.prefill_s`
+is an engine's backlog over that rate: by Little's law, the time a prompt sent there now
+waits for its prefill at the rate the engine has been prefilling, measured from the
+gateway's own streams with no reading of the engine.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
+from velvetrope.core.event_rate import AmountRate
 from velvetrope.core.job import Job
 
 __all__ = ["PrefillBacklog"]
@@ -38,9 +46,9 @@ __all__ = ["PrefillBacklog"]
 class PrefillBacklog:
     """Per engine and band, the prompt tokens sent there and not yet prefilled."""
 
-    __slots__ = ("_engines", "_jobs", "ordered", "timed")
+    __slots__ = ("_engines", "_jobs", "_rates", "ordered", "timed", "window_s")
 
-    def __init__(self, *, ordered: bool, timed: Iterable[str]) -> None:
+    def __init__(self, *, ordered: bool, timed: Iterable[str], window_s: float = 5.0) -> None:
         self.ordered = ordered
         """Whether the engines serve a lower band first (the tier is forwarded as their
         ``priority``): then only the job's band and those above it are ahead of it."""
@@ -50,6 +58,10 @@ class PrefillBacklog:
         """A counted job's band, prompt tokens and engine (``None``: not sent yet)."""
         self._engines: dict[str, list[int]] = {}
         """An engine's backlog, indexed by band."""
+        self.window_s = window_s
+        """The window over which each engine's prefill rate is measured."""
+        self._rates: dict[str, AmountRate] = {}
+        """An engine's prompt tokens prefilled per second."""
 
     def started(self, job: Job) -> None:
         """``job`` was dispatched from the pool (counted once sent, if it is streamed)."""
@@ -73,8 +85,15 @@ class PrefillBacklog:
         by_band[band] += tokens
         self._jobs[job_id] = (band, tokens, engine)
 
-    def prefilled(self, job_id: str) -> None:
-        """Job ``job_id`` produced its first token: its prompt is no longer ahead of anyone."""
+    def prefilled(self, job_id: str, now: float) -> None:
+        """Job ``job_id`` produced its first token at ``now``: its prompt is no longer ahead
+        of anyone, and its engine prefilled it (its prefill rate)."""
+        entry = self._jobs.get(job_id)
+        if entry is not None and entry[2] is not None:
+            rate = self._rates.get(entry[2])
+            if rate is None:
+                rate = self._rates[entry[2]] = AmountRate(self.window_s)
+            rate.add(now, entry[1])
         self.ended(job_id)
 
     def ended(self, job_id: str) -> None:
@@ -101,3 +120,12 @@ class PrefillBacklog:
         """Every prompt token ``engine`` has not prefilled yet, whatever the band."""
         by_band = self._engines.get(engine)
         return 0 if by_band is None else sum(by_band)
+
+    def prefill_s(self, engine: str, now: float) -> float:
+        """Seconds ``engine`` takes to prefill its backlog (:meth:`tokens`) at the rate it
+        prefilled over the last ``window_s`` (module docstring); 0 with no backlog, or no
+        rate measured yet (an unknown rate is not a busy engine)."""
+        tokens = self.tokens(engine)
+        rate = self._rates.get(engine)
+        per_s = 0.0 if rate is None else rate.rate(now)
+        return tokens / per_s if tokens > 0 and per_s > 0.0 else 0.0

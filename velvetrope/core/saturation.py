@@ -46,7 +46,8 @@ its KV cache.  The pool allows a dispatch while ``Σ_e max(0, room_e) − pendin
   send a burst that a nearly full cache cannot start (and a top-tier prompt then waits for
   running decodes to end: vLLM admits a waiting prompt only when its blocks are free);
 * a job of a lower band (not band 0) is held while every live engine's KV room, without
-  the queue allowance, is under ``1 +`` its share of the *top band's reserve*: the top-band
+  the queue allowance and less what the pool dispatched and has not sent anywhere yet,
+  is under ``1 +`` its share of the *top band's reserve*: the top-band
   jobs (a tier with a TTFT objective) expected within ``share`` of their TTFT objective at
   the rate they were dispatched over the headroom's window
   (:meth:`~velvetrope.core.headroom.TierHeadroom.top_reserve`).  A top-tier prompt that
@@ -57,6 +58,16 @@ its KV cache.  The pool allows a dispatch while ``Σ_e max(0, room_e) − pendin
   at the cost of the work they throw away.  The reserve keeps the room instead, sized by
   what the top tier measurably sends: a pool without top-tier traffic keeps none.  Only
   with the headroom rule (``limit: slo``);
+* a job of a lower band is held, too, while every live engine's *prefill backlog* (the
+  prompt tokens sent there and not yet answered with a first token) takes longer than
+  ``share`` of the top band's TTFT objective at the rate the engine has been prefilling
+  (:meth:`~velvetrope.core.prefill_backlog.PrefillBacklog.prefill_s`, Little's law over
+  the gateway's own streams; :meth:`~velvetrope.core.headroom.TierHeadroom.top_budget_s`):
+  an engine finishes the prefills it has begun before it admits a waiting prompt, however
+  it orders its queue, so a lower-band prompt sent into such a backlog delays the next
+  top-tier arrival and gains nothing over waiting in the gateway's queue, where it can
+  still be ordered.  Only with top-tier traffic over the headroom's window, and only with
+  the headroom rule;
 * a reading older than ``stale_after_s`` is not used: the engine is *stale* and has
   unlimited room, so it is served without saturation (the pool's in-flight limit,
   :mod:`velvetrope.core.capacity`, still holds) until a reading arrives; a rule never holds
@@ -153,6 +164,9 @@ class EngineSaturation:
         """Times a dispatch was held (cumulative)."""
         self.reserve_holds = 0
         """Of :attr:`holds`, lower-band dispatches held for the top band's KV reserve."""
+        self.prefill_holds = 0
+        """Of :attr:`holds`, lower-band dispatches held while every engine's prefill backlog
+        takes longer than the top band's budget."""
         self._engines: dict[str, _Engine] = {}
         self._live: list[_Engine] = []
         self._live_ids: list[str] = []
@@ -226,7 +240,7 @@ class EngineSaturation:
         if self.headroom is not None:
             self.headroom.first_token(job, now)
         if self.backlog is not None:
-            self.backlog.prefilled(job.id)
+            self.backlog.prefilled(job.id, now)
 
     def sent(self, job_id: str, engine: str) -> None:
         """Job ``job_id`` was handed to ``engine`` (again, to another, on a retry).  Ignored
@@ -320,14 +334,14 @@ class EngineSaturation:
 
     def _kept_for_top(self, reserve: float, now: float) -> bool:
         """Whether every live engine's KV cache, by its current reading and counting what
-        was sent since, has room for fewer than ``reserve`` / engines + 1 requests at what
-        a running request holds on average: the room the top band's arrivals need (module
-        docstring).  False without a reserve, or while some engine has no current reading
-        that measures it."""
+        was sent there since and what the pool dispatched and has not sent anywhere yet,
+        has room for fewer than ``reserve`` / engines + 1 requests at what a running request
+        holds on average: the room the top band's arrivals need (module docstring).  False
+        without a reserve, or while some engine has no current reading that measures it."""
         live = self._live
         if reserve <= 0.0 or not live:
             return False
-        need = reserve / len(live) + 1.0
+        need = reserve / len(live) + 1.0 + self._pending
         max_kv, stale = self.max_kv_usage, self.stale_after_s
         for e in live:
             r = e.reading
@@ -337,17 +351,29 @@ class EngineSaturation:
                 return False
         return True
 
+    def _prefill_behind(self, budget_s: float, now: float) -> bool:
+        """Whether every live engine's prefill backlog takes at least ``budget_s`` at its
+        measured prefill rate (:meth:`~velvetrope.core.prefill_backlog.PrefillBacklog.prefill_s`):
+        a prompt sent to any of them now is prefilled after the top band's budget.  False
+        with no budget (``inf``), no backlog kept, or no live engine."""
+        backlog = self.backlog
+        if budget_s == _INF or backlog is None or not self._live_ids:
+            return False
+        return all(backlog.prefill_s(eid, now) >= budget_s for eid in self._live_ids)
+
     def _kv_free(self, now: float) -> bool:
         """Whether some live engine has room in its KV cache by its last reading, counting
-        the requests sent to it since at what each running request holds on average (or no
-        reading to go by): the start-time headroom sends nothing to engines that cannot
-        start it."""
-        max_kv, stale = self.max_kv_usage, self.stale_after_s
+        the requests sent to it since and those the pool dispatched and has not sent
+        anywhere yet at what each running request holds on average (or no reading to go
+        by): the start-time headroom sends nothing to engines that cannot start it (a burst
+        dispatched at one instant is pending until each job is sent: uncounted, it would all
+        pass on one reading)."""
+        max_kv, stale, pending = self.max_kv_usage, self.stale_after_s, self._pending
         for e in self._live:
             r = e.reading
             if e.blind or r is None or now - e.at > stale:
                 return True
-            if r.kv_usage < max_kv and _kv_holds(r, max_kv) > e.ours - e.ours_at:
+            if r.kv_usage < max_kv and _kv_holds(r, max_kv) > e.ours - e.ours_at + pending:
                 return True
         return not self._live
 
@@ -376,10 +402,15 @@ class EngineSaturation:
         room.  A lower-band job is held, whatever the room, while no engine's KV cache keeps
         the top band's reserve (module docstring; counted in ``reserve_holds`` too)."""
         h = self.headroom
-        if job.band > 0 and h is not None and self._kept_for_top(h.top_reserve(now), now):
-            self.reserve_holds += 1
-            self.holds += 1
-            return False
+        if job.band > 0 and h is not None:
+            if self._kept_for_top(h.top_reserve(now), now):
+                self.reserve_holds += 1
+                self.holds += 1
+                return False
+            if self._prefill_behind(h.top_budget_s(now), now):
+                self.prefill_holds += 1
+                self.holds += 1
+                return False
         if self.room(now) >= 1.0:
             return True
         if h is not None:
@@ -448,6 +479,9 @@ class EngineSaturation:
                 "room": None if room == _INF else room,
                 "prefill_backlog_tokens": (
                     None if self.backlog is None else self.backlog.tokens(eid)
+                ),
+                "prefill_backlog_s": (
+                    None if self.backlog is None else self.backlog.prefill_s(eid, now)
                 ),
             }
         return out
