@@ -400,7 +400,9 @@ class EngineSaturation:
         frees to that job before them: held in the gateway, the job would wait for them
         too), or a job the engines start within its TTFT while some engine's KV cache has
         room.  A lower-band job is held, whatever the room, while no engine's KV cache keeps
-        the top band's reserve (module docstring; counted in ``reserve_holds`` too)."""
+        the top band's reserve (module docstring; counted in ``reserve_holds`` too), or
+        while every engine's prefill backlog outlasts the top band's budget (counted in
+        ``prefill_holds`` too)."""
         h = self.headroom
         if job.band > 0 and h is not None:
             if self._kept_for_top(h.top_reserve(now), now):
