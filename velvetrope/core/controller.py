@@ -80,6 +80,7 @@ _ARRIVED: Final = JobState.ARRIVED
 _QUEUED: Final = JobState.QUEUED
 _DISPATCHED: Final = JobState.DISPATCHED
 _COMPLETED: Final = JobState.COMPLETED
+_EXPIRED: Final = JobState.EXPIRED
 _DONE: Final = Reason.COMPLETED
 _NONE: Final = Settlement(())  # what a job with no claims owes
 _MISSING: Final[Any] = object()
@@ -367,8 +368,9 @@ class AdmissionController(JobSizing):
     def dispatchable(self) -> list[Job]:
         """Queued jobs that may start now, in policy order; each is moved to DISPATCHED.
 
-        Expires overdue jobs first (their outcomes go to observers and the next
-        :meth:`tick`)."""
+        Expires overdue jobs first, and on its way any job that would reach its first token
+        past its objective if dispatched now (:mod:`velvetrope.core.first_token_lead`);
+        their outcomes go to observers and the next :meth:`tick`."""
         now = self.clock.now()
         if self._deadlines and self._deadlines[0][0] <= now:
             self._unreported.extend(self._expire(now))
@@ -386,6 +388,9 @@ class AdmissionController(JobSizing):
                 job = sched.peek()
                 if job is None:
                     break
+                if pool.lead is not None and pool.lead.too_late(job, now):
+                    self._unreported.append(self._end_queued(job, _EXPIRED, Reason.EXPIRED, now))
+                    continue
                 if not cap.fits(job, now):
                     if pre is None:
                         break
@@ -414,7 +419,7 @@ class AdmissionController(JobSizing):
 
     def status(self) -> dict[str, Any]:
         """Queue by pool, band and tenant; in-flight work (the buckets are the store's)."""
-        pools = {p.name: p.status() for p in self._pool_list}
+        pools = {p.name: p.status(self.clock.now()) for p in self._pool_list}
         return {
             "draining": self.draining,
             "queued": self.queued,

@@ -123,6 +123,18 @@ class SloLimitPolicy(_Model):
         "band, or 503 `preempted` when it can no longer start in time).  A job that has "
         "streamed a token is never taken back.",
     )
+    first_token_quantile: float | None = Field(
+        0.1,
+        ge=0,
+        lt=1,
+        description="A queued job of a tier with a TTFT objective is expired (503 "
+        "`expired`, as at its deadline) rather than dispatched when it would reach its "
+        "first token past its objective by this quantile of the tier's recent leads (the "
+        "time from dispatch to first token of its streamed jobs dispatched within the last "
+        "`start_window_s`, at least 8 of them): 0.1 means nine in ten of them took "
+        "longer.  An engine's prefill and tokens then go to requests that can still meet "
+        "their objective.  null: a job is dispatched until its deadline.",
+    )
     preempt_share: float = Field(
         0.5,
         gt=0,

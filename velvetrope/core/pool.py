@@ -9,6 +9,7 @@ from typing import Any, Final
 
 from velvetrope.core.capacity import PoolCapacity
 from velvetrope.core.estimate import DrainMeter
+from velvetrope.core.first_token_lead import FirstTokenLead
 from velvetrope.core.headroom import LowerTierCeiling, TierHeadroom
 from velvetrope.core.job import Job
 from velvetrope.core.lifecycle import Reason
@@ -34,6 +35,7 @@ class Pool:
         "capacity",
         "ceiling",
         "drain",
+        "lead",
         "limit",
         "name",
         "preemption",
@@ -83,6 +85,10 @@ class Pool:
         if mode == "slo":
             ce = self.ceiling = LowerTierCeiling(ttft, share=p.slo_limit.headroom_share)
             self.capacity.signals.append(ce)
+        self.lead: FirstTokenLead | None = None
+        q = p.slo_limit.first_token_quantile
+        if mode == "slo" and q is not None:
+            self.lead = FirstTokenLead(ttft, quantile=q, window_s=p.slo_limit.start_window_s)
         self.preemption: Preemption | None = None
         if mode == "slo" and p.slo_limit.preempt:
             self.preemption = Preemption(
@@ -124,6 +130,8 @@ class Pool:
             self.ceiling.retarget(ttft)
         if self.preemption is not None:
             self.preemption.retarget(ttft)
+        if self.lead is not None:
+            self.lead.retarget(ttft)
         sat = self.saturation
         if sat is not None and sat.headroom is not None:
             sat.headroom.retarget(ttft)
@@ -182,6 +190,8 @@ class Pool:
         whose first token is the engine's)."""
         if self.limit is not None:
             self.limit.first_token(job, now)
+        if self.lead is not None and job.streamed:
+            self.lead.first_token(job, now)
         if self.saturation is not None:
             self.saturation.first_token(job, now)
         if self.tpot_limit is not None and job.streamed:
@@ -292,9 +302,10 @@ class Pool:
                 return min(cap.max_in_flight, int(per * cap.engines))
         return cap.max_in_flight
 
-    def status(self) -> dict[str, Any]:
+    def status(self, now: float) -> dict[str, Any]:
         """Its queue by band, work in flight against its limits, engines, drain rate; in
-        ``limit: slo`` mode the TPOT limit's fit and the headroom's passes and overtakes."""
+        ``limit: slo`` mode the TPOT limit's fit, the headroom's passes and overtakes and
+        the tiers' leads to their first token at ``now``."""
         cap = self.capacity
         return {
             "queued": self.sched.queued,
@@ -314,6 +325,7 @@ class Pool:
             if self.ceiling is None
             else self.ceiling.quick_relaxes,
             "preemptions": None if self.preemption is None else self.preemption.count,
+            "first_token_leads": None if self.lead is None else self.lead.status(now),
             "headroom_passes": None
             if self.saturation is None or self.saturation.headroom is None
             else self.saturation.headroom.passes,
