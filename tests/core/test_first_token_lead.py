@@ -56,6 +56,17 @@ def test_the_lead_is_the_quantile_of_the_windows_leads_once_there_are_enough() -
         FirstTokenLead(TTFT, quantile=1.0, window_s=5.0)
 
 
+def test_a_reading_follows_a_window_that_lost_one_lead_and_gained_one() -> None:
+    """The same number of leads, the last dispatched at the same instant (a burst): the
+    window changed all the same, and the reading with it."""
+    lead = FirstTokenLead(TTFT, quantile=0.9, window_s=5.0, min_samples=1)
+    _leads(lead, "standard", [1.0], at=1.0)  # dispatched at 0
+    _leads(lead, "standard", [2.0], at=6.0)  # dispatched at 4
+    assert lead.lead("standard", 6.0) == pytest.approx(2.0)  # the window from 1.0: one lead
+    _leads(lead, "standard", [2.5], at=6.5)  # dispatched at 4 too; the first one leaves
+    assert lead.lead("standard", 6.5) == pytest.approx(2.5)
+
+
 def test_a_job_is_too_late_when_the_lead_outlasts_what_its_objective_has_left() -> None:
     lead = FirstTokenLead(TTFT, quantile=0.0, window_s=5.0, min_samples=8)
     _leads(lead, "standard", [1.0] * 8, at=10.0)

@@ -43,11 +43,12 @@ __all__ = ["FirstTokenLead"]
 class _Leads:
     """One tier's leads, and the quantile of the last reading with the moment it lapses."""
 
-    __slots__ = ("_key", "_lapses", "_value", "samples")
+    __slots__ = ("_key", "_lapses", "_value", "added", "samples")
 
     def __init__(self) -> None:
         self.samples: deque[tuple[float, float]] = deque()  # (dispatched at, lead)
-        self._key: tuple[int, float] = (0, 0.0)
+        self.added = 0  # samples ever appended: with the deque's length, names its state
+        self._key: tuple[int, int] = (0, 0)
         self._lapses = 0.0  # the reading holds while the window starts at or before this
         self._value: float | None = None
 
@@ -57,7 +58,7 @@ class _Leads:
             s.popleft()  # its dispatch
         if len(s) < min_samples:
             return None
-        key = (len(s), s[-1][0])
+        key = (self.added, len(s))
         if key == self._key and since <= self._lapses:
             return self._value
         window = [(d, lead) for d, lead in s if d >= since]
@@ -113,6 +114,7 @@ class FirstTokenLead:
         leads = self._leads.get(job.tier)
         if leads is not None and job.dispatched_at is not None:
             leads.samples.append((job.dispatched_at, now - job.dispatched_at))
+            leads.added += 1
 
     def lead(self, tier: str, now: float) -> float | None:
         """``tier``'s lead at ``now``; ``None`` for an untimed tier or too few samples."""
